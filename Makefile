@@ -1,0 +1,117 @@
+# ttd: build, test and demo. `make` builds; `make test` installs dependencies, builds and runs
+# every suite plus an ASan/UBSan build of them; `make demo` runs the main job through a real ttd.
+
+BUILD ?= build
+SAN ?= 0
+CC ?= gcc
+PKGS := grpc libprotobuf-c libevent
+
+OPT := -O2
+ifeq ($(SAN),1)
+  OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  SAN_LDFLAGS := -fsanitize=address,undefined
+endif
+
+CFLAGS := -std=gnu11 $(OPT) -g -fPIC -Wall -Wextra -Wno-unused-parameter -DNOMINMAX -MMD -MP \
+  -I$(BUILD)/gen -Iclient/include $(shell pkg-config --cflags $(PKGS) check 2>/dev/null)
+LDFLAGS := $(SAN_LDFLAGS)
+GRPC_LIBS := $(shell pkg-config --libs grpc libprotobuf-c 2>/dev/null) -lpthread -lm
+EVENT_LIBS := $(shell pkg-config --libs libevent 2>/dev/null)
+CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+
+PROTO := proto/ttd/v1/ttd.proto
+GEN_C := $(BUILD)/gen/ttd/v1/ttd.pb-c.c
+GEN_H := $(BUILD)/gen/ttd/v1/ttd.pb-c.h
+PY_GEN := $(BUILD)/py/ttd/v1/ttd_pb2.py
+
+KERNEL_SRC := $(wildcard kernels/*.c)
+DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/backends/*/*.c)) client/default_target.c
+CLIENT_SRC := $(wildcard client/*.c)
+TEST_SRC := $(wildcard tests/*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+GEN_OBJ := $(BUILD)/obj/gen/ttd.pb-c.o
+KERNEL_OBJ := $(call obj,$(KERNEL_SRC))
+DAEMON_OBJ := $(call obj,$(DAEMON_SRC)) $(KERNEL_OBJ) $(GEN_OBJ)
+CLIENT_OBJ := $(call obj,$(CLIENT_SRC)) $(KERNEL_OBJ) $(GEN_OBJ)
+TEST_OBJ := $(call obj,$(TEST_SRC))
+
+TTD := $(BUILD)/bin/ttd
+LIB_A := $(BUILD)/lib/libttclient.a
+LIB_SO := $(BUILD)/lib/libttclient.so
+EXAMPLES := $(patsubst client/examples/%.c,$(BUILD)/bin/%,$(wildcard client/examples/*.c))
+CHECK := $(BUILD)/bin/check_ttd
+
+.PHONY: all deps test test-unit test-asan demo clean
+all: $(TTD) $(LIB_A) $(LIB_SO) $(EXAMPLES) $(CHECK) $(PY_GEN)
+
+deps:
+	@scripts/install-deps.sh
+
+$(GEN_C) $(GEN_H): $(PROTO)
+	@mkdir -p $(BUILD)/gen
+	protoc-c --proto_path=proto --c_out=$(BUILD)/gen $(PROTO)
+
+$(PY_GEN): $(PROTO)
+	@mkdir -p $(BUILD)/py
+	protoc --proto_path=proto --python_out=$(BUILD)/py $(PROTO)
+
+$(GEN_OBJ): $(GEN_C)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c $(GEN_H)
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS) -c $< -o $@
+
+$(TTD): $(DAEMON_OBJ) $(BUILD)/obj/daemon/main.o
+	@mkdir -p $(dir $@)
+	@echo "  LINK    $@"
+	@$(CC) $(LDFLAGS) $^ $(GRPC_LIBS) $(EVENT_LIBS) -o $@
+
+$(LIB_A): $(CLIENT_OBJ)
+	@mkdir -p $(dir $@)
+	@echo "  AR      $@"
+	@rm -f $@ && ar rcs $@ $^
+
+$(LIB_SO): $(CLIENT_OBJ)
+	@mkdir -p $(dir $@)
+	@echo "  LINK    $@"
+	@$(CC) -shared $(LDFLAGS) -Wl,-soname,libttclient.so.1 $^ $(GRPC_LIBS) -o $@
+
+$(BUILD)/bin/%: client/examples/%.c $(LIB_A)
+	@mkdir -p $(dir $@)
+	@echo "  LINK    $@"
+	@$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB_A) $(GRPC_LIBS) -o $@
+
+$(CHECK): $(TEST_OBJ) $(DAEMON_OBJ) $(LIB_A)
+	@mkdir -p $(dir $@)
+	@echo "  LINK    $@"
+	@$(CC) $(LDFLAGS) $(TEST_OBJ) $(DAEMON_OBJ) $(LIB_A) $(CHECK_LIBS) $(GRPC_LIBS) $(EVENT_LIBS) -o $@
+
+# The suites find the daemon, the generated Python code and the tests folder through these.
+TEST_ENV = TTD_BIN=$(abspath $(BUILD))/bin/ttd TTD_PY_GEN=$(abspath $(BUILD))/py TTD_TESTS_DIR=$(abspath tests)
+
+test-unit: all
+	$(TEST_ENV) $(CHECK)
+
+test-asan:
+	$(MAKE) BUILD=$(BUILD)/asan SAN=1 all
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(MAKE) --no-print-directory BUILD=$(BUILD)/asan SAN=1 test-unit
+
+test: deps
+	$(MAKE) all
+	$(MAKE) test-unit
+	$(MAKE) test-asan
+
+demo: deps
+	$(MAKE) all
+	scripts/demo.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

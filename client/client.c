@@ -1,0 +1,182 @@
+/* Connection, session, keep-alive and error reporting of libttclient. */
+#include <errno.h>
+#include <grpc/grpc_security.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client_internal.h"
+
+extern const char *program_invocation_short_name;
+
+static const char *const rpc_paths[TT_RPC_COUNT] = {
+    "/ttd.v1.Device/OpenSession", "/ttd.v1.Device/KeepAlive", "/ttd.v1.Device/CloseSession",
+    "/ttd.v1.Device/ListDevices", "/ttd.v1.Device/Allocate",  "/ttd.v1.Device/Upload",
+    "/ttd.v1.Device/Download",    "/ttd.v1.Device/Move",      "/ttd.v1.Device/Free",
+};
+
+const char *tt_status_name(tt_status status) {
+  static const char *const names[] = {
+      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  if ((unsigned)status < sizeof(names) / sizeof(names[0])) return names[status];
+  return "UNKNOWN";
+}
+
+tt_status tt_client_fail(tt_client *client, tt_status code, const char *fmt, ...) {
+  pthread_mutex_lock(&client->error_lock);
+  client->errcode = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(client->errmsg, sizeof(client->errmsg), fmt, ap);
+  va_end(ap);
+  pthread_mutex_unlock(&client->error_lock);
+  return code;
+}
+
+tt_status tt_errcode(const tt_client *client) { return client ? client->errcode : TT_RESOURCE_EXHAUSTED; }
+
+const char *tt_last_error(const tt_client *client) { return client ? client->errmsg : "out of memory"; }
+
+uint64_t tt_session_id(const tt_client *client) { return client->session_id; }
+
+const char *tt_instance_id(const tt_client *client) { return client->instance_id; }
+
+void tt_connect_options_init(tt_connect_options *options) {
+  memset(options, 0, sizeof(*options));
+  options->client_name = program_invocation_short_name;
+  options->call_timeout_ms = 60000;
+}
+
+static void *keepalive_main(void *arg) {
+  tt_client *c = arg;
+  pthread_mutex_lock(&c->keepalive_lock);
+  while (!c->stopping) {
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    int64_t ms = c->lease_ms / 3 ? c->lease_ms / 3 : 1;
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000;
+    }
+    while (!c->stopping && pthread_cond_timedwait(&c->keepalive_cond, &c->keepalive_lock, &until) != ETIMEDOUT) {
+    }
+    if (c->stopping) break;
+    pthread_mutex_unlock(&c->keepalive_lock);
+    Ttd__V1__KeepAliveRequest req = TTD__V1__KEEP_ALIVE_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    /* A failure here is not the user's call: keep it out of tt_last_error. */
+    char ignored[256];
+    if (tt_rpc_unary_quiet(c, TT_RPC_KEEP_ALIVE, &req.base, &ttd__v1__keep_alive_response__descriptor, &resp,
+                           ignored, sizeof(ignored)) == TT_OK) {
+      protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    pthread_mutex_lock(&c->keepalive_lock);
+  }
+  pthread_mutex_unlock(&c->keepalive_lock);
+  return NULL;
+}
+
+static tt_status open_session(tt_client *c, const tt_connect_options *options) {
+  Ttd__V1__OpenSessionRequest req = TTD__V1__OPEN_SESSION_REQUEST__INIT;
+  req.client_name = (char *)(options->client_name ? options->client_name : "");
+  req.protocol_version = TT_PROTOCOL_VERSION;
+  ProtobufCMessage *out = NULL;
+  tt_status st = tt_rpc_unary(c, TT_RPC_OPEN_SESSION, &req.base, &ttd__v1__open_session_response__descriptor, &out);
+  if (st != TT_OK) {
+    if (st == TT_UNAVAILABLE) {
+      char why[sizeof(c->errmsg)];
+      snprintf(why, sizeof(why), "%s", c->errmsg);
+      return tt_client_fail(c, st, "cannot reach ttd at %s: %s (is ttd running? set TTD_ADDRESS or pass a target)",
+                            c->target, why);
+    }
+    return st;
+  }
+  Ttd__V1__OpenSessionResponse *resp = (Ttd__V1__OpenSessionResponse *)out;
+  c->session_id = resp->session_id;
+  snprintf(c->session_hex, sizeof(c->session_hex), "%016" PRIx64, resp->session_id);
+  snprintf(c->instance_id, sizeof(c->instance_id), "%s", resp->instance_id);
+  c->lease_ms = resp->lease_ms;
+  protobuf_c_message_free_unpacked(out, NULL);
+  return TT_OK;
+}
+
+tt_status tt_connect(const char *target, const tt_connect_options *options, tt_client **out_client) {
+  *out_client = NULL;
+  tt_client *c = calloc(1, sizeof(*c));
+  if (!c) return TT_RESOURCE_EXHAUSTED;
+  *out_client = c;
+  pthread_mutex_init(&c->error_lock, NULL);
+  pthread_mutex_init(&c->keepalive_lock, NULL);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&c->keepalive_cond, &attr);
+  pthread_condattr_destroy(&attr);
+  tt_connect_options defaults;
+  tt_connect_options_init(&defaults);
+  if (!options) options = &defaults;
+  c->call_timeout_ms = options->call_timeout_ms > 0 ? options->call_timeout_ms : 60000;
+
+  if (!target || !*target) target = getenv("TTD_ADDRESS");
+  if (target && *target) {
+    if (strlen(target) >= sizeof(c->target)) {
+      return tt_client_fail(c, TT_INVALID_ARGUMENT, "target is longer than %zu bytes", sizeof(c->target) - 1);
+    }
+    snprintf(c->target, sizeof(c->target), "%s", target);
+  } else if (tt_default_target(c->target, sizeof(c->target)) != 0) {
+    return tt_client_fail(c, TT_INVALID_ARGUMENT, "cannot work out the default socket path; pass a target");
+  }
+
+  grpc_init();
+  grpc_arg args[] = {
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = 8 * 1024 * 1024},
+  };
+  grpc_channel_args channel_args = {1, args};
+  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  c->channel = grpc_channel_create(c->target, creds, &channel_args);
+  grpc_channel_credentials_release(creds);
+  if (!c->channel) return tt_client_fail(c, TT_INVALID_ARGUMENT, "cannot create a channel to '%s'", c->target);
+  for (int i = 0; i < TT_RPC_COUNT; i++) c->registered[i] = grpc_channel_register_call(c->channel, rpc_paths[i], NULL, NULL);
+
+  tt_status st = open_session(c, options);
+  if (st != TT_OK) return st;
+  if (!options->disable_keepalive) {
+    c->keepalive_running = pthread_create(&c->keepalive_thread, NULL, keepalive_main, c) == 0;
+  }
+  return TT_OK;
+}
+
+void tt_disconnect(tt_client *client) {
+  if (!client) return;
+  if (client->keepalive_running) {
+    pthread_mutex_lock(&client->keepalive_lock);
+    client->stopping = true;
+    pthread_cond_broadcast(&client->keepalive_cond);
+    pthread_mutex_unlock(&client->keepalive_lock);
+    pthread_join(client->keepalive_thread, NULL);
+  }
+  if (client->channel) {
+    if (client->session_hex[0]) {
+      Ttd__V1__CloseSessionRequest req = TTD__V1__CLOSE_SESSION_REQUEST__INIT;
+      ProtobufCMessage *resp = NULL;
+      if (tt_rpc_unary(client, TT_RPC_CLOSE_SESSION, &req.base, &ttd__v1__close_session_response__descriptor,
+                       &resp) == TT_OK) {
+        protobuf_c_message_free_unpacked(resp, NULL);
+      }
+    }
+    grpc_channel_destroy(client->channel);
+    grpc_shutdown();
+  }
+  pthread_mutex_destroy(&client->error_lock);
+  pthread_mutex_destroy(&client->keepalive_lock);
+  pthread_cond_destroy(&client->keepalive_cond);
+  free(client);
+}

@@ -1,0 +1,105 @@
+/* Internals of libttclient shared by its files; not installed. */
+#ifndef TT_CLIENT_INTERNAL_H
+#define TT_CLIENT_INTERNAL_H
+
+#include <grpc/grpc.h>
+#include <protobuf-c/protobuf-c.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "include/ttclient.h"
+#include "ttd/v1/ttd.pb-c.h"
+
+#define TT_PROTOCOL_VERSION 1
+#define TT_CHUNK_BYTES (1u << 20)
+
+/* Methods of ttd.v1.Device this library calls; order matches tt_rpc_paths. */
+typedef enum tt_rpc_method {
+  TT_RPC_OPEN_SESSION,
+  TT_RPC_KEEP_ALIVE,
+  TT_RPC_CLOSE_SESSION,
+  TT_RPC_LIST_DEVICES,
+  TT_RPC_ALLOCATE,
+  TT_RPC_UPLOAD,
+  TT_RPC_DOWNLOAD,
+  TT_RPC_MOVE,
+  TT_RPC_FREE,
+  TT_RPC_COUNT
+} tt_rpc_method;
+
+struct tt_client {
+  grpc_channel *channel;
+  void *registered[TT_RPC_COUNT];
+  char target[256];
+  char session_hex[17];  /* "" until a session is open */
+  uint64_t session_id;
+  char instance_id[40];
+  uint32_t lease_ms;
+  int64_t call_timeout_ms;
+
+  pthread_mutex_t error_lock;
+  tt_status errcode;
+  char errmsg[1024];
+
+  pthread_t keepalive_thread;
+  bool keepalive_running;
+  bool stopping;
+  pthread_mutex_t keepalive_lock;
+  pthread_cond_t keepalive_cond;
+};
+
+/* Where a tensor lives. */
+typedef struct tt_place {
+  int is_host;
+  int device;  /* tt:N */
+  int l1;      /* 1: L1, 0: DRAM */
+} tt_place;
+
+struct tt_tensor {
+  atomic_int refs;
+  tt_client *client;
+  tt_dtype dtype;
+  int ndim;
+  int64_t shape[TT_MAX_DIMS];
+  uint64_t numel;
+  uint64_t nbytes;
+  tt_place place;
+  char device_name[24];
+  void *data;       /* host tensors */
+  uint64_t handle;  /* device tensors */
+};
+
+/* Records an error on the client and returns its code. */
+tt_status tt_client_fail(tt_client *client, tt_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* One unary call: packs request, sends it with the session metadata, unpacks the
+ * response (free it with protobuf_c_message_free_unpacked). Records errors. */
+tt_status tt_rpc_unary(tt_client *client, tt_rpc_method method, const ProtobufCMessage *request,
+                       const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **out_response);
+
+/* The same, reporting the error into err instead of the client's last error. */
+tt_status tt_rpc_unary_quiet(tt_client *client, tt_rpc_method method, const ProtobufCMessage *request,
+                             const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **out_response,
+                             char *err, size_t err_len);
+
+/* Streams bytes (in header's source dtype) into the tensor the header names. */
+tt_status tt_rpc_upload(tt_client *client, const Ttd__V1__UploadHeader *header, const void *data, uint64_t bytes,
+                        Ttd__V1__UploadResponse **out_response);
+
+/* Streams a device tensor into dst, which holds exactly bytes bytes of target dtype. */
+tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, void *dst, uint64_t bytes);
+
+/* Parses "cpu", "tt", "tt:N", "tt:N/dram", "tt:N/l1", "tt/l1". Returns 0 or -1. */
+int tt_place_parse(const char *text, tt_place *out_place);
+
+/* "cpu", "tt:N", "tt:N/l1". */
+void tt_place_format(const tt_place *place, char *buf, size_t len);
+
+/* Checks dtype and shape and fills a tensor's dtype, shape, numel and nbytes. */
+tt_status tt_tensor_describe(tt_client *client, tt_tensor *tensor, tt_dtype dtype, const int64_t *shape, int ndim);
+
+/* A new tensor struct for client with one reference and no storage. */
+tt_tensor *tt_tensor_alloc(tt_client *client);
+
+#endif

@@ -1,0 +1,265 @@
+/* gRPC calls of libttclient: unary calls, the Upload client stream and the Download
+ * server stream, each on its own pluck completion queue so that threads never share one. */
+#include <grpc/byte_buffer_reader.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+
+typedef struct rpc {
+  tt_client *client;
+  grpc_completion_queue *cq;
+  grpc_call *call;
+  grpc_metadata md[2];
+  size_t md_count;
+  grpc_metadata_array initial_md, trailing_md;
+  grpc_status_code status;
+  grpc_slice details;
+  int tag;
+} rpc;
+
+static gpr_timespec deadline_after(int64_t ms) {
+  if (ms <= 0) return gpr_inf_future(GPR_CLOCK_REALTIME);
+  return gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(ms, GPR_TIMESPAN));
+}
+
+static void rpc_start(rpc *r, tt_client *client, tt_rpc_method method, int64_t timeout_ms) {
+  memset(r, 0, sizeof(*r));
+  r->client = client;
+  r->cq = grpc_completion_queue_create_for_pluck(NULL);
+  r->call = grpc_channel_create_registered_call(client->channel, NULL, GRPC_PROPAGATE_DEFAULTS, r->cq,
+                                                client->registered[method], deadline_after(timeout_ms), NULL);
+  if (client->session_hex[0]) {
+    r->md[0].key = grpc_slice_from_static_string("ttd-session");
+    r->md[0].value = grpc_slice_from_static_string(client->session_hex);
+    r->md[1].key = grpc_slice_from_static_string("ttd-instance");
+    r->md[1].value = grpc_slice_from_static_string(client->instance_id);
+    r->md_count = 2;
+  }
+  grpc_metadata_array_init(&r->initial_md);
+  grpc_metadata_array_init(&r->trailing_md);
+  r->details = grpc_empty_slice();
+}
+
+/* Runs one batch and waits for it. Returns 1 if it succeeded. */
+static int rpc_batch(rpc *r, grpc_op *ops, size_t n) {
+  if (grpc_call_start_batch(r->call, ops, n, &r->tag, NULL) != GRPC_CALL_OK) return 0;
+  grpc_event ev = grpc_completion_queue_pluck(r->cq, &r->tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  return ev.type == GRPC_OP_COMPLETE && ev.success;
+}
+
+static void op_init(grpc_op *op, grpc_op_type type) {
+  memset(op, 0, sizeof(*op));
+  op->op = type;
+}
+
+/* Receives the final status; returns it as a tt_status and fills err. */
+static tt_status rpc_status(rpc *r, char *err, size_t err_len) {
+  grpc_op op;
+  op_init(&op, GRPC_OP_RECV_STATUS_ON_CLIENT);
+  op.data.recv_status_on_client.trailing_metadata = &r->trailing_md;
+  op.data.recv_status_on_client.status = &r->status;
+  op.data.recv_status_on_client.status_details = &r->details;
+  if (!rpc_batch(r, &op, 1)) {
+    snprintf(err, err_len, "the call failed before the daemon sent a status");
+    return TT_INTERNAL;
+  }
+  if (r->status != GRPC_STATUS_OK) {
+    snprintf(err, err_len, "%.*s", (int)GRPC_SLICE_LENGTH(r->details), (const char *)GRPC_SLICE_START_PTR(r->details));
+  }
+  return (tt_status)r->status;
+}
+
+static void rpc_end(rpc *r) {
+  if (r->call) grpc_call_unref(r->call);
+  grpc_metadata_array_destroy(&r->initial_md);
+  grpc_metadata_array_destroy(&r->trailing_md);
+  grpc_slice_unref(r->details);
+  grpc_completion_queue_shutdown(r->cq);
+  while (grpc_completion_queue_pluck(r->cq, NULL, gpr_inf_past(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(r->cq);
+}
+
+static grpc_byte_buffer *pack(const ProtobufCMessage *msg) {
+  size_t len = protobuf_c_message_get_packed_size(msg);
+  grpc_slice slice = grpc_slice_malloc(len);
+  protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(slice));
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&slice, 1);
+  grpc_slice_unref(slice);
+  return bb;
+}
+
+static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *type, grpc_byte_buffer *bb) {
+  grpc_byte_buffer_reader reader;
+  if (!grpc_byte_buffer_reader_init(&reader, bb)) return NULL;
+  grpc_slice flat = grpc_byte_buffer_reader_readall(&reader);
+  grpc_byte_buffer_reader_destroy(&reader);
+  ProtobufCMessage *msg = protobuf_c_message_unpack(type, NULL, GRPC_SLICE_LENGTH(flat), GRPC_SLICE_START_PTR(flat));
+  grpc_slice_unref(flat);
+  return msg;
+}
+
+tt_status tt_rpc_unary_quiet(tt_client *client, tt_rpc_method method, const ProtobufCMessage *request,
+                             const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **out_response,
+                             char *err, size_t err_len) {
+  *out_response = NULL;
+  err[0] = '\0';
+  rpc r;
+  rpc_start(&r, client, method, client->call_timeout_ms);
+  grpc_byte_buffer *request_bb = pack(request);
+  grpc_byte_buffer *response_bb = NULL;
+  grpc_op ops[6];
+  op_init(&ops[0], GRPC_OP_SEND_INITIAL_METADATA);
+  ops[0].data.send_initial_metadata.count = r.md_count;
+  ops[0].data.send_initial_metadata.metadata = r.md;
+  op_init(&ops[1], GRPC_OP_SEND_MESSAGE);
+  ops[1].data.send_message.send_message = request_bb;
+  op_init(&ops[2], GRPC_OP_SEND_CLOSE_FROM_CLIENT);
+  op_init(&ops[3], GRPC_OP_RECV_INITIAL_METADATA);
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &r.initial_md;
+  op_init(&ops[4], GRPC_OP_RECV_MESSAGE);
+  ops[4].data.recv_message.recv_message = &response_bb;
+  op_init(&ops[5], GRPC_OP_RECV_STATUS_ON_CLIENT);
+  ops[5].data.recv_status_on_client.trailing_metadata = &r.trailing_md;
+  ops[5].data.recv_status_on_client.status = &r.status;
+  ops[5].data.recv_status_on_client.status_details = &r.details;
+  tt_status st = TT_OK;
+  if (!rpc_batch(&r, ops, 6)) {
+    st = TT_INTERNAL;
+    snprintf(err, err_len, "the call to ttd could not be run");
+  } else if (r.status != GRPC_STATUS_OK) {
+    st = (tt_status)r.status;
+    snprintf(err, err_len, "%.*s", (int)GRPC_SLICE_LENGTH(r.details), (const char *)GRPC_SLICE_START_PTR(r.details));
+  } else if (!response_bb || !(*out_response = unpack(response_type, response_bb))) {
+    st = TT_INTERNAL;
+    snprintf(err, err_len, "ttd answered with a response that is not a %s", response_type->name);
+  }
+  grpc_byte_buffer_destroy(request_bb);
+  if (response_bb) grpc_byte_buffer_destroy(response_bb);
+  rpc_end(&r);
+  return st;
+}
+
+tt_status tt_rpc_unary(tt_client *client, tt_rpc_method method, const ProtobufCMessage *request,
+                       const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **out_response) {
+  char err[sizeof(client->errmsg)];
+  tt_status st = tt_rpc_unary_quiet(client, method, request, response_type, out_response, err, sizeof(err));
+  if (st != TT_OK) tt_client_fail(client, st, "%s", err);
+  return st;
+}
+
+static int send_message(rpc *r, const ProtobufCMessage *msg) {
+  grpc_byte_buffer *bb = pack(msg);
+  grpc_op op;
+  op_init(&op, GRPC_OP_SEND_MESSAGE);
+  op.data.send_message.send_message = bb;
+  int ok = rpc_batch(r, &op, 1);
+  grpc_byte_buffer_destroy(bb);
+  return ok;
+}
+
+tt_status tt_rpc_upload(tt_client *client, const Ttd__V1__UploadHeader *header, const void *data, uint64_t bytes,
+                        Ttd__V1__UploadResponse **out_response) {
+  *out_response = NULL;
+  rpc r;
+  rpc_start(&r, client, TT_RPC_UPLOAD, 0);
+  grpc_op ops[4];
+  op_init(&ops[0], GRPC_OP_SEND_INITIAL_METADATA);
+  ops[0].data.send_initial_metadata.count = r.md_count;
+  ops[0].data.send_initial_metadata.metadata = r.md;
+  int ok = rpc_batch(&r, ops, 1);
+  uint64_t sent = 0;
+  /* Stop early when a send fails: the daemon has ended the call and its status says why. */
+  do {
+    Ttd__V1__UploadRequest req = TTD__V1__UPLOAD_REQUEST__INIT;
+    if (sent == 0) req.header = (Ttd__V1__UploadHeader *)header;
+    uint64_t n = bytes - sent < TT_CHUNK_BYTES ? bytes - sent : TT_CHUNK_BYTES;
+    req.data.data = (uint8_t *)data + sent;
+    req.data.len = (size_t)n;
+    ok = ok && send_message(&r, &req.base);
+    sent += n;
+  } while (ok && sent < bytes);
+  grpc_byte_buffer *response_bb = NULL;
+  op_init(&ops[0], GRPC_OP_SEND_CLOSE_FROM_CLIENT);
+  op_init(&ops[1], GRPC_OP_RECV_INITIAL_METADATA);
+  ops[1].data.recv_initial_metadata.recv_initial_metadata = &r.initial_md;
+  op_init(&ops[2], GRPC_OP_RECV_MESSAGE);
+  ops[2].data.recv_message.recv_message = &response_bb;
+  rpc_batch(&r, ok ? ops : ops + 1, ok ? 3 : 2);
+  char err[sizeof(client->errmsg)];
+  tt_status st = rpc_status(&r, err, sizeof(err));
+  if (st == TT_OK) {
+    *out_response = response_bb ? (Ttd__V1__UploadResponse *)unpack(&ttd__v1__upload_response__descriptor, response_bb)
+                                : NULL;
+    if (!*out_response) {
+      st = TT_INTERNAL;
+      snprintf(err, sizeof(err), "ttd answered Upload with a response that is not a ttd.v1.UploadResponse");
+    }
+  }
+  if (response_bb) grpc_byte_buffer_destroy(response_bb);
+  rpc_end(&r);
+  if (st != TT_OK) tt_client_fail(client, st, "%s", err);
+  return st;
+}
+
+tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, void *dst, uint64_t bytes) {
+  rpc r;
+  rpc_start(&r, client, TT_RPC_DOWNLOAD, 0);
+  Ttd__V1__DownloadRequest req = TTD__V1__DOWNLOAD_REQUEST__INIT;
+  req.handle = handle;
+  req.target_dtype = (Ttd__V1__DType)target;
+  grpc_byte_buffer *request_bb = pack(&req.base);
+  grpc_op ops[4];
+  op_init(&ops[0], GRPC_OP_SEND_INITIAL_METADATA);
+  ops[0].data.send_initial_metadata.count = r.md_count;
+  ops[0].data.send_initial_metadata.metadata = r.md;
+  op_init(&ops[1], GRPC_OP_SEND_MESSAGE);
+  ops[1].data.send_message.send_message = request_bb;
+  op_init(&ops[2], GRPC_OP_SEND_CLOSE_FROM_CLIENT);
+  op_init(&ops[3], GRPC_OP_RECV_INITIAL_METADATA);
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &r.initial_md;
+  int ok = rpc_batch(&r, ops, 4);
+  grpc_byte_buffer_destroy(request_bb);
+  uint64_t received = 0;
+  char err[sizeof(client->errmsg)];
+  err[0] = '\0';
+  tt_status local = TT_OK;
+  while (ok) {
+    grpc_byte_buffer *bb = NULL;
+    op_init(&ops[0], GRPC_OP_RECV_MESSAGE);
+    ops[0].data.recv_message.recv_message = &bb;
+    if (!rpc_batch(&r, ops, 1) || !bb) break;
+    Ttd__V1__DownloadResponse *msg = (Ttd__V1__DownloadResponse *)unpack(&ttd__v1__download_response__descriptor, bb);
+    grpc_byte_buffer_destroy(bb);
+    if (!msg) {
+      local = TT_INTERNAL;
+      snprintf(err, sizeof(err), "ttd sent a Download message that is not a ttd.v1.DownloadResponse");
+    } else if (received == 0 && msg->total_bytes != bytes) {
+      local = TT_INTERNAL;
+      snprintf(err, sizeof(err), "Download announced %" PRIu64 " bytes, expected %" PRIu64, msg->total_bytes, bytes);
+    } else if (msg->data.len > bytes - received) {
+      local = TT_INTERNAL;
+      snprintf(err, sizeof(err), "Download sent more than the %" PRIu64 " bytes it announced", bytes);
+    } else if (msg->data.len) {
+      memcpy((char *)dst + received, msg->data.data, msg->data.len);
+      received += msg->data.len;
+    }
+    if (msg) protobuf_c_message_free_unpacked(&msg->base, NULL);
+    if (local != TT_OK) {
+      grpc_call_cancel(r.call, NULL);
+      break;
+    }
+  }
+  char status_err[sizeof(client->errmsg)];
+  tt_status st = rpc_status(&r, status_err, sizeof(status_err));
+  rpc_end(&r);
+  if (local != TT_OK) return tt_client_fail(client, local, "%s", err);
+  if (st != TT_OK) return tt_client_fail(client, st, "%s", status_err);
+  if (received != bytes) {
+    return tt_client_fail(client, TT_DATA_LOSS, "Download ended after %" PRIu64 " of %" PRIu64 " bytes", received, bytes);
+  }
+  return TT_OK;
+}

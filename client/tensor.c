@@ -1,0 +1,133 @@
+/* Host and device tensors of libttclient: creation, reference counting, accessors. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/dtype.h"
+#include "client_internal.h"
+
+size_t tt_dtype_size(tt_dtype dtype) { return ttd_dtype_size((ttd_dtype)dtype); }
+
+tt_tensor *tt_tensor_alloc(tt_client *client) {
+  tt_tensor *t = calloc(1, sizeof(*t));
+  if (!t) {
+    tt_client_fail(client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+    return NULL;
+  }
+  atomic_init(&t->refs, 1);
+  t->client = client;
+  return t;
+}
+
+tt_status tt_tensor_describe(tt_client *client, tt_tensor *tensor, tt_dtype dtype, const int64_t *shape, int ndim) {
+  size_t esize = tt_dtype_size(dtype);
+  if (esize == 0) {
+    return tt_client_fail(client, TT_INVALID_ARGUMENT, "dtype %d is not supported; use TT_FLOAT32, TT_BFLOAT16 or TT_INT32",
+                          (int)dtype);
+  }
+  if (ndim < 0 || ndim > TT_MAX_DIMS || (ndim > 0 && !shape)) {
+    return tt_client_fail(client, TT_INVALID_ARGUMENT, "ndim is %d; use 0..%d with a shape array", ndim, TT_MAX_DIMS);
+  }
+  uint64_t numel = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0) {
+      return tt_client_fail(client, TT_INVALID_ARGUMENT, "dim %d of the shape is %" PRId64 "; dims must be >= 0", i,
+                            shape[i]);
+    }
+    if (__builtin_mul_overflow(numel, (uint64_t)shape[i], &numel) || numel > (uint64_t)INT64_MAX / esize) {
+      return tt_client_fail(client, TT_INVALID_ARGUMENT, "shape has too many elements (overflow at dim %d)", i);
+    }
+    tensor->shape[i] = shape[i];
+  }
+  tensor->dtype = dtype;
+  tensor->ndim = ndim;
+  tensor->numel = numel;
+  tensor->nbytes = numel * esize;
+  return TT_OK;
+}
+
+tt_tensor *tt_tensor_from_host(tt_client *client, const void *data, tt_dtype dtype, const int64_t *shape, int ndim) {
+  tt_tensor *t = tt_tensor_alloc(client);
+  if (!t) return NULL;
+  t->place.is_host = 1;
+  strcpy(t->device_name, "cpu");
+  if (tt_tensor_describe(client, t, dtype, shape, ndim) != TT_OK) {
+    free(t);
+    return NULL;
+  }
+  if (t->nbytes > SIZE_MAX || !(t->data = malloc(t->nbytes ? (size_t)t->nbytes : 1))) {
+    tt_client_fail(client, TT_RESOURCE_EXHAUSTED, "out of host memory for a %" PRIu64 "-byte tensor", t->nbytes);
+    free(t);
+    return NULL;
+  }
+  if (data) memcpy(t->data, data, (size_t)t->nbytes);
+  else memset(t->data, 0, (size_t)t->nbytes);
+  return t;
+}
+
+tt_tensor *tt_tensor_empty(tt_client *client, tt_dtype dtype, const int64_t *shape, int ndim, const char *device) {
+  tt_place place;
+  if (tt_place_parse(device, &place) != 0) {
+    tt_client_fail(client, TT_INVALID_ARGUMENT, "device '%s' is not valid; use cpu, tt, tt:N or tt:N/l1",
+                   device ? device : "(null)");
+    return NULL;
+  }
+  if (place.is_host) return tt_tensor_from_host(client, NULL, dtype, shape, ndim);
+  tt_tensor *t = tt_tensor_alloc(client);
+  if (!t) return NULL;
+  if (tt_tensor_describe(client, t, dtype, shape, ndim) != TT_OK) {
+    free(t);
+    return NULL;
+  }
+  t->place = place;
+  tt_place_format(&place, t->device_name, sizeof(t->device_name));
+  char device_name[16];
+  snprintf(device_name, sizeof(device_name), "tt:%d", place.device);
+  Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
+  spec.dtype = (Ttd__V1__DType)dtype;
+  spec.n_shape = (size_t)ndim;
+  spec.shape = t->shape;
+  spec.device = device_name;
+  spec.location = place.l1 ? TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_L1 : TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_DRAM;
+  Ttd__V1__AllocateRequest req = TTD__V1__ALLOCATE_REQUEST__INIT;
+  req.spec = &spec;
+  ProtobufCMessage *out = NULL;
+  if (tt_rpc_unary(client, TT_RPC_ALLOCATE, &req.base, &ttd__v1__allocate_response__descriptor, &out) != TT_OK) {
+    free(t);
+    return NULL;
+  }
+  t->handle = ((Ttd__V1__AllocateResponse *)out)->tensor->handle;
+  protobuf_c_message_free_unpacked(out, NULL);
+  return t;
+}
+
+void tt_tensor_free(tt_tensor *tensor) {
+  if (!tensor) return;
+  if (atomic_fetch_sub_explicit(&tensor->refs, 1, memory_order_acq_rel) != 1) return;
+  if (tensor->place.is_host) {
+    free(tensor->data);
+  } else if (tensor->handle) {
+    Ttd__V1__FreeRequest req = TTD__V1__FREE_REQUEST__INIT;
+    req.n_handles = 1;
+    req.handles = &tensor->handle;
+    ProtobufCMessage *out = NULL;
+    char ignored[256]; /* a session already closed has freed it anyway */
+    if (tt_rpc_unary_quiet(tensor->client, TT_RPC_FREE, &req.base, &ttd__v1__free_response__descriptor, &out, ignored,
+                           sizeof(ignored)) == TT_OK) {
+      protobuf_c_message_free_unpacked(out, NULL);
+    }
+  }
+  free(tensor);
+}
+
+tt_client *tt_tensor_client(const tt_tensor *tensor) { return tensor->client; }
+tt_dtype tt_tensor_dtype(const tt_tensor *tensor) { return tensor->dtype; }
+int tt_tensor_ndim(const tt_tensor *tensor) { return tensor->ndim; }
+const int64_t *tt_tensor_shape(const tt_tensor *tensor) { return tensor->shape; }
+uint64_t tt_tensor_numel(const tt_tensor *tensor) { return tensor->numel; }
+uint64_t tt_tensor_nbytes(const tt_tensor *tensor) { return tensor->nbytes; }
+const char *tt_tensor_device(const tt_tensor *tensor) { return tensor->device_name; }
+int tt_tensor_is_host(const tt_tensor *tensor) { return tensor->place.is_host; }
+void *tt_tensor_data(tt_tensor *tensor) { return tensor->place.is_host ? tensor->data : NULL; }
+uint64_t tt_tensor_handle(const tt_tensor *tensor) { return tensor->place.is_host ? 0 : tensor->handle; }

@@ -1,0 +1,87 @@
+/* The device backend interface (IREE HAL style): a struct of function pointers plus the
+ * backend's state. The RPC layer, sessions and tensors reach a card only through this,
+ * so a tt-metal or GPU backend is one new folder under daemon/backends/ and one line in
+ * backend_registry.c.
+ *
+ * Threading: every entry point may be called from any worker thread concurrently; a
+ * backend synchronises its own state. A buffer is used by one call at a time for
+ * writes; concurrent reads are allowed. */
+#ifndef TTD_BACKEND_H
+#define TTD_BACKEND_H
+
+#include <stdint.h>
+
+#include "status.h"
+
+/* Memory locations of a device; values equal ttd.v1.MemoryLocation. */
+typedef enum ttd_memloc {
+  TTD_MEM_DRAM = 1,
+  TTD_MEM_L1 = 2,
+} ttd_memloc;
+#define TTD_MEM_COUNT 2
+
+/* "dram" / "l1" / "invalid". */
+const char *ttd_memloc_name(ttd_memloc loc);
+
+typedef struct ttd_device_memory {
+  ttd_memloc location;
+  uint64_t capacity_bytes;
+  uint64_t used_bytes;
+} ttd_device_memory;
+
+typedef struct ttd_device_info {
+  char kind[48];   /* "sim-wormhole-n150", ... */
+  uint32_t cores;
+  ttd_device_memory memory[TTD_MEM_COUNT]; /* [0] dram, [1] l1 */
+} ttd_device_info;
+
+/* Construction options; a backend uses what applies to it. */
+typedef struct ttd_backend_options {
+  int devices;          /* number of cards to expose */
+  uint64_t dram_bytes;  /* per card, for simulated cards */
+  uint64_t l1_bytes;
+  int cores;            /* host threads standing in for a card's cores; 0 = all */
+} ttd_backend_options;
+
+typedef struct ttd_backend ttd_backend;
+typedef struct ttd_backend_buffer ttd_backend_buffer; /* opaque; defined by each backend */
+
+typedef struct ttd_backend_vtable {
+  void (*destroy)(ttd_backend *backend);
+  int (*device_count)(ttd_backend *backend);
+  void (*device_info)(ttd_backend *backend, int device, ttd_device_info *out_info);
+  /* Reserves `bytes` of `loc` on `device` and backs them. RESOURCE_EXHAUSTED when they
+   * do not fit, naming device, location, bytes requested and bytes free. */
+  ttd_status_t (*buffer_alloc)(ttd_backend *backend, int device, ttd_memloc loc, uint64_t bytes,
+                               ttd_backend_buffer **out_buffer);
+  void (*buffer_free)(ttd_backend *backend, ttd_backend_buffer *buffer);
+  /* Host -> device and device -> host byte copies at an offset; the range must lie
+   * inside the buffer (callers check). */
+  ttd_status_t (*buffer_write)(ttd_backend *backend, ttd_backend_buffer *dst, uint64_t offset,
+                               const void *src, uint64_t bytes);
+  ttd_status_t (*buffer_read)(ttd_backend *backend, ttd_backend_buffer *src, uint64_t offset,
+                              void *dst, uint64_t bytes);
+  /* Device -> device copy of a whole buffer into one of the same size, across devices
+   * and locations of this backend, with no host trip on a real card. */
+  ttd_status_t (*buffer_copy)(ttd_backend *backend, ttd_backend_buffer *src,
+                              ttd_backend_buffer *dst);
+} ttd_backend_vtable;
+
+/* Every backend's state struct starts with this. */
+struct ttd_backend {
+  const ttd_backend_vtable *vtable;
+  const char *name;
+};
+
+/* Creates the backend registered under `name` ("sim"). INVALID_ARGUMENT for an unknown
+ * name, listing the known ones. The caller owns *out_backend. */
+ttd_status_t ttd_backend_create(const char *name, const ttd_backend_options *options,
+                                ttd_backend **out_backend);
+
+/* Accepts NULL. All buffers must have been freed. */
+void ttd_backend_destroy(ttd_backend *backend);
+
+/* Names of registered backends, comma-separated, for messages and --help. */
+const char *ttd_backend_names(void);
+
+#endif

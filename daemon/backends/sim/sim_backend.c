@@ -1,0 +1,164 @@
+#include "sim_backend.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct sim_device {
+  pthread_mutex_t lock;
+  uint64_t capacity[TTD_MEM_COUNT];
+  uint64_t used[TTD_MEM_COUNT];
+} sim_device;
+
+typedef struct sim_backend {
+  ttd_backend base;
+  int device_count;
+  sim_device *devices;
+} sim_backend;
+
+struct ttd_backend_buffer {
+  int device;
+  ttd_memloc loc;
+  uint64_t bytes;
+  unsigned char *data;
+};
+
+static sim_backend *sim_of(ttd_backend *backend) { return (sim_backend *)backend; }
+
+static int loc_index(ttd_memloc loc) { return loc == TTD_MEM_L1 ? 1 : 0; }
+
+static void sim_destroy(ttd_backend *backend) {
+  sim_backend *sim = sim_of(backend);
+  for (int i = 0; i < sim->device_count; i++) pthread_mutex_destroy(&sim->devices[i].lock);
+  free(sim->devices);
+  free(sim);
+}
+
+static int sim_device_count(ttd_backend *backend) { return sim_of(backend)->device_count; }
+
+static void sim_device_info(ttd_backend *backend, int device, ttd_device_info *out_info) {
+  sim_device *dev = &sim_of(backend)->devices[device];
+  memset(out_info, 0, sizeof(*out_info));
+  strcpy(out_info->kind, "sim-wormhole-n150");
+  out_info->cores = TTD_SIM_CORES_PER_CARD;
+  pthread_mutex_lock(&dev->lock);
+  for (int i = 0; i < TTD_MEM_COUNT; i++) {
+    out_info->memory[i].location = i == 0 ? TTD_MEM_DRAM : TTD_MEM_L1;
+    out_info->memory[i].capacity_bytes = dev->capacity[i];
+    out_info->memory[i].used_bytes = dev->used[i];
+  }
+  pthread_mutex_unlock(&dev->lock);
+}
+
+static void unreserve(sim_device *dev, int li, uint64_t bytes) {
+  pthread_mutex_lock(&dev->lock);
+  dev->used[li] -= bytes;
+  pthread_mutex_unlock(&dev->lock);
+}
+
+static ttd_status_t sim_buffer_alloc(ttd_backend *backend, int device, ttd_memloc loc,
+                                     uint64_t bytes, ttd_backend_buffer **out_buffer) {
+  *out_buffer = NULL;
+  sim_device *dev = &sim_of(backend)->devices[device];
+  int li = loc_index(loc);
+  pthread_mutex_lock(&dev->lock);
+  uint64_t free_bytes = dev->capacity[li] - dev->used[li];
+  if (bytes > free_bytes) {
+    uint64_t capacity = dev->capacity[li];
+    pthread_mutex_unlock(&dev->lock);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "tt:%d %s is full: requested %" PRIu64 " bytes, %" PRIu64
+                           " bytes free of %" PRIu64 "; free tensors or use another location",
+                           device, ttd_memloc_name(loc), bytes, free_bytes, capacity);
+  }
+  dev->used[li] += bytes;
+  pthread_mutex_unlock(&dev->lock);
+
+  ttd_backend_buffer *buf = malloc(sizeof(*buf));
+  void *data = NULL;
+  /* 64-byte alignment, like a card's DRAM pages; at least 1 byte so 0-size tensors exist. */
+  if (!buf || bytes > SIZE_MAX - 64 || posix_memalign(&data, 64, bytes ? (size_t)bytes : 1) != 0) {
+    free(buf);
+    unreserve(dev, li, bytes);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "host memory backing simulated tt:%d %s is exhausted: could not "
+                           "take %" PRIu64 " bytes",
+                           device, ttd_memloc_name(loc), bytes);
+  }
+  buf->device = device;
+  buf->loc = loc;
+  buf->bytes = bytes;
+  buf->data = data;
+  *out_buffer = buf;
+  return TTD_OK;
+}
+
+static void sim_buffer_free(ttd_backend *backend, ttd_backend_buffer *buffer) {
+  if (!buffer) return;
+  unreserve(&sim_of(backend)->devices[buffer->device], loc_index(buffer->loc), buffer->bytes);
+  free(buffer->data);
+  free(buffer);
+}
+
+static ttd_status_t sim_buffer_write(ttd_backend *backend, ttd_backend_buffer *dst,
+                                     uint64_t offset, const void *src, uint64_t bytes) {
+  (void)backend;
+  if (bytes) memcpy(dst->data + offset, src, bytes);
+  return TTD_OK;
+}
+
+static ttd_status_t sim_buffer_read(ttd_backend *backend, ttd_backend_buffer *src,
+                                    uint64_t offset, void *dst, uint64_t bytes) {
+  (void)backend;
+  if (bytes) memcpy(dst, src->data + offset, bytes);
+  return TTD_OK;
+}
+
+static ttd_status_t sim_buffer_copy(ttd_backend *backend, ttd_backend_buffer *src,
+                                    ttd_backend_buffer *dst) {
+  (void)backend;
+  if (src->bytes != dst->bytes) {
+    return ttd_make_status(GRPC_STATUS_INTERNAL, "buffer copy between sizes %" PRIu64 " and %" PRIu64,
+                           src->bytes, dst->bytes);
+  }
+  if (src->bytes) memcpy(dst->data, src->data, src->bytes);
+  return TTD_OK;
+}
+
+static const ttd_backend_vtable sim_vtable = {
+    .destroy = sim_destroy,
+    .device_count = sim_device_count,
+    .device_info = sim_device_info,
+    .buffer_alloc = sim_buffer_alloc,
+    .buffer_free = sim_buffer_free,
+    .buffer_write = sim_buffer_write,
+    .buffer_read = sim_buffer_read,
+    .buffer_copy = sim_buffer_copy,
+};
+
+ttd_status_t ttd_sim_backend_create(const ttd_backend_options *options, ttd_backend **out_backend) {
+  *out_backend = NULL;
+  if (options->devices < 1) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "sim backend needs at least 1 device, got %d",
+                           options->devices);
+  }
+  sim_backend *sim = calloc(1, sizeof(*sim));
+  sim_device *devices = calloc((size_t)options->devices, sizeof(*devices));
+  if (!sim || !devices) {
+    free(sim);
+    free(devices);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory creating sim backend");
+  }
+  sim->base.vtable = &sim_vtable;
+  sim->base.name = "sim";
+  sim->device_count = options->devices;
+  sim->devices = devices;
+  for (int i = 0; i < options->devices; i++) {
+    pthread_mutex_init(&devices[i].lock, NULL);
+    devices[i].capacity[0] = options->dram_bytes;
+    devices[i].capacity[1] = options->l1_bytes;
+  }
+  *out_backend = &sim->base;
+  return TTD_OK;
+}

@@ -1,0 +1,61 @@
+#include "core.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "random.h"
+
+int64_t ttd_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
+  *out_core = NULL;
+  ttd_core *core = calloc(1, sizeof(*core));
+  if (!core) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  ttd_backend_options options = {
+      .devices = config->devices, .dram_bytes = config->dram, .l1_bytes = config->l1, .cores = config->cores};
+  ttd_status_t status = ttd_backend_create(config->backend, &options, &core->backend);
+  if (status) {
+    free(core);
+    return status;
+  }
+  core->config = config;
+  ttd_session_table_init(&core->sessions, config->lease_ms);
+  snprintf(core->instance_id, sizeof(core->instance_id), "%016" PRIx64, ttd_random_u64());
+  *out_core = core;
+  return TTD_OK;
+}
+
+void ttd_core_destroy(ttd_core *core) {
+  if (!core) return;
+  ttd_session_table_destroy(&core->sessions);
+  ttd_backend_destroy(core->backend);
+  free(core);
+}
+
+ttd_status_t ttd_core_parse_device(const ttd_core *core, const char *name, int *out_device) {
+  int count = core->backend->vtable->device_count(core->backend);
+  *out_device = 0;
+  if (name == NULL || name[0] == '\0') return TTD_OK;
+  if (strncmp(name, "tt:", 3) == 0 && name[3] >= '0' && name[3] <= '9') {
+    errno = 0;
+    char *end;
+    long v = strtol(name + 3, &end, 10);
+    if (!errno && *end == '\0' && v < count) {
+      *out_device = (int)v;
+      return TTD_OK;
+    }
+  }
+  char have[32];
+  if (count > 1) snprintf(have, sizeof(have), "tt:0 .. tt:%d", count - 1);
+  else snprintf(have, sizeof(have), "only tt:0");
+  return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "device '%.64s' does not exist; this daemon has %s",
+                         name, have);
+}

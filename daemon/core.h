@@ -1,0 +1,34 @@
+/* The daemon core: configuration, the device backend, the session table and the
+ * instance id. Everything an RPC handler needs, with no gRPC in it, so the same core
+ * runs under the server, the tests and (later) fuzz harnesses. */
+#ifndef TTD_CORE_H
+#define TTD_CORE_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "config.h"
+#include "session_table.h"
+
+typedef struct ttd_core {
+  const ttd_config *config;
+  ttd_backend *backend;
+  ttd_session_table sessions;
+  char instance_id[17]; /* 16 hex digits, new at every start */
+} ttd_core;
+
+/* Creates the backend named by config and an empty session table. config must outlive the
+ * core. The caller owns *out_core. */
+ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core);
+
+/* Closes every session (freeing their tensors), then destroys the backend. NULL ok. */
+void ttd_core_destroy(ttd_core *core);
+
+/* Monotonic clock in milliseconds, the time base of leases. */
+int64_t ttd_now_ms(void);
+
+/* Parses a device name "tt:N" (or "" for tt:0) against the backend's devices.
+ * INVALID_ARGUMENT naming the devices that exist. */
+ttd_status_t ttd_core_parse_device(const ttd_core *core, const char *name, int *out_device);
+
+#endif

@@ -1,0 +1,93 @@
+/* Download: a server stream of chunks device -> host. The first message carries the
+ * tensor info and the total byte count. The tensor is referenced for the whole stream,
+ * so a concurrent Free cannot pull the memory from under it. */
+#include <stdlib.h>
+
+#include "handlers.h"
+#include "tensor_proto.h"
+
+#define DEFAULT_CHUNK_BYTES (1u << 20)
+#define MAX_CHUNK_BYTES (4u << 20)
+
+typedef struct download_state {
+  ttd_tensor *tensor;   /* one reference */
+  ttd_dtype target;
+  size_t out_size, in_size;
+  uint64_t total;       /* target bytes */
+  uint64_t sent;
+  size_t chunk;         /* bytes per message, a multiple of out_size */
+  unsigned char *raw;   /* device bytes before conversion */
+  unsigned char *out;   /* bytes of the message */
+  Ttd__V1__DownloadResponse message;
+} download_state;
+
+ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request) {
+  const Ttd__V1__DownloadRequest *req = (const Ttd__V1__DownloadRequest *)request;
+  if (req->chunk_bytes > MAX_CHUNK_BYTES) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "chunk_bytes %u is above the limit of %u; use 0 for the default",
+                           req->chunk_bytes, MAX_CHUNK_BYTES);
+  }
+  download_state *st = calloc(1, sizeof(*st));
+  if (!st) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  call->stream = st;
+  TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->handle, &st->tensor));
+  ttd_dtype source = st->tensor->spec.dtype;
+  st->target = req->target_dtype ? (ttd_dtype)req->target_dtype : source;
+  if (!ttd_dtype_convertible(source, st->target)) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot download a %s tensor as %s; ask for %s%s",
+                           ttd_dtype_name(source), ttd_dtype_name(st->target), ttd_dtype_name(source),
+                           source == TTD_DTYPE_BFLOAT16 ? " or float32" : "");
+  }
+  st->in_size = ttd_dtype_size(source);
+  st->out_size = ttd_dtype_size(st->target);
+  st->total = st->tensor->spec.numel * st->out_size;
+  size_t chunk = req->chunk_bytes ? req->chunk_bytes : DEFAULT_CHUNK_BYTES;
+  chunk -= chunk % st->out_size;
+  st->chunk = chunk ? chunk : st->out_size;
+  size_t first = st->total < st->chunk ? (size_t)st->total : st->chunk;
+  st->out = malloc(first ? first : 1);
+  if (source != st->target) st->raw = malloc(first / st->out_size * st->in_size + 1);
+  if (!st->out || (source != st->target && !st->raw)) {
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  }
+  ttd__v1__download_response__init(&st->message);
+  st->message.tensor = ttd_tensor_info_to_proto(call, req->handle, &st->tensor->spec);
+  TTD_CHECK_ALLOC(st->message.tensor);
+  st->message.total_bytes = st->total;
+  return TTD_OK;
+}
+
+ttd_status_t ttd_download_next(ttd_call *call, const ProtobufCMessage **out_message, bool *out_last) {
+  download_state *st = call->stream;
+  ttd_backend *backend = st->tensor->backend;
+  uint64_t left = st->total - st->sent;
+  size_t n = left < st->chunk ? (size_t)left : st->chunk;
+  if (st->target == st->tensor->spec.dtype) {
+    TTD_RETURN_IF_ERROR(backend->vtable->buffer_read(backend, st->tensor->buffer, st->sent, st->out, n));
+  } else {
+    size_t elems = n / st->out_size;
+    uint64_t offset = st->sent / st->out_size * st->in_size;
+    TTD_RETURN_IF_ERROR(backend->vtable->buffer_read(backend, st->tensor->buffer, offset, st->raw, elems * st->in_size));
+    ttd_dtype_convert(st->out, st->target, st->raw, st->tensor->spec.dtype, elems);
+  }
+  if (st->sent > 0) { /* the info and total travel in the first message only */
+    st->message.tensor = NULL;
+    st->message.total_bytes = 0;
+  }
+  st->message.data.data = st->out;
+  st->message.data.len = n;
+  st->sent += n;
+  *out_message = &st->message.base;
+  *out_last = st->sent == st->total;
+  return TTD_OK;
+}
+
+void ttd_download_done(ttd_call *call) {
+  download_state *st = call->stream;
+  if (!st) return;
+  ttd_tensor_release(st->tensor);
+  free(st->raw);
+  free(st->out);
+  free(st);
+  call->stream = NULL;
+}

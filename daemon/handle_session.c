@@ -1,0 +1,55 @@
+/* OpenSession, KeepAlive, CloseSession. */
+#include <inttypes.h>
+
+#include "handlers.h"
+#include "log.h"
+#include "ttd/v1/ttd.pb-c.h"
+
+ttd_status_t ttd_handle_open_session(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
+  const Ttd__V1__OpenSessionRequest *req = (const Ttd__V1__OpenSessionRequest *)request;
+  if (req->protocol_version != TTD_PROTOCOL_VERSION) {
+    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                           "protocol version mismatch: the client speaks ttd.v1 protocol %u, this daemon speaks %d; "
+                           "use a client library built from the daemon's proto/",
+                           req->protocol_version, TTD_PROTOCOL_VERSION);
+  }
+  ttd_session *session = NULL;
+  TTD_RETURN_IF_ERROR(ttd_session_table_open(&call->core->sessions, req->client_name, ttd_now_ms(), &session));
+  Ttd__V1__OpenSessionResponse *resp = ttd_call_alloc(call, sizeof(*resp));
+  if (!resp) {
+    ttd_session_table_close(&call->core->sessions, session, NULL, NULL);
+    ttd_session_release(session);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  }
+  ttd__v1__open_session_response__init(resp);
+  resp->session_id = session->id;
+  resp->lease_ms = (uint32_t)call->core->config->lease_ms;
+  resp->instance_id = call->core->instance_id;
+  resp->protocol_version = TTD_PROTOCOL_VERSION;
+  TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=open client=\"%s\"", session->id, session->client_name);
+  ttd_session_release(session);
+  *out_response = &resp->base;
+  return TTD_OK;
+}
+
+ttd_status_t ttd_handle_keep_alive(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
+  (void)request;
+  Ttd__V1__KeepAliveResponse *resp = ttd_call_alloc(call, sizeof(*resp));
+  TTD_CHECK_ALLOC(resp);
+  ttd__v1__keep_alive_response__init(resp);
+  resp->lease_ms = (uint32_t)call->core->config->lease_ms;
+  *out_response = &resp->base;
+  return TTD_OK;
+}
+
+ttd_status_t ttd_handle_close_session(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
+  (void)request;
+  Ttd__V1__CloseSessionResponse *resp = ttd_call_alloc(call, sizeof(*resp));
+  TTD_CHECK_ALLOC(resp);
+  ttd__v1__close_session_response__init(resp);
+  ttd_session_table_close(&call->core->sessions, call->session, &resp->tensors_freed, &resp->bytes_freed);
+  TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=close tensors_freed=%" PRIu64 " bytes_freed=%" PRIu64,
+          call->session->id, resp->tensors_freed, resp->bytes_freed);
+  *out_response = &resp->base;
+  return TTD_OK;
+}

@@ -1,0 +1,168 @@
+/* Upload: a client stream of chunks host -> device, into a new or an allocated tensor.
+ * Bytes arrive in order; when their dtype differs from the tensor's (float32 into
+ * bfloat16) they are converted element by element, carrying a split element across
+ * chunks. A stream that breaks or ends short frees a new tensor; nothing leaks. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "handlers.h"
+#include "tensor_proto.h"
+
+typedef struct upload_state {
+  ttd_tensor *tensor;     /* one reference */
+  bool is_new;            /* created by this upload; added to the session at the end */
+  uint64_t handle;        /* for an existing tensor */
+  ttd_dtype source_dtype;
+  uint64_t expected;      /* source bytes the stream must deliver */
+  uint64_t received;      /* source bytes received so far */
+  uint64_t written;       /* device bytes written so far */
+  unsigned char carry[8]; /* bytes of a source element split across chunks */
+  size_t carry_len;
+  unsigned char *scratch; /* converted elements */
+  size_t scratch_cap;
+} upload_state;
+
+static void state_free(ttd_call *call) {
+  upload_state *st = call->stream;
+  if (!st) return;
+  ttd_tensor_release(st->tensor);
+  free(st->scratch);
+  free(st);
+  call->stream = NULL;
+}
+
+static ttd_status_t begin(ttd_call *call, const Ttd__V1__UploadHeader *header, upload_state *st) {
+  ttd_dtype tensor_dtype;
+  if (header->target_case == TTD__V1__UPLOAD_HEADER__TARGET_SPEC) {
+    ttd_tensor_spec spec;
+    TTD_RETURN_IF_ERROR(ttd_tensor_spec_from_proto(call->core, header->spec, &spec));
+    tensor_dtype = spec.dtype;
+    st->source_dtype = header->source_dtype ? (ttd_dtype)header->source_dtype : tensor_dtype;
+    if (!ttd_dtype_convertible(st->source_dtype, tensor_dtype)) goto not_convertible;
+    TTD_RETURN_IF_ERROR(ttd_tensor_create(call->core->backend, &spec, &st->tensor));
+    st->is_new = true;
+  } else if (header->target_case == TTD__V1__UPLOAD_HEADER__TARGET_HANDLE) {
+    TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, header->handle, &st->tensor));
+    st->handle = header->handle;
+    tensor_dtype = st->tensor->spec.dtype;
+    st->source_dtype = header->source_dtype ? (ttd_dtype)header->source_dtype : tensor_dtype;
+    if (!ttd_dtype_convertible(st->source_dtype, tensor_dtype)) goto not_convertible;
+  } else {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "Upload header names no target: set either handle (an allocated tensor) or spec (a new one)");
+  }
+  st->expected = st->tensor->spec.numel * ttd_dtype_size(st->source_dtype);
+  return TTD_OK;
+not_convertible:
+  return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                         "cannot upload %s bytes into a %s tensor; send %s (or float32 for bfloat16)",
+                         ttd_dtype_name((ttd_dtype)header->source_dtype), ttd_dtype_name(tensor_dtype),
+                         ttd_dtype_name(tensor_dtype));
+}
+
+static ttd_status_t write_device(upload_state *st, const void *src, uint64_t bytes) {
+  ttd_backend *backend = st->tensor->backend;
+  TTD_RETURN_IF_ERROR(backend->vtable->buffer_write(backend, st->tensor->buffer, st->written, src, bytes));
+  st->written += bytes;
+  return TTD_OK;
+}
+
+/* Converts whole source elements into the tensor's dtype and writes them. */
+static ttd_status_t write_converted(upload_state *st, const unsigned char *data, size_t len) {
+  size_t in_size = ttd_dtype_size(st->source_dtype);
+  size_t out_size = ttd_dtype_size(st->tensor->spec.dtype);
+  if (st->carry_len) {
+    size_t take = in_size - st->carry_len < len ? in_size - st->carry_len : len;
+    memcpy(st->carry + st->carry_len, data, take);
+    st->carry_len += take;
+    data += take;
+    len -= take;
+    if (st->carry_len < in_size) return TTD_OK;
+    unsigned char one[8];
+    ttd_dtype_convert(one, st->tensor->spec.dtype, st->carry, st->source_dtype, 1);
+    st->carry_len = 0;
+    TTD_RETURN_IF_ERROR(write_device(st, one, out_size));
+  }
+  size_t elems = len / in_size;
+  if (elems) {
+    size_t need = elems * out_size;
+    if (need > st->scratch_cap) {
+      unsigned char *grown = realloc(st->scratch, need);
+      if (!grown) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+      st->scratch = grown;
+      st->scratch_cap = need;
+    }
+    ttd_dtype_convert(st->scratch, st->tensor->spec.dtype, data, st->source_dtype, elems);
+    TTD_RETURN_IF_ERROR(write_device(st, st->scratch, need));
+  }
+  size_t rest = len - elems * in_size;
+  memcpy(st->carry, data + elems * in_size, rest);
+  st->carry_len = rest;
+  return TTD_OK;
+}
+
+ttd_status_t ttd_upload_message(ttd_call *call, const ProtobufCMessage *message) {
+  const Ttd__V1__UploadRequest *req = (const Ttd__V1__UploadRequest *)message;
+  upload_state *st = call->stream;
+  if (!st) {
+    if (!req->header) {
+      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                             "the first Upload message must carry a header naming the target tensor");
+    }
+    st = calloc(1, sizeof(*st));
+    if (!st) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+    call->stream = st;
+    TTD_RETURN_IF_ERROR(begin(call, req->header, st));
+  } else if (req->header) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "only the first Upload message may carry a header (got one after %" PRIu64 " bytes)",
+                           st->received);
+  }
+  size_t len = req->data.len;
+  if (len > st->expected - st->received) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "upload runs past the tensor's end: it holds %" PRIu64 " %s bytes, the stream sent %" PRIu64,
+                           st->expected, ttd_dtype_name(st->source_dtype), st->received + len);
+  }
+  st->received += len;
+  if (len == 0) return TTD_OK;
+  if (st->source_dtype == st->tensor->spec.dtype) return write_device(st, req->data.data, len);
+  return write_converted(st, req->data.data, len);
+}
+
+ttd_status_t ttd_upload_end(ttd_call *call, ProtobufCMessage **out_response) {
+  upload_state *st = call->stream;
+  if (!st) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "Upload stream ended before its header: send an UploadRequest with header first");
+  }
+  ttd_status_t status = TTD_OK;
+  if (st->received != st->expected) {
+    status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                             "Upload stream ended after %" PRIu64 " of %" PRIu64 " bytes; nothing was kept",
+                             st->received, st->expected);
+  }
+  Ttd__V1__UploadResponse *resp = NULL;
+  if (!status) {
+    resp = ttd_call_alloc(call, sizeof(*resp));
+    if (!resp) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  }
+  uint64_t handle = st->handle;
+  if (!status && st->is_new) status = ttd_session_tensor_add(call->session, st->tensor, &handle);
+  if (!status) {
+    ttd__v1__upload_response__init(resp);
+    resp->bytes_received = st->received;
+    resp->tensor = ttd_tensor_info_to_proto(call, handle, &st->tensor->spec);
+    if (!resp->tensor) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  }
+  if (status && st->is_new && handle) {
+    uint64_t n, bytes;
+    ttd_status_free(ttd_session_tensors_free(call->session, &handle, 1, &n, &bytes));
+  }
+  state_free(call);
+  if (!status) *out_response = &resp->base;
+  return status;
+}
+
+void ttd_upload_abort(ttd_call *call) { state_free(call); }

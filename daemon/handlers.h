@@ -1,0 +1,33 @@
+/* RPC handlers of ttd.v1.Device, one file per group. Each runs on a worker thread with
+ * the call's session attached (for methods that need one) and returns a status that
+ * becomes the RPC's. See rpc_method.h for the calling conventions. */
+#ifndef TTD_HANDLERS_H
+#define TTD_HANDLERS_H
+
+#include "rpc_method.h"
+
+#define TTD_PROTOCOL_VERSION 1
+
+/* An arena allocation that failed becomes RESOURCE_EXHAUSTED. */
+#define TTD_CHECK_ALLOC(p)                                                                     \
+  do {                                                                                         \
+    if (!(p)) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory"); \
+  } while (0)
+
+ttd_status_t ttd_handle_open_session(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_handle_keep_alive(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_handle_close_session(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_handle_list_devices(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_handle_allocate(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_handle_move(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_handle_free(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+
+ttd_status_t ttd_upload_message(ttd_call *call, const ProtobufCMessage *message);
+ttd_status_t ttd_upload_end(ttd_call *call, ProtobufCMessage **out_response);
+void ttd_upload_abort(ttd_call *call);
+
+ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request);
+ttd_status_t ttd_download_next(ttd_call *call, const ProtobufCMessage **out_message, bool *out_last);
+void ttd_download_done(ttd_call *call);
+
+#endif

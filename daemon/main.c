@@ -1,0 +1,158 @@
+/* ttd: the daemon that owns this host's accelerator cards and shares them over gRPC.
+ * main wires configuration, the core, the gRPC server and the libevent loop (signals and
+ * the lease sweep) together, and tears them down in order. */
+#include <errno.h>
+#include <event2/event.h>
+#include <grpc/grpc.h>
+#include <malloc.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "ttclient.h"
+#include "config.h"
+#include "core.h"
+#include "log.h"
+#include "rpc_server.h"
+
+typedef struct loop_state {
+  struct event_base *base;
+  ttd_core *core;
+  int stop_signal;
+} loop_state;
+
+static void on_stop_signal(evutil_socket_t sig, short what, void *arg) {
+  (void)what;
+  loop_state *st = arg;
+  st->stop_signal = (int)sig;
+  event_base_loopbreak(st->base);
+}
+
+static void on_sweep(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  loop_state *st = arg;
+  ttd_session_table_sweep(&st->core->sessions, ttd_now_ms());
+}
+
+/* For a unix: address: makes its folder, refuses one a live daemon serves, removes a
+ * stale socket file. */
+static int prepare_unix_address(const char *address) {
+  if (strncmp(address, "unix:", 5) != 0) return 0;
+  const char *path = address + 5;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof(sa.sun_path)) {
+    TTD_LOG(TTD_LOG_ERROR, "event=bad-address address=%s reason=\"socket path longer than %zu bytes\"", address,
+            sizeof(sa.sun_path) - 1);
+    return -1;
+  }
+  char dir[sizeof(sa.sun_path)];
+  snprintf(dir, sizeof(dir), "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (slash && slash != dir) {
+    *slash = '\0';
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+      TTD_LOG(TTD_LOG_ERROR, "event=bad-address address=%s reason=\"cannot create %s: %s\"", address, dir,
+              strerror(errno));
+      return -1;
+    }
+  }
+  strcpy(sa.sun_path, path);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int live = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+  close(fd);
+  if (live) {
+    TTD_LOG(TTD_LOG_ERROR, "event=address-in-use address=%s reason=\"another ttd is serving this socket\"", address);
+    return -1;
+  }
+  unlink(path);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  ttd_config config;
+  ttd_config_defaults(&config);
+  int help = 0;
+  ttd_status_t status = ttd_config_load(&config, argc, argv, &help);
+  if (status || help) {
+    if (status) fprintf(stderr, "ttd: %s\n", ttd_status_message(status));
+    ttd_config_usage(status ? stderr : stdout);
+    ttd_status_free(status);
+    ttd_config_clear(&config);
+    return status ? 2 : 0;
+  }
+  int level = ttd_log_level_parse(config.log_level);
+  if (level < 0) {
+    fprintf(stderr, "ttd: --log-level must be debug, info, warn or error, got '%s'\n", config.log_level);
+    ttd_config_clear(&config);
+    return 2;
+  }
+  ttd_log_threshold = level;
+  if (config.listen_count == 0) {
+    char target[256];
+    if (tt_default_target(target, sizeof(target)) != 0 || ttd_config_set(&config, "listen", target) != TTD_OK) {
+      fprintf(stderr, "ttd: cannot work out the default socket path; pass --listen\n");
+      return 2;
+    }
+  }
+  for (int i = 0; i < config.listen_count; i++) {
+    if (prepare_unix_address(config.listen[i]) != 0) {
+      ttd_config_clear(&config);
+      return 1;
+    }
+  }
+  signal(SIGPIPE, SIG_IGN);
+  /* Big tensor buffers: keep freed memory mapped instead of returning and refaulting it. */
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+
+  grpc_init();
+  ttd_core *core = NULL;
+  ttd_server *server = NULL;
+  status = ttd_core_create(&config, &core);
+  if (!status) status = ttd_server_start(core, (const char *const *)config.listen, config.listen_count,
+                                         config.threads, &server);
+  if (status) {
+    TTD_LOG(TTD_LOG_ERROR, "event=start-failed message=\"%s\"", ttd_status_message(status));
+    ttd_status_free(status);
+    ttd_core_destroy(core);
+    grpc_shutdown();
+    ttd_config_clear(&config);
+    return 1;
+  }
+  TTD_LOG(TTD_LOG_INFO, "event=ready instance=%s backend=%s devices=%d dram=%llu l1=%llu lease_ms=%lld threads=%d",
+          core->instance_id, config.backend, config.devices, (unsigned long long)config.dram,
+          (unsigned long long)config.l1, (long long)config.lease_ms, config.threads);
+
+  loop_state st = {.base = event_base_new(), .core = core};
+  struct event *sigterm = evsignal_new(st.base, SIGTERM, on_stop_signal, &st);
+  struct event *sigint = evsignal_new(st.base, SIGINT, on_stop_signal, &st);
+  struct event *sweep = event_new(st.base, -1, EV_PERSIST, on_sweep, &st);
+  int64_t sweep_ms = config.lease_ms / 4 < 1000 ? config.lease_ms / 4 : 1000;
+  struct timeval every = {.tv_sec = sweep_ms / 1000, .tv_usec = (sweep_ms % 1000) * 1000};
+  evsignal_add(sigterm, NULL);
+  evsignal_add(sigint, NULL);
+  event_add(sweep, &every);
+  event_base_dispatch(st.base);
+
+  TTD_LOG(TTD_LOG_INFO, "event=stopping signal=%d drain_ms=%lld", st.stop_signal, (long long)config.drain_timeout_ms);
+  ttd_server_stop(server, config.drain_timeout_ms);
+  ttd_core_destroy(core);
+  event_free(sweep);
+  event_free(sigint);
+  event_free(sigterm);
+  event_base_free(st.base);
+  grpc_shutdown();
+  for (int i = 0; i < config.listen_count; i++) {
+    if (strncmp(config.listen[i], "unix:", 5) == 0) unlink(config.listen[i] + 5);
+  }
+  TTD_LOG(TTD_LOG_INFO, "event=stopped");
+  ttd_config_clear(&config);
+  return 0;
+}

@@ -1,0 +1,57 @@
+/* One in-flight RPC on the server. The struct is its own completion-queue tag; its
+ * state says which batch is outstanding (there is never more than one), and
+ * rpc_server.c drives it through one switch.
+ *
+ * Memory for the unpacked request and the response comes from the call's arena and is
+ * released with the call, so handlers never free protobuf messages. */
+#ifndef TTD_RPC_CALL_H
+#define TTD_RPC_CALL_H
+
+#include <grpc/grpc.h>
+#include <protobuf-c/protobuf-c.h>
+#include <stdbool.h>
+
+#include "core.h"
+#include "session.h"
+
+typedef struct ttd_method ttd_method;
+typedef struct ttd_server ttd_server;
+
+typedef enum ttd_call_state {
+  TTD_CALL_REQUESTED, /* waiting for a client to start a call of this method */
+  TTD_CALL_RECEIVING, /* client stream: a RECV_MESSAGE is outstanding */
+  TTD_CALL_SENDING,   /* server stream: a SEND_MESSAGE is outstanding */
+  TTD_CALL_FINISHING, /* the status is being sent */
+} ttd_call_state;
+
+typedef struct ttd_arena_block ttd_arena_block;
+
+typedef struct ttd_call {
+  ttd_call_state state;
+  const ttd_method *method;
+  ttd_server *server;
+  ttd_core *core;
+  grpc_call *call;
+  gpr_timespec deadline;
+  grpc_metadata_array request_metadata;
+  grpc_byte_buffer *received;   /* initial payload, or the latest streamed message */
+  grpc_byte_buffer *sending;    /* the message of the outstanding batch */
+  grpc_slice status_details;
+  int cancelled;                /* set by RECV_CLOSE_ON_SERVER */
+  bool initial_metadata_sent;
+  ttd_session *session;         /* for methods that need one; one reference */
+  void *stream;                 /* a streaming handler's state */
+  ttd_arena_block *arena;
+  ProtobufCAllocator allocator; /* allocates from the arena */
+} ttd_call;
+
+/* Zeroed memory that lives until the call ends; NULL if out of memory. */
+void *ttd_call_alloc(ttd_call *call, size_t bytes);
+
+/* A copy of s in the call's arena. */
+char *ttd_call_strdup(ttd_call *call, const char *s);
+
+/* The value of a request metadata key, or NULL; *out_len gets its length. */
+const char *ttd_call_metadata(const ttd_call *call, const char *key, size_t *out_len);
+
+#endif

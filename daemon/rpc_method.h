@@ -1,0 +1,44 @@
+/* The table of RPC methods: path, registered-method handle, request type and handler.
+ * Methods are registered with gRPC before the server starts and calls are dispatched
+ * through this table, never by comparing method strings per call. */
+#ifndef TTD_RPC_METHOD_H
+#define TTD_RPC_METHOD_H
+
+#include <stdbool.h>
+
+#include "rpc_call.h"
+
+typedef enum ttd_method_kind {
+  TTD_METHOD_UNARY,
+  TTD_METHOD_CLIENT_STREAM,
+  TTD_METHOD_SERVER_STREAM,
+} ttd_method_kind;
+
+struct ttd_method {
+  const char *path; /* "/ttd.v1.Device/Allocate" */
+  ttd_method_kind kind;
+  const ProtobufCMessageDescriptor *request;
+  bool needs_session;
+
+  /* UNARY: the response is allocated from the call arena (ttd_call_alloc). */
+  ttd_status_t (*unary)(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+
+  /* CLIENT_STREAM: each message in order, then the end of the stream; abort is called
+   * instead of end when the stream breaks or a message fails, and must undo everything. */
+  ttd_status_t (*stream_message)(ttd_call *call, const ProtobufCMessage *message);
+  ttd_status_t (*stream_end)(ttd_call *call, ProtobufCMessage **out_response);
+  void (*stream_abort)(ttd_call *call);
+
+  /* SERVER_STREAM: begin with the request, then next until it sets *out_last. The
+   * message may point into the stream state; it is packed before next is called again.
+   * done always runs at the end, success or not. */
+  ttd_status_t (*stream_begin)(ttd_call *call, const ProtobufCMessage *request);
+  ttd_status_t (*stream_next)(ttd_call *call, const ProtobufCMessage **out_message, bool *out_last);
+  void (*stream_done)(ttd_call *call);
+};
+
+/* The methods of ttd.v1.Device. */
+extern const ttd_method ttd_methods[];
+extern const size_t ttd_method_count;
+
+#endif

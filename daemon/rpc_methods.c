@@ -1,0 +1,32 @@
+/* The method table of ttd.v1.Device. */
+#include "handlers.h"
+#include "ttd/v1/ttd.pb-c.h"
+
+#define UNARY(name, req, session, fn) \
+  {.path = "/ttd.v1.Device/" name, .kind = TTD_METHOD_UNARY, .request = &req, .needs_session = session, .unary = fn}
+
+const ttd_method ttd_methods[] = {
+    UNARY("OpenSession", ttd__v1__open_session_request__descriptor, false, ttd_handle_open_session),
+    UNARY("KeepAlive", ttd__v1__keep_alive_request__descriptor, true, ttd_handle_keep_alive),
+    UNARY("CloseSession", ttd__v1__close_session_request__descriptor, true, ttd_handle_close_session),
+    UNARY("ListDevices", ttd__v1__list_devices_request__descriptor, false, ttd_handle_list_devices),
+    UNARY("Allocate", ttd__v1__allocate_request__descriptor, true, ttd_handle_allocate),
+    {.path = "/ttd.v1.Device/Upload",
+     .kind = TTD_METHOD_CLIENT_STREAM,
+     .request = &ttd__v1__upload_request__descriptor,
+     .needs_session = true,
+     .stream_message = ttd_upload_message,
+     .stream_end = ttd_upload_end,
+     .stream_abort = ttd_upload_abort},
+    {.path = "/ttd.v1.Device/Download",
+     .kind = TTD_METHOD_SERVER_STREAM,
+     .request = &ttd__v1__download_request__descriptor,
+     .needs_session = true,
+     .stream_begin = ttd_download_begin,
+     .stream_next = ttd_download_next,
+     .stream_done = ttd_download_done},
+    UNARY("Move", ttd__v1__move_request__descriptor, true, ttd_handle_move),
+    UNARY("Free", ttd__v1__free_request__descriptor, true, ttd_handle_free),
+};
+
+const size_t ttd_method_count = sizeof(ttd_methods) / sizeof(ttd_methods[0]);

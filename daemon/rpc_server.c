@@ -1,0 +1,536 @@
+#include "rpc_server.h"
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "rpc_method.h"
+
+/* Largest message the server accepts: upload chunks are 1 MiB by default, 4 MiB at most. */
+#define TTD_MAX_RECEIVE_BYTES (8 * 1024 * 1024)
+/* Calls requested per method ahead of arrival. */
+#define TTD_REQUESTS_PER_METHOD 4
+
+struct ttd_server {
+  ttd_core *core;
+  grpc_server *server;
+  grpc_completion_queue *cq;
+  void **registered; /* per method */
+  pthread_t *threads;
+  int thread_count;
+  int shutdown_tag; /* its address is the tag of grpc_server_shutdown_and_notify */
+  pthread_mutex_t lock;
+  pthread_cond_t shutdown_done_cond;
+  bool shutting_down;
+  bool shutdown_done;
+};
+
+/* ---- arena ---- */
+
+struct ttd_arena_block {
+  ttd_arena_block *next;
+  size_t used, size;
+  _Alignas(16) unsigned char data[];
+};
+
+void *ttd_call_alloc(ttd_call *call, size_t bytes) {
+  bytes = (bytes + 15) & ~(size_t)15;
+  ttd_arena_block *b = call->arena;
+  if (!b || b->size - b->used < bytes) {
+    size_t size = bytes > 4096 ? bytes : 4096;
+    b = malloc(sizeof(*b) + size);
+    if (!b) return NULL;
+    b->size = size;
+    b->used = 0;
+    b->next = call->arena;
+    call->arena = b;
+  }
+  void *p = b->data + b->used;
+  b->used += bytes;
+  memset(p, 0, bytes);
+  return p;
+}
+
+char *ttd_call_strdup(ttd_call *call, const char *s) {
+  size_t n = strlen(s) + 1;
+  char *copy = ttd_call_alloc(call, n);
+  if (copy) memcpy(copy, s, n);
+  return copy;
+}
+
+static void *arena_pb_alloc(void *data, size_t size) { return ttd_call_alloc(data, size); }
+static void arena_pb_free(void *data, void *p) {
+  (void)data;
+  (void)p;
+}
+
+const char *ttd_call_metadata(const ttd_call *call, const char *key, size_t *out_len) {
+  for (size_t i = 0; i < call->request_metadata.count; i++) {
+    const grpc_metadata *md = &call->request_metadata.metadata[i];
+    if (grpc_slice_str_cmp(md->key, key) == 0) {
+      *out_len = GRPC_SLICE_LENGTH(md->value);
+      return (const char *)GRPC_SLICE_START_PTR(md->value);
+    }
+  }
+  *out_len = 0;
+  return NULL;
+}
+
+/* ---- call lifecycle ---- */
+
+static ttd_status_t request_call(ttd_server *server, const ttd_method *method, void *registered) {
+  ttd_call *c = calloc(1, sizeof(*c));
+  if (!c) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  c->state = TTD_CALL_REQUESTED;
+  c->method = method;
+  c->server = server;
+  c->core = server->core;
+  c->status_details = grpc_empty_slice();
+  c->allocator = (ProtobufCAllocator){arena_pb_alloc, arena_pb_free, c};
+  grpc_metadata_array_init(&c->request_metadata);
+  bool with_payload = method->kind != TTD_METHOD_CLIENT_STREAM;
+  grpc_call_error err = grpc_server_request_registered_call(
+      server->server, registered, &c->call, &c->deadline, &c->request_metadata,
+      with_payload ? &c->received : NULL, server->cq, server->cq, c);
+  if (err != GRPC_CALL_OK) {
+    grpc_metadata_array_destroy(&c->request_metadata);
+    free(c);
+    return ttd_make_status(GRPC_STATUS_INTERNAL, "request_registered_call(%s): error %d", method->path, err);
+  }
+  return TTD_OK;
+}
+
+static void call_destroy(ttd_call *c) {
+  if (c->received) grpc_byte_buffer_destroy(c->received);
+  if (c->sending) grpc_byte_buffer_destroy(c->sending);
+  grpc_slice_unref(c->status_details);
+  grpc_metadata_array_destroy(&c->request_metadata);
+  if (c->call) grpc_call_unref(c->call);
+  ttd_session_release(c->session);
+  while (c->arena) {
+    ttd_arena_block *next = c->arena->next;
+    free(c->arena);
+    c->arena = next;
+  }
+  free(c);
+}
+
+static void start_batch(ttd_call *c, grpc_op *ops, size_t n) {
+  grpc_call_error err = grpc_call_start_batch(c->call, ops, n, c, NULL);
+  if (err != GRPC_CALL_OK) {
+    /* Only a programming error gets here; the call cannot complete, so drop it. */
+    TTD_LOG(TTD_LOG_ERROR, "method=%s event=start-batch-failed error=%d", c->method->path, err);
+    call_destroy(c);
+  }
+}
+
+/* Adds SEND_INITIAL_METADATA the first time the server sends anything. */
+static size_t add_initial_metadata(ttd_call *c, grpc_op *ops) {
+  if (c->initial_metadata_sent) return 0;
+  c->initial_metadata_sent = true;
+  memset(ops, 0, sizeof(*ops));
+  ops->op = GRPC_OP_SEND_INITIAL_METADATA;
+  return 1;
+}
+
+static size_t add_status(ttd_call *c, grpc_op *ops, ttd_status_t status) {
+  grpc_slice_unref(c->status_details);
+  c->status_details = grpc_slice_from_copied_string(ttd_status_message(status));
+  memset(ops, 0, 2 * sizeof(*ops));
+  ops[0].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  ops[0].data.send_status_from_server.status = ttd_status_code(status);
+  ops[0].data.send_status_from_server.status_details = status ? &c->status_details : NULL;
+  ops[1].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  ops[1].data.recv_close_on_server.cancelled = &c->cancelled;
+  return 2;
+}
+
+/* Sends an optional last message and the status; takes ownership of status. */
+static void finish(ttd_call *c, grpc_byte_buffer *message, ttd_status_t status) {
+  grpc_op ops[4];
+  size_t n = add_initial_metadata(c, ops);
+  if (message) {
+    memset(&ops[n], 0, sizeof(ops[n]));
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n].data.send_message.send_message = message;
+    if (c->sending) grpc_byte_buffer_destroy(c->sending);
+    c->sending = message;
+    n++;
+  }
+  if (status && ttd_status_code(status) != GRPC_STATUS_OK) {
+    TTD_LOG(TTD_LOG_DEBUG, "session=%016" PRIx64 " method=%s code=%s message=\"%s\"",
+            c->session ? c->session->id : 0, c->method->path, ttd_code_name(ttd_status_code(status)),
+            ttd_status_message(status));
+  }
+  n += add_status(c, &ops[n], status);
+  ttd_status_free(status);
+  c->state = TTD_CALL_FINISHING;
+  start_batch(c, ops, n);
+}
+
+static ttd_status_t pack_message(const ProtobufCMessage *msg, grpc_byte_buffer **out) {
+  *out = NULL;
+  size_t len = protobuf_c_message_get_packed_size(msg);
+  grpc_slice slice = grpc_slice_malloc(len);
+  protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(slice));
+  *out = grpc_raw_byte_buffer_create(&slice, 1);
+  grpc_slice_unref(slice);
+  return TTD_OK;
+}
+
+/* Unpacks a received byte buffer. With the arena (stream == false) the message lives with
+ * the call; otherwise the caller frees it with protobuf_c_message_free_unpacked. */
+static ttd_status_t unpack_message(ttd_call *c, grpc_byte_buffer *buffer, const ProtobufCMessageDescriptor *desc,
+                                   bool use_arena, ProtobufCMessage **out) {
+  *out = NULL;
+  grpc_byte_buffer_reader reader;
+  if (!grpc_byte_buffer_reader_init(&reader, buffer)) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "request of %s could not be read (bad compression?)",
+                           c->method->path);
+  }
+  grpc_slice flat = grpc_byte_buffer_reader_readall(&reader);
+  grpc_byte_buffer_reader_destroy(&reader);
+  size_t len = GRPC_SLICE_LENGTH(flat);
+  *out = protobuf_c_message_unpack(desc, use_arena ? &c->allocator : NULL, len, GRPC_SLICE_START_PTR(flat));
+  grpc_slice_unref(flat);
+  if (!*out) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "request is not a valid %s message (%zu bytes could not be decoded); "
+                           "send a message generated from proto/ttd/v1/ttd.proto",
+                           desc->name, len);
+  }
+  return TTD_OK;
+}
+
+static int hexval(char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
+}
+
+static int parse_hex64(const char *s, size_t len, uint64_t *out) {
+  if (len == 0 || len > 16) return -1;
+  uint64_t v = 0;
+  for (size_t i = 0; i < len; i++) {
+    int d = hexval(s[i]);
+    if (d < 0) return -1;
+    v = (v << 4) | (uint64_t)d;
+  }
+  *out = v;
+  return 0;
+}
+
+/* Resolves the ttd-session (and ttd-instance) metadata into c->session. */
+static ttd_status_t attach_session(ttd_call *c) {
+  size_t len;
+  const char *instance = ttd_call_metadata(c, "ttd-instance", &len);
+  if (instance && (len != strlen(c->core->instance_id) || memcmp(instance, c->core->instance_id, len) != 0)) {
+    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                           "daemon restarted, tensors are gone: this call names daemon instance %.*s, "
+                           "the running one is %s; reconnect and upload again",
+                           (int)(len > 32 ? 32 : len), instance, c->core->instance_id);
+  }
+  const char *value = ttd_call_metadata(c, "ttd-session", &len);
+  if (!value) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "%s needs a session: call OpenSession and send its id in 'ttd-session' metadata",
+                           c->method->path);
+  }
+  uint64_t id;
+  if (parse_hex64(value, len, &id) != 0) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "'ttd-session' metadata must be the 16 hex digits OpenSession returned, got '%.*s'",
+                           (int)(len > 32 ? 32 : len), value);
+  }
+  return ttd_session_table_lookup(&c->core->sessions, id, ttd_now_ms(), &c->session);
+}
+
+static void send_stream_message(ttd_call *c);
+
+/* A call of this method has arrived. */
+static void on_call_arrived(ttd_call *c) {
+  const ttd_method *m = c->method;
+  ttd_status_t status = TTD_OK;
+  ProtobufCMessage *request = NULL;
+  if (m->kind != TTD_METHOD_CLIENT_STREAM) {
+    if (!c->received) {
+      finish(c, NULL, ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "%s needs a request message, got none", m->path));
+      return;
+    }
+    status = unpack_message(c, c->received, m->request, true, &request);
+    grpc_byte_buffer_destroy(c->received);
+    c->received = NULL;
+  }
+  if (!status && m->needs_session) status = attach_session(c);
+  if (status) {
+    finish(c, NULL, status);
+    return;
+  }
+  switch (m->kind) {
+    case TTD_METHOD_UNARY: {
+      ProtobufCMessage *response = NULL;
+      status = m->unary(c, request, &response);
+      grpc_byte_buffer *out = NULL;
+      if (!status) status = pack_message(response, &out);
+      finish(c, out, status);
+      return;
+    }
+    case TTD_METHOD_CLIENT_STREAM: {
+      grpc_op op;
+      memset(&op, 0, sizeof(op));
+      op.op = GRPC_OP_RECV_MESSAGE;
+      op.data.recv_message.recv_message = &c->received;
+      c->state = TTD_CALL_RECEIVING;
+      start_batch(c, &op, 1);
+      return;
+    }
+    case TTD_METHOD_SERVER_STREAM:
+      status = m->stream_begin(c, request);
+      if (status) {
+        m->stream_done(c);
+        finish(c, NULL, status);
+        return;
+      }
+      send_stream_message(c);
+      return;
+  }
+}
+
+static void on_stream_received(ttd_call *c, bool ok) {
+  const ttd_method *m = c->method;
+  if (!ok) {
+    m->stream_abort(c);
+    finish(c, NULL, ttd_make_status(GRPC_STATUS_CANCELLED, "stream broken by the client"));
+    return;
+  }
+  if (!c->received) { /* the client closed its side: end of stream */
+    ProtobufCMessage *response = NULL;
+    ttd_status_t status = m->stream_end(c, &response);
+    grpc_byte_buffer *out = NULL;
+    if (!status) status = pack_message(response, &out);
+    finish(c, out, status);
+    return;
+  }
+  ProtobufCMessage *message = NULL;
+  ttd_status_t status = unpack_message(c, c->received, m->request, false, &message);
+  grpc_byte_buffer_destroy(c->received);
+  c->received = NULL;
+  if (!status) {
+    if (c->session) ttd_session_touch(c->session, ttd_now_ms());
+    status = m->stream_message(c, message);
+  }
+  if (message) protobuf_c_message_free_unpacked(message, NULL);
+  if (status) {
+    m->stream_abort(c);
+    finish(c, NULL, status);
+    return;
+  }
+  grpc_op op;
+  memset(&op, 0, sizeof(op));
+  op.op = GRPC_OP_RECV_MESSAGE;
+  op.data.recv_message.recv_message = &c->received;
+  start_batch(c, &op, 1);
+}
+
+static void send_stream_message(ttd_call *c) {
+  const ttd_method *m = c->method;
+  const ProtobufCMessage *message = NULL;
+  bool last = false;
+  ttd_status_t status = m->stream_next(c, &message, &last);
+  grpc_byte_buffer *out = NULL;
+  if (!status) status = pack_message(message, &out);
+  if (status || last) {
+    m->stream_done(c);
+    finish(c, out, status);
+    return;
+  }
+  if (c->session) ttd_session_touch(c->session, ttd_now_ms());
+  grpc_op ops[2];
+  size_t n = add_initial_metadata(c, ops);
+  memset(&ops[n], 0, sizeof(ops[n]));
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n].data.send_message.send_message = out;
+  if (c->sending) grpc_byte_buffer_destroy(c->sending);
+  c->sending = out;
+  c->state = TTD_CALL_SENDING;
+  start_batch(c, ops, n + 1);
+}
+
+/* The one switch that drives a call. */
+static void on_call_event(ttd_call *c, bool ok) {
+  switch (c->state) {
+    case TTD_CALL_REQUESTED: {
+      ttd_server *server = c->server;
+      if (!ok) { /* the server is shutting down */
+        call_destroy(c);
+        return;
+      }
+      size_t index = (size_t)(c->method - ttd_methods);
+      ttd_status_t s = request_call(server, c->method, server->registered[index]);
+      if (s) {
+        TTD_LOG(TTD_LOG_ERROR, "method=%s event=re-request-failed message=\"%s\"", c->method->path,
+                ttd_status_message(s));
+        ttd_status_free(s);
+      }
+      on_call_arrived(c);
+      return;
+    }
+    case TTD_CALL_RECEIVING:
+      on_stream_received(c, ok);
+      return;
+    case TTD_CALL_SENDING:
+      if (!ok) {
+        c->method->stream_done(c);
+        finish(c, NULL, ttd_make_status(GRPC_STATUS_CANCELLED, "stream broken by the client"));
+        return;
+      }
+      send_stream_message(c);
+      return;
+    case TTD_CALL_FINISHING:
+      call_destroy(c);
+      return;
+  }
+}
+
+static void *worker_main(void *arg) {
+  ttd_server *server = arg;
+  for (;;) {
+    grpc_event ev = grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    if (ev.type == GRPC_QUEUE_SHUTDOWN) return NULL;
+    if (ev.type != GRPC_OP_COMPLETE) continue;
+    if (ev.tag == &server->shutdown_tag) {
+      pthread_mutex_lock(&server->lock);
+      server->shutdown_done = true;
+      pthread_cond_broadcast(&server->shutdown_done_cond);
+      pthread_mutex_unlock(&server->lock);
+      continue;
+    }
+    on_call_event(ev.tag, ev.success != 0);
+  }
+}
+
+static ttd_status_t bind_address(ttd_server *server, const char *address) {
+  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+  int port = grpc_server_add_http2_port(server->server, address, creds);
+  grpc_server_credentials_release(creds);
+  if (port == 0) {
+    return ttd_make_status(GRPC_STATUS_UNAVAILABLE,
+                           "cannot listen on '%s': address in use, bad syntax or no permission "
+                           "(use unix:/path or host:port)", address);
+  }
+  TTD_LOG(TTD_LOG_INFO, "event=listening address=%s", address);
+  return TTD_OK;
+}
+
+static void server_free(ttd_server *server) {
+  free(server->registered);
+  free(server->threads);
+  pthread_mutex_destroy(&server->lock);
+  pthread_cond_destroy(&server->shutdown_done_cond);
+  free(server);
+}
+
+ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int address_count, int threads,
+                              ttd_server **out_server) {
+  *out_server = NULL;
+  ttd_server *server = calloc(1, sizeof(*server));
+  if (!server) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  server->core = core;
+  server->registered = calloc(ttd_method_count, sizeof(void *));
+  server->threads = calloc((size_t)threads, sizeof(pthread_t));
+  pthread_mutex_init(&server->lock, NULL);
+  pthread_cond_init(&server->shutdown_done_cond, NULL);
+  if (!server->registered || !server->threads) {
+    server_free(server);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  }
+
+  grpc_arg args[] = {
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = TTD_MAX_RECEIVE_BYTES},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = -1},
+  };
+  grpc_channel_args channel_args = {sizeof(args) / sizeof(args[0]), args};
+  server->server = grpc_server_create(&channel_args, NULL);
+  server->cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_server_register_completion_queue(server->server, server->cq, NULL);
+  for (size_t i = 0; i < ttd_method_count; i++) {
+    grpc_server_register_method_payload_handling payload =
+        ttd_methods[i].kind == TTD_METHOD_CLIENT_STREAM ? GRPC_SRM_PAYLOAD_NONE
+                                                        : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER;
+    server->registered[i] = grpc_server_register_method(server->server, ttd_methods[i].path, NULL, payload, 0);
+  }
+  ttd_status_t status = TTD_OK;
+  for (int i = 0; i < address_count && !status; i++) status = bind_address(server, addresses[i]);
+  if (status) {
+    grpc_server_destroy(server->server);
+    grpc_completion_queue_shutdown(server->cq);
+    while (grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(server->cq);
+    server_free(server);
+    return status;
+  }
+  grpc_server_start(server->server);
+  for (size_t i = 0; i < ttd_method_count && !status; i++) {
+    for (int k = 0; k < TTD_REQUESTS_PER_METHOD && !status; k++) {
+      status = request_call(server, &ttd_methods[i], server->registered[i]);
+    }
+  }
+  server->thread_count = 0;
+  for (int i = 0; i < threads; i++) {
+    if (pthread_create(&server->threads[i], NULL, worker_main, server) != 0) break;
+    server->thread_count++;
+  }
+  *out_server = server;
+  if (status || server->thread_count == 0) {
+    ttd_server_stop(server, 0);
+    *out_server = NULL;
+    return status ? status : ttd_make_status(GRPC_STATUS_INTERNAL, "could not start worker threads");
+  }
+  return TTD_OK;
+}
+
+void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
+  if (!server) return;
+  grpc_server_shutdown_and_notify(server->server, server->cq, &server->shutdown_tag);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += drain_ms / 1000;
+  until.tv_nsec += (drain_ms % 1000) * 1000000;
+  if (until.tv_nsec >= 1000000000) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000;
+  }
+  pthread_mutex_lock(&server->lock);
+  while (!server->shutdown_done && server->thread_count > 0) {
+    if (pthread_cond_timedwait(&server->shutdown_done_cond, &server->lock, &until) != 0) break;
+  }
+  bool drained = server->shutdown_done;
+  pthread_mutex_unlock(&server->lock);
+  if (!drained) {
+    TTD_LOG(TTD_LOG_WARN, "event=drain-timeout drain_ms=%" PRId64 " action=cancel-in-flight-calls", drain_ms);
+    grpc_server_cancel_all_calls(server->server);
+    pthread_mutex_lock(&server->lock);
+    while (!server->shutdown_done && server->thread_count > 0) {
+      pthread_cond_wait(&server->shutdown_done_cond, &server->lock);
+    }
+    pthread_mutex_unlock(&server->lock);
+  }
+  grpc_server_destroy(server->server);
+  grpc_completion_queue_shutdown(server->cq);
+  for (int i = 0; i < server->thread_count; i++) pthread_join(server->threads[i], NULL);
+  if (server->thread_count == 0) {
+    while (grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+  }
+  grpc_completion_queue_destroy(server->cq);
+  server_free(server);
+}

@@ -1,0 +1,136 @@
+#include "session.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "random.h"
+
+ttd_session *ttd_session_create(uint64_t id, const char *client_name, int64_t now_ms) {
+  ttd_session *s = calloc(1, sizeof(*s));
+  if (!s) return NULL;
+  atomic_init(&s->refs, 1);
+  s->id = id;
+  snprintf(s->client_name, sizeof(s->client_name), "%s", client_name ? client_name : "");
+  s->opened_ms = now_ms;
+  atomic_init(&s->last_seen_ms, now_ms);
+  pthread_mutex_init(&s->lock, NULL);
+  return s;
+}
+
+ttd_session *ttd_session_retain(ttd_session *session) {
+  atomic_fetch_add_explicit(&session->refs, 1, memory_order_relaxed);
+  return session;
+}
+
+void ttd_session_release(ttd_session *session) {
+  if (!session) return;
+  if (atomic_fetch_sub_explicit(&session->refs, 1, memory_order_acq_rel) != 1) return;
+  ttd_session_close(session, NULL, NULL);
+  ttd_handle_map_clear(&session->tensors);
+  pthread_mutex_destroy(&session->lock);
+  free(session);
+}
+
+void ttd_session_touch(ttd_session *session, int64_t now_ms) {
+  atomic_store_explicit(&session->last_seen_ms, now_ms, memory_order_relaxed);
+}
+
+ttd_status_t ttd_session_handle_not_found(uint64_t handle) {
+  return ttd_make_status(GRPC_STATUS_NOT_FOUND,
+                         "tensor 0x%016" PRIx64 " not found in this session "
+                         "(freed, never issued, or owned by another session)",
+                         handle);
+}
+
+ttd_status_t ttd_session_tensor_add(ttd_session *session, ttd_tensor *tensor, uint64_t *out_handle) {
+  *out_handle = 0;
+  pthread_mutex_lock(&session->lock);
+  if (session->closed) {
+    pthread_mutex_unlock(&session->lock);
+    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                           "session %016" PRIx64 " was closed during the call; open a new session",
+                           session->id);
+  }
+  uint64_t handle;
+  int rc;
+  do {
+    handle = ttd_random_u64();
+    rc = ttd_handle_map_put(&session->tensors, handle, tensor);
+  } while (rc == -1); /* a collision with a live handle: draw again */
+  if (rc == 0) session->tensor_bytes += tensor->spec.nbytes;
+  pthread_mutex_unlock(&session->lock);
+  if (rc) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  ttd_tensor_retain(tensor);
+  *out_handle = handle;
+  return TTD_OK;
+}
+
+ttd_status_t ttd_session_tensor_lookup(ttd_session *session, uint64_t handle, ttd_tensor **out_tensor) {
+  pthread_mutex_lock(&session->lock);
+  ttd_tensor *t = ttd_handle_map_get(&session->tensors, handle);
+  if (t) ttd_tensor_retain(t);
+  pthread_mutex_unlock(&session->lock);
+  *out_tensor = t;
+  return t ? TTD_OK : ttd_session_handle_not_found(handle);
+}
+
+ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *handles, size_t count,
+                                      uint64_t *out_tensors, uint64_t *out_bytes) {
+  *out_tensors = 0;
+  *out_bytes = 0;
+  if (count == 0) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "Free needs at least one handle");
+  }
+  ttd_handle_map seen = {0};
+  ttd_status_t status = TTD_OK;
+  ttd_tensor **doomed = malloc(count * sizeof(*doomed));
+  if (!doomed) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  pthread_mutex_lock(&session->lock);
+  for (size_t i = 0; i < count && !status; i++) {
+    if (!ttd_handle_map_get(&session->tensors, handles[i])) {
+      status = ttd_session_handle_not_found(handles[i]);
+    } else {
+      int rc = ttd_handle_map_put(&seen, handles[i], (void *)1);
+      if (rc == -1) {
+        status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                                 "handle 0x%016" PRIx64 " is listed twice (at %zu); list each once",
+                                 handles[i], i);
+      } else if (rc) {
+        status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+      }
+    }
+  }
+  if (!status) {
+    for (size_t i = 0; i < count; i++) {
+      doomed[i] = ttd_handle_map_remove(&session->tensors, handles[i]);
+      session->tensor_bytes -= doomed[i]->spec.nbytes;
+      *out_bytes += doomed[i]->spec.nbytes;
+    }
+    *out_tensors = count;
+  }
+  pthread_mutex_unlock(&session->lock);
+  if (!status) {
+    for (size_t i = 0; i < count; i++) ttd_tensor_release(doomed[i]);
+  }
+  ttd_handle_map_clear(&seen);
+  free(doomed);
+  return status;
+}
+
+void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *out_bytes) {
+  pthread_mutex_lock(&session->lock);
+  ttd_handle_map tensors = session->tensors;
+  uint64_t bytes = session->tensor_bytes;
+  memset(&session->tensors, 0, sizeof(session->tensors));
+  session->tensor_bytes = 0;
+  session->closed = true;
+  pthread_mutex_unlock(&session->lock);
+  for (size_t i = 0; i < tensors.capacity; i++) {
+    if (tensors.keys[i]) ttd_tensor_release(tensors.values[i]);
+  }
+  if (out_tensors) *out_tensors = tensors.count;
+  if (out_bytes) *out_bytes = bytes;
+  ttd_handle_map_clear(&tensors);
+}

@@ -1,0 +1,58 @@
+/* A client session: the tensors it created, keyed by random handles, and its lease.
+ * Every tensor belongs to exactly one session; a handle is looked up only in the
+ * caller's own session, so a foreign, freed and never-issued handle all look the same.
+ *
+ * Reference counted: calls in flight hold a reference, so a session closed by its lease
+ * or by CloseSession stays valid memory until they finish (they then see `closed`).
+ * All functions are thread-safe. */
+#ifndef TTD_SESSION_H
+#define TTD_SESSION_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "handle_map.h"
+#include "tensor.h"
+
+typedef struct ttd_session {
+  atomic_int refs;
+  uint64_t id;
+  char client_name[64];
+  int64_t opened_ms;
+  _Atomic int64_t last_seen_ms; /* monotonic ms of the latest call */
+  pthread_mutex_t lock;         /* guards everything below */
+  bool closed;
+  ttd_handle_map tensors;       /* handle -> ttd_tensor* (one reference each) */
+  uint64_t tensor_bytes;        /* device bytes held by this session's tensors */
+} ttd_session;
+
+/* A new open session with one reference owned by the caller. NULL if out of memory. */
+ttd_session *ttd_session_create(uint64_t id, const char *client_name, int64_t now_ms);
+
+ttd_session *ttd_session_retain(ttd_session *session);
+void ttd_session_release(ttd_session *session); /* accepts NULL */
+
+/* Records activity for the lease. */
+void ttd_session_touch(ttd_session *session, int64_t now_ms);
+
+/* Adds tensor under a new random handle; the session takes its own reference.
+ * FAILED_PRECONDITION if the session has been closed meanwhile. */
+ttd_status_t ttd_session_tensor_add(ttd_session *session, ttd_tensor *tensor, uint64_t *out_handle);
+
+/* A new reference to the tensor under handle, or NOT_FOUND. */
+ttd_status_t ttd_session_tensor_lookup(ttd_session *session, uint64_t handle, ttd_tensor **out_tensor);
+
+/* Frees the listed handles, all or nothing: NOT_FOUND if any is unknown, INVALID_ARGUMENT
+ * if the list is empty or names a handle twice. */
+ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *handles, size_t count,
+                                      uint64_t *out_tensors, uint64_t *out_bytes);
+
+/* Marks the session closed and drops every tensor. Idempotent. */
+void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *out_bytes);
+
+/* The message every unknown handle gets, so that all unknown handles look identical. */
+ttd_status_t ttd_session_handle_not_found(uint64_t handle);
+
+#endif

@@ -1,0 +1,64 @@
+#include "tensor.h"
+
+#include <stdlib.h>
+
+ttd_status_t ttd_tensor_spec_finish(ttd_tensor_spec *spec) {
+  size_t esize = ttd_dtype_size(spec->dtype);
+  if (esize == 0) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "dtype %d is not supported; use float32, bfloat16 or int32", (int)spec->dtype);
+  }
+  if (spec->ndim < 0 || spec->ndim > TTD_MAX_DIMS) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "tensor has %d dims; at most %d are supported",
+                           spec->ndim, TTD_MAX_DIMS);
+  }
+  uint64_t numel = 1;
+  for (int i = 0; i < spec->ndim; i++) {
+    if (spec->shape[i] < 0) {
+      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "dim %d of the shape is %lld; dims must be >= 0",
+                             i, (long long)spec->shape[i]);
+    }
+    if (__builtin_mul_overflow(numel, (uint64_t)spec->shape[i], &numel) || numel > (uint64_t)INT64_MAX) {
+      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                             "shape has more than 2^63 elements (overflow at dim %d)", i);
+    }
+  }
+  uint64_t nbytes;
+  if (__builtin_mul_overflow(numel, (uint64_t)esize, &nbytes) || nbytes > (uint64_t)INT64_MAX) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "tensor of %llu %s elements exceeds 2^63 bytes",
+                           (unsigned long long)numel, ttd_dtype_name(spec->dtype));
+  }
+  spec->numel = numel;
+  spec->nbytes = nbytes;
+  return TTD_OK;
+}
+
+ttd_status_t ttd_tensor_create(ttd_backend *backend, const ttd_tensor_spec *spec,
+                               ttd_tensor **out_tensor) {
+  *out_tensor = NULL;
+  ttd_tensor *t = calloc(1, sizeof(*t));
+  if (!t) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  ttd_status_t status =
+      backend->vtable->buffer_alloc(backend, spec->device, spec->location, spec->nbytes, &t->buffer);
+  if (status) {
+    free(t);
+    return status;
+  }
+  atomic_init(&t->refs, 1);
+  t->spec = *spec;
+  t->backend = backend;
+  *out_tensor = t;
+  return TTD_OK;
+}
+
+ttd_tensor *ttd_tensor_retain(ttd_tensor *tensor) {
+  atomic_fetch_add_explicit(&tensor->refs, 1, memory_order_relaxed);
+  return tensor;
+}
+
+void ttd_tensor_release(ttd_tensor *tensor) {
+  if (!tensor) return;
+  if (atomic_fetch_sub_explicit(&tensor->refs, 1, memory_order_acq_rel) != 1) return;
+  tensor->backend->vtable->buffer_free(tensor->backend, tensor->buffer);
+  free(tensor);
+}

@@ -1,0 +1,46 @@
+/* A device tensor: a backend buffer plus its spec, reference counted so that a buffer
+ * cannot be freed under a call still reading or writing it (a Free during a Download
+ * only drops the table's reference). Thread-safe refcount; the spec is immutable. */
+#ifndef TTD_TENSOR_H
+#define TTD_TENSOR_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "../kernels/dtype.h"
+#include "backend.h"
+
+#define TTD_MAX_DIMS 8
+
+typedef struct ttd_tensor_spec {
+  ttd_dtype dtype;
+  int ndim;
+  int64_t shape[TTD_MAX_DIMS];
+  int device;
+  ttd_memloc location;
+  uint64_t numel;  /* product of shape; 1 for 0-d */
+  uint64_t nbytes; /* numel * dtype size */
+} ttd_tensor_spec;
+
+typedef struct ttd_tensor {
+  atomic_int refs;
+  ttd_tensor_spec spec;
+  ttd_backend *backend;
+  ttd_backend_buffer *buffer;
+} ttd_tensor;
+
+/* Fills numel and nbytes from dtype and shape. INVALID_ARGUMENT for an invalid dtype,
+ * too many dims, a negative dim or a product that overflows 64 bits. */
+ttd_status_t ttd_tensor_spec_finish(ttd_tensor_spec *spec);
+
+/* Allocates device memory for spec (already finished and validated). One reference,
+ * owned by the caller. */
+ttd_status_t ttd_tensor_create(ttd_backend *backend, const ttd_tensor_spec *spec,
+                               ttd_tensor **out_tensor);
+
+ttd_tensor *ttd_tensor_retain(ttd_tensor *tensor);
+
+/* Drops a reference; the last one frees the device memory. Accepts NULL. */
+void ttd_tensor_release(ttd_tensor *tensor);
+
+#endif

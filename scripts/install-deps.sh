@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs every Debian package that ttd's build, tests and demo need.
+# Idempotent: when everything is present it only checks, and returns in well under a second.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential pkg-config make gcc
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
+  libevent-dev check
+  protobuf-compiler python3 python3-grpcio python3-protobuf
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+  [ "$status" = "installed" ] || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
