@@ -61,6 +61,9 @@ typedef struct ttd_backend_vtable {
                                const void *src, uint64_t bytes);
   ttd_status_t (*buffer_read)(ttd_backend *backend, ttd_backend_buffer *src, uint64_t offset,
                               void *dst, uint64_t bytes);
+  /* Sets every byte of the buffer to zero on the device (fresh allocations must not show
+   * another session's old data). */
+  ttd_status_t (*buffer_zero)(ttd_backend *backend, ttd_backend_buffer *buffer);
   /* Device -> device copy of a whole buffer into one of the same size, across devices
    * and locations of this backend, with no host trip on a real card. */
   ttd_status_t (*buffer_copy)(ttd_backend *backend, ttd_backend_buffer *src,

@@ -2,19 +2,6 @@
 #include "handlers.h"
 #include "tensor_proto.h"
 
-/* Creates a tensor for spec and registers it in the call's session. */
-static ttd_status_t create_in_session(ttd_call *call, const ttd_tensor_spec *spec, ttd_tensor **out_tensor,
-                                      uint64_t *out_handle) {
-  ttd_tensor *tensor = NULL;
-  TTD_RETURN_IF_ERROR(ttd_tensor_create(call->core->backend, spec, &tensor));
-  ttd_status_t status = ttd_session_tensor_add(call->session, tensor, out_handle);
-  if (status) {
-    ttd_tensor_release(tensor);
-    return status;
-  }
-  *out_tensor = tensor;
-  return TTD_OK;
-}
 
 ttd_status_t ttd_handle_allocate(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
   const Ttd__V1__AllocateRequest *req = (const Ttd__V1__AllocateRequest *)request;
@@ -25,8 +12,10 @@ ttd_status_t ttd_handle_allocate(ttd_call *call, const ProtobufCMessage *request
   ttd__v1__allocate_response__init(resp);
   ttd_tensor *tensor = NULL;
   uint64_t handle = 0;
-  TTD_RETURN_IF_ERROR(create_in_session(call, &spec, &tensor, &handle));
+  TTD_RETURN_IF_ERROR(ttd_tensor_create_zeroed(call->core->backend, &spec, &tensor));
+  ttd_status_t status = ttd_session_tensor_add(call->session, tensor, &handle);
   ttd_tensor_release(tensor);
+  if (status) return status;
   resp->tensor = ttd_tensor_info_to_proto(call, handle, &spec);
   TTD_CHECK_ALLOC(resp->tensor);
   *out_response = &resp->base;

@@ -5,6 +5,7 @@
 #include <grpc/support/alloc.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,8 +27,8 @@ struct ttd_server {
   int shutdown_tag; /* its address is the tag of grpc_server_shutdown_and_notify */
   pthread_mutex_t lock;
   pthread_cond_t shutdown_done_cond;
-  bool shutting_down;
   bool shutdown_done;
+  atomic_long live_calls; /* call contexts not yet destroyed, requested ones included */
 };
 
 /* ---- arena ---- */
@@ -86,6 +87,7 @@ const char *ttd_call_metadata(const ttd_call *call, const char *key, size_t *out
 static ttd_status_t request_call(ttd_server *server, const ttd_method *method, void *registered) {
   ttd_call *c = calloc(1, sizeof(*c));
   if (!c) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  atomic_fetch_add(&server->live_calls, 1);
   c->state = TTD_CALL_REQUESTED;
   c->method = method;
   c->server = server;
@@ -99,6 +101,7 @@ static ttd_status_t request_call(ttd_server *server, const ttd_method *method, v
       with_payload ? &c->received : NULL, server->cq, server->cq, c);
   if (err != GRPC_CALL_OK) {
     grpc_metadata_array_destroy(&c->request_metadata);
+    atomic_fetch_sub(&server->live_calls, 1);
     free(c);
     return ttd_make_status(GRPC_STATUS_INTERNAL, "request_registered_call(%s): error %d", method->path, err);
   }
@@ -117,6 +120,7 @@ static void call_destroy(ttd_call *c) {
     free(c->arena);
     c->arena = next;
   }
+  atomic_fetch_sub(&c->server->live_calls, 1);
   free(c);
 }
 
@@ -532,5 +536,7 @@ void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
     }
   }
   grpc_completion_queue_destroy(server->cq);
+  long leaked = atomic_load(&server->live_calls);
+  if (leaked) TTD_LOG(TTD_LOG_ERROR, "event=calls-leaked count=%ld", leaked);
   server_free(server);
 }

@@ -51,6 +51,17 @@ ttd_status_t ttd_tensor_create(ttd_backend *backend, const ttd_tensor_spec *spec
   return TTD_OK;
 }
 
+ttd_status_t ttd_tensor_create_zeroed(ttd_backend *backend, const ttd_tensor_spec *spec,
+                                      ttd_tensor **out_tensor) {
+  TTD_RETURN_IF_ERROR(ttd_tensor_create(backend, spec, out_tensor));
+  ttd_status_t status = backend->vtable->buffer_zero(backend, (*out_tensor)->buffer);
+  if (status) {
+    ttd_tensor_release(*out_tensor);
+    *out_tensor = NULL;
+  }
+  return status;
+}
+
 ttd_tensor *ttd_tensor_retain(ttd_tensor *tensor) {
   atomic_fetch_add_explicit(&tensor->refs, 1, memory_order_relaxed);
   return tensor;

@@ -38,6 +38,10 @@ ttd_status_t ttd_tensor_spec_finish(ttd_tensor_spec *spec);
 ttd_status_t ttd_tensor_create(ttd_backend *backend, const ttd_tensor_spec *spec,
                                ttd_tensor **out_tensor);
 
+/* The same, with every byte zeroed (for Allocate: no tensor may show old device data). */
+ttd_status_t ttd_tensor_create_zeroed(ttd_backend *backend, const ttd_tensor_spec *spec,
+                                      ttd_tensor **out_tensor);
+
 ttd_tensor *ttd_tensor_retain(ttd_tensor *tensor);
 
 /* Drops a reference; the last one frees the device memory. Accepts NULL. */

@@ -115,6 +115,12 @@ static ttd_status_t sim_buffer_read(ttd_backend *backend, ttd_backend_buffer *sr
   return TTD_OK;
 }
 
+static ttd_status_t sim_buffer_zero(ttd_backend *backend, ttd_backend_buffer *buffer) {
+  (void)backend;
+  if (buffer->bytes) memset(buffer->data, 0, buffer->bytes);
+  return TTD_OK;
+}
+
 static ttd_status_t sim_buffer_copy(ttd_backend *backend, ttd_backend_buffer *src,
                                     ttd_backend_buffer *dst) {
   (void)backend;
@@ -134,6 +140,7 @@ static const ttd_backend_vtable sim_vtable = {
     .buffer_free = sim_buffer_free,
     .buffer_write = sim_buffer_write,
     .buffer_read = sim_buffer_read,
+    .buffer_zero = sim_buffer_zero,
     .buffer_copy = sim_buffer_copy,
 };
 

@@ -1,0 +1,23 @@
+/* The one runner: adds every suite and exits non-zero on any failure.
+ * CK_RUN_SUITE=name runs one suite; CK_FORK=no runs in-process for a debugger. */
+#include <stdlib.h>
+
+#include "suites.h"
+
+int main(void) {
+  SRunner *sr = srunner_create(dtype_suite());
+  srunner_add_suite(sr, status_suite());
+  srunner_add_suite(sr, handle_map_suite());
+  srunner_add_suite(sr, config_suite());
+  srunner_add_suite(sr, sim_backend_suite());
+  srunner_add_suite(sr, session_suite());
+  srunner_add_suite(sr, place_suite());
+  srunner_add_suite(sr, e2e_transfer_suite());
+  srunner_add_suite(sr, e2e_errors_suite());
+  srunner_add_suite(sr, e2e_sessions_suite());
+  srunner_add_suite(sr, e2e_interop_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

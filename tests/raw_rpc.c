@@ -1,0 +1,167 @@
+#include "raw_rpc.h"
+
+#include <check.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ttd/v1/ttd.pb-c.h"
+
+typedef struct raw_call_ctx {
+  grpc_channel *channel;
+  grpc_completion_queue *cq;
+  grpc_call *call;
+  grpc_metadata md[2];
+  size_t md_count;
+  grpc_metadata_array initial, trailing;
+  grpc_status_code status;
+  grpc_slice details;
+} raw_call_ctx;
+
+static void op(grpc_op *o, grpc_op_type t) {
+  memset(o, 0, sizeof(*o));
+  o->op = t;
+}
+
+static int batch(raw_call_ctx *c, grpc_op *ops, size_t n) {
+  static int tag;
+  if (grpc_call_start_batch(c->call, ops, n, &tag, NULL) != GRPC_CALL_OK) return 0;
+  grpc_event ev = grpc_completion_queue_pluck(c->cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  return ev.type == GRPC_OP_COMPLETE && ev.success;
+}
+
+static void begin(raw_call_ctx *c, const char *target, const char *method, raw_md md) {
+  memset(c, 0, sizeof(*c));
+  grpc_init();
+  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  c->channel = grpc_channel_create(target, creds, NULL);
+  grpc_channel_credentials_release(creds);
+  c->cq = grpc_completion_queue_create_for_pluck(NULL);
+  grpc_slice m = grpc_slice_from_copied_string(method);
+  c->call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq, m, NULL,
+                                     gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_seconds(30, GPR_TIMESPAN)),
+                                     NULL);
+  grpc_slice_unref(m);
+  if (md.session) {
+    c->md[c->md_count].key = grpc_slice_from_static_string("ttd-session");
+    c->md[c->md_count++].value = grpc_slice_from_copied_string(md.session);
+  }
+  if (md.instance) {
+    c->md[c->md_count].key = grpc_slice_from_static_string("ttd-instance");
+    c->md[c->md_count++].value = grpc_slice_from_copied_string(md.instance);
+  }
+  grpc_metadata_array_init(&c->initial);
+  grpc_metadata_array_init(&c->trailing);
+  c->details = grpc_empty_slice();
+  grpc_op o;
+  op(&o, GRPC_OP_SEND_INITIAL_METADATA);
+  o.data.send_initial_metadata.count = c->md_count;
+  o.data.send_initial_metadata.metadata = c->md;
+  ck_assert(batch(c, &o, 1));
+}
+
+static void keep_body(grpc_byte_buffer *bb, raw_result *out) {
+  grpc_byte_buffer_reader r;
+  ck_assert(grpc_byte_buffer_reader_init(&r, bb));
+  grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+  grpc_byte_buffer_reader_destroy(&r);
+  free(out->body);
+  out->body_len = GRPC_SLICE_LENGTH(s);
+  out->body = malloc(out->body_len + 1);
+  memcpy(out->body, GRPC_SLICE_START_PTR(s), out->body_len);
+  grpc_slice_unref(s);
+  grpc_byte_buffer_destroy(bb);
+}
+
+static int send_bytes(raw_call_ctx *c, const void *data, size_t len) {
+  grpc_slice s = grpc_slice_from_copied_buffer(data, len);
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
+  grpc_op o;
+  op(&o, GRPC_OP_SEND_MESSAGE);
+  o.data.send_message.send_message = bb;
+  int ok = batch(c, &o, 1);
+  grpc_byte_buffer_destroy(bb);
+  return ok;
+}
+
+static void finish(raw_call_ctx *c, int close_first, raw_result *out) {
+  grpc_op ops[2];
+  size_t n = 0;
+  if (close_first) op(&ops[n++], GRPC_OP_SEND_CLOSE_FROM_CLIENT);
+  op(&ops[n], GRPC_OP_RECV_INITIAL_METADATA);
+  ops[n++].data.recv_initial_metadata.recv_initial_metadata = &c->initial;
+  batch(c, ops, n);
+  for (;;) {
+    grpc_byte_buffer *bb = NULL;
+    op(&ops[0], GRPC_OP_RECV_MESSAGE);
+    ops[0].data.recv_message.recv_message = &bb;
+    if (!batch(c, ops, 1) || !bb) break;
+    keep_body(bb, out);
+  }
+  op(&ops[0], GRPC_OP_RECV_STATUS_ON_CLIENT);
+  ops[0].data.recv_status_on_client.trailing_metadata = &c->trailing;
+  ops[0].data.recv_status_on_client.status = &c->status;
+  ops[0].data.recv_status_on_client.status_details = &c->details;
+  ck_assert(batch(c, ops, 1));
+  out->code = c->status;
+  snprintf(out->details, sizeof(out->details), "%.*s", (int)GRPC_SLICE_LENGTH(c->details),
+           (const char *)GRPC_SLICE_START_PTR(c->details));
+  grpc_call_unref(c->call);
+  grpc_metadata_array_destroy(&c->initial);
+  grpc_metadata_array_destroy(&c->trailing);
+  grpc_slice_unref(c->details);
+  for (size_t i = 0; i < c->md_count; i++) grpc_slice_unref(c->md[i].value);
+  grpc_completion_queue_shutdown(c->cq);
+  while (grpc_completion_queue_pluck(c->cq, NULL, gpr_inf_past(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(c->cq);
+  grpc_channel_destroy(c->channel);
+  grpc_shutdown();
+}
+
+void raw_call(const char *target, const char *method, raw_md md, const void *request, size_t len, raw_result *out) {
+  memset(out, 0, sizeof(*out));
+  raw_call_ctx c;
+  begin(&c, target, method, md);
+  send_bytes(&c, request, len);
+  finish(&c, 1, out);
+}
+
+void raw_stream(const char *target, const char *method, raw_md md, const void *const *messages, const size_t *lens,
+                int n, int die_after_sending, raw_result *out) {
+  memset(out, 0, sizeof(*out));
+  raw_call_ctx c;
+  begin(&c, target, method, md);
+  for (int i = 0; i < n; i++) {
+    if (!send_bytes(&c, messages[i], lens[i])) break;
+  }
+  if (die_after_sending) raise(SIGKILL);
+  finish(&c, 1, out);
+}
+
+void raw_result_free(raw_result *result) {
+  free(result->body);
+  result->body = NULL;
+}
+
+void raw_open_session(const char *target, char session_hex[17], char instance[40]) {
+  Ttd__V1__OpenSessionRequest req = TTD__V1__OPEN_SESSION_REQUEST__INIT;
+  req.client_name = "raw";
+  req.protocol_version = 1;
+  unsigned char buf[256];
+  size_t len = ttd__v1__open_session_request__pack(&req, buf);
+  raw_result r;
+  raw_call(target, "/ttd.v1.Device/OpenSession", (raw_md){0}, buf, len, &r);
+  ck_assert_msg(r.code == 0, "OpenSession: %d %s", r.code, r.details);
+  Ttd__V1__OpenSessionResponse *resp = ttd__v1__open_session_response__unpack(NULL, r.body_len, r.body);
+  ck_assert_ptr_nonnull(resp);
+  snprintf(session_hex, 17, "%016llx", (unsigned long long)resp->session_id);
+  snprintf(instance, 40, "%s", resp->instance_id);
+  ttd__v1__open_session_response__free_unpacked(resp, NULL);
+  raw_result_free(&r);
+}

@@ -1,0 +1,35 @@
+/* Raw gRPC calls for end-to-end tests: arbitrary request bytes and metadata to any
+ * method, to check what the daemon answers to malformed input, foreign handles and broken
+ * streams, with no help from libttclient. */
+#ifndef TTD_TESTS_RAW_RPC_H
+#define TTD_TESTS_RAW_RPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct raw_result {
+  int code;             /* gRPC status */
+  char details[1024];
+  unsigned char *body;  /* the (last) response message, malloc'd; NULL if none */
+  size_t body_len;
+} raw_result;
+
+typedef struct raw_md {
+  const char *session;  /* "ttd-session" value, or NULL */
+  const char *instance; /* "ttd-instance" value, or NULL */
+} raw_md;
+
+/* A unary call (also used for Download: every response is read, the last kept). */
+void raw_call(const char *target, const char *method, raw_md md, const void *request, size_t len, raw_result *out);
+
+/* A client stream of n messages. With die_after_sending, the process SIGKILLs itself
+ * after the messages went out, before closing the stream. */
+void raw_stream(const char *target, const char *method, raw_md md, const void *const *messages, const size_t *lens,
+                int n, int die_after_sending, raw_result *out);
+
+void raw_result_free(raw_result *result);
+
+/* Opens a session with raw calls; fills the 16-hex-digit id and the instance id. */
+void raw_open_session(const char *target, char session_hex[17], char instance[40]);
+
+#endif

@@ -1,0 +1,22 @@
+/* Every Check suite of the project; check_main.c runs them all. One suite per module. */
+#ifndef TTD_TESTS_SUITES_H
+#define TTD_TESTS_SUITES_H
+
+#include <check.h>
+
+/* unit suites */
+Suite *dtype_suite(void);
+Suite *status_suite(void);
+Suite *handle_map_suite(void);
+Suite *config_suite(void);
+Suite *sim_backend_suite(void);
+Suite *session_suite(void);
+Suite *place_suite(void);
+
+/* end-to-end suites: a real ttd on a temporary Unix socket */
+Suite *e2e_transfer_suite(void);
+Suite *e2e_errors_suite(void);
+Suite *e2e_sessions_suite(void);
+Suite *e2e_interop_suite(void);
+
+#endif

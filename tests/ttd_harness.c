@@ -1,0 +1,143 @@
+#include "ttd_harness.h"
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static int socket_answers(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+  close(fd);
+  return ok;
+}
+
+void ttd_proc_start(ttd_proc *proc, const char *const *extra_args) {
+  memset(proc, 0, sizeof(*proc));
+  snprintf(proc->dir, sizeof(proc->dir), "/tmp/ttd-test-XXXXXX");
+  ck_assert_msg(mkdtemp(proc->dir) != NULL, "mkdtemp: %s", strerror(errno));
+  snprintf(proc->target, sizeof(proc->target), "unix:%s/ttd.sock", proc->dir);
+  snprintf(proc->log_path, sizeof(proc->log_path), "%s/ttd.log", proc->dir);
+  const char *bin = getenv("TTD_BIN");
+  if (!bin) bin = "build/bin/ttd";
+  const char *argv[64];
+  int n = 0;
+  argv[n++] = bin;
+  argv[n++] = "--listen";
+  argv[n++] = proc->target;
+  argv[n++] = "--log-level";
+  argv[n++] = "debug";
+  for (int i = 0; extra_args && extra_args[i] && n < 62; i++) argv[n++] = extra_args[i];
+  argv[n] = NULL;
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    int fd = open(proc->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 2);
+      dup2(fd, 1);
+    }
+    execv(bin, (char *const *)argv);
+    _exit(127);
+  }
+  proc->pid = pid;
+  for (int waited = 0; waited < 10000; waited += 10) {
+    if (socket_answers(proc->target + 5)) return;
+    int status;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      proc->pid = 0;
+      ck_abort_msg("ttd (%s) exited during start with status %d; see %s", bin, status, proc->log_path);
+    }
+    sleep_ms(10);
+  }
+  ck_abort_msg("ttd did not answer on %s within 10 s", proc->target);
+}
+
+int ttd_proc_alive(ttd_proc *proc) {
+  if (!proc->pid) return 0;
+  int status;
+  return waitpid(proc->pid, &status, WNOHANG) == 0;
+}
+
+int ttd_proc_stop(ttd_proc *proc) {
+  int status = -1;
+  if (proc->pid) {
+    kill(proc->pid, SIGTERM);
+    for (int waited = 0; waited < 20000; waited += 10) {
+      if (waitpid(proc->pid, &status, WNOHANG) == proc->pid) break;
+      sleep_ms(10);
+      if (waited + 10 >= 20000) {
+        kill(proc->pid, SIGKILL);
+        waitpid(proc->pid, &status, 0);
+      }
+    }
+    proc->pid = 0;
+  }
+  char cmd[256];
+  if (getenv("TTD_KEEP_LOGS") == NULL) {
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", proc->dir);
+    if (system(cmd) != 0) { /* best effort */
+    }
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+tt_client *harness_connect(const ttd_proc *proc, int keepalive) {
+  tt_connect_options options;
+  tt_connect_options_init(&options);
+  options.disable_keepalive = !keepalive;
+  options.client_name = "check";
+  tt_client *c = NULL;
+  tt_status st = tt_connect(proc->target, &options, &c);
+  ck_assert_msg(st == TT_OK, "connect to %s: %s %s", proc->target, tt_status_name(st), tt_last_error(c));
+  return c;
+}
+
+uint64_t harness_used_bytes(const ttd_proc *proc, int device, int l1) {
+  tt_client *c = harness_connect(proc, 0);
+  tt_device_info *devs = NULL;
+  size_t n = 0;
+  ck_assert_int_eq(tt_list_devices(c, &devs, &n), TT_OK);
+  ck_assert_uint_gt(n, (size_t)device);
+  uint64_t used = l1 ? devs[device].l1.used_bytes : devs[device].dram.used_bytes;
+  tt_device_list_free(devs);
+  tt_disconnect(c);
+  return used;
+}
+
+uint64_t harness_wait_used_bytes(const ttd_proc *proc, int device, int l1, uint64_t want, int timeout_ms) {
+  uint64_t used = harness_used_bytes(proc, device, l1);
+  for (int waited = 0; used != want && waited < timeout_ms; waited += 20) {
+    sleep_ms(20);
+    used = harness_used_bytes(proc, device, l1);
+  }
+  return used;
+}
+
+void harness_fill_random(void *buf, size_t n, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  unsigned char *p = buf;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    memcpy(p + i, &x, 8);
+  }
+  for (; i < n; i++) p[i] = (unsigned char)(x >> (8 * (i & 7)));
+}

@@ -1,0 +1,40 @@
+/* End-to-end test harness: starts a real ttd (TTD_BIN) on a temporary Unix socket and
+ * stops it, asserting a clean exit. No mocks of gRPC. */
+#ifndef TTD_TESTS_HARNESS_H
+#define TTD_TESTS_HARNESS_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "ttclient.h"
+
+typedef struct ttd_proc {
+  pid_t pid;
+  char dir[128];     /* temporary folder holding the socket and the log */
+  char target[192];  /* "unix:/tmp/.../ttd.sock" */
+  char log_path[192];
+} ttd_proc;
+
+/* Starts ttd with the given extra arguments (NULL-terminated list, may be NULL) and waits
+ * until it answers. Fails the test if it does not within 10 s. */
+void ttd_proc_start(ttd_proc *proc, const char *const *extra_args);
+
+/* SIGTERM, waits, and returns the exit status (0 expected); removes the folder. */
+int ttd_proc_stop(ttd_proc *proc);
+
+/* Whether the daemon process is still running. */
+int ttd_proc_alive(ttd_proc *proc);
+
+/* A connected client with keep-alive as asked; fails the test if it cannot connect. */
+tt_client *harness_connect(const ttd_proc *proc, int keepalive);
+
+/* Bytes in use on a device's DRAM or L1, read through a fresh session. */
+uint64_t harness_used_bytes(const ttd_proc *proc, int device, int l1);
+
+/* Polls harness_used_bytes until it equals want or timeout_ms passes; returns the last value. */
+uint64_t harness_wait_used_bytes(const ttd_proc *proc, int device, int l1, uint64_t want, int timeout_ms);
+
+/* Fills buf with n deterministic pseudo-random bytes from seed. */
+void harness_fill_random(void *buf, size_t n, uint64_t seed);
+
+#endif
