@@ -83,7 +83,7 @@ $(LIB_SO): $(CLIENT_OBJ)
 $(BUILD)/bin/%: client/examples/%.c $(LIB_A)
 	@mkdir -p $(dir $@)
 	@echo "  LINK    $@"
-	@$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB_A) $(GRPC_LIBS) -o $@
+	@$(CC) $(filter-out -MMD -MP,$(CFLAGS)) $(LDFLAGS) $< $(LIB_A) $(GRPC_LIBS) -o $@
 
 $(CHECK): $(TEST_OBJ) $(DAEMON_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
@@ -98,7 +98,7 @@ test-unit: all
 
 test-asan:
 	$(MAKE) BUILD=$(BUILD)/asan SAN=1 all
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
+	TTD_SKIP_HUGE=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  $(MAKE) --no-print-directory BUILD=$(BUILD)/asan SAN=1 test-unit
 

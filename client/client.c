@@ -138,8 +138,12 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   grpc_init();
   grpc_arg args[] = {
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = 8 * 1024 * 1024},
+      /* A restarted local daemon is back within a second: retry the connection quickly. */
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, .value.integer = 100},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = 100},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 2000},
   };
-  grpc_channel_args channel_args = {1, args};
+  grpc_channel_args channel_args = {sizeof(args) / sizeof(args[0]), args};
   grpc_channel_credentials *creds = grpc_insecure_credentials_create();
   c->channel = grpc_channel_create(c->target, creds, &channel_args);
   grpc_channel_credentials_release(creds);

@@ -3,6 +3,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,8 @@ int ttd_config_parse_size(const char *text, uint64_t *out_bytes) {
 }
 
 int ttd_config_parse_duration_ms(const char *text, int64_t *out_ms) {
+  if (!isdigit((unsigned char)text[0]) && text[0] != '.') return -1; /* no signs, spaces or hex */
+  if (text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) return -1;
   errno = 0;
   char *end;
   double v = strtod(text, &end);
@@ -94,7 +97,8 @@ static ttd_status_t set_option(ttd_config *config, const option *opt, const char
       errno = 0;
       char *end;
       long v = strtol(value, &end, 10);
-      if (errno || end == value || *end != '\0' || v < opt->min || v > opt->max) {
+      bool plain = isdigit((unsigned char)value[0]) || (value[0] == '-' && isdigit((unsigned char)value[1]));
+      if (!plain || errno || end == value || *end != '\0' || v < opt->min || v > opt->max) {
         return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--%s must be an integer in [%lld, %lld], got '%s'",
                                opt->name, (long long)opt->min, (long long)opt->max, value);
       }
@@ -177,8 +181,9 @@ ttd_status_t ttd_config_apply_text(ttd_config *config, const char *text, const c
   if (!copy) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
   ttd_status_t status = TTD_OK;
   int line_no = 0;
-  char *save = NULL;
-  for (char *line = strtok_r(copy, "\n", &save); line && !status; line = strtok_r(NULL, "\n", &save)) {
+  for (char *line = copy, *next; line && !status; line = next) {
+    next = strchr(line, '\n');
+    if (next) *next++ = '\0';
     line_no++;
     char *hash = strchr(line, '#');
     if (hash) *hash = '\0';
@@ -228,7 +233,12 @@ static ttd_status_t load_file(ttd_config *config, const char *path) {
     memcpy(text + len, buf, n);
     len += n;
   }
+  int read_error = ferror(f);
   fclose(f);
+  if (read_error) {
+    free(text);
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot read config file %s (is it a directory?)", path);
+  }
   if (memchr(text ? text : "", '\0', len)) {
     free(text);
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "config file %s contains a NUL byte", path);

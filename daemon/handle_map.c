@@ -55,7 +55,7 @@ static int grow(ttd_handle_map *map) {
 }
 
 int ttd_handle_map_put(ttd_handle_map *map, uint64_t key, void *value) {
-  if (key == 0 || ttd_handle_map_get(map, key)) return -1;
+  if (key == 0 || value == NULL || ttd_handle_map_get(map, key)) return -1;
   if ((map->count + 1) * 4 > map->capacity * 3) {
     int rc = grow(map);
     if (rc) return rc;

@@ -19,7 +19,7 @@ void ttd_handle_map_clear(ttd_handle_map *map);
 /* NULL if absent. */
 void *ttd_handle_map_get(const ttd_handle_map *map, uint64_t key);
 
-/* Inserts a new key. Returns 0, -1 if key is 0 or already present, -2 if out of memory. */
+/* Inserts a new key with a non-NULL value (NULL means "absent" to get). Returns 0, -1 if key is 0 or already present, -2 if out of memory. */
 int ttd_handle_map_put(ttd_handle_map *map, uint64_t key, void *value);
 
 /* Removes key and returns its value, or NULL if absent. */

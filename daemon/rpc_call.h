@@ -34,6 +34,7 @@ typedef struct ttd_call {
   grpc_call *call;
   gpr_timespec deadline;
   grpc_metadata_array request_metadata;
+  grpc_call_details details;    /* only for calls of methods not in the table */
   grpc_byte_buffer *received;   /* initial payload, or the latest streamed message */
   grpc_byte_buffer *sending;    /* the message of the outstanding batch */
   grpc_slice status_details;

@@ -84,6 +84,9 @@ const char *ttd_call_metadata(const ttd_call *call, const char *key, size_t *out
 
 /* ---- call lifecycle ---- */
 
+/* Calls of methods not in the table arrive here and are answered UNIMPLEMENTED. */
+static const ttd_method unknown_method = {.path = "(unknown)", .kind = TTD_METHOD_UNARY};
+
 static ttd_status_t request_call(ttd_server *server, const ttd_method *method, void *registered) {
   ttd_call *c = calloc(1, sizeof(*c));
   if (!c) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
@@ -95,10 +98,17 @@ static ttd_status_t request_call(ttd_server *server, const ttd_method *method, v
   c->status_details = grpc_empty_slice();
   c->allocator = (ProtobufCAllocator){arena_pb_alloc, arena_pb_free, c};
   grpc_metadata_array_init(&c->request_metadata);
-  bool with_payload = method->kind != TTD_METHOD_CLIENT_STREAM;
-  grpc_call_error err = grpc_server_request_registered_call(
-      server->server, registered, &c->call, &c->deadline, &c->request_metadata,
-      with_payload ? &c->received : NULL, server->cq, server->cq, c);
+  grpc_call_error err;
+  if (method == &unknown_method) {
+    grpc_call_details_init(&c->details);
+    err = grpc_server_request_call(server->server, &c->call, &c->details, &c->request_metadata, server->cq,
+                                   server->cq, c);
+  } else {
+    bool with_payload = method->kind != TTD_METHOD_CLIENT_STREAM;
+    err = grpc_server_request_registered_call(server->server, registered, &c->call, &c->deadline,
+                                              &c->request_metadata, with_payload ? &c->received : NULL,
+                                              server->cq, server->cq, c);
+  }
   if (err != GRPC_CALL_OK) {
     grpc_metadata_array_destroy(&c->request_metadata);
     atomic_fetch_sub(&server->live_calls, 1);
@@ -113,6 +123,7 @@ static void call_destroy(ttd_call *c) {
   if (c->sending) grpc_byte_buffer_destroy(c->sending);
   grpc_slice_unref(c->status_details);
   grpc_metadata_array_destroy(&c->request_metadata);
+  if (c->method == &unknown_method) grpc_call_details_destroy(&c->details);
   if (c->call) grpc_call_unref(c->call);
   ttd_session_release(c->session);
   while (c->arena) {
@@ -375,14 +386,20 @@ static void on_call_event(ttd_call *c, bool ok) {
         call_destroy(c);
         return;
       }
-      size_t index = (size_t)(c->method - ttd_methods);
-      ttd_status_t s = request_call(server, c->method, server->registered[index]);
+      bool known = c->method != &unknown_method;
+      ttd_status_t s = request_call(server, c->method, known ? server->registered[c->method - ttd_methods] : NULL);
       if (s) {
         TTD_LOG(TTD_LOG_ERROR, "method=%s event=re-request-failed message=\"%s\"", c->method->path,
                 ttd_status_message(s));
         ttd_status_free(s);
       }
-      on_call_arrived(c);
+      if (known) {
+        on_call_arrived(c);
+      } else {
+        finish(c, NULL, ttd_make_status(GRPC_STATUS_UNIMPLEMENTED, "method '%.*s' is not part of ttd.v1.Device",
+                                        (int)(GRPC_SLICE_LENGTH(c->details.method) > 128 ? 128 : GRPC_SLICE_LENGTH(c->details.method)),
+                                        (const char *)GRPC_SLICE_START_PTR(c->details.method)));
+      }
       return;
     }
     case TTD_CALL_RECEIVING:
@@ -487,6 +504,7 @@ ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int 
       status = request_call(server, &ttd_methods[i], server->registered[i]);
     }
   }
+  if (!status) status = request_call(server, &unknown_method, NULL);
   server->thread_count = 0;
   for (int i = 0; i < threads; i++) {
     if (pthread_create(&server->threads[i], NULL, worker_main, server) != 0) break;

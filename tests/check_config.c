@@ -389,6 +389,13 @@ START_TEST(test_config_file_missing) {
 }
 END_TEST
 
+/* A directory given as the config file is INVALID_ARGUMENT naming it, not an empty file. */
+START_TEST(test_config_file_directory) {
+  int help;
+  EXPECT_INVALID(LOAD(&help, "--config", "/tmp"), "/tmp");
+}
+END_TEST
+
 /* An empty config file is fine and changes nothing. */
 START_TEST(test_config_file_empty) {
   const char *path = write_temp_file("");
@@ -497,6 +504,7 @@ Suite *config_suite(void) {
   tcase_add_test(tc, test_config_file_error_names_line);
   tcase_add_test(tc, test_config_file_error_after_blank_lines);
   tcase_add_test(tc, test_config_file_missing);
+  tcase_add_test(tc, test_config_file_directory);
   tcase_add_test(tc, test_config_file_empty);
   tcase_add_test(tc, test_listen_flags_replace_file);
   suite_add_tcase(s, tc);

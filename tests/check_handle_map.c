@@ -250,15 +250,15 @@ START_TEST(test_randomised_collisions) {
     size_t i = next_random(&state) % POOL;
     switch (next_random(&state) % 3) {
       case 0:
-        ck_assert_int_eq(ttd_handle_map_put(&map, keys[i], value_of(keys[i])), present[i] ? -1 : 0);
+        ck_assert_int_eq(ttd_handle_map_put(&map, keys[i], value_of(keys[i])), (present[i] ? -1 : 0));
         present[i] = 1;
         break;
       case 1:
-        ck_assert_ptr_eq(ttd_handle_map_remove(&map, keys[i]), present[i] ? value_of(keys[i]) : NULL);
+        ck_assert_ptr_eq(ttd_handle_map_remove(&map, keys[i]), (present[i] ? value_of(keys[i]) : NULL));
         present[i] = 0;
         break;
       default:
-        ck_assert_ptr_eq(ttd_handle_map_get(&map, keys[i]), present[i] ? value_of(keys[i]) : NULL);
+        ck_assert_ptr_eq(ttd_handle_map_get(&map, keys[i]), (present[i] ? value_of(keys[i]) : NULL));
         break;
     }
     if (op % 500 == 0) check_against_reference(&map, keys, present, POOL);
@@ -287,10 +287,10 @@ START_TEST(test_randomised_with_growth) {
     /* Bias towards puts early on so the map grows through several sizes. */
     int put = (int)(next_random(&state) % 100) < (op < 50000 ? 70 : 40);
     if (put) {
-      ck_assert_int_eq(ttd_handle_map_put(&map, keys[i], value_of(keys[i])), present[i] ? -1 : 0);
+      ck_assert_int_eq(ttd_handle_map_put(&map, keys[i], value_of(keys[i])), (present[i] ? -1 : 0));
       present[i] = 1;
     } else {
-      ck_assert_ptr_eq(ttd_handle_map_remove(&map, keys[i]), present[i] ? value_of(keys[i]) : NULL);
+      ck_assert_ptr_eq(ttd_handle_map_remove(&map, keys[i]), (present[i] ? value_of(keys[i]) : NULL));
       present[i] = 0;
     }
     if (op % 5000 == 0) check_against_reference(&map, keys, present, POOL);

@@ -40,6 +40,10 @@ static uint64_t used_total(void) {
   return used(0, TTD_MEM_DRAM) + used(0, TTD_MEM_L1) + used(1, TTD_MEM_DRAM) + used(1, TTD_MEM_L1);
 }
 
+static int tensor_refs(ttd_tensor *t) { return atomic_load(&t->refs); }
+static int session_refs(ttd_session *s) { return atomic_load(&s->refs); }
+static int64_t last_seen(ttd_session *s) { return atomic_load(&s->last_seen_ms); }
+
 /* A new int32 tensor of n elements (1-d) on device/loc; one reference owned by the caller. */
 static ttd_tensor *new_tensor(int64_t n, int device, ttd_memloc loc) {
   ttd_tensor_spec spec = {.dtype = TTD_DTYPE_INT32, .ndim = 1, .shape = {n}, .device = device, .location = loc};
@@ -48,7 +52,7 @@ static ttd_tensor *new_tensor(int64_t n, int device, ttd_memloc loc) {
   ttd_tensor *t = NULL;
   s = ttd_tensor_create(backend, &spec, &t);
   ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
-  ck_assert_int_eq(atomic_load(&t->refs), 1);
+  ck_assert_int_eq(tensor_refs(t), 1);
   return t;
 }
 
@@ -126,22 +130,22 @@ START_TEST(test_lookup_retains) {
   ttd_tensor *t = new_tensor(10, 0, TTD_MEM_L1);
   uint64_t h;
   ck_assert_ptr_null(ttd_session_tensor_add(session, t, &h));
-  ck_assert_int_eq(atomic_load(&t->refs), 2);
+  ck_assert_int_eq(tensor_refs(t), 2);
   ttd_tensor_release(t);
-  ck_assert_int_eq(atomic_load(&t->refs), 1);
+  ck_assert_int_eq(tensor_refs(t), 1);
 
   ttd_tensor *a = NULL, *b = NULL;
   ck_assert_ptr_null(ttd_session_tensor_lookup(session, h, &a));
   ck_assert_ptr_eq(a, t);
-  ck_assert_int_eq(atomic_load(&t->refs), 2);
+  ck_assert_int_eq(tensor_refs(t), 2);
   ck_assert_ptr_null(ttd_session_tensor_lookup(session, h, &b));
   ck_assert_ptr_eq(b, t);
-  ck_assert_int_eq(atomic_load(&t->refs), 3);
+  ck_assert_int_eq(tensor_refs(t), 3);
   ck_assert_int_eq(a->spec.nbytes, 40);
   ck_assert_int_eq(a->spec.location, TTD_MEM_L1);
   ttd_tensor_release(a);
   ttd_tensor_release(b);
-  ck_assert_int_eq(atomic_load(&t->refs), 1);
+  ck_assert_int_eq(tensor_refs(t), 1);
   ttd_session_release(session);
   ck_assert_uint_eq(used_total(), 0);
 }
@@ -333,7 +337,7 @@ START_TEST(test_closed_refuses_add) {
   ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_FAILED_PRECONDITION);
   ttd_status_free(s);
   ck_assert_uint_eq(h, 0);
-  ck_assert_int_eq(atomic_load(&t->refs), 1);
+  ck_assert_int_eq(tensor_refs(t), 1);
   char m[512];
   expect_not_found(session, old, m, sizeof(m));
   ttd_tensor_release(t);
@@ -352,7 +356,7 @@ START_TEST(test_refcount_keeps_memory) {
   ck_assert_ptr_null(ttd_session_tensors_free(session, &h, 1, &out_t, &out_b));
   ck_assert_uint_eq(out_b, 1024);
   ck_assert_uint_eq(used(0, TTD_MEM_DRAM), 1024); /* still held */
-  ck_assert_int_eq(atomic_load(&held->refs), 1);
+  ck_assert_int_eq(tensor_refs(held), 1);
   unsigned char data[16] = {1, 2, 3};
   ck_assert_ptr_null(backend->vtable->buffer_write(backend, held->buffer, 0, data, sizeof(data)));
   ttd_tensor_release(held);
@@ -394,9 +398,9 @@ START_TEST(test_session_fields_and_touch) {
   ck_assert_uint_eq(s->id, 77);
   ck_assert_uint_eq(strlen(s->client_name), sizeof(s->client_name) - 1);
   ck_assert_int_eq(s->opened_ms, 1000);
-  ck_assert_int_eq(atomic_load(&s->last_seen_ms), 1000);
+  ck_assert_int_eq(last_seen(s), 1000);
   ttd_session_touch(s, 2500);
-  ck_assert_int_eq(atomic_load(&s->last_seen_ms), 2500);
+  ck_assert_int_eq(last_seen(s), 2500);
   ck_assert_int_eq(s->opened_ms, 1000);
   ttd_session_release(s);
   s = ttd_session_create(78, NULL, 0);
@@ -424,12 +428,11 @@ START_TEST(test_table_open_lookup_close) {
   ttd_session *found = NULL;
   ck_assert_ptr_null(ttd_session_table_lookup(&table, a->id, 500, &found));
   ck_assert_ptr_eq(found, a);
-  ck_assert_int_eq(atomic_load(&a->last_seen_ms), 500);
-  ck_assert_int_eq(atomic_load(&a->refs), 3); /* table + ours + lookup's */
+  ck_assert_int_eq(last_seen(a), 500);
+  ck_assert_int_eq(session_refs(a), 3); /* table + ours + lookup's */
   ttd_session_release(found);
 
-  uint64_t h = add_new(a, 25, 0, TTD_MEM_DRAM);
-  (void)h;
+  add_new(a, 25, 0, TTD_MEM_DRAM);
   uint64_t out_t = 0, out_b = 0;
   uint64_t a_id = a->id;
   ttd_session_table_close(&table, a, &out_t, &out_b);
@@ -438,7 +441,7 @@ START_TEST(test_table_open_lookup_close) {
   ck_assert(a->closed);
   ck_assert_uint_eq(used_total(), 0);
   ck_assert_uint_eq(ttd_session_table_count(&table), 1);
-  ck_assert_int_eq(atomic_load(&a->refs), 1); /* only ours is left */
+  ck_assert_int_eq(session_refs(a), 1); /* only ours is left */
 
   found = (ttd_session *)&found;
   ttd_status_t s = ttd_session_table_lookup(&table, a_id, 600, &found);
@@ -678,7 +681,7 @@ START_TEST(test_tensor_create_zeroed) {
     ck_assert_int_eq(clean->spec.ndim, 2);
     ck_assert_int_eq(clean->spec.shape[1], 32);
     ck_assert_uint_eq(clean->spec.nbytes, N);
-    ck_assert_int_eq(atomic_load(&clean->refs), 1);
+    ck_assert_int_eq(tensor_refs(clean), 1);
     memset(out, 0xFF, N);
     ck_assert_ptr_null(backend->vtable->buffer_read(backend, clean->buffer, 0, out, N));
     ck_assert_mem_eq(out, zeros, N);
@@ -693,7 +696,7 @@ START_TEST(test_tensor_retain_release) {
   ttd_tensor *t = new_tensor(64, 0, TTD_MEM_L1);
   ck_assert_ptr_eq(ttd_tensor_retain(t), t);
   ck_assert_ptr_eq(ttd_tensor_retain(t), t);
-  ck_assert_int_eq(atomic_load(&t->refs), 3);
+  ck_assert_int_eq(tensor_refs(t), 3);
   ttd_tensor_release(t);
   ttd_tensor_release(t);
   ck_assert_uint_eq(used(0, TTD_MEM_L1), 256);

@@ -165,3 +165,24 @@ void raw_open_session(const char *target, char session_hex[17], char instance[40
   ttd__v1__open_session_response__free_unpacked(resp, NULL);
   raw_result_free(&r);
 }
+
+uint64_t raw_allocate(const char *target, const char *session_hex, int64_t n) {
+  Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
+  int64_t shape[1] = {n};
+  spec.dtype = TTD__V1__DTYPE__DTYPE_FLOAT32;
+  spec.n_shape = 1;
+  spec.shape = shape;
+  Ttd__V1__AllocateRequest req = TTD__V1__ALLOCATE_REQUEST__INIT;
+  req.spec = &spec;
+  unsigned char buf[128];
+  size_t len = ttd__v1__allocate_request__pack(&req, buf);
+  raw_result r;
+  raw_call(target, "/ttd.v1.Device/Allocate", (raw_md){session_hex, NULL}, buf, len, &r);
+  ck_assert_msg(r.code == 0, "Allocate: %s", r.details);
+  Ttd__V1__AllocateResponse *resp = ttd__v1__allocate_response__unpack(NULL, r.body_len, r.body);
+  ck_assert_ptr_nonnull(resp);
+  uint64_t h = resp->tensor->handle;
+  ttd__v1__allocate_response__free_unpacked(resp, NULL);
+  raw_result_free(&r);
+  return h;
+}

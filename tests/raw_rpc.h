@@ -32,4 +32,7 @@ void raw_result_free(raw_result *result);
 /* Opens a session with raw calls; fills the 16-hex-digit id and the instance id. */
 void raw_open_session(const char *target, char session_hex[17], char instance[40]);
 
+/* Allocates n float32 elements on tt:0 DRAM in the session; returns the handle. */
+uint64_t raw_allocate(const char *target, const char *session_hex, int64_t n);
+
 #endif

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -47,6 +48,7 @@ void ttd_proc_start(ttd_proc *proc, const char *const *extra_args) {
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that fails mid-way leaves no daemon behind */
     int fd = open(proc->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
       dup2(fd, 2);

@@ -10,8 +10,8 @@
 
 typedef struct ttd_proc {
   pid_t pid;
-  char dir[128];     /* temporary folder holding the socket and the log */
-  char target[192];  /* "unix:/tmp/.../ttd.sock" */
+  char dir[64];      /* temporary folder holding the socket and the log */
+  char target[96];   /* "unix:/tmp/.../ttd.sock" */
   char log_path[192];
 } ttd_proc;
 

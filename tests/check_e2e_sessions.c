@@ -1,0 +1,266 @@
+/* Sessions through a real ttd: lease expiry frees memory, keep-alive holds a session,
+ * CloseSession frees at once, a client killed mid-upload leaves nothing, a dead client's
+ * tensors return within its lease, a restarted daemon is detected, and concurrent
+ * clients do not disturb each other. */
+#include <check.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "raw_rpc.h"
+#include "suites.h"
+#include "ttd/v1/ttd.pb-c.h"
+#include "ttd_harness.h"
+
+static ttd_proc proc;
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void start_with_lease(const char *lease) {
+  const char *args[] = {"--lease", lease, NULL};
+  ttd_proc_start(&proc, args);
+}
+
+static void stop(void) { ck_assert_int_eq(ttd_proc_stop(&proc), 0); }
+
+static tt_tensor *upload_floats(tt_client *c, int64_t n) {
+  float *v = calloc((size_t)n, sizeof(float));
+  for (int64_t i = 0; i < n; i++) v[i] = (float)i;
+  tt_tensor *h = tt_tensor_from_host(c, v, TT_FLOAT32, &n, 1);
+  tt_tensor *d = tt_to(h, "tt");
+  ck_assert_msg(d != NULL, "%s", tt_last_error(c));
+  tt_tensor_free(h);
+  free(v);
+  return d;
+}
+
+/* A session with no call within its lease is closed and all its tensors freed; its next
+ * call is NOT_FOUND naming the lease. */
+START_TEST(test_lease_expiry_frees_memory) {
+  start_with_lease("300ms");
+  tt_client *c = harness_connect(&proc, 0);
+  tt_tensor *d = upload_floats(c, 1 << 16);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 1 << 18);
+  ck_assert_uint_eq(harness_wait_used_bytes(&proc, 0, 0, 0, 3000), 0);
+  ck_assert_ptr_null(tt_to(d, "cpu"));
+  ck_assert_int_eq(tt_errcode(c), TT_NOT_FOUND);
+  ck_assert_ptr_nonnull(strstr(tt_last_error(c), "expired after 300 ms"));
+  tt_tensor_free(d);
+  tt_disconnect(c);
+  stop();
+}
+END_TEST
+
+/* The library's background keep-alive holds a session open across many leases. */
+START_TEST(test_keepalive_holds_session) {
+  start_with_lease("300ms");
+  tt_client *c = harness_connect(&proc, 1);
+  tt_tensor *d = upload_floats(c, 1024);
+  sleep_ms(1500);
+  tt_tensor *back = tt_to(d, "cpu");
+  ck_assert_msg(back != NULL, "%s", tt_last_error(c));
+  ck_assert_float_eq(((float *)tt_tensor_data(back))[1023], 1023.0f);
+  tt_tensor_free(back);
+  tt_tensor_free(d);
+  tt_disconnect(c);
+  stop();
+}
+END_TEST
+
+/* CloseSession frees the session's tensors at once (not after the lease), reports what it
+ * freed, and the session is gone afterwards. */
+START_TEST(test_close_session_frees_at_once) {
+  start_with_lease("60");
+  char session[17], instance[40];
+  raw_open_session(proc.target, session, instance);
+  raw_allocate(proc.target, session, 1000);
+  raw_allocate(proc.target, session, 3000);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 16000);
+  raw_result r;
+  raw_call(proc.target, "/ttd.v1.Device/CloseSession", (raw_md){session, instance}, "", 0, &r);
+  ck_assert_int_eq(r.code, 0);
+  Ttd__V1__CloseSessionResponse *resp = ttd__v1__close_session_response__unpack(NULL, r.body_len, r.body);
+  ck_assert_ptr_nonnull(resp);
+  ck_assert_uint_eq(resp->tensors_freed, 2);
+  ck_assert_uint_eq(resp->bytes_freed, 16000);
+  ttd__v1__close_session_response__free_unpacked(resp, NULL);
+  raw_result_free(&r);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 0);
+  raw_call(proc.target, "/ttd.v1.Device/KeepAlive", (raw_md){session, instance}, "", 0, &r);
+  ck_assert_int_eq(r.code, 5);
+  raw_result_free(&r);
+  stop();
+}
+END_TEST
+
+/* A client process killed in the middle of an Upload stream leaves nothing allocated, at
+ * once (the lease here is a minute). */
+START_TEST(test_killed_mid_upload) {
+  start_with_lease("60");
+  char session[17], instance[40];
+  raw_open_session(proc.target, session, instance);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    /* Header for a 64 MiB tensor, then two 1 MiB chunks, then SIGKILL. */
+    Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
+    int64_t shape[1] = {16 << 20};
+    spec.dtype = TTD__V1__DTYPE__DTYPE_FLOAT32;
+    spec.n_shape = 1;
+    spec.shape = shape;
+    Ttd__V1__UploadHeader header = TTD__V1__UPLOAD_HEADER__INIT;
+    header.target_case = TTD__V1__UPLOAD_HEADER__TARGET_SPEC;
+    header.spec = &spec;
+    static unsigned char chunk[1 << 20];
+    unsigned char *msgs[2];
+    size_t lens[2];
+    for (int i = 0; i < 2; i++) {
+      Ttd__V1__UploadRequest req = TTD__V1__UPLOAD_REQUEST__INIT;
+      req.header = i == 0 ? &header : NULL;
+      req.data.data = chunk;
+      req.data.len = sizeof(chunk);
+      msgs[i] = malloc(ttd__v1__upload_request__get_packed_size(&req));
+      lens[i] = ttd__v1__upload_request__pack(&req, msgs[i]);
+    }
+    raw_result r;
+    raw_stream(proc.target, "/ttd.v1.Device/Upload", (raw_md){session, NULL}, (const void *const *)msgs, lens, 2, 1, &r);
+    _exit(3); /* not reached: raw_stream killed the process */
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  ck_assert_uint_eq(harness_wait_used_bytes(&proc, 0, 0, 0, 2000), 0);
+  stop();
+}
+END_TEST
+
+/* A client process that dies holding tensors (no CloseSession) has them freed within one lease. */
+START_TEST(test_dead_client_memory_returns_within_lease) {
+  start_with_lease("500ms");
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    tt_client *c = harness_connect(&proc, 1);
+    upload_floats(c, 1 << 18);
+    raise(SIGKILL);
+  }
+  int status;
+  waitpid(pid, &status, 0);
+  ck_assert(WIFSIGNALED(status));
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 1 << 20);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  ck_assert_uint_eq(harness_wait_used_bytes(&proc, 0, 0, 0, 3000), 0);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  ck_assert_msg(waited < 1.0, "memory came back after %.2f s, lease plus sweep is 0.625 s", waited);
+  stop();
+}
+END_TEST
+
+/* A client holding handles from before a daemon restart gets FAILED_PRECONDITION
+ * "daemon restarted" rather than NOT_FOUND or wrong data. */
+START_TEST(test_restart_detected) {
+  start_with_lease("60");
+  tt_client *c = harness_connect(&proc, 0);
+  tt_tensor *d = upload_floats(c, 16);
+  char dir[sizeof(proc.dir)];
+  memcpy(dir, proc.dir, sizeof(dir));
+  /* Restart on the same socket path. */
+  kill(proc.pid, SIGTERM);
+  int status;
+  waitpid(proc.pid, &status, 0);
+  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (!freopen(proc.log_path, "a", stderr)) _exit(126);
+    execl(getenv("TTD_BIN") ? getenv("TTD_BIN") : "build/bin/ttd", "ttd", "--listen", proc.target, (char *)NULL);
+    _exit(127);
+  }
+  proc.pid = pid;
+  for (int i = 0; i < 500 && !ttd_proc_alive(&proc); i++) sleep_ms(10);
+  tt_tensor *back = NULL;
+  for (int i = 0; i < 500; i++) { /* until the new daemon listens */
+    back = tt_to(d, "cpu");
+    if (back || tt_errcode(c) != TT_UNAVAILABLE) break;
+    sleep_ms(10);
+  }
+  ck_assert_ptr_null(back);
+  ck_assert_int_eq(tt_errcode(c), TT_FAILED_PRECONDITION);
+  ck_assert_ptr_nonnull(strstr(tt_last_error(c), "daemon restarted, tensors are gone"));
+  tt_tensor_free(d);
+  tt_disconnect(c);
+  stop();
+}
+END_TEST
+
+typedef struct worker_arg {
+  const ttd_proc *proc;
+  int seed;
+  int ok;
+} worker_arg;
+
+static void *worker(void *p) {
+  worker_arg *a = p;
+  tt_client *c = NULL;
+  if (tt_connect(a->proc->target, NULL, &c) != TT_OK) return NULL;
+  int64_t n = 300000 + a->seed;
+  float *v = malloc(sizeof(float) * (size_t)n);
+  int ok = 1;
+  for (int round = 0; round < 5 && ok; round++) {
+    for (int64_t i = 0; i < n; i++) v[i] = (float)(a->seed * 1000 + round) + (float)i * 0.5f;
+    tt_tensor *h = tt_tensor_from_host(c, v, TT_FLOAT32, &n, 1);
+    tt_tensor *d = tt_to(h, round % 2 ? "tt:0/l1" : "tt");
+    tt_tensor *b = d ? tt_to(d, "cpu") : NULL;
+    ok = b && memcmp(tt_tensor_data(b), v, sizeof(float) * (size_t)n) == 0;
+    tt_tensor_free(b);
+    tt_tensor_free(d);
+    tt_tensor_free(h);
+  }
+  free(v);
+  tt_disconnect(c);
+  a->ok = ok;
+  return NULL;
+}
+
+/* Four clients on four threads transfer at once; each gets its own bytes back. */
+START_TEST(test_concurrent_clients) {
+  start_with_lease("60");
+  pthread_t t[4];
+  worker_arg args[4];
+  for (int i = 0; i < 4; i++) {
+    args[i] = (worker_arg){&proc, i + 1, 0};
+    pthread_create(&t[i], NULL, worker, &args[i]);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(t[i], NULL);
+    ck_assert_msg(args[i].ok, "client %d got wrong bytes or an error", i);
+  }
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 0);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 1), 0);
+  stop();
+}
+END_TEST
+
+Suite *e2e_sessions_suite(void) {
+  Suite *s = suite_create("e2e_sessions");
+  TCase *tc = tcase_create("sessions");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_lease_expiry_frees_memory);
+  tcase_add_test(tc, test_keepalive_holds_session);
+  tcase_add_test(tc, test_close_session_frees_at_once);
+  tcase_add_test(tc, test_killed_mid_upload);
+  tcase_add_test(tc, test_dead_client_memory_returns_within_lease);
+  tcase_add_test(tc, test_restart_detected);
+  tcase_add_test(tc, test_concurrent_clients);
+  suite_add_tcase(s, tc);
+  return s;
+}
