@@ -75,10 +75,12 @@ $(LIB_A): $(CLIENT_OBJ)
 	@echo "  AR      $@"
 	@rm -f $@ && ar rcs $@ $^
 
-$(LIB_SO): $(CLIENT_OBJ)
+$(LIB_SO): $(CLIENT_OBJ) client/libttclient.map
 	@mkdir -p $(dir $@)
 	@echo "  LINK    $@"
-	@$(CC) -shared $(LDFLAGS) -Wl,-soname,libttclient.so.1 $^ $(GRPC_LIBS) -o $@
+	@$(CC) -shared $(LDFLAGS) -Wl,-soname,libttclient.so.1 -Wl,--version-script,client/libttclient.map \
+	  $(CLIENT_OBJ) $(GRPC_LIBS) -o $@.1
+	@ln -sf libttclient.so.1 $@
 
 $(BUILD)/bin/%: client/examples/%.c $(LIB_A)
 	@mkdir -p $(dir $@)

@@ -102,6 +102,19 @@ static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *type, grpc_byt
   return msg;
 }
 
+/* The four ops that send one request and half-close: metadata, message, close, and the
+ * receipt of the server's initial metadata. */
+static void add_request_ops(rpc *r, grpc_op *ops, grpc_byte_buffer *request) {
+  op_init(&ops[0], GRPC_OP_SEND_INITIAL_METADATA);
+  ops[0].data.send_initial_metadata.count = r->md_count;
+  ops[0].data.send_initial_metadata.metadata = r->md;
+  op_init(&ops[1], GRPC_OP_SEND_MESSAGE);
+  ops[1].data.send_message.send_message = request;
+  op_init(&ops[2], GRPC_OP_SEND_CLOSE_FROM_CLIENT);
+  op_init(&ops[3], GRPC_OP_RECV_INITIAL_METADATA);
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &r->initial_md;
+}
+
 tt_status tt_rpc_unary_quiet(tt_client *client, tt_rpc_method method, const ProtobufCMessage *request,
                              const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **out_response,
                              char *err, size_t err_len) {
@@ -112,14 +125,7 @@ tt_status tt_rpc_unary_quiet(tt_client *client, tt_rpc_method method, const Prot
   grpc_byte_buffer *request_bb = pack(request);
   grpc_byte_buffer *response_bb = NULL;
   grpc_op ops[6];
-  op_init(&ops[0], GRPC_OP_SEND_INITIAL_METADATA);
-  ops[0].data.send_initial_metadata.count = r.md_count;
-  ops[0].data.send_initial_metadata.metadata = r.md;
-  op_init(&ops[1], GRPC_OP_SEND_MESSAGE);
-  ops[1].data.send_message.send_message = request_bb;
-  op_init(&ops[2], GRPC_OP_SEND_CLOSE_FROM_CLIENT);
-  op_init(&ops[3], GRPC_OP_RECV_INITIAL_METADATA);
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &r.initial_md;
+  add_request_ops(&r, ops, request_bb);
   op_init(&ops[4], GRPC_OP_RECV_MESSAGE);
   ops[4].data.recv_message.recv_message = &response_bb;
   op_init(&ops[5], GRPC_OP_RECV_STATUS_ON_CLIENT);
@@ -213,14 +219,7 @@ tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, v
   req.target_dtype = (Ttd__V1__DType)target;
   grpc_byte_buffer *request_bb = pack(&req.base);
   grpc_op ops[4];
-  op_init(&ops[0], GRPC_OP_SEND_INITIAL_METADATA);
-  ops[0].data.send_initial_metadata.count = r.md_count;
-  ops[0].data.send_initial_metadata.metadata = r.md;
-  op_init(&ops[1], GRPC_OP_SEND_MESSAGE);
-  ops[1].data.send_message.send_message = request_bb;
-  op_init(&ops[2], GRPC_OP_SEND_CLOSE_FROM_CLIENT);
-  op_init(&ops[3], GRPC_OP_RECV_INITIAL_METADATA);
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &r.initial_md;
+  add_request_ops(&r, ops, request_bb);
   int ok = rpc_batch(&r, ops, 4);
   grpc_byte_buffer_destroy(request_bb);
   uint64_t received = 0;

@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,10 +64,10 @@ END_TEST
 
 /* The library's background keep-alive holds a session open across many leases. */
 START_TEST(test_keepalive_holds_session) {
-  start_with_lease("300ms");
+  start_with_lease("1s");
   tt_client *c = harness_connect(&proc, 1);
   tt_tensor *d = upload_floats(c, 1024);
-  sleep_ms(1500);
+  sleep_ms(3500);
   tt_tensor *back = tt_to(d, "cpu");
   ck_assert_msg(back != NULL, "%s", tt_last_error(c));
   ck_assert_float_eq(((float *)tt_tensor_data(back))[1023], 1023.0f);
@@ -144,7 +147,7 @@ END_TEST
 
 /* A client process that dies holding tensors (no CloseSession) has them freed within one lease. */
 START_TEST(test_dead_client_memory_returns_within_lease) {
-  start_with_lease("500ms");
+  start_with_lease("1s");
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
   if (pid == 0) {
@@ -158,10 +161,11 @@ START_TEST(test_dead_client_memory_returns_within_lease) {
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 1 << 20);
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  ck_assert_uint_eq(harness_wait_used_bytes(&proc, 0, 0, 0, 3000), 0);
+  ck_assert_uint_eq(harness_wait_used_bytes(&proc, 0, 0, 0, 5000), 0);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-  ck_assert_msg(waited < 1.0, "memory came back after %.2f s, lease plus sweep is 0.625 s", waited);
+  /* lease 1 s plus one sweep period (0.25 s), with slack for a loaded CI machine */
+  ck_assert_msg(waited < 2.5, "memory came back after %.2f s; the lease is 1 s", waited);
   stop();
 }
 END_TEST
@@ -199,6 +203,49 @@ START_TEST(test_restart_detected) {
   tt_tensor_free(d);
   tt_disconnect(c);
   stop();
+}
+END_TEST
+
+static int free_tcp_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  socklen_t len = sizeof(sa);
+  getsockname(fd, (struct sockaddr *)&sa, &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+/* A TCP listener (--listen host:port, repeatable beside the Unix socket) serves the same
+ * daemon, and a NULL target means the TTD_ADDRESS environment variable. */
+START_TEST(test_tcp_listener_and_env_target) {
+  char tcp[32];
+  snprintf(tcp, sizeof(tcp), "127.0.0.1:%d", free_tcp_port());
+  const char *args[] = {"--listen", tcp, NULL};
+  ttd_proc_start(&proc, args);
+  setenv("TTD_ADDRESS", tcp, 1);
+  tt_client *c = NULL;
+  ck_assert_int_eq(tt_connect(NULL, NULL, &c), TT_OK);
+  tt_tensor *d = upload_floats(c, 300000);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 1200000); /* seen through the Unix socket */
+  tt_tensor *back = tt_to(d, "cpu");
+  ck_assert_ptr_nonnull(back);
+  ck_assert_float_eq(((float *)tt_tensor_data(back))[299999], 299999.0f);
+  tt_tensor_free(back);
+  tt_tensor_free(d);
+  tt_disconnect(c);
+  unsetenv("TTD_ADDRESS");
+  stop();
+}
+END_TEST
+
+/* The default target follows XDG_RUNTIME_DIR (or /run/ttd as root), with the unix: prefix. */
+START_TEST(test_default_target) {
+  char buf[256];
+  setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
+  ck_assert_int_eq(tt_default_target(buf, sizeof(buf)), 0);
+  ck_assert_str_eq(buf, geteuid() == 0 ? "unix:/run/ttd/ttd.sock" : "unix:/run/user/4242/ttd.sock");
+  ck_assert_int_eq(tt_default_target(buf, 8), -1);
 }
 END_TEST
 
@@ -261,6 +308,8 @@ Suite *e2e_sessions_suite(void) {
   tcase_add_test(tc, test_dead_client_memory_returns_within_lease);
   tcase_add_test(tc, test_restart_detected);
   tcase_add_test(tc, test_concurrent_clients);
+  tcase_add_test(tc, test_tcp_listener_and_env_target);
+  tcase_add_test(tc, test_default_target);
   suite_add_tcase(s, tc);
   return s;
 }
