@@ -1,0 +1,190 @@
+/* Device kernels, forward and backward: plain C functions over contiguous row-major
+ * float32 buffers (int32 for labels and indices). The simulated card runs them on host
+ * threads; the client's in-process CPU path runs the same functions.
+ *
+ * Conventions
+ * - Outputs are overwritten, never accumulated: gradient accumulation is the caller's
+ *   job (ttd_k_accumulate). Output buffers never alias inputs unless a function says so.
+ * - A `pool` may be NULL (run on the calling thread); otherwise work is split across it.
+ * - Shapes use ttd_kshape; a 0-d tensor has ndim 0 and one element.
+ * - Functions that can meet bad data (labels or indices out of range) return 0 or a
+ *   negative value and write the offending position to *out_bad_index; all others are void.
+ * - Backward functions take the forward's inputs (and output where useful) and dy, and
+ *   write the gradient of each input whose pointer is non-NULL.
+ * - Hot loops are written to vectorize (restrict, contiguous inner loops); wider SIMD is
+ *   picked at run time with target_clones where it pays, so the build runs on any x86-64. */
+#ifndef TTD_KERNELS_H
+#define TTD_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "thread_pool.h"
+
+#define TTD_KMAX_DIMS 8
+
+typedef struct ttd_kshape {
+  int ndim;
+  int64_t d[TTD_KMAX_DIMS];
+} ttd_kshape;
+
+/* Number of elements (1 for 0-d). */
+int64_t ttd_kshape_numel(const ttd_kshape *s);
+
+/* dst[i] += src[i]. */
+void ttd_k_accumulate(ttd_pool *pool, float *restrict dst, const float *restrict src, int64_t n);
+
+/* ---- elementwise binary with numpy broadcasting ---- */
+typedef enum ttd_binary_op { TTD_BIN_ADD, TTD_BIN_SUB, TTD_BIN_MUL, TTD_BIN_DIV } ttd_binary_op;
+
+/* Numpy broadcast of a and b into *out. Returns 0, or -1 if the shapes do not broadcast. */
+int ttd_broadcast_shape(const ttd_kshape *a, const ttd_kshape *b, ttd_kshape *out);
+
+/* out (shape os = broadcast of as and bs) = a op b. */
+void ttd_k_binary(ttd_pool *pool, ttd_binary_op op, const float *a, const ttd_kshape *as, const float *b,
+                  const ttd_kshape *bs, float *out, const ttd_kshape *os);
+/* da (shape as) and db (shape bs), summing over broadcast dims. Either may be NULL. */
+void ttd_k_binary_backward(ttd_pool *pool, ttd_binary_op op, const float *a, const ttd_kshape *as, const float *b,
+                           const ttd_kshape *bs, const float *dy, const ttd_kshape *os, float *da, float *db);
+
+/* ---- elementwise unary ---- */
+typedef enum ttd_unary_op {
+  TTD_UN_RELU,
+  TTD_UN_GELU,    /* exact: x * Phi(x), with erf, as torch's default */
+  TTD_UN_SIGMOID,
+  TTD_UN_TANH,
+  TTD_UN_EXP,
+  TTD_UN_LOG,
+} ttd_unary_op;
+
+void ttd_k_unary(ttd_pool *pool, ttd_unary_op op, const float *x, float *y, int64_t n);
+/* dx from x, y (the forward output) and dy. relu'(0) = 0. */
+void ttd_k_unary_backward(ttd_pool *pool, ttd_unary_op op, const float *x, const float *y, const float *dy, float *dx,
+                          int64_t n);
+
+/* ---- reductions ---- */
+typedef enum ttd_reduce_op { TTD_RED_SUM, TTD_RED_MEAN } ttd_reduce_op;
+
+/* Reduces x over the dims whose bit is set in axes_mask (bit i = dim i). y has the shape
+ * of x with those dims set to 1 (keepdim layout; the caller may drop them). */
+void ttd_k_reduce(ttd_pool *pool, ttd_reduce_op op, const float *x, const ttd_kshape *xs, uint32_t axes_mask, float *y);
+/* dx (shape xs) from dy (keepdim shape). */
+void ttd_k_reduce_backward(ttd_pool *pool, ttd_reduce_op op, const float *dy, const ttd_kshape *xs, uint32_t axes_mask,
+                           float *dx);
+
+/* ---- layout ---- */
+/* y = x with dims permuted: y.shape[i] = xs.d[perm[i]]. Backward is the inverse permutation. */
+void ttd_k_permute(ttd_pool *pool, const float *x, const ttd_kshape *xs, const int *perm, float *y);
+
+/* ---- softmax family, over the last axis: x is [rows, cols] ---- */
+void ttd_k_softmax(ttd_pool *pool, const float *x, int64_t rows, int64_t cols, float *y);
+void ttd_k_softmax_backward(ttd_pool *pool, const float *y, const float *dy, int64_t rows, int64_t cols, float *dx);
+void ttd_k_log_softmax(ttd_pool *pool, const float *x, int64_t rows, int64_t cols, float *y);
+void ttd_k_log_softmax_backward(ttd_pool *pool, const float *y, const float *dy, int64_t rows, int64_t cols, float *dx);
+
+/* ---- losses (mean reduction, scalar output) ---- */
+/* logits [n, c], labels int32 [n] in [0, c). Returns 0, or -1 with *out_bad_index = the
+ * first sample whose label is out of range. */
+int ttd_k_cross_entropy(ttd_pool *pool, const float *logits, const int32_t *labels, int64_t n, int64_t c, float *loss,
+                        int64_t *out_bad_index);
+/* dlogits = dloss * (softmax - onehot) / n. */
+void ttd_k_cross_entropy_backward(ttd_pool *pool, const float *logits, const int32_t *labels, int64_t n, int64_t c,
+                                  float dloss, float *dlogits);
+/* mean((a - b)^2) over n elements; backward gives da and/or db (NULL to skip). */
+void ttd_k_mse_loss(ttd_pool *pool, const float *a, const float *b, int64_t n, float *loss);
+void ttd_k_mse_loss_backward(ttd_pool *pool, const float *a, const float *b, int64_t n, float dloss, float *da, float *db);
+/* mean(|a - b|); the subgradient at a == b is 0. */
+void ttd_k_l1_loss(ttd_pool *pool, const float *a, const float *b, int64_t n, float *loss);
+void ttd_k_l1_loss_backward(ttd_pool *pool, const float *a, const float *b, int64_t n, float dloss, float *da, float *db);
+
+/* ---- matmul ---- */
+/* For each of `batch` problems: C[m,n] = op(A) op(B), op(A) = A^T when trans_a (A stored
+ * [k,m]), else A stored [m,k]; likewise B stored [k,n] or, with trans_b, [n,k].
+ * a_batch_stride / b_batch_stride are element strides between problems; 0 broadcasts one
+ * matrix to every problem. C is dense [batch, m, n]. */
+void ttd_k_matmul(ttd_pool *pool, const float *a, const float *b, float *c, int64_t batch, int64_t m, int64_t n,
+                  int64_t k, int trans_a, int trans_b, int64_t a_batch_stride, int64_t b_batch_stride);
+/* da and/or db for the same problem from dc [batch, m, n]; with a zero batch stride the
+ * gradient is summed over the batch. */
+void ttd_k_matmul_backward(ttd_pool *pool, const float *a, const float *b, const float *dc, int64_t batch, int64_t m,
+                           int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
+                           int64_t b_batch_stride, float *da, float *db);
+
+/* ---- linear: y[n,out] = x[n,in] W[out,in]^T + bias[out] (bias may be NULL) ---- */
+void ttd_k_linear(ttd_pool *pool, const float *x, const float *w, const float *bias, int64_t n, int64_t in, int64_t out,
+                  float *y);
+void ttd_k_linear_backward(ttd_pool *pool, const float *x, const float *w, const float *dy, int64_t n, int64_t in,
+                           int64_t out, float *dx, float *dw, float *dbias);
+
+/* ---- convolution and pooling, NCHW ---- */
+typedef struct ttd_conv2d_params {
+  int64_t n, c_in, h, w;    /* input */
+  int64_t c_out, kh, kw;    /* weight [c_out, c_in, kh, kw] */
+  int64_t stride_h, stride_w, pad_h, pad_w;
+  int64_t out_h, out_w;     /* (h + 2 pad - k) / stride + 1; filled by ttd_conv2d_params_finish */
+} ttd_conv2d_params;
+
+/* Fills out_h/out_w. Returns 0, or -1 if the window does not fit (output size < 1) or a
+ * stride is < 1 or a padding < 0. */
+int ttd_conv2d_params_finish(ttd_conv2d_params *p);
+
+void ttd_k_conv2d(ttd_pool *pool, const ttd_conv2d_params *p, const float *x, const float *w, const float *bias,
+                  float *y);
+void ttd_k_conv2d_backward(ttd_pool *pool, const ttd_conv2d_params *p, const float *x, const float *w, const float *dy,
+                           float *dx, float *dw, float *dbias);
+
+typedef struct ttd_pool2d_params {
+  int64_t n, c, h, w;
+  int64_t kh, kw, stride_h, stride_w, pad_h, pad_w;
+  int64_t out_h, out_w; /* filled by ttd_pool2d_params_finish */
+} ttd_pool2d_params;
+
+int ttd_pool2d_params_finish(ttd_pool2d_params *p);
+
+/* max: argmax (int32, index into the input plane h*w, per output element) is written for
+ * the backward. Padding cells never win. */
+void ttd_k_max_pool2d(ttd_pool *pool, const ttd_pool2d_params *p, const float *x, float *y, int32_t *argmax);
+void ttd_k_max_pool2d_backward(ttd_pool *pool, const ttd_pool2d_params *p, const int32_t *argmax, const float *dy,
+                               float *dx);
+/* avg: padding cells count in the divisor (torch's count_include_pad=True). */
+void ttd_k_avg_pool2d(ttd_pool *pool, const ttd_pool2d_params *p, const float *x, float *y);
+void ttd_k_avg_pool2d_backward(ttd_pool *pool, const ttd_pool2d_params *p, const float *dy, float *dx);
+
+/* ---- layer_norm over the last dim: x [rows, cols], weight/bias [cols] (may be NULL) ----
+ * mean and rstd [rows] are written for the backward. */
+void ttd_k_layer_norm(ttd_pool *pool, const float *x, const float *weight, const float *bias, int64_t rows,
+                      int64_t cols, float eps, float *y, float *mean, float *rstd);
+void ttd_k_layer_norm_backward(ttd_pool *pool, const float *x, const float *weight, const float *mean,
+                               const float *rstd, const float *dy, int64_t rows, int64_t cols, float *dx,
+                               float *dweight, float *dbias);
+
+/* ---- embedding: table [vocab, dim], indices int32 [n] -> y [n, dim] ---- */
+int ttd_k_embedding(ttd_pool *pool, const float *table, const int32_t *indices, int64_t n, int64_t vocab, int64_t dim,
+                    float *y, int64_t *out_bad_index);
+/* dtable (overwritten, zeros where no index points) from dy. */
+void ttd_k_embedding_backward(ttd_pool *pool, const int32_t *indices, const float *dy, int64_t n, int64_t vocab,
+                              int64_t dim, float *dtable);
+
+/* ---- dropout: y = x * keep / (1 - p), keep drawn from (seed, element index) by a
+ * counter-based hash, so the backward regenerates the same mask. p in [0, 1). ---- */
+void ttd_k_dropout(ttd_pool *pool, const float *x, int64_t n, float p, uint64_t seed, float *y);
+void ttd_k_dropout_backward(ttd_pool *pool, const float *dy, int64_t n, float p, uint64_t seed, float *dx);
+
+/* ---- optimizers, in place on parameters (state buffers start zeroed) ---- */
+typedef struct ttd_sgd_params {
+  float lr, momentum, dampening, weight_decay;
+  int nesterov;
+} ttd_sgd_params;
+/* torch.optim.SGD semantics; `step` counts from 1 (momentum buffer starts as the grad). */
+void ttd_k_sgd_step(ttd_pool *pool, const ttd_sgd_params *p, int64_t step, float *param, const float *grad,
+                    float *momentum_buf, int64_t n);
+
+typedef struct ttd_adam_params {
+  float lr, beta1, beta2, eps, weight_decay;
+  int decoupled; /* 1: AdamW (decoupled weight decay), 0: Adam (L2 added to the grad) */
+} ttd_adam_params;
+/* torch.optim.Adam / AdamW semantics with bias correction; `step` counts from 1. */
+void ttd_k_adam_step(ttd_pool *pool, const ttd_adam_params *p, int64_t step, float *param, const float *grad, float *m,
+                     float *v, int64_t n);
+
+#endif

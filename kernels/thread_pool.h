@@ -1,0 +1,20 @@
+/* A pool of host threads standing for a card's cores. parallel_for splits [0, n) into
+ * chunks of at least `grain` items across the threads (the caller's thread takes part) and
+ * returns when all are done. One parallel_for at a time per pool; calls from several
+ * threads are serialised. A NULL pool runs fn(ctx, 0, n) on the caller. */
+#ifndef TTD_KERNELS_THREAD_POOL_H
+#define TTD_KERNELS_THREAD_POOL_H
+
+#include <stddef.h>
+
+typedef struct ttd_pool ttd_pool;
+
+/* threads <= 0: one per online host core. NULL if out of memory. */
+ttd_pool *ttd_pool_create(int threads);
+void ttd_pool_destroy(ttd_pool *pool); /* accepts NULL */
+int ttd_pool_threads(const ttd_pool *pool); /* 1 for NULL */
+
+void ttd_pool_parallel_for(ttd_pool *pool, size_t n, size_t grain, void (*fn)(void *ctx, size_t begin, size_t end),
+                           void *ctx);
+
+#endif
