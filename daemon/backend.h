@@ -46,6 +46,21 @@ typedef struct ttd_backend_options {
 typedef struct ttd_backend ttd_backend;
 typedef struct ttd_backend_buffer ttd_backend_buffer; /* opaque; defined by each backend */
 
+struct ttd_program_node;
+struct ttd_kshape;
+
+/* One node of a program, forward, as the backend sees it: the node (op and attributes),
+ * its operand buffers and shapes, its output buffer and shape, and scratch buffers the
+ * op keeps for its backward (max_pool2d: argmax; layer_norm: mean and rstd). */
+typedef struct ttd_node_call {
+  const struct ttd_program_node *node;
+  ttd_backend_buffer *inputs[3];
+  const struct ttd_kshape *input_shapes[3];
+  ttd_backend_buffer *output;
+  const struct ttd_kshape *output_shape;
+  ttd_backend_buffer *saved[2];
+} ttd_node_call;
+
 typedef struct ttd_backend_vtable {
   void (*destroy)(ttd_backend *backend);
   int (*device_count)(ttd_backend *backend);
@@ -68,6 +83,9 @@ typedef struct ttd_backend_vtable {
    * and locations of this backend, with no host trip on a real card. */
   ttd_status_t (*buffer_copy)(ttd_backend *backend, ttd_backend_buffer *src,
                               ttd_backend_buffer *dst);
+  /* Runs one program node on `device`; every buffer lives on that device. Data errors
+   * (a label or index out of range) are INVALID_ARGUMENT naming the position. */
+  ttd_status_t (*run_node)(ttd_backend *backend, int device, const ttd_node_call *call);
 } ttd_backend_vtable;
 
 /* Every backend's state struct starts with this. */

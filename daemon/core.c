@@ -28,6 +28,7 @@ ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
   }
   core->config = config;
   ttd_session_table_init(&core->sessions, config->lease_ms);
+  ttd_program_cache_init(&core->programs);
   snprintf(core->instance_id, sizeof(core->instance_id), "%016" PRIx64, ttd_random_u64());
   *out_core = core;
   return TTD_OK;
@@ -36,6 +37,7 @@ ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
 void ttd_core_destroy(ttd_core *core) {
   if (!core) return;
   ttd_session_table_destroy(&core->sessions);
+  ttd_program_cache_destroy(&core->programs);
   ttd_backend_destroy(core->backend);
   free(core);
 }

@@ -8,12 +8,14 @@
 
 #include "backend.h"
 #include "config.h"
+#include "program_cache.h"
 #include "session_table.h"
 
 typedef struct ttd_core {
   const ttd_config *config;
   ttd_backend *backend;
   ttd_session_table sessions;
+  ttd_program_cache programs;
   char instance_id[17]; /* 16 hex digits, new at every start */
 } ttd_core;
 

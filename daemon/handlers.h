@@ -20,6 +20,8 @@ ttd_status_t ttd_handle_close_session(ttd_call *call, const ProtobufCMessage *re
 ttd_status_t ttd_handle_list_devices(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 ttd_status_t ttd_handle_allocate(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 ttd_status_t ttd_handle_move(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_handle_compile(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_handle_execute(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 ttd_status_t ttd_handle_free(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 
 ttd_status_t ttd_upload_message(ttd_call *call, const ProtobufCMessage *message);

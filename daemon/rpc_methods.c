@@ -27,6 +27,8 @@ const ttd_method ttd_methods[] = {
      .stream_done = ttd_download_done},
     UNARY("Move", ttd__v1__move_request__descriptor, true, ttd_handle_move),
     UNARY("Free", ttd__v1__free_request__descriptor, true, ttd_handle_free),
+    UNARY("Compile", ttd__v1__compile_request__descriptor, true, ttd_handle_compile),
+    UNARY("Execute", ttd__v1__execute_request__descriptor, true, ttd_handle_execute),
 };
 
 const size_t ttd_method_count = sizeof(ttd_methods) / sizeof(ttd_methods[0]);

@@ -29,6 +29,7 @@ void ttd_session_release(ttd_session *session) {
   if (atomic_fetch_sub_explicit(&session->refs, 1, memory_order_acq_rel) != 1) return;
   ttd_session_close(session, NULL, NULL);
   ttd_handle_map_clear(&session->tensors);
+  ttd_handle_map_clear(&session->programs);
   pthread_mutex_destroy(&session->lock);
   free(session);
 }
@@ -44,27 +45,37 @@ ttd_status_t ttd_session_handle_not_found(uint64_t handle) {
                          handle);
 }
 
-ttd_status_t ttd_session_tensor_add(ttd_session *session, ttd_tensor *tensor, uint64_t *out_handle) {
+/* Puts value under a new random handle unused by any of the session's maps; bytes are
+ * added to the session's tensor bytes. */
+static ttd_status_t add_object(ttd_session *session, ttd_handle_map *map, void *value, uint64_t bytes,
+                               uint64_t *out_handle) {
   *out_handle = 0;
   pthread_mutex_lock(&session->lock);
   if (session->closed) {
     pthread_mutex_unlock(&session->lock);
     return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
-                           "session %016" PRIx64 " was closed during the call; open a new session",
-                           session->id);
+                           "session %016" PRIx64 " was closed during the call; open a new session", session->id);
   }
   uint64_t handle;
   int rc;
   do {
     handle = ttd_random_u64();
-    rc = ttd_handle_map_put(&session->tensors, handle, tensor);
+    rc = ttd_handle_map_get(&session->tensors, handle) || ttd_handle_map_get(&session->programs, handle)
+             ? -1
+             : ttd_handle_map_put(map, handle, value);
   } while (rc == -1); /* a collision with a live handle: draw again */
-  if (rc == 0) session->tensor_bytes += tensor->spec.nbytes;
+  if (rc == 0) session->tensor_bytes += bytes;
   pthread_mutex_unlock(&session->lock);
   if (rc) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
-  ttd_tensor_retain(tensor);
   *out_handle = handle;
   return TTD_OK;
+}
+
+ttd_status_t ttd_session_tensor_add(ttd_session *session, ttd_tensor *tensor, uint64_t *out_handle) {
+  ttd_tensor_retain(tensor);
+  ttd_status_t status = add_object(session, &session->tensors, tensor, tensor->spec.nbytes, out_handle);
+  if (status) ttd_tensor_release(tensor);
+  return status;
 }
 
 ttd_status_t ttd_session_tensor_lookup(ttd_session *session, uint64_t handle, ttd_tensor **out_tensor) {
@@ -119,8 +130,28 @@ ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *hand
   return status;
 }
 
+ttd_status_t ttd_session_program_add(ttd_session *session, ttd_program *program, uint64_t *out_handle) {
+  ttd_program_retain(program);
+  ttd_status_t status = add_object(session, &session->programs, program, 0, out_handle);
+  if (status) ttd_program_release(program);
+  return status;
+}
+
+ttd_status_t ttd_session_program_lookup(ttd_session *session, uint64_t handle, ttd_program **out_program) {
+  pthread_mutex_lock(&session->lock);
+  ttd_program *p = ttd_handle_map_get(&session->programs, handle);
+  if (p) ttd_program_retain(p);
+  pthread_mutex_unlock(&session->lock);
+  *out_program = p;
+  if (p) return TTD_OK;
+  return ttd_make_status(GRPC_STATUS_NOT_FOUND,
+                         "program 0x%016" PRIx64 " not found in this session (never compiled here, or released)", handle);
+}
+
 void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *out_bytes) {
   pthread_mutex_lock(&session->lock);
+  ttd_handle_map programs = session->programs;
+  memset(&session->programs, 0, sizeof(session->programs));
   ttd_handle_map tensors = session->tensors;
   uint64_t bytes = session->tensor_bytes;
   memset(&session->tensors, 0, sizeof(session->tensors));
@@ -130,6 +161,10 @@ void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *ou
   for (size_t i = 0; i < tensors.capacity; i++) {
     if (tensors.keys[i]) ttd_tensor_release(tensors.values[i]);
   }
+  for (size_t i = 0; i < programs.capacity; i++) {
+    if (programs.keys[i]) ttd_program_release(programs.values[i]);
+  }
+  ttd_handle_map_clear(&programs);
   if (out_tensors) *out_tensors = tensors.count;
   if (out_bytes) *out_bytes = bytes;
   ttd_handle_map_clear(&tensors);

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "handle_map.h"
+#include "program.h"
 #include "tensor.h"
 
 typedef struct ttd_session {
@@ -26,6 +27,7 @@ typedef struct ttd_session {
   bool closed;
   ttd_handle_map tensors;       /* handle -> ttd_tensor* (one reference each) */
   uint64_t tensor_bytes;        /* device bytes held by this session's tensors */
+  ttd_handle_map programs;      /* handle -> ttd_program* (one reference each) */
 } ttd_session;
 
 /* A new open session with one reference owned by the caller. NULL if out of memory. */
@@ -48,6 +50,12 @@ ttd_status_t ttd_session_tensor_lookup(ttd_session *session, uint64_t handle, tt
  * if the list is empty or names a handle twice. */
 ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *handles, size_t count,
                                       uint64_t *out_tensors, uint64_t *out_bytes);
+
+/* Adds a program under a new random handle (the session takes its own reference). */
+ttd_status_t ttd_session_program_add(ttd_session *session, ttd_program *program, uint64_t *out_handle);
+
+/* A new reference to the program under handle, or NOT_FOUND. */
+ttd_status_t ttd_session_program_lookup(ttd_session *session, uint64_t handle, ttd_program **out_program);
 
 /* Marks the session closed and drops every tensor. Idempotent. */
 void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *out_bytes);

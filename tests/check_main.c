@@ -12,10 +12,13 @@ int main(void) {
   srunner_add_suite(sr, sim_backend_suite());
   srunner_add_suite(sr, session_suite());
   srunner_add_suite(sr, place_suite());
+  srunner_add_suite(sr, kernels_core_suite());
+  srunner_add_suite(sr, kernels_nn_suite());
   srunner_add_suite(sr, e2e_transfer_suite());
   srunner_add_suite(sr, e2e_errors_suite());
   srunner_add_suite(sr, e2e_sessions_suite());
   srunner_add_suite(sr, e2e_interop_suite());
+  srunner_add_suite(sr, e2e_programs_suite());
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);

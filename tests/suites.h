@@ -12,11 +12,14 @@ Suite *config_suite(void);
 Suite *sim_backend_suite(void);
 Suite *session_suite(void);
 Suite *place_suite(void);
+Suite *kernels_core_suite(void);
+Suite *kernels_nn_suite(void);
 
 /* end-to-end suites: a real ttd on a temporary Unix socket */
 Suite *e2e_transfer_suite(void);
 Suite *e2e_errors_suite(void);
 Suite *e2e_sessions_suite(void);
 Suite *e2e_interop_suite(void);
+Suite *e2e_programs_suite(void);
 
 #endif

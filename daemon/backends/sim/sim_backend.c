@@ -1,28 +1,9 @@
-#include "sim_backend.h"
+#include "sim_internal.h"
 
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct sim_device {
-  pthread_mutex_t lock;
-  uint64_t capacity[TTD_MEM_COUNT];
-  uint64_t used[TTD_MEM_COUNT];
-} sim_device;
-
-typedef struct sim_backend {
-  ttd_backend base;
-  int device_count;
-  sim_device *devices;
-} sim_backend;
-
-struct ttd_backend_buffer {
-  int device;
-  ttd_memloc loc;
-  uint64_t bytes;
-  unsigned char *data;
-};
 
 static sim_backend *sim_of(ttd_backend *backend) { return (sim_backend *)backend; }
 
@@ -30,6 +11,7 @@ static int loc_index(ttd_memloc loc) { return loc == TTD_MEM_L1 ? 1 : 0; }
 
 static void sim_destroy(ttd_backend *backend) {
   sim_backend *sim = sim_of(backend);
+  ttd_pool_destroy(sim->pool);
   for (int i = 0; i < sim->device_count; i++) pthread_mutex_destroy(&sim->devices[i].lock);
   free(sim->devices);
   free(sim);
@@ -142,6 +124,7 @@ static const ttd_backend_vtable sim_vtable = {
     .buffer_read = sim_buffer_read,
     .buffer_zero = sim_buffer_zero,
     .buffer_copy = sim_buffer_copy,
+    .run_node = ttd_sim_run_node,
 };
 
 ttd_status_t ttd_sim_backend_create(const ttd_backend_options *options, ttd_backend **out_backend) {
@@ -161,6 +144,12 @@ ttd_status_t ttd_sim_backend_create(const ttd_backend_options *options, ttd_back
   sim->base.name = "sim";
   sim->device_count = options->devices;
   sim->devices = devices;
+  sim->pool = ttd_pool_create(options->cores);
+  if (!sim->pool) {
+    free(devices);
+    free(sim);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot start the simulated cores' threads");
+  }
   for (int i = 0; i < options->devices; i++) {
     pthread_mutex_init(&devices[i].lock, NULL);
     devices[i].capacity[0] = options->dram_bytes;

@@ -1,0 +1,111 @@
+/* The simulated card's node executor: each op's forward kernel from kernels/ on the host
+ * memory standing for device memory, split over the simulated cores. */
+#include <inttypes.h>
+#include <string.h>
+
+#include "../../program.h"
+#include "sim_internal.h"
+
+#define F(i) ((float *)call->inputs[i]->data)
+#define I32(i) ((const int32_t *)call->inputs[i]->data)
+#define OUT ((float *)call->output->data)
+
+static ttd_status_t bad_index(const ttd_program_node *node, const char *what, int64_t at, int64_t value, int64_t limit) {
+  return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "%s %s at position %" PRId64 " is %" PRId64 "; it must lie in [0, %" PRId64 ")",
+                         ttd_op_name(node->op), what, at, value, limit);
+}
+
+ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_call *call) {
+  (void)device;
+  ttd_pool *pool = ((sim_backend *)backend)->pool;
+  const ttd_program_node *node = call->node;
+  const ttd_op_attrs *a = &node->attrs;
+  const ttd_kshape *s0 = call->input_shapes[0], *s1 = call->input_shapes[1], *os = call->output_shape;
+  int64_t n_out = ttd_kshape_numel(os);
+  switch (node->op) {
+    case TTD_OP_MATMUL: {
+      int64_t m = os->d[os->ndim - 2], n = os->d[os->ndim - 1];
+      int64_t k = s0->d[s0->ndim - (a->transpose_a ? 2 : 1)];
+      int64_t batch = (m * n) != 0 ? n_out / (m * n) : 0;
+      int64_t a_stride = s0->ndim > 2 ? m * k : 0, b_stride = s1->ndim > 2 ? k * n : 0;
+      if (m * n == 0) return TTD_OK;
+      ttd_k_matmul(pool, F(0), F(1), OUT, batch, m, n, k, a->transpose_a, a->transpose_b, a_stride, b_stride);
+      return TTD_OK;
+    }
+    case TTD_OP_LINEAR: {
+      int64_t in = s0->d[s0->ndim - 1], out = os->d[os->ndim - 1];
+      ttd_k_linear(pool, F(0), F(1), call->inputs[2] ? F(2) : NULL, ttd_kshape_numel(s0) / (in ? in : 1), in, out, OUT);
+      return TTD_OK;
+    }
+    case TTD_OP_ADD: case TTD_OP_SUB: case TTD_OP_MUL: case TTD_OP_DIV:
+      ttd_k_binary(pool, (ttd_binary_op)(node->op - TTD_OP_ADD), F(0), s0, F(1), s1, OUT, os);
+      return TTD_OK;
+    case TTD_OP_RELU: case TTD_OP_GELU: case TTD_OP_SIGMOID: case TTD_OP_TANH: case TTD_OP_EXP: case TTD_OP_LOG:
+      ttd_k_unary(pool, (ttd_unary_op)(node->op - TTD_OP_RELU), F(0), OUT, n_out);
+      return TTD_OK;
+    case TTD_OP_SUM: case TTD_OP_MEAN:
+      ttd_k_reduce(pool, node->op == TTD_OP_SUM ? TTD_RED_SUM : TTD_RED_MEAN, F(0), s0, a->axes_mask, OUT);
+      return TTD_OK;
+    case TTD_OP_RESHAPE: case TTD_OP_FLATTEN:
+      memcpy(OUT, call->inputs[0]->data, call->output->bytes);
+      return TTD_OK;
+    case TTD_OP_TRANSPOSE: case TTD_OP_PERMUTE:
+      ttd_k_permute(pool, F(0), s0, a->perm, OUT);
+      return TTD_OK;
+    case TTD_OP_SOFTMAX: case TTD_OP_LOG_SOFTMAX: {
+      int64_t cols = s0->d[s0->ndim - 1], rows = n_out / (cols ? cols : 1);
+      if (node->op == TTD_OP_SOFTMAX) ttd_k_softmax(pool, F(0), rows, cols, OUT);
+      else ttd_k_log_softmax(pool, F(0), rows, cols, OUT);
+      return TTD_OK;
+    }
+    case TTD_OP_CROSS_ENTROPY: {
+      int64_t bad = 0;
+      if (ttd_k_cross_entropy(pool, F(0), I32(1), s0->d[0], s0->d[1], OUT, &bad) != 0) {
+        return bad_index(node, "label", bad, I32(1)[bad], s0->d[1]);
+      }
+      return TTD_OK;
+    }
+    case TTD_OP_MSE_LOSS:
+      ttd_k_mse_loss(pool, F(0), F(1), ttd_kshape_numel(s0), OUT);
+      return TTD_OK;
+    case TTD_OP_L1_LOSS:
+      ttd_k_l1_loss(pool, F(0), F(1), ttd_kshape_numel(s0), OUT);
+      return TTD_OK;
+    case TTD_OP_CONV2D: {
+      ttd_conv2d_params p = {.n = s0->d[0], .c_in = s0->d[1], .h = s0->d[2], .w = s0->d[3], .c_out = s1->d[0],
+                             .kh = s1->d[2], .kw = s1->d[3], .stride_h = a->stride[0], .stride_w = a->stride[1],
+                             .pad_h = a->padding[0], .pad_w = a->padding[1]};
+      ttd_conv2d_params_finish(&p);
+      ttd_k_conv2d(pool, &p, F(0), F(1), call->inputs[2] ? F(2) : NULL, OUT);
+      return TTD_OK;
+    }
+    case TTD_OP_MAX_POOL2D: case TTD_OP_AVG_POOL2D: {
+      ttd_pool2d_params p = {.n = s0->d[0], .c = s0->d[1], .h = s0->d[2], .w = s0->d[3], .kh = a->kernel[0],
+                             .kw = a->kernel[1], .stride_h = a->stride[0], .stride_w = a->stride[1],
+                             .pad_h = a->padding[0], .pad_w = a->padding[1]};
+      ttd_pool2d_params_finish(&p);
+      if (node->op == TTD_OP_MAX_POOL2D) ttd_k_max_pool2d(pool, &p, F(0), OUT, (int32_t *)call->saved[0]->data);
+      else ttd_k_avg_pool2d(pool, &p, F(0), OUT);
+      return TTD_OK;
+    }
+    case TTD_OP_LAYER_NORM: {
+      int64_t cols = s0->d[s0->ndim - 1], rows = n_out / (cols ? cols : 1);
+      ttd_k_layer_norm(pool, F(0), call->inputs[1] ? F(1) : NULL, call->inputs[2] ? F(2) : NULL, rows, cols, a->eps, OUT,
+                       (float *)call->saved[0]->data, (float *)call->saved[1]->data);
+      return TTD_OK;
+    }
+    case TTD_OP_EMBEDDING: {
+      int64_t bad = 0, n = ttd_kshape_numel(s0);
+      if (ttd_k_embedding(pool, F(1), I32(0), n, s1->d[0], s1->d[1], OUT, &bad) != 0) {
+        return bad_index(node, "index", bad, I32(0)[bad], s1->d[0]);
+      }
+      return TTD_OK;
+    }
+    case TTD_OP_DROPOUT:
+      ttd_k_dropout(pool, F(0), n_out, a->p, a->seed, OUT);
+      return TTD_OK;
+    case TTD_OP_COUNT:
+      break;
+  }
+  return ttd_make_status(GRPC_STATUS_INTERNAL, "sim backend: op %d has no kernel", (int)node->op);
+}

@@ -1,0 +1,34 @@
+/* Internals of the simulated card shared by its files: the backend state, buffers
+ * (plain host memory) and the node executor. */
+#ifndef TTD_SIM_INTERNAL_H
+#define TTD_SIM_INTERNAL_H
+
+#include <pthread.h>
+
+#include "../../../kernels/thread_pool.h"
+#include "sim_backend.h"
+
+typedef struct sim_device {
+  pthread_mutex_t lock;
+  uint64_t capacity[TTD_MEM_COUNT];
+  uint64_t used[TTD_MEM_COUNT];
+} sim_device;
+
+typedef struct sim_backend {
+  ttd_backend base;
+  int device_count;
+  sim_device *devices;
+  ttd_pool *pool; /* host threads standing for the cards' cores (--cores) */
+} sim_backend;
+
+struct ttd_backend_buffer {
+  int device;
+  ttd_memloc loc;
+  uint64_t bytes;
+  unsigned char *data;
+};
+
+/* run_node of the sim backend: the op's kernels on host memory (sim_exec.c). */
+ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_call *call);
+
+#endif

@@ -1,0 +1,25 @@
+/* Running a compiled program forward on device tensors: every node's output becomes a
+ * device tensor (accounted like any other), nodes run in order through the backend's
+ * run_node. A run holds its values until it is released. */
+#ifndef TTD_PROGRAM_RUN_H
+#define TTD_PROGRAM_RUN_H
+
+#include "program.h"
+#include "tensor.h"
+
+typedef struct ttd_run {
+  ttd_program *program;  /* one reference */
+  int device;
+  ttd_tensor **values;   /* per program value, one reference each (NULL where not made) */
+  ttd_tensor **saved;    /* per node, 2 slots: what the op keeps for its backward */
+} ttd_run;
+
+/* Checks inputs and parameters against the program (count, dtype, shape, one device) and
+ * runs it. INVALID_ARGUMENT names the operand and what was expected. The caller owns
+ * *out_run (ttd_run_free). */
+ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_program *program, ttd_tensor *const *inputs, int n_inputs,
+                             ttd_tensor *const *params, int n_params, ttd_run **out_run);
+
+void ttd_run_free(ttd_run *run); /* accepts NULL */
+
+#endif

@@ -1,0 +1,191 @@
+/* Losses with mean reduction: cross entropy (through a numerically stable log-softmax),
+ * mean squared error and mean absolute error, forward and backward. The forward sums go
+ * through ttd_ksum_blocks, so the loss is the same for any thread count. */
+#include <math.h>
+
+#include "kernel_internal.h"
+#include "kernels.h"
+
+/* ---- cross entropy ---- */
+
+typedef struct ce_job {
+  const float *logits;
+  const int32_t *labels;
+  int64_t c;
+  float scale; /* backward: dloss / n */
+  float *dlogits;
+} ce_job;
+
+/* Sum over rows [begin, end) of logsumexp(row) - row[label], in double. */
+static double ce_rows(void *ctx, int64_t begin, int64_t end) {
+  ce_job *job = ctx;
+  double total = 0.0;
+  for (int64_t r = begin; r < end; r++) {
+    const float *x = job->logits + r * job->c;
+    float m = x[0];
+    for (int64_t j = 1; j < job->c; j++) m = x[j] > m ? x[j] : m;
+    double s = 0.0;
+    for (int64_t j = 0; j < job->c; j++) s += (double)expf(x[j] - m);
+    total += ((double)m + log(s)) - (double)x[job->labels[r]];
+  }
+  return total;
+}
+
+static size_t rows_per_chunk(int64_t c) { return c >= TTD_KGRAIN ? 1 : (size_t)(TTD_KGRAIN / c); }
+
+/* On a bad label *loss is left as it was. */
+int ttd_k_cross_entropy(ttd_pool *pool, const float *logits, const int32_t *labels, int64_t n, int64_t c, float *loss,
+                        int64_t *out_bad_index) {
+  if (out_bad_index) *out_bad_index = -1;
+  for (int64_t i = 0; i < n; i++) {
+    if (labels[i] < 0 || (int64_t)labels[i] >= c) {
+      if (out_bad_index) *out_bad_index = i;
+      return -1;
+    }
+  }
+  if (n <= 0) { /* the mean of nothing, as torch */
+    *loss = NAN;
+    return 0;
+  }
+  ce_job job = {.logits = logits, .labels = labels, .c = c};
+  double total = ttd_ksum_blocks(pool, n, (int64_t)rows_per_chunk(c), ce_rows, &job);
+  *loss = (float)(total / (double)n);
+  return 0;
+}
+
+static void ce_backward_run(void *ctx, size_t begin, size_t end) {
+  ce_job *job = ctx;
+  int64_t c = job->c;
+  for (size_t r = begin; r < end; r++) {
+    const float *x = job->logits + (int64_t)r * c;
+    float *dx = job->dlogits + (int64_t)r * c;
+    float m = x[0];
+    for (int64_t j = 1; j < c; j++) m = x[j] > m ? x[j] : m;
+    double s = 0.0;
+    for (int64_t j = 0; j < c; j++) {
+      dx[j] = expf(x[j] - m);
+      s += (double)dx[j];
+    }
+    float k = (float)((double)job->scale / s);
+    for (int64_t j = 0; j < c; j++) dx[j] *= k;
+    int32_t label = job->labels[r];
+    if (label >= 0 && label < c) dx[label] -= job->scale; /* labels were checked by the forward */
+  }
+}
+
+void ttd_k_cross_entropy_backward(ttd_pool *pool, const float *logits, const int32_t *labels, int64_t n, int64_t c,
+                                  float dloss, float *dlogits) {
+  if (n <= 0 || c <= 0) return;
+  ce_job job = {.logits = logits, .labels = labels, .c = c, .scale = (float)((double)dloss / (double)n),
+                .dlogits = dlogits};
+  ttd_pool_parallel_for(pool, (size_t)n, rows_per_chunk(c), ce_backward_run, &job);
+}
+
+/* ---- mse and l1 ---- */
+
+typedef struct pair_job {
+  const float *a, *b;
+  float *da, *db;
+  float k;
+  int l1;
+} pair_job;
+
+/* Sum of (a - b)^2 or |a - b| over n elements: 16 float lanes per 1024-element block, blocks
+ * added in double. */
+TTD_KHOT static double diff_sum(const float *restrict a, const float *restrict b, int64_t n, int l1) {
+  double total = 0.0;
+  for (int64_t s = 0; s < n; s += 1024) {
+    int64_t len = n - s < 1024 ? n - s : 1024;
+    const float *pa = a + s, *pb = b + s;
+    float lane[16] = {0};
+    int64_t i = 0;
+    if (l1) {
+      for (; i + 16 <= len; i += 16)
+        for (int j = 0; j < 16; j++) lane[j] += fabsf(pa[i + j] - pb[i + j]);
+      for (; i < len; i++) lane[i & 15] += fabsf(pa[i] - pb[i]);
+    } else {
+      for (; i + 16 <= len; i += 16)
+        for (int j = 0; j < 16; j++) {
+          float d = pa[i + j] - pb[i + j];
+          lane[j] += d * d;
+        }
+      for (; i < len; i++) {
+        float d = pa[i] - pb[i];
+        lane[i & 15] += d * d;
+      }
+    }
+    double t = 0.0;
+    for (int j = 0; j < 16; j++) t += (double)lane[j];
+    total += t;
+  }
+  return total;
+}
+
+static double pair_block(void *ctx, int64_t begin, int64_t end) {
+  pair_job *job = ctx;
+  return diff_sum(job->a + begin, job->b + begin, end - begin, job->l1);
+}
+
+static void pair_loss(ttd_pool *pool, const float *a, const float *b, int64_t n, float *loss, int l1) {
+  if (n <= 0) {
+    *loss = NAN;
+    return;
+  }
+  pair_job job = {.a = a, .b = b, .l1 = l1};
+  *loss = (float)(ttd_ksum_blocks(pool, n, TTD_KGRAIN, pair_block, &job) / (double)n);
+}
+
+void ttd_k_mse_loss(ttd_pool *pool, const float *a, const float *b, int64_t n, float *loss) {
+  pair_loss(pool, a, b, n, loss, 0);
+}
+
+void ttd_k_l1_loss(ttd_pool *pool, const float *a, const float *b, int64_t n, float *loss) {
+  pair_loss(pool, a, b, n, loss, 1);
+}
+
+/* da = k * f(a - b), db = -da, with f the identity (mse, k = 2 dloss / n) or sign (l1,
+ * k = dloss / n; sign(0) = 0). Either output may be NULL. */
+TTD_KHOT static void pair_grad(const float *restrict a, const float *restrict b, float k, int l1, float *restrict da,
+                               float *restrict db, int64_t n) {
+  if (l1) {
+    for (int64_t i = 0; i < n; i++) {
+      float d = a[i] - b[i];
+      float g = d > 0.0f ? k : (d < 0.0f ? -k : 0.0f);
+      if (da) da[i] = g;
+      if (db) db[i] = -g;
+    }
+  } else if (da && db) {
+    for (int64_t i = 0; i < n; i++) {
+      float g = k * (a[i] - b[i]);
+      da[i] = g;
+      db[i] = -g;
+    }
+  } else if (da) {
+    for (int64_t i = 0; i < n; i++) da[i] = k * (a[i] - b[i]);
+  } else {
+    for (int64_t i = 0; i < n; i++) db[i] = -(k * (a[i] - b[i]));
+  }
+}
+
+static void pair_grad_run(void *ctx, size_t begin, size_t end) {
+  pair_job *job = ctx;
+  pair_grad(job->a + begin, job->b + begin, job->k, job->l1, job->da ? job->da + begin : NULL,
+            job->db ? job->db + begin : NULL, (int64_t)(end - begin));
+}
+
+static void pair_backward(ttd_pool *pool, const float *a, const float *b, int64_t n, float k, float *da, float *db,
+                          int l1) {
+  if (n <= 0 || (!da && !db)) return;
+  pair_job job = {.a = a, .b = b, .da = da, .db = db, .k = k, .l1 = l1};
+  ttd_pool_parallel_for(pool, (size_t)n, TTD_KGRAIN, pair_grad_run, &job);
+}
+
+void ttd_k_mse_loss_backward(ttd_pool *pool, const float *a, const float *b, int64_t n, float dloss, float *da,
+                             float *db) {
+  if (n > 0) pair_backward(pool, a, b, n, (float)(2.0 * (double)dloss / (double)n), da, db, 0);
+}
+
+void ttd_k_l1_loss_backward(ttd_pool *pool, const float *a, const float *b, int64_t n, float dloss, float *da,
+                            float *db) {
+  if (n > 0) pair_backward(pool, a, b, n, (float)((double)dloss / (double)n), da, db, 1);
+}

@@ -1,0 +1,291 @@
+/* Batched matrix multiply and its backward (kernels.h).
+ *
+ * Everything goes through one strided GEMM: C(i,j) = sum_p A(i,p) B(p,j) with arbitrary row
+ * and column strides for A and B, a dense C, and a batch that either gives each problem its
+ * own C or (C batch stride 0) sums every problem into one C, which is how the backward
+ * reduces the gradient of a broadcast operand.
+ *
+ * The GEMM is blocked the usual way (Goto / BLIS): the work is cut into tiles of C, one
+ * task each; a task walks K in blocks of KC, packs its A block into MR-row micro-panels and
+ * its B block into NR-column micro-panels (zero padded), and runs an MR x NR register-blocked
+ * micro-kernel over them. Tasks are split over the pool.
+ *
+ * Each C element is summed in the same order whatever the tile sizes or the thread count
+ * (K blocks of fixed size, in order; inside a block one accumulator per element), so results
+ * do not depend on the pool. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+enum {
+  MR = 6,       /* micro-tile rows */
+  NR = 16,      /* micro-tile columns */
+  KC = 256,     /* K block: an NR-column B micro-panel (16 KiB) stays in L1 */
+  MC_MAX = 96,  /* rows of C per task (A block: 96 KiB, in L2) */
+  NC_MAX = 512, /* columns of C per task */
+};
+
+/* C[mr x nr] (=, or += when accumulate) the product of an MR-row A micro-panel and an
+ * NR-column B micro-panel over kc steps. */
+typedef void (*micro_kernel_fn)(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,
+                                int64_t ldc, int64_t mr, int64_t nr, int accumulate);
+
+typedef struct gemm_problem {
+  int64_t batch, m, n, k;
+  const float *a; /* A(q,i,p) = a[q*a_bs + i*a_rs + p*a_cs] */
+  int64_t a_rs, a_cs, a_bs;
+  const float *b; /* B(q,p,j) = b[q*b_bs + p*b_rs + j*b_cs] */
+  int64_t b_rs, b_cs, b_bs;
+  float *c; /* C(q,i,j) = c[q*c_bs + i*ldc + j]; c_bs 0: all q summed into one C */
+  int64_t ldc, c_bs;
+  int64_t mc, nc, m_tiles, n_tiles, outputs; /* tiling, filled by gemm_run */
+  micro_kernel_fn kernel;
+} gemm_problem;
+
+/* clang-format off */
+/* Defines a micro-kernel for vectors of W floats (gcc vector extensions, so one source
+ * serves every ISA): the MR x NR tile goes in passes of CW columns, each with MR x CW/W
+ * vector accumulators that stay in registers, the B row of the pass in CW/W more and the
+ * broadcast A element in one. Full tiles are stored straight from the accumulators. */
+#define TTD_DEFINE_MICRO_KERNEL(name, attr, W, CW)                                                                 \
+  attr static void name(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,         \
+                        int64_t ldc, int64_t mr, int64_t nr, int accumulate) {                                     \
+    typedef float vec __attribute__((vector_size((W) * sizeof(float))));                                           \
+    enum { V = (CW) / (W) };                                                                                       \
+    int full = mr == MR && nr == NR;                                                                               \
+    float tile[MR][NR];                                                                                            \
+    for (int h = 0; h < NR; h += (CW)) {                                                                           \
+      vec acc[MR][V];                                                                                              \
+      _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++)                                                         \
+        _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) acc[i][v] = (vec){0};                                  \
+      for (int64_t p = 0; p < kc; p++) {                                                                           \
+        vec b[V];                                                                                                  \
+        _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) memcpy(&b[v], bp + p * NR + h + v * (W), sizeof(vec)); \
+        _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++) {                                                     \
+          float a = ap[p * MR + i];                                                                                \
+          _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) acc[i][v] += a * b[v];                               \
+        }                                                                                                          \
+      }                                                                                                            \
+      if (full) {                                                                                                  \
+        _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++)                                                       \
+          _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                                                    \
+            float *dst = c + i * ldc + h + v * (W);                                                                \
+            vec out = acc[i][v];                                                                                   \
+            if (accumulate) {                                                                                      \
+              vec old;                                                                                             \
+              memcpy(&old, dst, sizeof(old));                                                                      \
+              out += old;                                                                                          \
+            }                                                                                                      \
+            memcpy(dst, &out, sizeof(out));                                                                        \
+          }                                                                                                        \
+      } else {                                                                                                     \
+        for (int i = 0; i < MR; i++) memcpy(&tile[i][h], acc[i], sizeof(acc[i]));                                  \
+      }                                                                                                            \
+    }                                                                                                              \
+    if (full) return;                                                                                              \
+    for (int64_t i = 0; i < mr; i++)                                                                               \
+      for (int64_t j = 0; j < nr; j++) c[i * ldc + j] = accumulate ? c[i * ldc + j] + tile[i][j] : tile[i][j];     \
+  }
+
+/* Any target: 4-float vectors (SSE2 on x86-64, NEON on arm64), 6 x 8 per pass in 12 xmm. */
+TTD_DEFINE_MICRO_KERNEL(micro_kernel_generic, , 4, 8)
+/* clang-format on */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* AVX2 + FMA: 6 x 16 in 12 ymm (the classic Haswell kernel). */
+TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx2, __attribute__((target("avx2,fma"))), 8, 16)
+/* AVX-512: 6 x 16 in 6 zmm. */
+TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx512, __attribute__((target("avx512f"))), 16, 16)
+#endif
+
+/* The widest kernel this CPU runs (the CPU model is read by a libgcc constructor, so this is
+ * safe from any thread). Chosen at run time, not with target_clones: each ISA needs its own
+ * vector width to keep the accumulators in registers (one 64-byte-vector source under
+ * target_clones runs at a tenth of the speed in its AVX2 clone). */
+static micro_kernel_fn pick_micro_kernel(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f")) return micro_kernel_avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return micro_kernel_avx2;
+#endif
+  return micro_kernel_generic;
+}
+
+/* Packs rows [0, mc) x cols [0, kc) of the strided A block at `a` into MR-row micro-panels:
+ * panel r holds out[r*kc*MR + p*MR + i] = A(r*MR + i, p), zero past row mc. */
+static void pack_a(const float *restrict a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float *restrict out) {
+  for (int64_t r0 = 0; r0 < mc; r0 += MR) {
+    float *restrict panel = out + (r0 / MR) * kc * MR;
+    int64_t rows = mc - r0 < MR ? mc - r0 : MR;
+    if (rows < MR) memset(panel, 0, (size_t)(kc * MR) * sizeof(float));
+    if (cs == 1 || rs != 1) { /* rows of A contiguous along p (or neither stride 1) */
+      for (int64_t i = 0; i < rows; i++) {
+        const float *src = a + (r0 + i) * rs;
+        for (int64_t p = 0; p < kc; p++) panel[p * MR + i] = src[p * cs];
+      }
+    } else { /* columns contiguous: A is transposed in memory */
+      for (int64_t p = 0; p < kc; p++) {
+        const float *src = a + p * cs + r0;
+        for (int64_t i = 0; i < rows; i++) panel[p * MR + i] = src[i];
+      }
+    }
+  }
+}
+
+/* Packs rows [0, kc) x cols [0, nc) of the strided B block at `b` into NR-column
+ * micro-panels: panel s holds out[s*kc*NR + p*NR + j] = B(p, s*NR + j), zero past col nc. */
+static void pack_b(const float *restrict b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, float *restrict out) {
+  for (int64_t s0 = 0; s0 < nc; s0 += NR) {
+    float *restrict panel = out + (s0 / NR) * kc * NR;
+    int64_t cols = nc - s0 < NR ? nc - s0 : NR;
+    if (cols < NR) memset(panel, 0, (size_t)(kc * NR) * sizeof(float));
+    if (cs == 1) { /* rows of B contiguous along j */
+      for (int64_t p = 0; p < kc; p++) {
+        const float *src = b + p * rs + s0;
+        for (int64_t j = 0; j < cols; j++) panel[p * NR + j] = src[j];
+      }
+    } else {
+      for (int64_t j = 0; j < cols; j++) {
+        const float *src = b + (s0 + j) * cs;
+        for (int64_t p = 0; p < kc; p++) panel[p * NR + j] = src[p * rs];
+      }
+    }
+  }
+}
+
+/* Without pack buffers (out of memory): the same tile, computed directly. */
+static void tile_unpacked(const gemm_problem *g, int64_t q0, int64_t q1, int64_t i0, int64_t i1, int64_t j0, int64_t j1,
+                          float *c) {
+  for (int64_t i = i0; i < i1; i++)
+    for (int64_t j = j0; j < j1; j++) {
+      float s = 0.0f;
+      for (int64_t q = q0; q < q1; q++) {
+        const float *a = g->a + q * g->a_bs + i * g->a_rs;
+        const float *b = g->b + q * g->b_bs + j * g->b_cs;
+        for (int64_t p = 0; p < g->k; p++) s += a[p * g->a_cs] * b[p * g->b_rs];
+      }
+      c[i * g->ldc + j] = s;
+    }
+}
+
+static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+/* Tasks [begin, end): task t is output o = t / (m_tiles * n_tiles) and one C tile of it. */
+static void gemm_tasks(void *ctx, size_t begin, size_t end) {
+  const gemm_problem *g = ctx;
+  int64_t kc_max = g->k < KC ? g->k : KC;
+  size_t a_len = (size_t)(round_up(g->mc, MR) * kc_max), b_len = (size_t)(round_up(g->nc, NR) * kc_max);
+  size_t bytes = (a_len + b_len) * sizeof(float);
+  float *buf = bytes ? aligned_alloc(64, round_up((int64_t)bytes, 64)) : NULL;
+  float *ap = buf, *bp = buf ? buf + a_len : NULL;
+
+  for (size_t t = begin; t < end; t++) {
+    int64_t tiles = g->m_tiles * g->n_tiles;
+    int64_t o = (int64_t)t / tiles, tile = (int64_t)t % tiles;
+    int64_t i0 = (tile / g->n_tiles) * g->mc, j0 = (tile % g->n_tiles) * g->nc;
+    int64_t mc = g->m - i0 < g->mc ? g->m - i0 : g->mc;
+    int64_t nc = g->n - j0 < g->nc ? g->n - j0 : g->nc;
+    int64_t q0 = g->c_bs ? o : 0, q1 = g->c_bs ? o + 1 : g->batch;
+    float *c = g->c + o * g->c_bs;
+
+    if (g->k == 0) {
+      for (int64_t i = i0; i < i0 + mc; i++) memset(c + i * g->ldc + j0, 0, (size_t)nc * sizeof(float));
+      continue;
+    }
+    if (!buf) {
+      tile_unpacked(g, q0, q1, i0, i0 + mc, j0, j0 + nc, c);
+      continue;
+    }
+    int first = 1;
+    for (int64_t q = q0; q < q1; q++) {
+      const float *a = g->a + q * g->a_bs + i0 * g->a_rs;
+      const float *b = g->b + q * g->b_bs + j0 * g->b_cs;
+      for (int64_t p0 = 0; p0 < g->k; p0 += KC) {
+        int64_t kc = g->k - p0 < KC ? g->k - p0 : KC;
+        pack_b(b + p0 * g->b_rs, g->b_rs, g->b_cs, kc, nc, bp);
+        pack_a(a + p0 * g->a_cs, g->a_rs, g->a_cs, mc, kc, ap);
+        for (int64_t jr = 0; jr < nc; jr += NR) {
+          int64_t nr = nc - jr < NR ? nc - jr : NR;
+          for (int64_t ir = 0; ir < mc; ir += MR) {
+            int64_t mr = mc - ir < MR ? mc - ir : MR;
+            g->kernel(kc, ap + ir * kc, bp + jr * kc, c + (i0 + ir) * g->ldc + j0 + jr, g->ldc, mr, nr, !first);
+          }
+        }
+        first = 0;
+      }
+    }
+  }
+  free(buf);
+}
+
+/* Picks the tiling (more, smaller tiles when there are fewer than two per thread) and runs
+ * the tasks over the pool. */
+static void gemm_run(ttd_pool *pool, gemm_problem *g) {
+  if (g->m <= 0 || g->n <= 0) return;
+  if (g->batch <= 0) { /* no problems: nothing to write, or a zero sum */
+    if (g->c_bs != 0) return;
+    g->batch = 1;
+    g->k = 0;
+  }
+  g->outputs = g->c_bs ? g->batch : 1;
+  g->m_tiles = (g->m + MC_MAX - 1) / MC_MAX;
+  g->n_tiles = (g->n + NC_MAX - 1) / NC_MAX;
+  g->mc = round_up((g->m + g->m_tiles - 1) / g->m_tiles, MR);
+  g->nc = round_up((g->n + g->n_tiles - 1) / g->n_tiles, NR);
+  int64_t want = 2 * (int64_t)ttd_pool_threads(pool);
+  while (g->outputs * g->m_tiles * g->n_tiles < want) {
+    if (g->nc >= g->mc && g->nc > 2 * NR)
+      g->nc = round_up(g->nc / 2, NR);
+    else if (g->mc > 4 * MR)
+      g->mc = round_up(g->mc / 2, MR);
+    else
+      break;
+    g->m_tiles = (g->m + g->mc - 1) / g->mc;
+    g->n_tiles = (g->n + g->nc - 1) / g->nc;
+  }
+  g->kernel = pick_micro_kernel();
+  ttd_pool_parallel_for(pool, (size_t)(g->outputs * g->m_tiles * g->n_tiles), 1, gemm_tasks, g);
+}
+
+/* C(q) (=, or summed over q when c_bs is 0) A(q) B(q) with the strides as described on
+ * gemm_problem. */
+static void gemm(ttd_pool *pool, int64_t batch, int64_t m, int64_t n, int64_t k, const float *a, int64_t a_rs,
+                 int64_t a_cs, int64_t a_bs, const float *b, int64_t b_rs, int64_t b_cs, int64_t b_bs, float *c,
+                 int64_t ldc, int64_t c_bs) {
+  gemm_problem g = {.batch = batch, .m = m, .n = n, .k = k, .a = a, .a_rs = a_rs, .a_cs = a_cs, .a_bs = a_bs};
+  g.b = b, g.b_rs = b_rs, g.b_cs = b_cs, g.b_bs = b_bs;
+  g.c = c, g.ldc = ldc, g.c_bs = c_bs;
+  gemm_run(pool, &g);
+}
+
+/* Row and column strides of op(X) [rows, cols]: X stored [rows, cols], or [cols, rows]
+ * when trans. */
+static void op_strides(int trans, int64_t rows, int64_t cols, int64_t *rs, int64_t *cs) {
+  *rs = trans ? 1 : cols;
+  *cs = trans ? rows : 1;
+}
+
+void ttd_k_matmul(ttd_pool *pool, const float *a, const float *b, float *c, int64_t batch, int64_t m, int64_t n,
+                  int64_t k, int trans_a, int trans_b, int64_t a_batch_stride, int64_t b_batch_stride) {
+  int64_t a_rs, a_cs, b_rs, b_cs;
+  op_strides(trans_a, m, k, &a_rs, &a_cs);
+  op_strides(trans_b, k, n, &b_rs, &b_cs);
+  gemm(pool, batch, m, n, k, a, a_rs, a_cs, a_batch_stride, b, b_rs, b_cs, b_batch_stride, c, n, m * n);
+}
+
+/* With A' = op(A) [m,k], B' = op(B) [k,n] and dC [m,n] per problem:
+ *   dA' = dC B'^T, stored as is, or transposed (B' dC^T) when trans_a;
+ *   dB' = A'^T dC, stored as is, or transposed (dC^T A') when trans_b.
+ * The gradient's batch stride is its operand's: 0 sums it over the batch. */
+void ttd_k_matmul_backward(ttd_pool *pool, const float *a, const float *b, const float *dc, int64_t batch, int64_t m,
+                           int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
+                           int64_t b_batch_stride, float *da, float *db) {
+  int64_t a_rs, a_cs, b_rs, b_cs, mn = m * n;
+  op_strides(trans_a, m, k, &a_rs, &a_cs);
+  op_strides(trans_b, k, n, &b_rs, &b_cs);
+  if (da && !trans_a) gemm(pool, batch, m, k, n, dc, n, 1, mn, b, b_cs, b_rs, b_batch_stride, da, k, a_batch_stride);
+  if (da && trans_a) gemm(pool, batch, k, m, n, b, b_rs, b_cs, b_batch_stride, dc, 1, n, mn, da, m, a_batch_stride);
+  if (db && !trans_b) gemm(pool, batch, k, n, m, a, a_cs, a_rs, a_batch_stride, dc, n, 1, mn, db, n, b_batch_stride);
+  if (db && trans_b) gemm(pool, batch, n, k, m, dc, 1, n, mn, a, a_rs, a_cs, a_batch_stride, db, k, b_batch_stride);
+}

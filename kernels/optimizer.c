@@ -1,0 +1,111 @@
+/* Optimizer steps in place, following torch.optim.SGD and torch.optim.Adam/AdamW
+ * (_single_tensor_* paths) operation by operation. Scalars that torch computes in Python
+ * (bias corrections, step size, 1 - lr * wd) are computed in double and rounded once. */
+#include <math.h>
+
+#include "kernel_internal.h"
+#include "kernels.h"
+
+/* ---- SGD ---- */
+
+typedef struct sgd_job {
+  const ttd_sgd_params *p;
+  int first; /* step 1: the momentum buffer starts as the gradient */
+  float *param, *buf;
+  const float *grad;
+} sgd_job;
+
+TTD_KHOT static void sgd_plain_loop(float lr, float wd, float *restrict param, const float *restrict grad, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    float g = wd != 0.0f ? grad[i] + wd * param[i] : grad[i];
+    param[i] = param[i] - lr * g;
+  }
+}
+
+TTD_KHOT static void sgd_momentum_loop(float lr, float momentum, float dampening, float wd, int nesterov, int first,
+                                       float *restrict param, const float *restrict grad, float *restrict buf,
+                                       int64_t n) {
+  float keep = 1.0f - dampening;
+  for (int64_t i = 0; i < n; i++) {
+    float g = wd != 0.0f ? grad[i] + wd * param[i] : grad[i];
+    float b = first ? g : momentum * buf[i] + keep * g;
+    buf[i] = b;
+    g = nesterov ? g + momentum * b : b;
+    param[i] = param[i] - lr * g;
+  }
+}
+
+static void sgd_run(void *ctx, size_t begin, size_t end) {
+  sgd_job *job = ctx;
+  const ttd_sgd_params *p = job->p;
+  int64_t n = (int64_t)(end - begin);
+  if (p->momentum == 0.0f)
+    sgd_plain_loop(p->lr, p->weight_decay, job->param + begin, job->grad + begin, n);
+  else
+    sgd_momentum_loop(p->lr, p->momentum, p->dampening, p->weight_decay, p->nesterov, job->first, job->param + begin,
+                      job->grad + begin, job->buf + begin, n);
+}
+
+/* With momentum 0 the buffer is neither read nor written (it may be NULL). */
+void ttd_k_sgd_step(ttd_pool *pool, const ttd_sgd_params *p, int64_t step, float *param, const float *grad,
+                    float *momentum_buf, int64_t n) {
+  if (n <= 0) return;
+  sgd_job job = {p, step <= 1, param, p->momentum != 0.0f ? momentum_buf : NULL, grad};
+  ttd_pool_parallel_for(pool, (size_t)n, TTD_KGRAIN, sgd_run, &job);
+}
+
+/* ---- Adam / AdamW ---- */
+
+typedef struct adam_scalars {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
+  float l2;          /* Adam: grad += l2 * param */
+  float decay;       /* AdamW: param *= decay (1 when unused) */
+  float step_size;   /* lr / (1 - beta1^step) */
+  float bc2_sqrt;    /* sqrt(1 - beta2^step) */
+} adam_scalars;
+
+typedef struct adam_job {
+  adam_scalars s;
+  float *param, *m, *v;
+  const float *grad;
+} adam_job;
+
+TTD_KHOT static void adam_loop(const adam_scalars *sp, float *restrict param, const float *restrict grad,
+                               float *restrict m, float *restrict v, int64_t n) {
+  const adam_scalars s = *sp;
+  for (int64_t i = 0; i < n; i++) {
+    float p = param[i] * s.decay;
+    float g = s.l2 != 0.0f ? grad[i] + s.l2 * p : grad[i];
+    /* torch's lerp: weight < 0.5 ? m + w (g - m) : g - (g - m)(1 - w) */
+    float mi = s.one_minus_beta1 < 0.5f ? m[i] + s.one_minus_beta1 * (g - m[i])
+                                        : g - (g - m[i]) * (1.0f - s.one_minus_beta1);
+    float vi = v[i] * s.beta2 + s.one_minus_beta2 * (g * g);
+    m[i] = mi;
+    v[i] = vi;
+    float denom = sqrtf(vi) / s.bc2_sqrt + s.eps;
+    param[i] = p + (-s.step_size) * (mi / denom);
+  }
+}
+
+static void adam_run(void *ctx, size_t begin, size_t end) {
+  adam_job *job = ctx;
+  adam_loop(&job->s, job->param + begin, job->grad + begin, job->m + begin, job->v + begin, (int64_t)(end - begin));
+}
+
+void ttd_k_adam_step(ttd_pool *pool, const ttd_adam_params *p, int64_t step, float *param, const float *grad, float *m,
+                     float *v, int64_t n) {
+  if (n <= 0) return;
+  double t = (double)(step < 1 ? 1 : step);
+  double bc1 = 1.0 - pow((double)p->beta1, t), bc2 = 1.0 - pow((double)p->beta2, t);
+  adam_job job = {.param = param, .m = m, .v = v, .grad = grad};
+  job.s.beta1 = p->beta1;
+  job.s.one_minus_beta1 = (float)(1.0 - (double)p->beta1);
+  job.s.beta2 = p->beta2;
+  job.s.one_minus_beta2 = (float)(1.0 - (double)p->beta2);
+  job.s.eps = p->eps;
+  job.s.l2 = p->decoupled ? 0.0f : p->weight_decay;
+  job.s.decay = p->decoupled ? (float)(1.0 - (double)p->lr * (double)p->weight_decay) : 1.0f;
+  job.s.step_size = (float)((double)p->lr / bc1);
+  job.s.bc2_sqrt = (float)sqrt(bc2);
+  ttd_pool_parallel_for(pool, (size_t)n, TTD_KGRAIN, adam_run, &job);
+}

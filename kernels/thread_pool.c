@@ -1,0 +1,198 @@
+/* ttd_pool: a fixed set of worker threads plus the calling thread.
+ *
+ * One job at a time: parallel_for holds `call_mu` for its whole run, so concurrent callers
+ * queue up. A job is published under `mu` with a new generation number and `tickets` (how
+ * many workers may join it); woken workers that get a ticket claim chunks from an atomic
+ * counter until none are left, then report back under `mu`. The caller claims chunks too and
+ * then waits until every ticket holder has reported, so all of the job's writes happen
+ * before parallel_for returns (the last `mu` hand-off orders them).
+ *
+ * Chunks: [0, n) is cut into n / grain pieces at most (every piece >= grain items), capped
+ * at a few per thread so the dynamic claiming still balances uneven work.
+ *
+ * A parallel_for made from inside a job (a kernel calling a kernel) runs inline on the
+ * calling thread: it could never get `call_mu` otherwise. */
+#include "thread_pool.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define CHUNKS_PER_THREAD 4
+
+struct ttd_pool {
+  int threads; /* workers + the caller */
+  int nworkers;
+  pthread_t *workers;
+
+  pthread_mutex_t call_mu; /* one parallel_for at a time */
+
+  pthread_mutex_t mu; /* guards everything below but `next` */
+  pthread_cond_t work_cv; /* workers: a new job or shutdown */
+  pthread_cond_t done_cv; /* caller: the last ticket holder is done */
+  uint64_t generation;
+  int shutdown;
+  int tickets; /* workers that may still join the current job */
+  int active;  /* ticket holders that have not reported back */
+
+  /* the current job (written under mu by the caller, read under mu by workers) */
+  void (*fn)(void *ctx, size_t begin, size_t end);
+  void *ctx;
+  size_t n, nchunks;
+  atomic_size_t next; /* next unclaimed chunk */
+};
+
+/* Set while this thread runs a job's chunks: nested parallel_for calls run inline. */
+static _Thread_local int tls_in_job;
+
+static void chunk_bounds(size_t n, size_t nchunks, size_t i, size_t *begin, size_t *end) {
+  size_t base = n / nchunks, rem = n % nchunks;
+  *begin = i * base + (i < rem ? i : rem);
+  *end = *begin + base + (i < rem ? 1 : 0);
+}
+
+static void run_chunks(void (*fn)(void *, size_t, size_t), void *ctx, size_t n, size_t nchunks, atomic_size_t *next) {
+  tls_in_job = 1;
+  for (;;) {
+    size_t i = atomic_fetch_add_explicit(next, 1, memory_order_relaxed);
+    if (i >= nchunks) break;
+    size_t begin, end;
+    chunk_bounds(n, nchunks, i, &begin, &end);
+    fn(ctx, begin, end);
+  }
+  tls_in_job = 0;
+}
+
+static void *worker_main(void *arg) {
+  ttd_pool *pool = arg;
+  uint64_t seen = 0;
+  pthread_mutex_lock(&pool->mu);
+  for (;;) {
+    while (!pool->shutdown && pool->generation == seen) pthread_cond_wait(&pool->work_cv, &pool->mu);
+    if (pool->shutdown) break;
+    seen = pool->generation;
+    if (pool->tickets == 0) continue; /* enough workers joined this job */
+    pool->tickets--;
+    void (*fn)(void *, size_t, size_t) = pool->fn;
+    void *ctx = pool->ctx;
+    size_t n = pool->n, nchunks = pool->nchunks;
+    pthread_mutex_unlock(&pool->mu);
+
+    run_chunks(fn, ctx, n, nchunks, &pool->next);
+
+    pthread_mutex_lock(&pool->mu);
+    if (--pool->active == 0) pthread_cond_signal(&pool->done_cv);
+  }
+  pthread_mutex_unlock(&pool->mu);
+  return NULL;
+}
+
+static void pool_free(ttd_pool *pool) {
+  pthread_cond_destroy(&pool->done_cv);
+  pthread_cond_destroy(&pool->work_cv);
+  pthread_mutex_destroy(&pool->mu);
+  pthread_mutex_destroy(&pool->call_mu);
+  free(pool->workers);
+  free(pool);
+}
+
+/* Stops and joins the first `started` workers. */
+static void pool_stop(ttd_pool *pool, int started) {
+  pthread_mutex_lock(&pool->mu);
+  pool->shutdown = 1;
+  pthread_cond_broadcast(&pool->work_cv);
+  pthread_mutex_unlock(&pool->mu);
+  for (int i = 0; i < started; i++) pthread_join(pool->workers[i], NULL);
+}
+
+ttd_pool *ttd_pool_create(int threads) {
+  if (threads <= 0) {
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    threads = online > 0 ? (online > 1024 ? 1024 : (int)online) : 1;
+  }
+  ttd_pool *pool = calloc(1, sizeof(*pool));
+  if (!pool) return NULL;
+  pool->threads = threads;
+  pool->nworkers = threads - 1;
+  atomic_init(&pool->next, 0);
+  if (pool->nworkers > 0) {
+    pool->workers = calloc((size_t)pool->nworkers, sizeof(pthread_t));
+    if (!pool->workers) {
+      free(pool);
+      return NULL;
+    }
+  }
+  pthread_mutex_init(&pool->call_mu, NULL);
+  pthread_mutex_init(&pool->mu, NULL);
+  pthread_cond_init(&pool->work_cv, NULL);
+  pthread_cond_init(&pool->done_cv, NULL);
+
+  /* Workers start with asynchronous signals blocked, so the process's signal handling (the
+   * daemon's SIGTERM/SIGINT flag) stays on the threads that expect it. */
+  sigset_t all, old;
+  sigfillset(&all);
+  sigdelset(&all, SIGSEGV);
+  sigdelset(&all, SIGBUS);
+  sigdelset(&all, SIGFPE);
+  sigdelset(&all, SIGILL);
+  sigdelset(&all, SIGABRT);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  int started = 0;
+  for (; started < pool->nworkers; started++) {
+    if (pthread_create(&pool->workers[started], NULL, worker_main, pool) != 0) break;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (started < pool->nworkers) {
+    pool_stop(pool, started);
+    pool_free(pool);
+    return NULL;
+  }
+  return pool;
+}
+
+void ttd_pool_destroy(ttd_pool *pool) {
+  if (!pool) return;
+  pool_stop(pool, pool->nworkers);
+  pool_free(pool);
+}
+
+int ttd_pool_threads(const ttd_pool *pool) { return pool ? pool->threads : 1; }
+
+void ttd_pool_parallel_for(ttd_pool *pool, size_t n, size_t grain, void (*fn)(void *ctx, size_t begin, size_t end),
+                           void *ctx) {
+  if (n == 0) return;
+  if (grain == 0) grain = 1;
+  size_t nchunks = n / grain;
+  if (!pool || pool->nworkers == 0 || nchunks <= 1 || tls_in_job) {
+    fn(ctx, 0, n);
+    return;
+  }
+  size_t max_chunks = (size_t)pool->threads * CHUNKS_PER_THREAD;
+  if (nchunks > max_chunks) nchunks = max_chunks;
+  int helpers = nchunks - 1 < (size_t)pool->nworkers ? (int)(nchunks - 1) : pool->nworkers;
+
+  pthread_mutex_lock(&pool->call_mu);
+  pthread_mutex_lock(&pool->mu);
+  pool->fn = fn;
+  pool->ctx = ctx;
+  pool->n = n;
+  pool->nchunks = nchunks;
+  atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
+  pool->tickets = helpers;
+  pool->active = helpers;
+  pool->generation++;
+  /* Each signal wakes a distinct sleeper; a worker not asleep sees the new generation before
+   * it next waits, so at least `helpers` workers look for a ticket. */
+  for (int i = 0; i < helpers; i++) pthread_cond_signal(&pool->work_cv);
+  pthread_mutex_unlock(&pool->mu);
+
+  run_chunks(fn, ctx, n, nchunks, &pool->next);
+
+  pthread_mutex_lock(&pool->mu);
+  while (pool->active > 0) pthread_cond_wait(&pool->done_cv, &pool->mu);
+  pthread_mutex_unlock(&pool->mu);
+  pthread_mutex_unlock(&pool->call_mu);
+}
