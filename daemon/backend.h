@@ -11,6 +11,7 @@
 
 #include <stdint.h>
 
+#include "../kernels/kernels.h"
 #include "status.h"
 
 /* Memory locations of a device; values equal ttd.v1.MemoryLocation. */
@@ -59,7 +60,21 @@ typedef struct ttd_node_call {
   ttd_backend_buffer *output;
   const struct ttd_kshape *output_shape;
   ttd_backend_buffer *saved[2];
+  /* Backward only: the gradient of the output, and where to write each input's gradient
+   * (NULL: not needed). Written, not accumulated. */
+  ttd_backend_buffer *output_grad;
+  ttd_backend_buffer *input_grads[3];
 } ttd_node_call;
+
+/* One parameter's optimizer update, in place (kernels.h defines the parameters). */
+typedef struct ttd_optimizer_call {
+  int adam;                 /* 0: SGD, 1: Adam/AdamW */
+  ttd_sgd_params sgd;
+  ttd_adam_params adam_params;
+  int64_t step;             /* counts from 1 */
+  ttd_backend_buffer *param, *grad, *state[2]; /* state: momentum, or Adam's m and v */
+  int64_t n;                /* float32 elements */
+} ttd_optimizer_call;
 
 typedef struct ttd_backend_vtable {
   void (*destroy)(ttd_backend *backend);
@@ -86,6 +101,12 @@ typedef struct ttd_backend_vtable {
   /* Runs one program node on `device`; every buffer lives on that device. Data errors
    * (a label or index out of range) are INVALID_ARGUMENT naming the position. */
   ttd_status_t (*run_node)(ttd_backend *backend, int device, const ttd_node_call *call);
+  /* The node's backward: input gradients from the output gradient and the forward's
+   * operands, output and saved buffers. */
+  ttd_status_t (*run_node_backward)(ttd_backend *backend, int device, const ttd_node_call *call);
+  /* dst += src, float32 elements, same size, same device. */
+  ttd_status_t (*buffer_accumulate)(ttd_backend *backend, ttd_backend_buffer *dst, ttd_backend_buffer *src);
+  ttd_status_t (*optimizer_step)(ttd_backend *backend, int device, const ttd_optimizer_call *call);
 } ttd_backend_vtable;
 
 /* Every backend's state struct starts with this. */

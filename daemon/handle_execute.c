@@ -21,10 +21,6 @@ static void release_all(ttd_tensor **tensors, size_t n) {
 
 ttd_status_t ttd_handle_execute(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
   const Ttd__V1__ExecuteRequest *req = (const Ttd__V1__ExecuteRequest *)request;
-  if (req->keep_for_backward) {
-    return ttd_make_status(GRPC_STATUS_UNIMPLEMENTED,
-                           "keep_for_backward: Backward is not available in this daemon version; run without it");
-  }
   Ttd__V1__ExecuteResponse *resp = ttd_call_alloc(call, sizeof(*resp));
   TTD_CHECK_ALLOC(resp);
   ttd__v1__execute_response__init(resp);
@@ -59,6 +55,10 @@ ttd_status_t ttd_handle_execute(ttd_call *call, const ProtobufCMessage *request,
     ttd_status_free(ttd_session_tensors_free(call->session, added, (size_t)n_added, &n, &bytes));
   }
   free(added);
+  if (!status && req->keep_for_backward) {
+    status = ttd_session_run_add(call->session, run, &resp->run); /* the session owns it now */
+    run = NULL;
+  }
   ttd_run_free(run);
   release_all(inputs, req->n_inputs);
   release_all(params, req->n_parameters);

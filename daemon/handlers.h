@@ -22,6 +22,10 @@ ttd_status_t ttd_handle_allocate(ttd_call *call, const ProtobufCMessage *request
 ttd_status_t ttd_handle_move(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 ttd_status_t ttd_handle_compile(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 ttd_status_t ttd_handle_execute(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_handle_backward(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_handle_release_run(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_handle_zero_grad(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_handle_optimizer_step(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 ttd_status_t ttd_handle_free(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 
 ttd_status_t ttd_upload_message(ttd_call *call, const ProtobufCMessage *message);

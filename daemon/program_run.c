@@ -98,3 +98,96 @@ ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_program *program, ttd_ten
   *out_run = run;
   return TTD_OK;
 }
+
+/* grads[v] += contribution, adopting it when there is none yet. Takes the reference. */
+static ttd_status_t add_grad(ttd_backend *backend, ttd_tensor **grads, int v, ttd_tensor *contribution) {
+  if (!grads[v]) {
+    grads[v] = contribution;
+    return TTD_OK;
+  }
+  ttd_status_t status = backend->vtable->buffer_accumulate(backend, grads[v]->buffer, contribution->buffer);
+  ttd_tensor_release(contribution);
+  return status;
+}
+
+static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd_tensor **grads) {
+  const ttd_program *program = run->program;
+  const ttd_program_node *node = &program->nodes[i];
+  ttd_node_call call = {.node = node,
+                        .output = run->values[node->value]->buffer,
+                        .output_shape = &program->values[node->value].type.shape,
+                        .output_grad = grads[node->value]->buffer};
+  ttd_tensor *contrib[TTD_MAX_NODE_INPUTS] = {0};
+  ttd_status_t status = TTD_OK;
+  for (int k = 0; k < node->n_inputs && !status; k++) {
+    const ttd_program_value *in = &program->values[node->inputs[k]];
+    call.inputs[k] = run->values[node->inputs[k]]->buffer;
+    call.input_shapes[k] = &in->type.shape;
+    if (in->requires_grad) {
+      status = make_tensor(backend, run->device, TTD_DTYPE_FLOAT32, &in->type.shape, &contrib[k]);
+      if (!status) call.input_grads[k] = contrib[k]->buffer;
+    }
+  }
+  for (int k = 0; k < 2; k++) call.saved[k] = run->saved[2 * i + k] ? run->saved[2 * i + k]->buffer : NULL;
+  if (!status) status = backend->vtable->run_node_backward(backend, run->device, &call);
+  for (int k = 0; k < node->n_inputs; k++) {
+    if (!contrib[k]) continue;
+    if (status) ttd_tensor_release(contrib[k]);
+    else status = add_grad(backend, grads, node->inputs[k], contrib[k]);
+  }
+  return status;
+}
+
+/* Accumulates g into the parameter's .grad, creating it on first use. */
+static ttd_status_t accumulate_param_grad(ttd_backend *backend, ttd_tensor *param, ttd_tensor *g) {
+  ttd_status_t status = TTD_OK;
+  pthread_mutex_lock(&param->train_lock);
+  if (!param->grad) param->grad = ttd_tensor_retain(g);
+  else status = backend->vtable->buffer_accumulate(backend, param->grad->buffer, g->buffer);
+  pthread_mutex_unlock(&param->train_lock);
+  return status;
+}
+
+ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *const *output_grads,
+                              ttd_tensor **out_param_grads, ttd_tensor **out_input_grads) {
+  const ttd_program *program = run->program;
+  for (int i = 0; i < program->n_outputs; i++) {
+    if (!output_grads[i]) continue;
+    const ttd_program_value *out = &program->values[program->outputs[i]];
+    if (!out->requires_grad) {
+      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "output '%.128s' does not depend on any parameter or float input",
+                             out->name);
+    }
+    ttd_program_value want = *out;
+    want.type.dtype = TTD_DTYPE_FLOAT32;
+    TTD_RETURN_IF_ERROR(check_operand(&want, output_grads[i], "gradient of output", run->device));
+  }
+  ttd_tensor **grads = calloc((size_t)program->n_values, sizeof(*grads));
+  if (!grads) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  ttd_status_t status = TTD_OK;
+  for (int i = 0; i < program->n_outputs && !status; i++) {
+    if (!output_grads[i]) continue;
+    ttd_tensor *copy = NULL; /* never accumulate into the caller's tensor */
+    status = make_tensor(backend, run->device, TTD_DTYPE_FLOAT32, &program->values[program->outputs[i]].type.shape, &copy);
+    if (!status) status = backend->vtable->buffer_copy(backend, output_grads[i]->buffer, copy->buffer);
+    if (!status) status = add_grad(backend, grads, program->outputs[i], copy);
+    else ttd_tensor_release(copy);
+  }
+  for (int i = program->n_nodes - 1; i >= 0 && !status; i--) {
+    if (grads[program->nodes[i].value]) status = node_backward(backend, run, i, grads);
+  }
+  for (int i = 0; i < program->n_params && !status; i++) {
+    ttd_tensor *g = grads[ttd_program_param_value(program, i)];
+    ttd_tensor *param = run->values[ttd_program_param_value(program, i)];
+    out_param_grads[i] = NULL;
+    if (!g) continue;
+    status = accumulate_param_grad(backend, param, g);
+    if (!status) out_param_grads[i] = ttd_tensor_retain(param->grad);
+  }
+  for (int i = 0; out_input_grads && i < program->n_inputs; i++) {
+    out_input_grads[i] = !status && grads[i] ? ttd_tensor_retain(grads[i]) : NULL;
+  }
+  for (int i = 0; i < program->n_values; i++) ttd_tensor_release(grads[i]);
+  free(grads);
+  return status;
+}

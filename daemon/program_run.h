@@ -22,4 +22,12 @@ ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_program *program, ttd_ten
 
 void ttd_run_free(ttd_run *run); /* accepts NULL */
 
+/* Reverse-mode differentiation of a run. output_grads has one entry per program output
+ * (NULL: that output gets no gradient); each must match its output's dtype, shape and
+ * device. Every parameter's gradient is accumulated into its .grad (as torch does) and
+ * out_param_grads[i] gets a reference to that .grad (NULL when the parameter was not
+ * reached). With out_input_grads, float inputs get their gradients too. */
+ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *const *output_grads,
+                              ttd_tensor **out_param_grads, ttd_tensor **out_input_grads);
+
 #endif

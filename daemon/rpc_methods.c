@@ -29,6 +29,10 @@ const ttd_method ttd_methods[] = {
     UNARY("Free", ttd__v1__free_request__descriptor, true, ttd_handle_free),
     UNARY("Compile", ttd__v1__compile_request__descriptor, true, ttd_handle_compile),
     UNARY("Execute", ttd__v1__execute_request__descriptor, true, ttd_handle_execute),
+    UNARY("Backward", ttd__v1__backward_request__descriptor, true, ttd_handle_backward),
+    UNARY("ReleaseRun", ttd__v1__release_run_request__descriptor, true, ttd_handle_release_run),
+    UNARY("ZeroGrad", ttd__v1__zero_grad_request__descriptor, true, ttd_handle_zero_grad),
+    UNARY("OptimizerStep", ttd__v1__optimizer_step_request__descriptor, true, ttd_handle_optimizer_step),
 };
 
 const size_t ttd_method_count = sizeof(ttd_methods) / sizeof(ttd_methods[0]);

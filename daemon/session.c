@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "program_run.h"
 #include "random.h"
 
 ttd_session *ttd_session_create(uint64_t id, const char *client_name, int64_t now_ms) {
@@ -30,6 +31,7 @@ void ttd_session_release(ttd_session *session) {
   ttd_session_close(session, NULL, NULL);
   ttd_handle_map_clear(&session->tensors);
   ttd_handle_map_clear(&session->programs);
+  ttd_handle_map_clear(&session->runs);
   pthread_mutex_destroy(&session->lock);
   free(session);
 }
@@ -60,7 +62,8 @@ static ttd_status_t add_object(ttd_session *session, ttd_handle_map *map, void *
   int rc;
   do {
     handle = ttd_random_u64();
-    rc = ttd_handle_map_get(&session->tensors, handle) || ttd_handle_map_get(&session->programs, handle)
+    rc = ttd_handle_map_get(&session->tensors, handle) || ttd_handle_map_get(&session->programs, handle) ||
+                 ttd_handle_map_get(&session->runs, handle)
              ? -1
              : ttd_handle_map_put(map, handle, value);
   } while (rc == -1); /* a collision with a live handle: draw again */
@@ -148,8 +151,35 @@ ttd_status_t ttd_session_program_lookup(ttd_session *session, uint64_t handle, t
                          "program 0x%016" PRIx64 " not found in this session (never compiled here, or released)", handle);
 }
 
+ttd_status_t ttd_session_run_add(ttd_session *session, ttd_run *run, uint64_t *out_handle) {
+  ttd_status_t status = add_object(session, &session->runs, run, 0, out_handle);
+  if (status) ttd_run_free(run);
+  return status;
+}
+
+ttd_status_t ttd_session_run_take(ttd_session *session, uint64_t handle, ttd_run **out_run) {
+  pthread_mutex_lock(&session->lock);
+  *out_run = ttd_handle_map_remove(&session->runs, handle);
+  pthread_mutex_unlock(&session->lock);
+  if (*out_run) return TTD_OK;
+  return ttd_make_status(GRPC_STATUS_NOT_FOUND,
+                         "run 0x%016" PRIx64 " not found in this session (already backpropagated or released, or "
+                         "Execute was called without keep_for_backward)", handle);
+}
+
+ttd_status_t ttd_session_run_put_back(ttd_session *session, uint64_t handle, ttd_run *run) {
+  pthread_mutex_lock(&session->lock);
+  int rc = session->closed ? -1 : ttd_handle_map_put(&session->runs, handle, run);
+  pthread_mutex_unlock(&session->lock);
+  if (rc == 0) return TTD_OK;
+  ttd_run_free(run);
+  return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION, "session closed during Backward; the run is released");
+}
+
 void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *out_bytes) {
   pthread_mutex_lock(&session->lock);
+  ttd_handle_map runs = session->runs;
+  memset(&session->runs, 0, sizeof(session->runs));
   ttd_handle_map programs = session->programs;
   memset(&session->programs, 0, sizeof(session->programs));
   ttd_handle_map tensors = session->tensors;
@@ -161,6 +191,10 @@ void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *ou
   for (size_t i = 0; i < tensors.capacity; i++) {
     if (tensors.keys[i]) ttd_tensor_release(tensors.values[i]);
   }
+  for (size_t i = 0; i < runs.capacity; i++) {
+    if (runs.keys[i]) ttd_run_free(runs.values[i]);
+  }
+  ttd_handle_map_clear(&runs);
   for (size_t i = 0; i < programs.capacity; i++) {
     if (programs.keys[i]) ttd_program_release(programs.values[i]);
   }

@@ -28,6 +28,7 @@ typedef struct ttd_session {
   ttd_handle_map tensors;       /* handle -> ttd_tensor* (one reference each) */
   uint64_t tensor_bytes;        /* device bytes held by this session's tensors */
   ttd_handle_map programs;      /* handle -> ttd_program* (one reference each) */
+  ttd_handle_map runs;          /* handle -> ttd_run* kept for Backward (owned) */
 } ttd_session;
 
 /* A new open session with one reference owned by the caller. NULL if out of memory. */
@@ -56,6 +57,17 @@ ttd_status_t ttd_session_program_add(ttd_session *session, ttd_program *program,
 
 /* A new reference to the program under handle, or NOT_FOUND. */
 ttd_status_t ttd_session_program_lookup(ttd_session *session, uint64_t handle, ttd_program **out_program);
+
+struct ttd_run;
+
+/* Keeps a run under a new handle; the session owns it from here (even on error). */
+ttd_status_t ttd_session_run_add(ttd_session *session, struct ttd_run *run, uint64_t *out_handle);
+
+/* Removes the run under handle and hands it to the caller, or NOT_FOUND. */
+ttd_status_t ttd_session_run_take(ttd_session *session, uint64_t handle, struct ttd_run **out_run);
+
+/* Puts a taken run back under its handle (Backward with keep_run). */
+ttd_status_t ttd_session_run_put_back(ttd_session *session, uint64_t handle, struct ttd_run *run);
 
 /* Marks the session closed and drops every tensor. Idempotent. */
 void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *out_bytes);

@@ -45,6 +45,7 @@ ttd_status_t ttd_tensor_create(ttd_backend *backend, const ttd_tensor_spec *spec
     return status;
   }
   atomic_init(&t->refs, 1);
+  pthread_mutex_init(&t->train_lock, NULL);
   t->spec = *spec;
   t->backend = backend;
   *out_tensor = t;
@@ -70,6 +71,10 @@ ttd_tensor *ttd_tensor_retain(ttd_tensor *tensor) {
 void ttd_tensor_release(ttd_tensor *tensor) {
   if (!tensor) return;
   if (atomic_fetch_sub_explicit(&tensor->refs, 1, memory_order_acq_rel) != 1) return;
+  ttd_tensor_release(tensor->grad);
+  ttd_tensor_release(tensor->opt_state[0]);
+  ttd_tensor_release(tensor->opt_state[1]);
+  pthread_mutex_destroy(&tensor->train_lock);
   tensor->backend->vtable->buffer_free(tensor->backend, tensor->buffer);
   free(tensor);
 }

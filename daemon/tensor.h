@@ -4,6 +4,7 @@
 #ifndef TTD_TENSOR_H
 #define TTD_TENSOR_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -27,6 +28,13 @@ typedef struct ttd_tensor {
   ttd_tensor_spec spec;
   ttd_backend *backend;
   ttd_backend_buffer *buffer;
+  /* For parameters: torch's .grad and the optimizer state, made on first use, kept on
+   * the device, freed with the tensor. Guarded by train_lock. */
+  pthread_mutex_t train_lock;
+  struct ttd_tensor *grad;
+  uint64_t grad_handle;        /* the grad's handle in the owning session, 0 if none */
+  struct ttd_tensor *opt_state[2];
+  int64_t opt_step;
 } ttd_tensor;
 
 /* Fills numel and nbytes from dtype and shape. INVALID_ARGUMENT for an invalid dtype,

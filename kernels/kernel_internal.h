@@ -5,7 +5,9 @@
  *   and picked at load time (target_clones), with the loop vectorizer (and unswitching of
  *   loop-invariant branches) on at the build's -O2.
  * - ttd_ksum_f32 / ttd_ksum_blocks: sums whose rounding depends only on the data and its
- *   length, never on the pool's thread count, so results are identical on 1 or N threads. */
+ *   length, never on the pool's thread count, so results are identical on 1 or N threads.
+ * - ttd_kexpf, ttd_kmax_f32, ttd_kexp_sum: row primitives that vectorize once inlined into
+ *   a TTD_KHOT loop (libm's expf is a call the vectorizer cannot use). */
 #ifndef TTD_KERNELS_KERNEL_INTERNAL_H
 #define TTD_KERNELS_KERNEL_INTERNAL_H
 
@@ -37,6 +39,81 @@ static inline double ttd_ksum_f32(const float *restrict x, int64_t n) {
     for (; i + 16 <= len; i += 16)
       for (int j = 0; j < 16; j++) lane[j] += p[i + j];
     for (; i < len; i++) lane[i & 15] += p[i];
+    double s = 0.0;
+    for (int j = 0; j < 16; j++) s += (double)lane[j];
+    total += s;
+  }
+  return total;
+}
+
+/* exp(x) in float, written to vectorize (no libm call): Cody-Waite reduction by ln 2, the
+ * Cephes degree-6 polynomial (about 1 ulp), and 2^n applied in two halves so results in the
+ * subnormal range come out right. Overflow gives +Inf, x below -104 gives 0, NaN stays NaN. */
+static inline float ttd_kexpf(float x) {
+  const float hi = 88.72283935546875f, lo = -103.97208404541015625f;
+  float xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  xc = xc == xc ? xc : 0.0f;
+  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t k = (int32_t)n, k1 = k >> 1, k2 = k - k1; /* each in [-75, 64] */
+  uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
+  float s1, s2;
+  __builtin_memcpy(&s1, &b1, sizeof(s1));
+  __builtin_memcpy(&s2, &b2, sizeof(s2));
+  float y = p * s1 * s2;
+  y = x > hi ? __builtin_inff() : y;
+  y = x < lo ? 0.0f : y;
+  return x == x ? y : x;
+}
+
+/* max of x[0, n), n >= 1, in 16 lanes (vectorizes; max is exact, so lanes change nothing). */
+static inline float ttd_kmax_f32(const float *restrict x, int64_t n) {
+  float lane[16];
+  for (int j = 0; j < 16; j++) lane[j] = x[0];
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; j++) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+  for (; i < n; i++) lane[i & 15] = x[i] > lane[i & 15] ? x[i] : lane[i & 15];
+  float m = lane[0];
+  for (int j = 1; j < 16; j++) m = lane[j] > m ? lane[j] : m;
+  return m;
+}
+
+/* sum of exp(x[i] - m) over [0, n) in double, lane by lane as ttd_ksum_f32; if y is not
+ * NULL the exponentials are stored there too. */
+static inline double ttd_kexp_sum(const float *restrict x, float m, float *restrict y, int64_t n) {
+  double total = 0.0;
+  for (int64_t b = 0; b < n; b += 1024) {
+    int64_t len = n - b < 1024 ? n - b : 1024;
+    const float *p = x + b;
+    float lane[16] = {0};
+    int64_t i = 0;
+    if (y) {
+      float *q = y + b;
+      for (; i + 16 <= len; i += 16)
+        for (int j = 0; j < 16; j++) {
+          float e = ttd_kexpf(p[i + j] - m);
+          q[i + j] = e;
+          lane[j] += e;
+        }
+      for (; i < len; i++) {
+        q[i] = ttd_kexpf(p[i] - m);
+        lane[i & 15] += q[i];
+      }
+    } else {
+      for (; i + 16 <= len; i += 16)
+        for (int j = 0; j < 16; j++) lane[j] += ttd_kexpf(p[i + j] - m);
+      for (; i < len; i++) lane[i & 15] += ttd_kexpf(p[i] - m);
+    }
     double s = 0.0;
     for (int j = 0; j < 16; j++) s += (double)lane[j];
     total += s;

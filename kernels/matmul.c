@@ -23,7 +23,7 @@ enum {
   MR = 6,       /* micro-tile rows */
   NR = 16,      /* micro-tile columns */
   KC = 256,     /* K block: an NR-column B micro-panel (16 KiB) stays in L1 */
-  MC_MAX = 96,  /* rows of C per task (A block: 96 KiB, in L2) */
+  MC_MAX = 288, /* rows of C per task (A block: 288 KiB, in L2; amortises packing B) */
   NC_MAX = 512, /* columns of C per task */
 };
 

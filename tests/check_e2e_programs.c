@@ -103,6 +103,17 @@ static void mlp(gb *b) {
   gb_output(b, "logits");
 }
 
+static void expect(const char *method, const ProtobufCMessage *msg, raw_md meta, int code, const char *needle) {
+  unsigned char *buf = malloc(protobuf_c_message_get_packed_size(msg) + 1);
+  size_t len = protobuf_c_message_pack(msg, buf);
+  raw_result r;
+  raw_call(proc.target, method, meta, buf, len, &r);
+  free(buf);
+  ck_assert_msg(r.code == code, "%s: expected code %d, got %d (%s)", method, code, r.code, r.details);
+  if (needle) ck_assert_msg(strstr(r.details, needle) != NULL, "%s: message '%s' lacks '%s'", method, r.details, needle);
+  raw_result_free(&r);
+}
+
 static Ttd__V1__CompileResponse *compile(gb *b, int want_code, const char *needle) {
   Ttd__V1__CompileRequest req = TTD__V1__COMPILE_REQUEST__INIT;
   req.graph = &b->graph;
@@ -374,6 +385,271 @@ START_TEST(test_execute_mlp_matches_reference) {
 }
 END_TEST
 
+static Ttd__V1__BackwardResponse *backward(uint64_t run, const uint64_t *grads, size_t n, int keep, int want_code,
+                                           const char *needle) {
+  Ttd__V1__BackwardRequest req = TTD__V1__BACKWARD_REQUEST__INIT;
+  req.run = run;
+  req.output_grads = (uint64_t *)grads;
+  req.n_output_grads = n;
+  req.keep_run = keep;
+  unsigned char buf[256];
+  size_t len = ttd__v1__backward_request__pack(&req, buf);
+  raw_result r;
+  raw_call(proc.target, "/ttd.v1.Device/Backward", (raw_md){session, instance}, buf, len, &r);
+  ck_assert_msg(r.code == want_code, "expected code %d, got %d: %s", want_code, r.code, r.details);
+  if (needle) ck_assert_msg(strstr(r.details, needle) != NULL, "message '%s' lacks '%s'", r.details, needle);
+  Ttd__V1__BackwardResponse *resp = r.code == 0 ? ttd__v1__backward_response__unpack(NULL, r.body_len, r.body) : NULL;
+  raw_result_free(&r);
+  return resp;
+}
+
+enum { TN = 6, TIN = 4, TH = 5, TOUT = 3 };
+
+typedef struct mlp_params {
+  double w1[TH * TIN], b1[TH], w2[TOUT * TH], b2[TOUT];
+} mlp_params;
+
+/* The tanh MLP's mean cross-entropy in double precision: the host reference. */
+static double mlp_loss(const mlp_params *p, const float *x, const int32_t *labels) {
+  double loss = 0;
+  for (int i = 0; i < TN; i++) {
+    double h[TH], l[TOUT], mx = -1e300, se = 0;
+    for (int j = 0; j < TH; j++) {
+      double z = p->b1[j];
+      for (int k = 0; k < TIN; k++) z += x[i * TIN + k] * p->w1[j * TIN + k];
+      h[j] = tanh(z);
+    }
+    for (int o = 0; o < TOUT; o++) {
+      l[o] = p->b2[o];
+      for (int j = 0; j < TH; j++) l[o] += h[j] * p->w2[o * TH + j];
+      mx = fmax(mx, l[o]);
+    }
+    for (int o = 0; o < TOUT; o++) se += exp(l[o] - mx);
+    loss += -(l[labels[i]] - mx - log(se)) / TN;
+  }
+  return loss;
+}
+
+typedef struct trained {
+  Ttd__V1__CompileResponse *program;
+  uint64_t in[2], params[4];
+  float x[TN * TIN], w[4][TH * TIN];
+  int32_t labels[TN];
+  int sizes[4];
+} trained;
+
+static void tanh_mlp(trained *t) {
+  static const int sizes[4] = {TH * TIN, TH, TOUT * TH, TOUT};
+  memcpy(t->sizes, sizes, sizeof(sizes));
+  fill(t->x, TN * TIN, 11);
+  for (int i = 0; i < 4; i++) fill(t->w[i], sizes[i], 20 + (unsigned)i);
+  for (int i = 0; i < TN; i++) t->labels[i] = i % TOUT;
+  gb b;
+  gb_init(&b);
+  gb_value(&b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, TN, TIN);
+  gb_value(&b, 0, "labels", TTD__V1__DTYPE__DTYPE_INT32, 1, TN, 0);
+  gb_value(&b, 1, "w1", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, TH, TIN);
+  gb_value(&b, 1, "b1", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, TH, 0);
+  gb_value(&b, 1, "w2", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, TOUT, TH);
+  gb_value(&b, 1, "b2", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, TOUT, 0);
+  gb_node(&b, "z", "linear", "x", "w1", "b1");
+  gb_node(&b, "h", "tanh", "z", NULL, NULL);
+  gb_node(&b, "logits", "linear", "h", "w2", "b2");
+  gb_node(&b, "loss", "cross_entropy", "logits", "labels", NULL);
+  gb_output(&b, "loss");
+  t->program = compile(&b, 0, NULL);
+  t->in[0] = upload(t->x, 1, 2, TN, TIN, "tt:0");
+  t->in[1] = upload(t->labels, 3, 1, TN, 0, "tt:0");
+  t->params[0] = upload(t->w[0], 1, 2, TH, TIN, "tt:0");
+  t->params[1] = upload(t->w[1], 1, 1, TH, 0, "tt:0");
+  t->params[2] = upload(t->w[2], 1, 2, TOUT, TH, "tt:0");
+  t->params[3] = upload(t->w[3], 1, 1, TOUT, 0, "tt:0");
+}
+
+static void to_double(const trained *t, mlp_params *p) {
+  double *dst[4] = {p->w1, p->b1, p->w2, p->b2};
+  for (int i = 0; i < 4; i++)
+    for (int k = 0; k < t->sizes[i]; k++) dst[i][k] = t->w[i][k];
+}
+
+static uint64_t run_kept(const trained *t) {
+  Ttd__V1__ExecuteRequest req = TTD__V1__EXECUTE_REQUEST__INIT;
+  req.program = t->program->program;
+  req.inputs = (uint64_t *)t->in;
+  req.n_inputs = 2;
+  req.parameters = (uint64_t *)t->params;
+  req.n_parameters = 4;
+  req.keep_for_backward = 1;
+  unsigned char buf[256];
+  size_t len = ttd__v1__execute_request__pack(&req, buf);
+  raw_result r;
+  raw_call(proc.target, "/ttd.v1.Device/Execute", (raw_md){session, instance}, buf, len, &r);
+  ck_assert_msg(r.code == 0, "execute: %s", r.details);
+  Ttd__V1__ExecuteResponse *resp = ttd__v1__execute_response__unpack(NULL, r.body_len, r.body);
+  uint64_t run = resp->run;
+  ck_assert_uint_ne(run, 0);
+  ttd__v1__execute_response__free_unpacked(resp, NULL);
+  raw_result_free(&r);
+  return run;
+}
+
+/* Backward of a whole MLP program (linear, tanh, linear, cross-entropy) matches central
+ * finite differences of a double-precision host reference for every parameter element;
+ * a second backward accumulates into .grad (twice the gradient) under the same handles. */
+START_TEST(test_backward_matches_finite_differences) {
+  trained t;
+  tanh_mlp(&t);
+  float one = 1.0f;
+  uint64_t dloss = upload(&one, 1, 0, 1, 0, "tt:0");
+  Ttd__V1__BackwardResponse *g = backward(run_kept(&t), &dloss, 1, 0, 0, NULL);
+  ck_assert_uint_eq(g->n_parameter_grads, 4);
+  mlp_params p;
+  to_double(&t, &p);
+  double *views[4] = {p.w1, p.b1, p.w2, p.b2};
+  uint64_t grad_handles[4];
+  for (int i = 0; i < 4; i++) {
+    float got[TH * TIN];
+    grad_handles[i] = g->parameter_grads[i]->handle;
+    ck_assert_uint_ne(grad_handles[i], 0);
+    download(grad_handles[i], got, (size_t)t.sizes[i]);
+    for (int k = 0; k < t.sizes[i]; k++) {
+      double keep = views[i][k], h = 1e-6;
+      views[i][k] = keep + h;
+      double up = mlp_loss(&p, t.x, t.labels);
+      views[i][k] = keep - h;
+      double down = mlp_loss(&p, t.x, t.labels);
+      views[i][k] = keep;
+      double fd = (up - down) / (2 * h);
+      ck_assert_msg(fabs(fd - got[k]) <= 1e-4 + 1e-3 * fabs(fd), "param %d element %d: backward %g, finite difference %g",
+                    i, k, got[k], fd);
+    }
+  }
+  ttd__v1__backward_response__free_unpacked(g, NULL);
+  /* Accumulation, as torch's .grad: a second run and backward doubles it, same handles. */
+  float first[TOUT];
+  download(grad_handles[3], first, TOUT);
+  Ttd__V1__BackwardResponse *g2 = backward(run_kept(&t), &dloss, 1, 0, 0, NULL);
+  ck_assert_uint_eq(g2->parameter_grads[3]->handle, grad_handles[3]);
+  float second[TOUT];
+  download(grad_handles[3], second, TOUT);
+  for (int k = 0; k < TOUT; k++) ck_assert_float_eq_tol(second[k], 2 * first[k], 1e-6);
+  ttd__v1__backward_response__free_unpacked(g2, NULL);
+  ttd__v1__compile_response__free_unpacked(t.program, NULL);
+}
+END_TEST
+
+/* SGD (momentum, Nesterov, weight decay) and Adam/AdamW steps update parameters in place on
+ * the device exactly as torch's update rules computed on the host. */
+START_TEST(test_optimizer_steps_match_host_reference) {
+  trained t;
+  tanh_mlp(&t);
+  float one = 1.0f;
+  uint64_t dloss = upload(&one, 1, 0, 1, 0, "tt:0");
+  Ttd__V1__BackwardResponse *g = backward(run_kept(&t), &dloss, 1, 0, 0, NULL);
+  float grad[TOUT];
+  download(g->parameter_grads[3]->handle, grad, TOUT);
+  ttd__v1__backward_response__free_unpacked(g, NULL);
+  /* Three SGD steps with the same .grad: momentum 0.9, nesterov, weight decay 0.01. */
+  double param[TOUT], buf[TOUT];
+  for (int k = 0; k < TOUT; k++) param[k] = t.w[3][k];
+  for (int step = 1; step <= 3; step++) {
+    Ttd__V1__SgdOptions sgd = TTD__V1__SGD_OPTIONS__INIT;
+    sgd.lr = 0.1f;
+    sgd.momentum = 0.9f;
+    sgd.weight_decay = 0.01f;
+    sgd.nesterov = 1;
+    Ttd__V1__OptimizerStepRequest req = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
+    req.parameters = &t.params[3];
+    req.n_parameters = 1;
+    req.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD;
+    req.sgd = &sgd;
+    expect("/ttd.v1.Device/OptimizerStep", &req.base, (raw_md){session, instance}, 0, NULL);
+    for (int k = 0; k < TOUT; k++) {
+      double d = grad[k] + 0.01 * param[k];
+      buf[k] = step == 1 ? d : 0.9 * buf[k] + d;
+      param[k] -= 0.1 * (d + 0.9 * buf[k]);
+    }
+  }
+  float got[TOUT];
+  download(t.params[3], got, TOUT);
+  for (int k = 0; k < TOUT; k++) ck_assert_msg(fabs(got[k] - param[k]) < 1e-5, "sgd %d: %g vs %g", k, got[k], param[k]);
+  /* Two AdamW steps on w1 (its own fresh state). */
+  float g1[TH * TIN];
+  Ttd__V1__BackwardResponse *gw = backward(run_kept(&t), &dloss, 1, 0, 0, NULL);
+  download(gw->parameter_grads[0]->handle, g1, TH * TIN);
+  ttd__v1__backward_response__free_unpacked(gw, NULL);
+  double w[TH * TIN], m[TH * TIN] = {0}, v[TH * TIN] = {0};
+  for (int k = 0; k < TH * TIN; k++) w[k] = t.w[0][k];
+  for (int step = 1; step <= 2; step++) {
+    Ttd__V1__AdamOptions adam = TTD__V1__ADAM_OPTIONS__INIT;
+    adam.lr = 0.01f;
+    adam.weight_decay = 0.1f;
+    adam.decoupled = 1;
+    Ttd__V1__OptimizerStepRequest req = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
+    req.parameters = &t.params[0];
+    req.n_parameters = 1;
+    req.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_ADAM;
+    req.adam = &adam;
+    expect("/ttd.v1.Device/OptimizerStep", &req.base, (raw_md){session, instance}, 0, NULL);
+    for (int k = 0; k < TH * TIN; k++) {
+      w[k] *= 1 - 0.01 * 0.1;
+      m[k] = 0.9 * m[k] + 0.1 * g1[k];
+      v[k] = 0.999 * v[k] + 0.001 * (double)g1[k] * g1[k];
+      double mh = m[k] / (1 - pow(0.9, step)), vh = v[k] / (1 - pow(0.999, step));
+      w[k] -= 0.01 * mh / (sqrt(vh) + 1e-8);
+    }
+  }
+  float gotw[TH * TIN];
+  download(t.params[0], gotw, TH * TIN);
+  for (int k = 0; k < TH * TIN; k++) ck_assert_msg(fabs(gotw[k] - w[k]) < 1e-5, "adamw %d: %g vs %g", k, gotw[k], w[k]);
+  /* ZeroGrad clears .grad. */
+  Ttd__V1__ZeroGradRequest zr = TTD__V1__ZERO_GRAD_REQUEST__INIT;
+  zr.parameters = t.params;
+  zr.n_parameters = 4;
+  expect("/ttd.v1.Device/ZeroGrad", &zr.base, (raw_md){session, instance}, 0, NULL);
+  Ttd__V1__OptimizerStepRequest bad = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
+  expect("/ttd.v1.Device/OptimizerStep", &bad.base, (raw_md){session, instance}, 3, "set sgd or adam");
+  ttd__v1__compile_response__free_unpacked(t.program, NULL);
+}
+END_TEST
+
+/* Run lifecycle: backward through a released run is NOT_FOUND; a wrong number or shape of
+ * output gradients is INVALID_ARGUMENT; a run never backpropagated frees its activations on
+ * ReleaseRun and on session close: memory returns to exactly what the tensors hold. */
+START_TEST(test_run_lifecycle_and_memory) {
+  trained t;
+  tanh_mlp(&t);
+  uint64_t held = harness_used_bytes(&proc, 0, 0);
+  float one = 1.0f, two[2] = {1, 1};
+  uint64_t dloss = upload(&one, 1, 0, 1, 0, "tt:0"), wrong = upload(two, 1, 1, 2, 0, "tt:0");
+  held += 4 + 8;
+  uint64_t run = run_kept(&t);
+  ck_assert_uint_gt(harness_used_bytes(&proc, 0, 0), held + 4); /* activations are kept */
+  backward(run, NULL, 0, 1, 3, "has 1 outputs, got 0 output gradients");
+  backward(run, &wrong, 1, 1, 3, "gradient of output 'loss' must be float32 [], got float32 [2]");
+  Ttd__V1__BackwardResponse *g = backward(run, &dloss, 1, 0, 0, NULL);
+  ttd__v1__backward_response__free_unpacked(g, NULL);
+  backward(run, &dloss, 1, 0, 5, "already backpropagated or released");
+  /* Now .grad tensors exist for the 4 parameters: the rest of the run is gone. Each run's
+   * loss output stays as a tensor of the session (4 bytes). */
+  uint64_t grads = (uint64_t)(TH * TIN + TH + TOUT * TH + TOUT) * 4;
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), held + grads + 1 * 4);
+  uint64_t never = run_kept(&t);
+  Ttd__V1__ReleaseRunRequest rr = TTD__V1__RELEASE_RUN_REQUEST__INIT;
+  rr.run = never;
+  expect("/ttd.v1.Device/ReleaseRun", &rr.base, (raw_md){session, instance}, 0, NULL);
+  expect("/ttd.v1.Device/ReleaseRun", &rr.base, (raw_md){session, instance}, 5, NULL);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), held + grads + 2 * 4);
+  run_kept(&t); /* left pending: the session's end must free it */
+  raw_result cr;
+  raw_call(proc.target, "/ttd.v1.Device/CloseSession", (raw_md){session, instance}, "", 0, &cr);
+  ck_assert_int_eq(cr.code, 0);
+  raw_result_free(&cr);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 0);
+  ttd__v1__compile_response__free_unpacked(t.program, NULL);
+}
+END_TEST
+
 Suite *e2e_programs_suite(void) {
   Suite *s = suite_create("e2e_programs");
   TCase *tc = tcase_create("compile");
@@ -383,6 +659,9 @@ Suite *e2e_programs_suite(void) {
   tcase_add_test(tc, test_compile_conv_shapes);
   tcase_add_test(tc, test_bad_graphs);
   tcase_add_test(tc, test_execute_mlp_matches_reference);
+  tcase_add_test(tc, test_backward_matches_finite_differences);
+  tcase_add_test(tc, test_optimizer_steps_match_host_reference);
+  tcase_add_test(tc, test_run_lifecycle_and_memory);
   suite_add_tcase(s, tc);
   return s;
 }

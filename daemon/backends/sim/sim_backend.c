@@ -125,6 +125,9 @@ static const ttd_backend_vtable sim_vtable = {
     .buffer_zero = sim_buffer_zero,
     .buffer_copy = sim_buffer_copy,
     .run_node = ttd_sim_run_node,
+    .run_node_backward = ttd_sim_run_node_backward,
+    .buffer_accumulate = ttd_sim_buffer_accumulate,
+    .optimizer_step = ttd_sim_optimizer_step,
 };
 
 ttd_status_t ttd_sim_backend_create(const ttd_backend_options *options, ttd_backend **out_backend) {

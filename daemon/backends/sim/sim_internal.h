@@ -31,4 +31,9 @@ struct ttd_backend_buffer {
 /* run_node of the sim backend: the op's kernels on host memory (sim_exec.c). */
 ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_call *call);
 
+ttd_status_t ttd_sim_run_node_backward(ttd_backend *backend, int device, const ttd_node_call *call);
+ttd_status_t ttd_sim_buffer_accumulate(ttd_backend *backend, ttd_backend_buffer *dst, ttd_backend_buffer *src);
+
+ttd_status_t ttd_sim_optimizer_step(ttd_backend *backend, int device, const ttd_optimizer_call *call);
+
 #endif
