@@ -336,10 +336,6 @@ void ttd_k_binary_backward(ttd_pool *pool, ttd_binary_op op, const float *a, con
  * the cancellation for negative x. */
 static inline float std_normal_cdf(float x) { return 0.5f * erfcf(-x * INV_SQRT2); }
 
-TTD_KHOT static void relu_loop(const float *restrict x, float *restrict y, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i]; /* NaN stays NaN */
-}
-
 TTD_KHOT static void relu_backward_loop(const float *restrict x, const float *restrict dy, float *restrict dx,
                                         int64_t n) {
   for (int64_t i = 0; i < n; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
@@ -355,13 +351,16 @@ TTD_KHOT static void mul3_loop(const float *restrict dy, const float *restrict y
   }
 }
 
-static void unary_loop(ttd_unary_op op, const float *restrict x, float *restrict y, int64_t n) {
+TTD_KHOT static void unary_loop(ttd_unary_op op, const float *restrict x, float *restrict y, int64_t n) {
   switch (op) {
-    case TTD_UN_RELU: relu_loop(x, y, n); break;
+    case TTD_UN_RELU: for (int64_t i = 0; i < n; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i]; break; /* NaN stays */
     case TTD_UN_GELU: for (int64_t i = 0; i < n; i++) y[i] = x[i] * std_normal_cdf(x[i]); break;
-    case TTD_UN_SIGMOID: for (int64_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + expf(-x[i])); break;
+    case TTD_UN_SIGMOID:
+      ttd_kexpf_n(y, x, -1.0f, 0.0f, n);
+      for (int64_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + y[i]);
+      break;
     case TTD_UN_TANH: for (int64_t i = 0; i < n; i++) y[i] = tanhf(x[i]); break;
-    case TTD_UN_EXP: for (int64_t i = 0; i < n; i++) y[i] = expf(x[i]); break;
+    case TTD_UN_EXP: ttd_kexpf_n(y, x, 1.0f, 0.0f, n); break;
     case TTD_UN_LOG: for (int64_t i = 0; i < n; i++) y[i] = logf(x[i]); break;
   }
 }
@@ -393,7 +392,7 @@ static void unary_backward_loop(ttd_unary_op op, const float *restrict x, const 
     case TTD_UN_GELU:
       for (int64_t i = 0; i < n; i++) {
         float v = x[i];
-        dx[i] = dy[i] * (std_normal_cdf(v) + v * INV_SQRT_2PI * expf(-0.5f * v * v));
+        dx[i] = dy[i] * (std_normal_cdf(v) + v * INV_SQRT_2PI * ttd_kexpf(-0.5f * v * v));
       }
       break;
     case TTD_UN_SIGMOID:
@@ -403,10 +402,11 @@ static void unary_backward_loop(ttd_unary_op op, const float *restrict x, const 
       if (y) {
         mul3_loop(dy, y, dx, n, kind);
       } else {
-        for (int64_t i = 0; i < n; i++) {
-          float t;
-          unary_loop(op, x + i, &t, 1);
-          mul3_loop(dy + i, &t, dx + i, 1, kind);
+        float t[256];
+        for (int64_t i = 0; i < n; i += 256) {
+          int64_t len = n - i < 256 ? n - i : 256;
+          unary_loop(op, x + i, t, len);
+          mul3_loop(dy + i, t, dx + i, len, kind);
         }
       }
       break;

@@ -18,6 +18,10 @@
 
 #define TTD_KGRAIN 16384
 
+/* Row primitives below are always inlined, so they take the ISA of the TTD_KHOT clone that
+ * calls them. */
+#define TTD_KINLINE static inline __attribute__((always_inline))
+
 /* Not under ThreadSanitizer: its instrumented ifunc resolvers run before its runtime is up. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define TTD_KHOT                                                                      \
@@ -29,7 +33,7 @@
 
 /* Sum of x[0, n) in double. Floats go into 16 fixed lanes per 1024-element block (so the
  * loop vectorizes without reassociation); blocks are added in order in double. */
-static inline double ttd_ksum_f32(const float *restrict x, int64_t n) {
+TTD_KINLINE double ttd_ksum_f32(const float *restrict x, int64_t n) {
   double total = 0.0;
   for (int64_t b = 0; b < n; b += 1024) {
     int64_t len = n - b < 1024 ? n - b : 1024;
@@ -49,7 +53,7 @@ static inline double ttd_ksum_f32(const float *restrict x, int64_t n) {
 /* exp(x) in float, written to vectorize (no libm call): Cody-Waite reduction by ln 2, the
  * Cephes degree-6 polynomial (about 1 ulp), and 2^n applied in two halves so results in the
  * subnormal range come out right. Overflow gives +Inf, x below -104 gives 0, NaN stays NaN. */
-static inline float ttd_kexpf(float x) {
+TTD_KINLINE float ttd_kexpf(float x) {
   const float hi = 88.72283935546875f, lo = -103.97208404541015625f;
   float xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
@@ -75,8 +79,49 @@ static inline float ttd_kexpf(float x) {
   return x == x ? y : x;
 }
 
+/* y[j] = exp(a * x[j] + b) for 16 elements: ttd_kexpf's steps on GCC vector types (the
+ * loop vectorizer will not if-convert its range checks under the default trapping math).
+ * Lowered to one AVX-512, two AVX2 or four SSE2 registers by the caller's clone. */
+typedef float ttd_v16f __attribute__((vector_size(64)));
+typedef int32_t ttd_v16i __attribute__((vector_size(64)));
+#define TTD_VSEL(m, a, b) ((ttd_v16f)(((m) & (ttd_v16i)(a)) | (~(m) & (ttd_v16i)(b))))
+
+TTD_KINLINE void ttd_kexpf16(float *y, const float *x, float a, float b) {
+  const ttd_v16f zero = {0}, hi = zero + 88.72283935546875f, lo = zero - 103.97208404541015625f;
+  ttd_v16f v;
+  __builtin_memcpy(&v, x, sizeof(v));
+  v = v * a + b;
+  ttd_v16i over = v > hi, under = v < lo, nan = v != v;
+  ttd_v16f xc = TTD_VSEL(under, lo, v);
+  xc = TTD_VSEL(over, hi, xc);
+  xc = TTD_VSEL(nan, zero, xc);
+  ttd_v16f n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  ttd_v16f r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  ttd_v16f p = zero + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  ttd_v16i k = __builtin_convertvector(n, ttd_v16i), k1 = k >> 1, k2 = k - k1;
+  ttd_v16f res = p * (ttd_v16f)((k1 + 127) << 23) * (ttd_v16f)((k2 + 127) << 23);
+  res = TTD_VSEL(over, zero + __builtin_inff(), res);
+  res = TTD_VSEL(under, zero, res);
+  res = TTD_VSEL(nan, v, res);
+  __builtin_memcpy(y, &res, sizeof(res));
+}
+
+/* y[i] = exp(a * x[i] + b) over [0, n); y may be x. */
+TTD_KINLINE void ttd_kexpf_n(float *y, const float *x, float a, float b, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) ttd_kexpf16(y + i, x + i, a, b);
+  for (; i < n; i++) y[i] = ttd_kexpf(a * x[i] + b);
+}
+
 /* max of x[0, n), n >= 1, in 16 lanes (vectorizes; max is exact, so lanes change nothing). */
-static inline float ttd_kmax_f32(const float *restrict x, int64_t n) {
+TTD_KINLINE float ttd_kmax_f32(const float *restrict x, int64_t n) {
   float lane[16];
   for (int j = 0; j < 16; j++) lane[j] = x[0];
   int64_t i = 0;
@@ -88,35 +133,16 @@ static inline float ttd_kmax_f32(const float *restrict x, int64_t n) {
   return m;
 }
 
-/* sum of exp(x[i] - m) over [0, n) in double, lane by lane as ttd_ksum_f32; if y is not
- * NULL the exponentials are stored there too. */
-static inline double ttd_kexp_sum(const float *restrict x, float m, float *restrict y, int64_t n) {
+/* sum of exp(x[i] - m) over [0, n) in double: exponentials in blocks of 1024 (into y when
+ * it is not NULL, else a stack buffer), each block summed by ttd_ksum_f32. */
+TTD_KINLINE double ttd_kexp_sum(const float *restrict x, float m, float *restrict y, int64_t n) {
+  float buf[1024];
   double total = 0.0;
   for (int64_t b = 0; b < n; b += 1024) {
     int64_t len = n - b < 1024 ? n - b : 1024;
-    const float *p = x + b;
-    float lane[16] = {0};
-    int64_t i = 0;
-    if (y) {
-      float *q = y + b;
-      for (; i + 16 <= len; i += 16)
-        for (int j = 0; j < 16; j++) {
-          float e = ttd_kexpf(p[i + j] - m);
-          q[i + j] = e;
-          lane[j] += e;
-        }
-      for (; i < len; i++) {
-        q[i] = ttd_kexpf(p[i] - m);
-        lane[i & 15] += q[i];
-      }
-    } else {
-      for (; i + 16 <= len; i += 16)
-        for (int j = 0; j < 16; j++) lane[j] += ttd_kexpf(p[i + j] - m);
-      for (; i < len; i++) lane[i & 15] += ttd_kexpf(p[i] - m);
-    }
-    double s = 0.0;
-    for (int j = 0; j < 16; j++) s += (double)lane[j];
-    total += s;
+    float *q = y ? y + b : buf;
+    ttd_kexpf_n(q, x + b, 1.0f, -m, len);
+    total += ttd_ksum_f32(q, len);
   }
   return total;
 }

@@ -16,18 +16,17 @@ typedef struct ce_job {
   float *dlogits;
 } ce_job;
 
-/* Sum over rows [begin, end) of logsumexp(row) - row[label], in double. */
+/* logsumexp(x[0, c)) - x[label], in double. */
+TTD_KHOT static double ce_row(const float *restrict x, int64_t c, int32_t label) {
+  float m = ttd_kmax_f32(x, c);
+  return ((double)m + log(ttd_kexp_sum(x, m, NULL, c))) - (double)x[label];
+}
+
+/* Sum of the row losses over rows [begin, end). */
 static double ce_rows(void *ctx, int64_t begin, int64_t end) {
   ce_job *job = ctx;
   double total = 0.0;
-  for (int64_t r = begin; r < end; r++) {
-    const float *x = job->logits + r * job->c;
-    float m = x[0];
-    for (int64_t j = 1; j < job->c; j++) m = x[j] > m ? x[j] : m;
-    double s = 0.0;
-    for (int64_t j = 0; j < job->c; j++) s += (double)expf(x[j] - m);
-    total += ((double)m + log(s)) - (double)x[job->labels[r]];
-  }
+  for (int64_t r = begin; r < end; r++) total += ce_row(job->logits + r * job->c, job->c, job->labels[r]);
   return total;
 }
 
@@ -53,23 +52,20 @@ int ttd_k_cross_entropy(ttd_pool *pool, const float *logits, const int32_t *labe
   return 0;
 }
 
+/* dx = scale * softmax(x) - scale * onehot(label). */
+TTD_KHOT static void ce_backward_row(const float *restrict x, int64_t c, int32_t label, float scale,
+                                     float *restrict dx) {
+  float m = ttd_kmax_f32(x, c);
+  float k = (float)((double)scale / ttd_kexp_sum(x, m, dx, c));
+  for (int64_t j = 0; j < c; j++) dx[j] *= k;
+  if (label >= 0 && label < c) dx[label] -= scale; /* labels were checked by the forward */
+}
+
 static void ce_backward_run(void *ctx, size_t begin, size_t end) {
   ce_job *job = ctx;
-  int64_t c = job->c;
   for (size_t r = begin; r < end; r++) {
-    const float *x = job->logits + (int64_t)r * c;
-    float *dx = job->dlogits + (int64_t)r * c;
-    float m = x[0];
-    for (int64_t j = 1; j < c; j++) m = x[j] > m ? x[j] : m;
-    double s = 0.0;
-    for (int64_t j = 0; j < c; j++) {
-      dx[j] = expf(x[j] - m);
-      s += (double)dx[j];
-    }
-    float k = (float)((double)job->scale / s);
-    for (int64_t j = 0; j < c; j++) dx[j] *= k;
-    int32_t label = job->labels[r];
-    if (label >= 0 && label < c) dx[label] -= job->scale; /* labels were checked by the forward */
+    int64_t o = (int64_t)r * job->c;
+    ce_backward_row(job->logits + o, job->c, job->labels[r], job->scale, job->dlogits + o);
   }
 }
 

@@ -104,7 +104,7 @@ static void rwalk_next(const rplan *p, rwalk *w, int upto) {
 
 /* Innermost reduced: sum of reduced indices [r0, r1) for the output at x offset base. The
  * innermost reduced dim is contiguous; whole runs go through ttd_ksum_f32. */
-static double sum_runs(const rplan *p, const float *x, int64_t base, int64_t r0, int64_t r1) {
+TTD_KHOT static double sum_runs(const rplan *p, const float *x, int64_t base, int64_t r0, int64_t r1) {
   int64_t inner = p->rsize[p->nr - 1];
   int64_t in = r0 % inner;
   rwalk w;

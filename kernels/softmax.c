@@ -1,6 +1,6 @@
 /* Softmax and log-softmax over the last axis, forward and backward. Rows run in parallel;
- * each row subtracts its max before exponentiating and sums in double, so a row's result
- * does not depend on how rows are split across threads. */
+ * each row subtracts its max before exponentiating (ttd_kexpf, vectorized) and sums in
+ * fixed lanes, so a row's result does not depend on how rows are split across threads. */
 #include <math.h>
 
 #include "kernel_internal.h"
@@ -15,25 +15,13 @@ typedef struct softmax_job {
 
 static size_t row_grain(int64_t cols) { return cols >= TTD_KGRAIN ? 1 : (size_t)(TTD_KGRAIN / cols); }
 
-static float row_max(const float *restrict x, int64_t n) {
-  float m = x[0];
-  for (int64_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
-  return m;
-}
-
-static void softmax_row(const float *restrict x, float *restrict y, int64_t n, int is_log) {
-  float m = row_max(x, n);
-  double sum = 0.0;
+TTD_KHOT static void softmax_row(const float *restrict x, float *restrict y, int64_t n, int is_log) {
+  float m = ttd_kmax_f32(x, n);
   if (is_log) {
-    for (int64_t i = 0; i < n; i++) sum += (double)expf(x[i] - m);
-    float ls = (float)log(sum);
+    float ls = (float)log(ttd_kexp_sum(x, m, NULL, n));
     for (int64_t i = 0; i < n; i++) y[i] = (x[i] - m) - ls;
   } else {
-    for (int64_t i = 0; i < n; i++) {
-      y[i] = expf(x[i] - m);
-      sum += (double)y[i];
-    }
-    float inv = (float)(1.0 / sum);
+    float inv = (float)(1.0 / ttd_kexp_sum(x, m, y, n));
     for (int64_t i = 0; i < n; i++) y[i] *= inv;
   }
 }
@@ -58,18 +46,33 @@ void ttd_k_log_softmax(ttd_pool *pool, const float *x, int64_t rows, int64_t col
   softmax_any(pool, x, rows, cols, y, 1);
 }
 
+/* sum of a[i] * b[i] in double, 16 float lanes per 1024-element block. */
+static inline double dot_f32(const float *restrict a, const float *restrict b, int64_t n) {
+  double total = 0.0;
+  for (int64_t s = 0; s < n; s += 1024) {
+    int64_t len = n - s < 1024 ? n - s : 1024;
+    float lane[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= len; i += 16)
+      for (int j = 0; j < 16; j++) lane[j] += a[s + i + j] * b[s + i + j];
+    for (; i < len; i++) lane[i & 15] += a[s + i] * b[s + i];
+    double t = 0.0;
+    for (int j = 0; j < 16; j++) t += (double)lane[j];
+    total += t;
+  }
+  return total;
+}
+
 /* softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy). */
-static void softmax_backward_row(const float *restrict y, const float *restrict dy, float *restrict dx, int64_t n,
-                                 int is_log) {
-  double s = 0.0;
+TTD_KHOT static void softmax_backward_row(const float *restrict y, const float *restrict dy, float *restrict dx,
+                                          int64_t n, int is_log) {
   if (is_log) {
-    for (int64_t i = 0; i < n; i++) s += (double)dy[i];
-    float sf = (float)s;
-    for (int64_t i = 0; i < n; i++) dx[i] = dy[i] - expf(y[i]) * sf;
+    float s = (float)ttd_ksum_f32(dy, n);
+    ttd_kexpf_n(dx, y, 1.0f, 0.0f, n);
+    for (int64_t i = 0; i < n; i++) dx[i] = dy[i] - dx[i] * s;
   } else {
-    for (int64_t i = 0; i < n; i++) s += (double)dy[i] * (double)y[i];
-    float sf = (float)s;
-    for (int64_t i = 0; i < n; i++) dx[i] = y[i] * (dy[i] - sf);
+    float s = (float)dot_f32(dy, y, n);
+    for (int64_t i = 0; i < n; i++) dx[i] = y[i] * (dy[i] - s);
   }
 }
 

@@ -12,6 +12,7 @@ int main(void) {
   srunner_add_suite(sr, sim_backend_suite());
   srunner_add_suite(sr, session_suite());
   srunner_add_suite(sr, place_suite());
+  srunner_add_suite(sr, program_grad_suite());
   srunner_add_suite(sr, kernels_core_suite());
   srunner_add_suite(sr, kernels_nn_suite());
   srunner_add_suite(sr, e2e_transfer_suite());

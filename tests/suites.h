@@ -12,6 +12,7 @@ Suite *config_suite(void);
 Suite *sim_backend_suite(void);
 Suite *session_suite(void);
 Suite *place_suite(void);
+Suite *program_grad_suite(void);
 Suite *kernels_core_suite(void);
 Suite *kernels_nn_suite(void);
 
