@@ -107,6 +107,10 @@ typedef struct ttd_backend_vtable {
   /* dst += src, float32 elements, same size, same device. */
   ttd_status_t (*buffer_accumulate)(ttd_backend *backend, ttd_backend_buffer *dst, ttd_backend_buffer *src);
   ttd_status_t (*optimizer_step)(ttd_backend *backend, int device, const ttd_optimizer_call *call);
+  /* dst = src converted element by element (float32 <-> bfloat16, round to nearest even),
+   * n elements, on the device. */
+  ttd_status_t (*buffer_convert)(ttd_backend *backend, ttd_backend_buffer *src, int src_dtype, ttd_backend_buffer *dst,
+                                 int dst_dtype, uint64_t n);
 } ttd_backend_vtable;
 
 /* Every backend's state struct starts with this. */

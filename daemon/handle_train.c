@@ -68,8 +68,10 @@ ttd_status_t ttd_handle_backward(ttd_call *call, const ProtobufCMessage *request
   }
   for (int i = 0; !status && i < p->n_params; i++) {
     uint64_t handle = 0;
-    ttd_tensor *param = run->values[ttd_program_param_value(p, i)];
+    ttd_tensor *param = run->operands[p->n_inputs + i];
     ttd_tensor_spec spec = param->spec;
+    spec.dtype = TTD_DTYPE_FLOAT32; /* gradients are float32, also of bfloat16 parameters */
+    ttd_tensor_spec_finish(&spec);
     if (param_grads[i]) status = grad_handle(call->session, param, &handle);
     resp->parameter_grads[i] = ttd_tensor_info_to_proto(call, handle, &spec);
     if (!resp->parameter_grads[i]) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
@@ -80,7 +82,7 @@ ttd_status_t ttd_handle_backward(ttd_call *call, const ProtobufCMessage *request
     if (!resp->input_grads) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
     for (int i = 0; !status && i < p->n_inputs; i++) {
       uint64_t handle = 0;
-      ttd_tensor_spec spec = run->values[i]->spec;
+      ttd_tensor_spec spec = run->values[i]->spec; /* float32, as the gradient */
       if (input_grads[i]) status = ttd_session_tensor_add(call->session, input_grads[i], &handle);
       resp->input_grads[i] = ttd_tensor_info_to_proto(call, handle, &spec);
       if (!resp->input_grads[i]) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
@@ -138,35 +140,52 @@ ttd_status_t ttd_handle_zero_grad(ttd_call *call, const ProtobufCMessage *reques
   return TTD_OK;
 }
 
+/* A zeroed float32 tensor shaped like t (optimizer state is float32 for any parameter). */
 static ttd_status_t zeroed_like(ttd_backend *backend, const ttd_tensor *t, ttd_tensor **out) {
   if (*out) return TTD_OK;
-  return ttd_tensor_create_zeroed(backend, &t->spec, out);
+  ttd_tensor_spec spec = t->spec;
+  spec.dtype = TTD_DTYPE_FLOAT32;
+  TTD_RETURN_IF_ERROR(ttd_tensor_spec_finish(&spec));
+  return ttd_tensor_create_zeroed(backend, &spec, out);
 }
 
 /* One parameter's step: its state is made on first use and lives with the parameter. */
 static ttd_status_t step_param(ttd_backend *backend, ttd_tensor *param, ttd_optimizer_call *oc, int *out_updated) {
   *out_updated = 0;
-  if (param->spec.dtype != TTD_DTYPE_FLOAT32) {
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "OptimizerStep updates float32 parameters, got %s",
+  if (param->spec.dtype != TTD_DTYPE_FLOAT32 && param->spec.dtype != TTD_DTYPE_BFLOAT16) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "OptimizerStep updates float32 or bfloat16 parameters, got %s",
                            ttd_dtype_name(param->spec.dtype));
   }
   ttd_status_t status = TTD_OK;
+  ttd_tensor *wide = NULL; /* a bfloat16 parameter is updated in float32, then rounded back */
   pthread_mutex_lock(&param->train_lock);
   if (param->grad) {
     int need_state = oc->adam ? 2 : (oc->sgd.momentum != 0.0f ? 1 : 0);
     for (int k = 0; k < need_state && !status; k++) status = zeroed_like(backend, param, &param->opt_state[k]);
+    if (!status && param->spec.dtype == TTD_DTYPE_BFLOAT16) {
+      status = zeroed_like(backend, param, &wide);
+      if (!status) {
+        status = backend->vtable->buffer_convert(backend, param->buffer, TTD_DTYPE_BFLOAT16, wide->buffer,
+                                                 TTD_DTYPE_FLOAT32, param->spec.numel);
+      }
+    }
     if (!status) {
       oc->step = ++param->opt_step;
-      oc->param = param->buffer;
+      oc->param = wide ? wide->buffer : param->buffer;
       oc->grad = param->grad->buffer;
       oc->state[0] = param->opt_state[0] ? param->opt_state[0]->buffer : NULL;
       oc->state[1] = param->opt_state[1] ? param->opt_state[1]->buffer : NULL;
       oc->n = (int64_t)param->spec.numel;
       status = backend->vtable->optimizer_step(backend, param->spec.device, oc);
+      if (!status && wide) {
+        status = backend->vtable->buffer_convert(backend, wide->buffer, TTD_DTYPE_FLOAT32, param->buffer,
+                                                 TTD_DTYPE_BFLOAT16, param->spec.numel);
+      }
       *out_updated = 1;
     }
   }
   pthread_mutex_unlock(&param->train_lock);
+  ttd_tensor_release(wide);
   return status;
 }
 

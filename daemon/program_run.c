@@ -45,6 +45,10 @@ void ttd_run_free(ttd_run *run) {
   if (!run) return;
   for (int i = 0; run->values && i < run->program->n_values; i++) ttd_tensor_release(run->values[i]);
   for (int i = 0; run->saved && i < 2 * run->program->n_nodes; i++) ttd_tensor_release(run->saved[i]);
+  for (int i = 0; run->operands && i < run->program->n_inputs + run->program->n_params; i++) {
+    ttd_tensor_release(run->operands[i]);
+  }
+  free(run->operands);
   free(run->values);
   free(run->saved);
   ttd_program_release(run->program);
@@ -70,13 +74,27 @@ ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_program *program, ttd_ten
   run->device = device;
   run->values = calloc((size_t)program->n_values, sizeof(*run->values));
   run->saved = calloc((size_t)(2 * program->n_nodes + 1), sizeof(*run->saved));
-  if (!run->values || !run->saved) {
+  run->operands = calloc((size_t)(n_inputs + n_params + 1), sizeof(*run->operands));
+  if (!run->values || !run->saved || !run->operands) {
     ttd_run_free(run);
     return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   }
-  for (int i = 0; i < n_inputs; i++) run->values[i] = ttd_tensor_retain(inputs[i]);
-  for (int i = 0; i < n_params; i++) run->values[program->n_inputs + i] = ttd_tensor_retain(params[i]);
+  for (int i = 0; i < n_inputs; i++) run->operands[i] = ttd_tensor_retain(inputs[i]);
+  for (int i = 0; i < n_params; i++) run->operands[n_inputs + i] = ttd_tensor_retain(params[i]);
   ttd_status_t status = TTD_OK;
+  /* Compute is float32: bfloat16 operands are widened on the device first. */
+  for (int i = 0; i < n_inputs + n_params && !status; i++) {
+    ttd_tensor *op = run->operands[i];
+    if (op->spec.dtype != TTD_DTYPE_BFLOAT16) {
+      run->values[i] = ttd_tensor_retain(op);
+      continue;
+    }
+    status = make_tensor(backend, device, TTD_DTYPE_FLOAT32, &program->values[i].type.shape, &run->values[i]);
+    if (!status) {
+      status = backend->vtable->buffer_convert(backend, op->buffer, TTD_DTYPE_BFLOAT16, run->values[i]->buffer,
+                                               TTD_DTYPE_FLOAT32, op->spec.numel);
+    }
+  }
   for (int i = 0; i < program->n_nodes && !status; i++) {
     const ttd_program_node *node = &program->nodes[i];
     const ttd_kshape *out_shape = &program->values[node->value].type.shape;
@@ -178,7 +196,7 @@ ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *co
   }
   for (int i = 0; i < program->n_params && !status; i++) {
     ttd_tensor *g = grads[ttd_program_param_value(program, i)];
-    ttd_tensor *param = run->values[ttd_program_param_value(program, i)];
+    ttd_tensor *param = run->operands[program->n_inputs + i]; /* the caller's, not a widened copy */
     out_param_grads[i] = NULL;
     if (!g) continue;
     status = accumulate_param_grad(backend, param, g);

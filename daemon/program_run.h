@@ -10,7 +10,9 @@
 typedef struct ttd_run {
   ttd_program *program;  /* one reference */
   int device;
-  ttd_tensor **values;   /* per program value, one reference each (NULL where not made) */
+  ttd_tensor **values;   /* per program value, one reference each (NULL where not made);
+                          * bfloat16 inputs and parameters appear here as float32 copies */
+  ttd_tensor **operands; /* the caller's inputs then parameters, one reference each */
   ttd_tensor **saved;    /* per node, 2 slots: what the op keeps for its backward */
 } ttd_run;
 

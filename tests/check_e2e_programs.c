@@ -17,7 +17,8 @@ static ttd_proc proc;
 static char session[17], instance[40];
 
 static void setup(void) {
-  ttd_proc_start(&proc, NULL);
+  const char *args[] = {"--devices", "2", NULL};
+  ttd_proc_start(&proc, args);
   raw_open_session(proc.target, session, instance);
 }
 
@@ -385,9 +386,12 @@ START_TEST(test_execute_mlp_matches_reference) {
 }
 END_TEST
 
+static int want_input_grads;
+
 static Ttd__V1__BackwardResponse *backward(uint64_t run, const uint64_t *grads, size_t n, int keep, int want_code,
                                            const char *needle) {
   Ttd__V1__BackwardRequest req = TTD__V1__BACKWARD_REQUEST__INIT;
+  req.input_grads = want_input_grads;
   req.run = run;
   req.output_grads = (uint64_t *)grads;
   req.n_output_grads = n;
@@ -650,6 +654,56 @@ START_TEST(test_run_lifecycle_and_memory) {
 }
 END_TEST
 
+/* Backward can return the gradients of float inputs (dx matches finite differences of the
+ * host reference; int32 labels get none); operands on another device, another session's
+ * program and a freed input are refused precisely. */
+START_TEST(test_input_grads_and_foreign_operands) {
+  trained t;
+  tanh_mlp(&t);
+  float one = 1.0f;
+  uint64_t dloss = upload(&one, 1, 0, 1, 0, "tt:0");
+  want_input_grads = 1;
+  Ttd__V1__BackwardResponse *g = backward(run_kept(&t), &dloss, 1, 0, 0, NULL);
+  want_input_grads = 0;
+  ck_assert_uint_eq(g->n_input_grads, 2);
+  ck_assert_uint_ne(g->input_grads[0]->handle, 0);
+  ck_assert_uint_eq(g->input_grads[1]->handle, 0);
+  float dx[TN * TIN];
+  download(g->input_grads[0]->handle, dx, TN * TIN);
+  mlp_params p;
+  to_double(&t, &p);
+  for (int k = 0; k < TN * TIN; k += 3) {
+    float keep = t.x[k];
+    t.x[k] = keep + 1e-3f;
+    double up = mlp_loss(&p, t.x, t.labels), hi = t.x[k];
+    t.x[k] = keep - 1e-3f;
+    double down = mlp_loss(&p, t.x, t.labels), lo = t.x[k];
+    t.x[k] = keep;
+    double fd = (up - down) / (hi - lo);
+    ck_assert_msg(fabs(fd - dx[k]) <= 1e-4 + 1e-3 * fabs(fd), "dx[%d]: %g vs %g", k, dx[k], fd);
+  }
+  ttd__v1__backward_response__free_unpacked(g, NULL);
+  /* An input on tt:1 while the parameters are on tt:0. */
+  uint64_t on_one[2] = {upload(t.x, 1, 2, TN, TIN, "tt:1"), t.in[1]};
+  execute(t.program->program, on_one, 2, t.params, 4, 3, "input 'x' is on tt:1 but the program runs on tt:0");
+  /* A freed input. */
+  uint64_t freed = upload(t.x, 1, 2, TN, TIN, "tt:0");
+  Ttd__V1__FreeRequest fr = TTD__V1__FREE_REQUEST__INIT;
+  fr.handles = &freed;
+  fr.n_handles = 1;
+  expect("/ttd.v1.Device/Free", &fr.base, (raw_md){session, instance}, 0, NULL);
+  uint64_t with_freed[2] = {freed, t.in[1]};
+  execute(t.program->program, with_freed, 2, t.params, 4, 5, "not found in this session");
+  /* Another session's program handle. */
+  char mine[17];
+  memcpy(mine, session, sizeof(mine));
+  raw_open_session(proc.target, session, instance);
+  execute(t.program->program, t.in, 2, t.params, 4, 5, "not found in this session");
+  memcpy(session, mine, sizeof(mine));
+  ttd__v1__compile_response__free_unpacked(t.program, NULL);
+}
+END_TEST
+
 Suite *e2e_programs_suite(void) {
   Suite *s = suite_create("e2e_programs");
   TCase *tc = tcase_create("compile");
@@ -662,6 +716,7 @@ Suite *e2e_programs_suite(void) {
   tcase_add_test(tc, test_backward_matches_finite_differences);
   tcase_add_test(tc, test_optimizer_steps_match_host_reference);
   tcase_add_test(tc, test_run_lifecycle_and_memory);
+  tcase_add_test(tc, test_input_grads_and_foreign_operands);
   suite_add_tcase(s, tc);
   return s;
 }

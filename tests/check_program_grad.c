@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../daemon/backend.h"
+#include "../kernels/dtype.h"
 #include "../daemon/program_run.h"
 #include "suites.h"
 
@@ -98,10 +99,13 @@ static ttd_tensor *make(ttd_backend *backend, const ttd_program_value *v, float 
   ck_assert_ptr_null(ttd_tensor_spec_finish(&spec));
   ttd_tensor *t = NULL;
   ck_assert_ptr_null(ttd_tensor_create(backend, &spec, &t));
-  float *data = malloc(spec.nbytes + 4);
+  float *data = malloc(spec.numel * 4 + 4);
   for (uint64_t i = 0; i < spec.numel; i++) {
     if (spec.dtype == TTD_DTYPE_INT32) ((int32_t *)data)[i] = (int32_t)(i % (uint64_t)label_classes);
     else data[i] = uniform(scale);
+  }
+  if (spec.dtype == TTD_DTYPE_BFLOAT16) {
+    for (uint64_t i = 0; i < spec.numel; i++) ((uint16_t *)data)[i] = ttd_bf16_from_f32(data[i]); /* in place, forward */
   }
   backend->vtable->buffer_write(backend, t->buffer, 0, data, spec.nbytes);
   free(data);
@@ -298,6 +302,70 @@ START_TEST(test_transformer_block_gradients) {
 }
 END_TEST
 
+/* bfloat16 storage: a program whose input and parameters are bfloat16 computes in float32
+ * exactly as the float32 program on the rounded values, and its gradients (float32) match. */
+START_TEST(test_bfloat16_storage_matches_float32) {
+  graph_builder b16, b32;
+  for (int pass = 0; pass < 2; pass++) {
+    graph_builder *b = pass ? &b32 : &b16;
+    int dt = pass ? F32 : TTD__V1__DTYPE__DTYPE_BFLOAT16;
+    gb_init(b);
+    gb_value(b, 0, "x", dt, 2, 4, 6, 0, 0);
+    gb_value(b, 0, "t", F32, 2, 4, 3, 0, 0);
+    gb_value(b, 1, "w", dt, 2, 3, 6, 0, 0);
+    gb_value(b, 1, "c", dt, 1, 3, 0, 0, 0);
+    gb_node(b, "y", "linear", "x", "w", "c");
+    gb_node(b, "a", "tanh", "y", NULL, NULL);
+    gb_node(b, "loss", "mse_loss", "a", "t", NULL);
+    b->outputs[b->graph.n_outputs++] = "loss";
+  }
+  harness h16, h32;
+  harness_setup(&h16, &b16, 0.5f, 1);
+  harness_setup(&h32, &b32, 0.5f, 1);
+  /* Same values: the float32 program gets the bfloat16 values widened. */
+  ttd_tensor *pairs[3][2] = {{h16.inputs[0], h32.inputs[0]}, {h16.params[0], h32.params[0]}, {h16.params[1], h32.params[1]}};
+  for (int k = 0; k < 3; k++) {
+    uint64_t n = pairs[k][0]->spec.numel;
+    ck_assert_int_eq(pairs[k][0]->spec.dtype, TTD_DTYPE_BFLOAT16);
+    ck_assert_ptr_null(h16.backend->vtable->buffer_convert(h16.backend, pairs[k][0]->buffer, TTD_DTYPE_BFLOAT16,
+                                                           pairs[k][1]->buffer, TTD_DTYPE_FLOAT32, n));
+  }
+  ttd_backend *b2 = h32.backend; /* both harnesses have their own card: copy the target over */
+  float target[12];
+  b2->vtable->buffer_read(b2, h32.inputs[1]->buffer, 0, target, sizeof(target));
+  h16.backend->vtable->buffer_write(h16.backend, h16.inputs[1]->buffer, 0, target, sizeof(target));
+  double l16 = loss_of(&h16), l32 = loss_of(&h32);
+  ck_assert(isfinite(l16));
+  ck_assert_double_eq(l16, l32);
+  /* Gradients: float32 for the bfloat16 parameters, equal to the float32 program's. */
+  ttd_tensor *g16[MAXV] = {0}, *g32[MAXV] = {0};
+  harness *hs[2] = {&h16, &h32};
+  ttd_tensor **gs[2] = {g16, g32};
+  for (int k = 0; k < 2; k++) {
+    ttd_run *run = NULL;
+    ck_assert_ptr_null(ttd_run_forward(hs[k]->backend, hs[k]->program, hs[k]->inputs, 2, hs[k]->params, 2, &run));
+    ttd_tensor_spec one = {.dtype = TTD_DTYPE_FLOAT32, .ndim = 0};
+    ttd_tensor_spec_finish(&one);
+    ttd_tensor *dloss = NULL;
+    ck_assert_ptr_null(ttd_tensor_create(hs[k]->backend, &one, &dloss));
+    write_at(hs[k]->backend, dloss, 0, 1.0f);
+    ck_assert_ptr_null(ttd_run_backward(run, hs[k]->backend, &dloss, gs[k], NULL));
+    ttd_run_free(run);
+    ttd_tensor_release(dloss);
+  }
+  for (int p = 0; p < 2; p++) {
+    ck_assert_int_eq(g16[p]->spec.dtype, TTD_DTYPE_FLOAT32);
+    for (uint64_t i = 0; i < g16[p]->spec.numel; i++) {
+      ck_assert_float_eq(read_at(h16.backend, g16[p], i), read_at(h32.backend, g32[p], i));
+    }
+    ttd_tensor_release(g16[p]);
+    ttd_tensor_release(g32[p]);
+  }
+  harness_teardown(&h16);
+  harness_teardown(&h32);
+}
+END_TEST
+
 Suite *program_grad_suite(void) {
   Suite *s = suite_create("program_grad");
   TCase *tc = tcase_create("whole_program");
@@ -305,6 +373,7 @@ Suite *program_grad_suite(void) {
   tcase_add_test(tc, test_mlp_gradients);
   tcase_add_test(tc, test_lenet_gradients);
   tcase_add_test(tc, test_transformer_block_gradients);
+  tcase_add_test(tc, test_bfloat16_storage_matches_float32);
   suite_add_tcase(s, tc);
   return s;
 }

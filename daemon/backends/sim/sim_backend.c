@@ -1,5 +1,7 @@
 #include "sim_internal.h"
 
+#include "../../../kernels/dtype.h"
+
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -114,6 +116,16 @@ static ttd_status_t sim_buffer_copy(ttd_backend *backend, ttd_backend_buffer *sr
   return TTD_OK;
 }
 
+static ttd_status_t sim_buffer_convert(ttd_backend *backend, ttd_backend_buffer *src, int src_dtype,
+                                       ttd_backend_buffer *dst, int dst_dtype, uint64_t n) {
+  (void)backend;
+  if (ttd_dtype_convert(dst->data, (ttd_dtype)dst_dtype, src->data, (ttd_dtype)src_dtype, (size_t)n) != 0) {
+    return ttd_make_status(GRPC_STATUS_INTERNAL, "sim backend: cannot convert %s to %s", ttd_dtype_name((ttd_dtype)src_dtype),
+                           ttd_dtype_name((ttd_dtype)dst_dtype));
+  }
+  return TTD_OK;
+}
+
 static const ttd_backend_vtable sim_vtable = {
     .destroy = sim_destroy,
     .device_count = sim_device_count,
@@ -128,6 +140,7 @@ static const ttd_backend_vtable sim_vtable = {
     .run_node_backward = ttd_sim_run_node_backward,
     .buffer_accumulate = ttd_sim_buffer_accumulate,
     .optimizer_step = ttd_sim_optimizer_step,
+    .buffer_convert = sim_buffer_convert,
 };
 
 ttd_status_t ttd_sim_backend_create(const ttd_backend_options *options, ttd_backend **out_backend) {
