@@ -19,9 +19,9 @@
 #define NOPS 3 /* a, b and (for one backward) a third operand */
 
 typedef struct bplan {
-  int ndim;                                /* >= 1 after planning, innermost last */
+  int ndim; /* >= 1 after planning, innermost last */
   int64_t size[TTD_KMAX_DIMS];
-  int64_t stride[NOPS][TTD_KMAX_DIMS];     /* element strides, 0 on broadcast dims */
+  int64_t stride[NOPS][TTD_KMAX_DIMS]; /* element strides, 0 on broadcast dims */
   int64_t numel;
 } bplan;
 
@@ -287,8 +287,8 @@ static void fallback_row(void *ctx, int64_t pos, const int64_t *off, int64_t len
   }
 }
 
-static void grad_one(ttd_pool *pool, ttd_binary_op op, int which, const float *a, const ttd_kshape *as,
-                     const float *b, const ttd_kshape *bs, const float *dy, const ttd_kshape *os, float *dx) {
+static void grad_one(ttd_pool *pool, ttd_binary_op op, int which, const float *a, const ttd_kshape *as, const float *b,
+                     const ttd_kshape *bs, const float *dy, const ttd_kshape *os, float *dx) {
   const ttd_kshape *xs = which ? bs : as;
   int64_t nx = ttd_kshape_numel(xs), ny = ttd_kshape_numel(os);
   if (nx <= 0) return;

@@ -24,8 +24,8 @@
 
 /* Not under ThreadSanitizer: its instrumented ifunc resolvers run before its runtime is up. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define TTD_KHOT                                                                      \
-  __attribute__((target_clones("avx512f", "avx2", "default"),                         \
+#define TTD_KHOT                                              \
+  __attribute__((target_clones("avx512f", "avx2", "default"), \
                  optimize("tree-vectorize", "vect-cost-model=dynamic", "unswitch-loops")))
 #else
 #define TTD_KHOT

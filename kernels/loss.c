@@ -72,8 +72,8 @@ static void ce_backward_run(void *ctx, size_t begin, size_t end) {
 void ttd_k_cross_entropy_backward(ttd_pool *pool, const float *logits, const int32_t *labels, int64_t n, int64_t c,
                                   float dloss, float *dlogits) {
   if (n <= 0 || c <= 0) return;
-  ce_job job = {.logits = logits, .labels = labels, .c = c, .scale = (float)((double)dloss / (double)n),
-                .dlogits = dlogits};
+  ce_job job = {
+      .logits = logits, .labels = labels, .c = c, .scale = (float)((double)dloss / (double)n), .dlogits = dlogits};
   ttd_pool_parallel_for(pool, (size_t)n, rows_per_chunk(c), ce_backward_run, &job);
 }
 

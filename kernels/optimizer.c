@@ -39,11 +39,12 @@ static void sgd_run(void *ctx, size_t begin, size_t end) {
   sgd_job *job = ctx;
   const ttd_sgd_params *p = job->p;
   int64_t n = (int64_t)(end - begin);
-  if (p->momentum == 0.0f)
+  if (p->momentum == 0.0f) {
     sgd_plain_loop(p->lr, p->weight_decay, job->param + begin, job->grad + begin, n);
-  else
+  } else {
     sgd_momentum_loop(p->lr, p->momentum, p->dampening, p->weight_decay, p->nesterov, job->first, job->param + begin,
                       job->grad + begin, job->buf + begin, n);
+  }
 }
 
 /* With momentum 0 the buffer is neither read nor written (it may be NULL). */

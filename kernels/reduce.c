@@ -17,9 +17,9 @@
 #include "kernel_internal.h"
 #include "kernels.h"
 
-#define SEG 256             /* output neighbours per segment (innermost dim kept) */
-#define RBLOCK 16384        /* reduced elements per block when a reduction is cut */
-#define MAX_PARTIALS 4096   /* doubles of partial sums on the caller's stack */
+#define SEG 256           /* output neighbours per segment (innermost dim kept) */
+#define RBLOCK 16384      /* reduced elements per block when a reduction is cut */
+#define MAX_PARTIALS 4096 /* doubles of partial sums on the caller's stack */
 #define TILE 32
 
 typedef struct rplan {
@@ -168,7 +168,8 @@ static void reduce_run(void *ctx, size_t begin, size_t end) {
   for (size_t i = begin; i < end; i++) reduce_item(ctx, (int64_t)i);
 }
 
-void ttd_k_reduce(ttd_pool *pool, ttd_reduce_op op, const float *x, const ttd_kshape *xs, uint32_t axes_mask, float *y) {
+void ttd_k_reduce(ttd_pool *pool, ttd_reduce_op op, const float *x, const ttd_kshape *xs, uint32_t axes_mask,
+                  float *y) {
   rplan p;
   rplan_make(&p, xs, axes_mask);
   if (p.ynumel <= 0) return;
@@ -337,6 +338,6 @@ void ttd_k_permute(ttd_pool *pool, const float *x, const ttd_kshape *xs, const i
   pl.tiles_p = (pl.size[pl.p] + TILE - 1) / TILE;
   pl.tiles_q = (pl.size[q] + TILE - 1) / TILE;
   pl.outer = pl.numel / (pl.size[pl.p] * pl.size[q]);
-  ttd_pool_parallel_for(pool, (size_t)(pl.outer * pl.tiles_p * pl.tiles_q), TTD_KGRAIN / (TILE * TILE),
-                        permute_tiles, &job);
+  ttd_pool_parallel_for(pool, (size_t)(pl.outer * pl.tiles_p * pl.tiles_q), TTD_KGRAIN / (TILE * TILE), permute_tiles,
+                        &job);
 }

@@ -84,8 +84,8 @@ static void softmax_backward_run(void *ctx, size_t begin, size_t end) {
   }
 }
 
-static void softmax_backward_any(ttd_pool *pool, const float *y, const float *dy, int64_t rows, int64_t cols,
-                                 float *dx, int is_log) {
+static void softmax_backward_any(ttd_pool *pool, const float *y, const float *dy, int64_t rows, int64_t cols, float *dx,
+                                 int is_log) {
   if (rows <= 0 || cols <= 0) return;
   softmax_job job = {.y = y, .dy = dy, .out = dx, .cols = cols, .is_log = is_log};
   ttd_pool_parallel_for(pool, (size_t)rows, row_grain(cols), softmax_backward_run, &job);

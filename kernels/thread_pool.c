@@ -30,7 +30,7 @@ struct ttd_pool {
 
   pthread_mutex_t call_mu; /* one parallel_for at a time */
 
-  pthread_mutex_t mu; /* guards everything below but `next` */
+  pthread_mutex_t mu;     /* guards everything below but `next` */
   pthread_cond_t work_cv; /* workers: a new job or shutdown */
   pthread_cond_t done_cv; /* caller: the last ticket holder is done */
   uint64_t generation;

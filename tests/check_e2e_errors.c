@@ -35,22 +35,12 @@ static void teardown(void) {
 static raw_md md(void) { return (raw_md){session, instance}; }
 
 /* Packs msg and calls method in this test's session; asserts the code and a message part. */
-static void expect(const char *method, const ProtobufCMessage *msg, raw_md meta, int code, const char *needle) {
-  unsigned char *buf = malloc(protobuf_c_message_get_packed_size(msg) + 1);
-  size_t len = protobuf_c_message_pack(msg, buf);
-  raw_result r;
-  raw_call(proc.target, method, meta, buf, len, &r);
-  free(buf);
-  ck_assert_msg(r.code == code, "%s: expected code %d, got %d (%s)", method, code, r.code, r.details);
-  if (needle) ck_assert_msg(strstr(r.details, needle) != NULL, "%s: message '%s' lacks '%s'", method, r.details, needle);
-  raw_result_free(&r);
-}
 
 static void free_handles(const char *sess, uint64_t *handles, size_t n, int code) {
   Ttd__V1__FreeRequest req = TTD__V1__FREE_REQUEST__INIT;
   req.n_handles = n;
   req.handles = handles;
-  expect("/ttd.v1.Device/Free", &req.base, (raw_md){sess, NULL}, code, NULL);
+  raw_expect(proc.target, "/ttd.v1.Device/Free", &req.base, (raw_md){sess, NULL}, code, NULL);
 }
 
 /* Bytes that are not a protobuf message are INVALID_ARGUMENT naming the message type. */
@@ -100,37 +90,37 @@ END_TEST
 /* Bad tensor specs in Allocate are INVALID_ARGUMENT and say what is wrong. */
 START_TEST(test_bad_specs) {
   Ttd__V1__AllocateRequest req = TTD__V1__ALLOCATE_REQUEST__INIT;
-  expect("/ttd.v1.Device/Allocate", &req.base, md(), 3, "spec is missing");
+  raw_expect(proc.target, "/ttd.v1.Device/Allocate", &req.base, md(), 3, "spec is missing");
   Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
   int64_t shape[9] = {2, 3, 1, 1, 1, 1, 1, 1, 1};
   spec.shape = shape;
   spec.n_shape = 2;
   req.spec = &spec;
-  expect("/ttd.v1.Device/Allocate", &req.base, md(), 3, "dtype 0");
+  raw_expect(proc.target, "/ttd.v1.Device/Allocate", &req.base, md(), 3, "dtype 0");
   spec.dtype = 17;
-  expect("/ttd.v1.Device/Allocate", &req.base, md(), 3, "dtype 17");
+  raw_expect(proc.target, "/ttd.v1.Device/Allocate", &req.base, md(), 3, "dtype 17");
   spec.dtype = TTD__V1__DTYPE__DTYPE_INT32;
   shape[1] = -3;
-  expect("/ttd.v1.Device/Allocate", &req.base, md(), 3, "-3");
+  raw_expect(proc.target, "/ttd.v1.Device/Allocate", &req.base, md(), 3, "-3");
   shape[1] = 0;
   spec.n_shape = 9;
-  expect("/ttd.v1.Device/Allocate", &req.base, md(), 3, "9 dims");
+  raw_expect(proc.target, "/ttd.v1.Device/Allocate", &req.base, md(), 3, "9 dims");
   spec.n_shape = 3;
   shape[0] = INT64_MAX;
   shape[1] = 2;
   shape[2] = 3;
-  expect("/ttd.v1.Device/Allocate", &req.base, md(), 3, "2^63");
+  raw_expect(proc.target, "/ttd.v1.Device/Allocate", &req.base, md(), 3, "2^63");
   shape[0] = (int64_t)1 << 62; /* 2^62 elements fit in 63 bits, their bytes do not */
   spec.n_shape = 1;
-  expect("/ttd.v1.Device/Allocate", &req.base, md(), 3, "2^63 bytes");
+  raw_expect(proc.target, "/ttd.v1.Device/Allocate", &req.base, md(), 3, "2^63 bytes");
   shape[0] = 4;
   spec.device = "tt:2";
-  expect("/ttd.v1.Device/Allocate", &req.base, md(), 3, "tt:0 .. tt:1");
+  raw_expect(proc.target, "/ttd.v1.Device/Allocate", &req.base, md(), 3, "tt:0 .. tt:1");
   spec.device = "gpu:0";
-  expect("/ttd.v1.Device/Allocate", &req.base, md(), 3, "gpu:0");
+  raw_expect(proc.target, "/ttd.v1.Device/Allocate", &req.base, md(), 3, "gpu:0");
   spec.device = "tt:1";
   spec.location = 9;
-  expect("/ttd.v1.Device/Allocate", &req.base, md(), 3, "memory location 9");
+  raw_expect(proc.target, "/ttd.v1.Device/Allocate", &req.base, md(), 3, "memory location 9");
 }
 END_TEST
 
@@ -144,15 +134,15 @@ START_TEST(test_capacity_exhaustion) {
   spec.shape = shape;
   Ttd__V1__AllocateRequest req = TTD__V1__ALLOCATE_REQUEST__INIT;
   req.spec = &spec;
-  expect("/ttd.v1.Device/Allocate", &req.base, md(), 8, "tt:0 dram is full: requested 1048580 bytes, 1048576 bytes free");
+  raw_expect(proc.target, "/ttd.v1.Device/Allocate", &req.base, md(), 8, "tt:0 dram is full: requested 1048580 bytes, 1048576 bytes free");
   spec.location = TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_L1;
   shape[0] = 16385;
-  expect("/ttd.v1.Device/Allocate", &req.base, md(), 8, "tt:0 l1 is full: requested 65540 bytes, 65536 bytes free");
+  raw_expect(proc.target, "/ttd.v1.Device/Allocate", &req.base, md(), 8, "tt:0 l1 is full: requested 65540 bytes, 65536 bytes free");
   uint64_t h = raw_allocate(proc.target, session, 1 << 18); /* exactly the whole DRAM */
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 1 << 20);
   spec.location = TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_DRAM;
   shape[0] = 1;
-  expect("/ttd.v1.Device/Allocate", &req.base, md(), 8, "0 bytes free");
+  raw_expect(proc.target, "/ttd.v1.Device/Allocate", &req.base, md(), 8, "0 bytes free");
   free_handles(session, &h, 1, 0);
 }
 END_TEST
@@ -161,12 +151,12 @@ END_TEST
  * daemon instance is FAILED_PRECONDITION "daemon restarted". */
 START_TEST(test_session_metadata) {
   Ttd__V1__KeepAliveRequest req = TTD__V1__KEEP_ALIVE_REQUEST__INIT;
-  expect("/ttd.v1.Device/KeepAlive", &req.base, (raw_md){0}, 3, "needs a session");
-  expect("/ttd.v1.Device/KeepAlive", &req.base, (raw_md){"not-hex", NULL}, 3, "16 hex digits");
-  expect("/ttd.v1.Device/KeepAlive", &req.base, (raw_md){"0123456789abcdef0", NULL}, 3, "16 hex digits");
-  expect("/ttd.v1.Device/KeepAlive", &req.base, (raw_md){"00000000000000aa", NULL}, 5, "is not open");
-  expect("/ttd.v1.Device/KeepAlive", &req.base, (raw_md){session, "0000000000000000"}, 9, "daemon restarted");
-  expect("/ttd.v1.Device/KeepAlive", &req.base, md(), 0, NULL);
+  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){0}, 3, "needs a session");
+  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){"not-hex", NULL}, 3, "16 hex digits");
+  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){"0123456789abcdef0", NULL}, 3, "16 hex digits");
+  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){"00000000000000aa", NULL}, 5, "is not open");
+  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){session, "0000000000000000"}, 9, "daemon restarted");
+  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, md(), 0, NULL);
 }
 END_TEST
 
@@ -174,7 +164,7 @@ END_TEST
 START_TEST(test_protocol_version) {
   Ttd__V1__OpenSessionRequest req = TTD__V1__OPEN_SESSION_REQUEST__INIT;
   req.protocol_version = 2;
-  expect("/ttd.v1.Device/OpenSession", &req.base, (raw_md){0}, 9, "protocol 2, this daemon speaks 1");
+  raw_expect(proc.target, "/ttd.v1.Device/OpenSession", &req.base, (raw_md){0}, 9, "protocol 2, this daemon speaks 1");
 }
 END_TEST
 
@@ -208,7 +198,7 @@ START_TEST(test_foreign_freed_forged_handles) {
     Ttd__V1__MoveRequest mv = TTD__V1__MOVE_REQUEST__INIT;
     mv.handle = cases[i];
     mv.device = "tt:1";
-    expect("/ttd.v1.Device/Move", &mv.base, md(), 5, "not found in this session");
+    raw_expect(proc.target, "/ttd.v1.Device/Move", &mv.base, md(), 5, "not found in this session");
     free_handles(session, &cases[i], 1, 5);
   }
   free_handles(other, &theirs, 1, 0); /* the owner still has it */
@@ -292,12 +282,12 @@ START_TEST(test_bad_downloads) {
   Ttd__V1__DownloadRequest req = TTD__V1__DOWNLOAD_REQUEST__INIT;
   req.handle = h;
   req.chunk_bytes = 64u << 20;
-  expect("/ttd.v1.Device/Download", &req.base, md(), 3, "chunk_bytes");
+  raw_expect(proc.target, "/ttd.v1.Device/Download", &req.base, md(), 3, "chunk_bytes");
   req.chunk_bytes = 0;
   req.target_dtype = TTD__V1__DTYPE__DTYPE_INT32;
-  expect("/ttd.v1.Device/Download", &req.base, md(), 3, "cannot download a float32 tensor as int32");
+  raw_expect(proc.target, "/ttd.v1.Device/Download", &req.base, md(), 3, "cannot download a float32 tensor as int32");
   req.target_dtype = 0;
-  expect("/ttd.v1.Device/Download", &req.base, md(), 0, NULL);
+  raw_expect(proc.target, "/ttd.v1.Device/Download", &req.base, md(), 0, NULL);
   free_handles(session, &h, 1, 0);
 }
 END_TEST

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "raw_rpc.h"
+#include "graph_builder.h"
 #include "suites.h"
 #include "ttd/v1/ttd.pb-c.h"
 #include "ttd_harness.h"
@@ -27,76 +28,15 @@ static void teardown(void) {
   ck_assert_int_eq(ttd_proc_stop(&proc), 0);
 }
 
-/* A small graph under construction: fixed-size storage, no allocation. */
-typedef struct gb {
-  Ttd__V1__Graph graph;
-  Ttd__V1__ValueSpec specs[8], *inputs[8], *params[8];
-  int64_t dims[8][4];
-  Ttd__V1__Node nodes[8], *node_ptrs[8];
-  char *node_inputs[8][3];
-  Ttd__V1__Attr attrs[8], *attr_ptrs[8][1];
-  Ttd__V1__IntList lists[8];
-  int64_t list_values[8][4];
-  char *outputs[4];
-  int n_specs;
-} gb;
-
-static void gb_init(gb *b) {
-  memset(b, 0, sizeof(*b));
-  ttd__v1__graph__init(&b->graph);
-  b->graph.inputs = b->inputs;
-  b->graph.parameters = b->params;
-  b->graph.nodes = b->node_ptrs;
-  b->graph.outputs = b->outputs;
-}
-
-static void gb_value(gb *b, int param, const char *name, int dtype, int ndim, int64_t d0, int64_t d1) {
-  Ttd__V1__ValueSpec *s = &b->specs[b->n_specs];
-  ttd__v1__value_spec__init(s);
-  s->name = (char *)name;
-  s->dtype = dtype;
-  s->n_shape = (size_t)ndim;
-  b->dims[b->n_specs][0] = d0;
-  b->dims[b->n_specs][1] = d1;
-  s->shape = b->dims[b->n_specs++];
-  if (param) b->params[b->graph.n_parameters++] = s;
-  else b->inputs[b->graph.n_inputs++] = s;
-}
-
-static Ttd__V1__Node *gb_node(gb *b, const char *name, const char *op, const char *in0, const char *in1, const char *in2) {
-  int i = (int)b->graph.n_nodes++;
-  Ttd__V1__Node *n = &b->nodes[i];
-  ttd__v1__node__init(n);
-  n->name = (char *)name;
-  n->op = (char *)op;
-  const char *ins[3] = {in0, in1, in2};
-  for (int k = 0; k < 3 && ins[k]; k++) b->node_inputs[i][n->n_inputs++] = (char *)ins[k];
-  n->inputs = b->node_inputs[i];
-  b->node_ptrs[i] = n;
-  return n;
-}
-
-static void gb_attr_int(gb *b, Ttd__V1__Node *n, const char *name, int64_t v) {
-  int i = (int)(n - b->nodes);
-  ttd__v1__attr__init(&b->attrs[i]);
-  b->attrs[i].name = (char *)name;
-  b->attrs[i].value_case = TTD__V1__ATTR__VALUE_I;
-  b->attrs[i].i = v;
-  b->attr_ptrs[i][0] = &b->attrs[i];
-  n->n_attrs = 1;
-  n->attrs = b->attr_ptrs[i];
-}
-
-static void gb_output(gb *b, const char *name) { b->outputs[b->graph.n_outputs++] = (char *)name; }
 
 /* The MLP of the examples: x[64,784] -> linear 512 -> relu -> linear 10. */
-static void mlp(gb *b) {
+static void mlp(graph_builder *b) {
   gb_init(b);
-  gb_value(b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 64, 784);
-  gb_value(b, 1, "w1", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 512, 784);
-  gb_value(b, 1, "b1", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, 512, 0);
-  gb_value(b, 1, "w2", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 10, 512);
-  gb_value(b, 1, "b2", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, 10, 0);
+  gb_value(b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 64, 784, 0, 0);
+  gb_value(b, 1, "w1", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 512, 784, 0, 0);
+  gb_value(b, 1, "b1", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, 512, 0, 0, 0);
+  gb_value(b, 1, "w2", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 10, 512, 0, 0);
+  gb_value(b, 1, "b2", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, 10, 0, 0, 0);
   /* Deliberately out of order: the daemon sorts. */
   gb_node(b, "logits", "linear", "h", "w2", "b2");
   gb_node(b, "h", "relu", "z", NULL, NULL);
@@ -104,18 +44,8 @@ static void mlp(gb *b) {
   gb_output(b, "logits");
 }
 
-static void expect(const char *method, const ProtobufCMessage *msg, raw_md meta, int code, const char *needle) {
-  unsigned char *buf = malloc(protobuf_c_message_get_packed_size(msg) + 1);
-  size_t len = protobuf_c_message_pack(msg, buf);
-  raw_result r;
-  raw_call(proc.target, method, meta, buf, len, &r);
-  free(buf);
-  ck_assert_msg(r.code == code, "%s: expected code %d, got %d (%s)", method, code, r.code, r.details);
-  if (needle) ck_assert_msg(strstr(r.details, needle) != NULL, "%s: message '%s' lacks '%s'", method, r.details, needle);
-  raw_result_free(&r);
-}
 
-static Ttd__V1__CompileResponse *compile(gb *b, int want_code, const char *needle) {
+static Ttd__V1__CompileResponse *compile(graph_builder *b, int want_code, const char *needle) {
   Ttd__V1__CompileRequest req = TTD__V1__COMPILE_REQUEST__INIT;
   req.graph = &b->graph;
   size_t len = ttd__v1__compile_request__get_packed_size(&req);
@@ -135,7 +65,7 @@ static Ttd__V1__CompileResponse *compile(gb *b, int want_code, const char *needl
 /* A valid MLP compiles: parameters listed in order and the output shape inferred [64, 10];
  * compiling it again is served from the cache with a new handle. */
 START_TEST(test_compile_mlp_and_cache) {
-  gb b;
+  graph_builder b;
   mlp(&b);
   Ttd__V1__CompileResponse *r1 = compile(&b, 0, NULL);
   ck_assert_ptr_nonnull(r1);
@@ -158,20 +88,20 @@ END_TEST
 
 /* A LeNet-style conv stack infers conv, pool and flatten shapes. */
 START_TEST(test_compile_conv_shapes) {
-  gb b;
+  graph_builder b;
   gb_init(&b);
-  gb_value(&b, 0, "img", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 1, 1); /* reshaped below to 4-D */
+  gb_value(&b, 0, "img", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 1, 1, 0, 0); /* reshaped below to 4-D */
   b.specs[0].n_shape = 4;
   int64_t img[4] = {8, 1, 28, 28};
   b.specs[0].shape = img;
-  gb_value(&b, 1, "k", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 1, 1);
+  gb_value(&b, 1, "k", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 1, 1, 0, 0);
   b.specs[1].n_shape = 4;
   int64_t k[4] = {6, 1, 5, 5};
   b.specs[1].shape = k;
   Ttd__V1__Node *c = gb_node(&b, "c", "conv2d", "img", "k", NULL);
-  gb_attr_int(&b, c, "padding", 2);
+  gb_int(&b, c, "padding", 2);
   Ttd__V1__Node *p = gb_node(&b, "p", "max_pool2d", "c", NULL, NULL);
-  gb_attr_int(&b, p, "kernel", 2);
+  gb_int(&b, p, "kernel", 2);
   gb_node(&b, "f", "flatten", "p", NULL, NULL);
   gb_output(&b, "f");
   Ttd__V1__CompileResponse *r = compile(&b, 0, NULL);
@@ -183,7 +113,7 @@ END_TEST
 
 /* Every malformed graph is INVALID_ARGUMENT naming the node and the reason. */
 START_TEST(test_bad_graphs) {
-  gb b;
+  graph_builder b;
   mlp(&b);
   b.nodes[1].inputs[0] = "logits"; /* h reads logits, which reads h: a cycle */
   compile(&b, 3, "part of a cycle");
@@ -204,7 +134,7 @@ START_TEST(test_bad_graphs) {
   b.node_inputs[1][1] = "x";
   compile(&b, 3, "node 'h' (relu): takes 1 inputs, got 2");
   mlp(&b);
-  gb_attr_int(&b, &b.nodes[1], "slope", 2);
+  gb_int(&b, &b.nodes[1], "slope", 2);
   compile(&b, 3, "unknown attribute 'slope'");
   mlp(&b);
   b.nodes[2].name = "x";
@@ -222,8 +152,8 @@ START_TEST(test_bad_graphs) {
   b.specs[0].shape[0] = -4;
   compile(&b, 3, "input 'x'");
   gb_init(&b);
-  gb_value(&b, 0, "logits", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 4, 10);
-  gb_value(&b, 0, "labels", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, 4, 0);
+  gb_value(&b, 0, "logits", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 4, 10, 0, 0);
+  gb_value(&b, 0, "labels", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, 4, 0, 0, 0);
   gb_node(&b, "loss", "cross_entropy", "logits", "labels", NULL);
   gb_output(&b, "loss");
   compile(&b, 3, "labels must be int32");
@@ -319,14 +249,14 @@ START_TEST(test_execute_mlp_matches_reference) {
   fill(b1, H, 3);
   fill(w2, OUT * H, 4);
   fill(b2, OUT, 5);
-  gb b;
+  graph_builder b;
   gb_init(&b);
-  gb_value(&b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, N, IN);
-  gb_value(&b, 0, "labels", TTD__V1__DTYPE__DTYPE_INT32, 1, N, 0);
-  gb_value(&b, 1, "w1", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, H, IN);
-  gb_value(&b, 1, "b1", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, H, 0);
-  gb_value(&b, 1, "w2", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, OUT, H);
-  gb_value(&b, 1, "b2", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, OUT, 0);
+  gb_value(&b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, N, IN, 0, 0);
+  gb_value(&b, 0, "labels", TTD__V1__DTYPE__DTYPE_INT32, 1, N, 0, 0, 0);
+  gb_value(&b, 1, "w1", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, H, IN, 0, 0);
+  gb_value(&b, 1, "b1", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, H, 0, 0, 0);
+  gb_value(&b, 1, "w2", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, OUT, H, 0, 0);
+  gb_value(&b, 1, "b2", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, OUT, 0, 0, 0);
   gb_node(&b, "z", "linear", "x", "w1", "b1");
   gb_node(&b, "h", "relu", "z", NULL, NULL);
   gb_node(&b, "logits", "linear", "h", "w2", "b2");
@@ -448,14 +378,14 @@ static void tanh_mlp(trained *t) {
   fill(t->x, TN * TIN, 11);
   for (int i = 0; i < 4; i++) fill(t->w[i], sizes[i], 20 + (unsigned)i);
   for (int i = 0; i < TN; i++) t->labels[i] = i % TOUT;
-  gb b;
+  graph_builder b;
   gb_init(&b);
-  gb_value(&b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, TN, TIN);
-  gb_value(&b, 0, "labels", TTD__V1__DTYPE__DTYPE_INT32, 1, TN, 0);
-  gb_value(&b, 1, "w1", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, TH, TIN);
-  gb_value(&b, 1, "b1", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, TH, 0);
-  gb_value(&b, 1, "w2", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, TOUT, TH);
-  gb_value(&b, 1, "b2", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, TOUT, 0);
+  gb_value(&b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, TN, TIN, 0, 0);
+  gb_value(&b, 0, "labels", TTD__V1__DTYPE__DTYPE_INT32, 1, TN, 0, 0, 0);
+  gb_value(&b, 1, "w1", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, TH, TIN, 0, 0);
+  gb_value(&b, 1, "b1", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, TH, 0, 0, 0);
+  gb_value(&b, 1, "w2", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, TOUT, TH, 0, 0);
+  gb_value(&b, 1, "b2", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, TOUT, 0, 0, 0);
   gb_node(&b, "z", "linear", "x", "w1", "b1");
   gb_node(&b, "h", "tanh", "z", NULL, NULL);
   gb_node(&b, "logits", "linear", "h", "w2", "b2");
@@ -567,7 +497,7 @@ START_TEST(test_optimizer_steps_match_host_reference) {
     req.n_parameters = 1;
     req.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD;
     req.sgd = &sgd;
-    expect("/ttd.v1.Device/OptimizerStep", &req.base, (raw_md){session, instance}, 0, NULL);
+    raw_expect(proc.target, "/ttd.v1.Device/OptimizerStep", &req.base, (raw_md){session, instance}, 0, NULL);
     for (int k = 0; k < TOUT; k++) {
       double d = grad[k] + 0.01 * param[k];
       buf[k] = step == 1 ? d : 0.9 * buf[k] + d;
@@ -594,7 +524,7 @@ START_TEST(test_optimizer_steps_match_host_reference) {
     req.n_parameters = 1;
     req.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_ADAM;
     req.adam = &adam;
-    expect("/ttd.v1.Device/OptimizerStep", &req.base, (raw_md){session, instance}, 0, NULL);
+    raw_expect(proc.target, "/ttd.v1.Device/OptimizerStep", &req.base, (raw_md){session, instance}, 0, NULL);
     for (int k = 0; k < TH * TIN; k++) {
       w[k] *= 1 - 0.01 * 0.1;
       m[k] = 0.9 * m[k] + 0.1 * g1[k];
@@ -610,9 +540,9 @@ START_TEST(test_optimizer_steps_match_host_reference) {
   Ttd__V1__ZeroGradRequest zr = TTD__V1__ZERO_GRAD_REQUEST__INIT;
   zr.parameters = t.params;
   zr.n_parameters = 4;
-  expect("/ttd.v1.Device/ZeroGrad", &zr.base, (raw_md){session, instance}, 0, NULL);
+  raw_expect(proc.target, "/ttd.v1.Device/ZeroGrad", &zr.base, (raw_md){session, instance}, 0, NULL);
   Ttd__V1__OptimizerStepRequest bad = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
-  expect("/ttd.v1.Device/OptimizerStep", &bad.base, (raw_md){session, instance}, 3, "set sgd or adam");
+  raw_expect(proc.target, "/ttd.v1.Device/OptimizerStep", &bad.base, (raw_md){session, instance}, 3, "set sgd or adam");
   ttd__v1__compile_response__free_unpacked(t.program, NULL);
 }
 END_TEST
@@ -641,8 +571,8 @@ START_TEST(test_run_lifecycle_and_memory) {
   uint64_t never = run_kept(&t);
   Ttd__V1__ReleaseRunRequest rr = TTD__V1__RELEASE_RUN_REQUEST__INIT;
   rr.run = never;
-  expect("/ttd.v1.Device/ReleaseRun", &rr.base, (raw_md){session, instance}, 0, NULL);
-  expect("/ttd.v1.Device/ReleaseRun", &rr.base, (raw_md){session, instance}, 5, NULL);
+  raw_expect(proc.target, "/ttd.v1.Device/ReleaseRun", &rr.base, (raw_md){session, instance}, 0, NULL);
+  raw_expect(proc.target, "/ttd.v1.Device/ReleaseRun", &rr.base, (raw_md){session, instance}, 5, NULL);
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), held + grads + 2 * 4);
   run_kept(&t); /* left pending: the session's end must free it */
   raw_result cr;
@@ -691,7 +621,7 @@ START_TEST(test_input_grads_and_foreign_operands) {
   Ttd__V1__FreeRequest fr = TTD__V1__FREE_REQUEST__INIT;
   fr.handles = &freed;
   fr.n_handles = 1;
-  expect("/ttd.v1.Device/Free", &fr.base, (raw_md){session, instance}, 0, NULL);
+  raw_expect(proc.target, "/ttd.v1.Device/Free", &fr.base, (raw_md){session, instance}, 0, NULL);
   uint64_t with_freed[2] = {freed, t.in[1]};
   execute(t.program->program, with_freed, 2, t.params, 4, 5, "not found in this session");
   /* Another session's program handle. */

@@ -129,8 +129,7 @@ static void expect_close(const char *what, const float *got, const double *want,
   for (int64_t i = 0; i < n; i++) {
     double err = fabs((double)got[i] - want[i]);
     if (!(err <= atol + rtol * fabs(want[i]))) /* assert only on failure: each check costs a write */
-      ck_abort_msg("%s[%lld]: got %.9g, want %.9g (err %.3g)", what, (long long)i,
-                  (double)got[i], want[i], err);
+      ck_abort_msg("%s[%lld]: got %.9g, want %.9g (err %.3g)", what, (long long)i, (double)got[i], want[i], err);
   }
 }
 
@@ -208,8 +207,8 @@ START_TEST(test_pool_covers_each_index_once) {
         ttd_pool_parallel_for(pool, n, grain, cover_fn, &c);
         for (size_t i = 0; i < n; i++)
           if (atomic_load(&hits[i]) != 1)
-            ck_abort_msg("threads %d n %zu grain %zu: index %zu hit %d times", threads[t], n,
-                        grain, i, atomic_load(&hits[i]));
+            ck_abort_msg("threads %d n %zu grain %zu: index %zu hit %d times", threads[t], n, grain, i,
+                         atomic_load(&hits[i]));
         if (n == 0) {
           ck_assert_int_eq(atomic_load(&c.calls), 0);
         } else {
@@ -379,7 +378,8 @@ static void run_kernel_batch(ttd_pool *pool, float *out, int64_t *len) {
   memcpy(param, a, (size_t)n * sizeof(float)), o += n;
   float *m = out + o, *v = out + o + n;
   memset(m, 0, 2 * (size_t)n * sizeof(float)), o += 2 * n;
-  ttd_adam_params ap = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f, .decoupled = 1};
+  ttd_adam_params ap = {
+      .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f, .decoupled = 1};
   for (int step = 1; step <= 3; step++) ttd_k_adam_step(pool, &ap, step, param, dy, m, v, n);
   int perm[2] = {1, 0};
   ttd_k_permute(pool, a, &as, perm, out + o), o += n;
@@ -499,7 +499,8 @@ static void ref_binary(const void *ctx, double *const *in, double *out) {
   int64_t idx[TTD_KMAX_DIMS];
   for (int64_t o = 0; o < count(&c->os); o++) {
     unravel(&c->os, o, idx);
-    out[o] = ref_bin_op(c->op, in[0][bcast_offset(&c->as, c->os.ndim, idx)], in[1][bcast_offset(&c->bs, c->os.ndim, idx)]);
+    out[o] =
+        ref_bin_op(c->op, in[0][bcast_offset(&c->as, c->os.ndim, idx)], in[1][bcast_offset(&c->bs, c->os.ndim, idx)]);
   }
 }
 
@@ -512,14 +513,23 @@ typedef struct shape_pair {
 static const shape_pair *binary_shapes(int small, size_t *n) {
   static shape_pair small_pairs[14], big_pairs[6];
   shape_pair s[] = {
-      {shp(1, 1), shp(1, 1)},          {shp(1, 7), shp(1, 7)},          {shp(0), shp(0)},
-      {shp(1, 5), shp(0)},             {shp(0), shp(1, 5)},             {shp(3, 3, 1, 5), shp(2, 4, 1)},
-      {shp(2, 4, 1), shp(3, 3, 1, 5)}, {shp(2, 2, 3), shp(1, 3)},       {shp(2, 2, 3), shp(2, 2, 1)},
-      {shp(2, 1, 3), shp(2, 2, 1)},    {shp(1, 33), shp(1, 1)},         {shp(1, 1), shp(1, 33)},
-      {shp(4, 2, 1, 3, 1), shp(3, 3, 1, 2)}, {shp(3, 2, 3, 4), shp(3, 2, 3, 4)},
+      {shp(1, 1), shp(1, 1)},
+      {shp(1, 7), shp(1, 7)},
+      {shp(0), shp(0)},
+      {shp(1, 5), shp(0)},
+      {shp(0), shp(1, 5)},
+      {shp(3, 3, 1, 5), shp(2, 4, 1)},
+      {shp(2, 4, 1), shp(3, 3, 1, 5)},
+      {shp(2, 2, 3), shp(1, 3)},
+      {shp(2, 2, 3), shp(2, 2, 1)},
+      {shp(2, 1, 3), shp(2, 2, 1)},
+      {shp(1, 33), shp(1, 1)},
+      {shp(1, 1), shp(1, 33)},
+      {shp(4, 2, 1, 3, 1), shp(3, 3, 1, 2)},
+      {shp(3, 2, 3, 4), shp(3, 2, 3, 4)},
   };
   shape_pair b[] = {
-      {shp(1, 1023), shp(1, 1023)}, {shp(1, 100003), shp(0)},          {shp(0), shp(1, 1023)},
+      {shp(1, 1023), shp(1, 1023)},    {shp(1, 100003), shp(0)},           {shp(0), shp(1, 1023)},
       {shp(2, 333, 301), shp(1, 301)}, {shp(2, 301, 333), shp(2, 301, 1)}, {shp(3, 7, 1, 999), shp(2, 5, 1)},
   };
   memcpy(small_pairs, s, sizeof(s));
@@ -615,12 +625,10 @@ START_TEST(test_binary_backward_large) {
       ttd_k_binary_backward(g_pool, c.op, a, &c.as, b, &c.bs, dy, &c.os, da, db);
       for (int64_t i = 0; i < na; i++)
         if (!(fabs(da[i] - wa[i]) <= 4e-6 * sa[i] + 1e-6))
-          ck_abort_msg("op %d pair %zu da[%lld]: %g vs %g", op, p,
-                      (long long)i, (double)da[i], wa[i]);
+          ck_abort_msg("op %d pair %zu da[%lld]: %g vs %g", op, p, (long long)i, (double)da[i], wa[i]);
       for (int64_t i = 0; i < nb; i++)
         if (!(fabs(db[i] - wb[i]) <= 4e-6 * sb[i] + 1e-6))
-          ck_abort_msg("op %d pair %zu db[%lld]: %g vs %g", op, p,
-                      (long long)i, (double)db[i], wb[i]);
+          ck_abort_msg("op %d pair %zu db[%lld]: %g vs %g", op, p, (long long)i, (double)db[i], wb[i]);
     }
   }
 }
@@ -631,7 +639,8 @@ END_TEST
 START_TEST(test_binary_backward_one_side) {
   uint64_t st = 5;
   ttd_kshape as = shp(3, 3, 1, 5), bs = shp(2, 4, 1), os = shp(3, 3, 4, 5);
-  float *a = random_floats(&st, 15, -2, 2), *b = random_away_from_zero(&st, 4, 1, 2), *dy = random_floats(&st, 60, -1, 1);
+  float *a = random_floats(&st, 15, -2, 2), *b = random_away_from_zero(&st, 4, 1, 2),
+        *dy = random_floats(&st, 60, -1, 1);
   float da[15], db[4], da1[15], db1[4];
   for (int op = TTD_BIN_ADD; op <= TTD_BIN_DIV; op++) {
     ttd_k_binary_backward(g_pool, (ttd_binary_op)op, a, &as, b, &bs, dy, &os, da, db);
@@ -775,15 +784,15 @@ static void check_reduce(red_ctx *c, const float *x) {
   ttd_k_reduce(g_pool, c->op, x, &c->xs, c->mask, y);
   for (int64_t i = 0; i < ny; i++)
     if (!(fabs(y[i] - want[i]) <= 4e-6 * mag[i] + 1e-7))
-      ck_abort_msg("%s ndim %d mask %#x y[%lld]: %.9g vs %.9g",
-                  c->op == TTD_RED_SUM ? "sum" : "mean", c->xs.ndim, c->mask, (long long)i, (double)y[i], want[i]);
+      ck_abort_msg("%s ndim %d mask %#x y[%lld]: %.9g vs %.9g", c->op == TTD_RED_SUM ? "sum" : "mean", c->xs.ndim,
+                   c->mask, (long long)i, (double)y[i], want[i]);
 }
 
 /* Sum and mean over every axis subset of small shapes (odd sizes, size-1 dims, 0-d; mask
  * bits past ndim are ignored) match the reference. */
 START_TEST(test_reduce_forward) {
-  ttd_kshape shapes[] = {shp(0), shp(1, 1), shp(1, 1023), shp(2, 7, 33), shp(3, 3, 1, 5), shp(4, 2, 3, 4, 5),
-                         shp(4, 5, 1, 1, 7), shp(5, 2, 1, 3, 1, 2)};
+  ttd_kshape shapes[] = {shp(0),          shp(1, 1),          shp(1, 1023),       shp(2, 7, 33),
+                         shp(3, 3, 1, 5), shp(4, 2, 3, 4, 5), shp(4, 5, 1, 1, 7), shp(5, 2, 1, 3, 1, 2)};
   uint64_t st = 8;
   for (size_t s = 0; s < sizeof(shapes) / sizeof(*shapes); s++) {
     float *x = random_floats(&st, count(&shapes[s]), -3, 3);
@@ -804,7 +813,7 @@ START_TEST(test_reduce_forward_large) {
     ttd_kshape s;
     uint32_t mask;
   } cases[] = {
-      {shp(1, 1000003), 1}, {shp(2, 3, 200001), 2}, {shp(2, 200001, 3), 1}, {shp(3, 7, 5000, 9), 2},
+      {shp(1, 1000003), 1},    {shp(2, 3, 200001), 2}, {shp(2, 200001, 3), 1},   {shp(3, 7, 5000, 9), 2},
       {shp(3, 7, 5000, 9), 5}, {shp(2, 300, 1000), 3}, {shp(3, 40, 3, 5000), 5}, {shp(2, 2000, 700), 1},
   };
   uint64_t st = 9;
@@ -887,7 +896,8 @@ static void ref_permute(const float *x, const ttd_kshape *xs, const int *perm, f
 /* Every permutation of small shapes (size-1 dims, 0-d included) and big transposes
  * (plain, batched, tiled edges) match the index-arithmetic reference exactly. */
 START_TEST(test_permute_forward) {
-  ttd_kshape shapes[] = {shp(0), shp(1, 7), shp(2, 7, 33), shp(3, 3, 1, 5), shp(4, 2, 3, 4, 5), shp(4, 1, 3, 1, 5),
+  ttd_kshape shapes[] = {shp(0),           shp(1, 7),          shp(2, 7, 33),
+                         shp(3, 3, 1, 5),  shp(4, 2, 3, 4, 5), shp(4, 1, 3, 1, 5),
                          shp(2, 333, 517), shp(3, 5, 67, 129), shp(4, 3, 40, 2, 70)};
   uint64_t st = 11;
   for (size_t s = 0; s < sizeof(shapes) / sizeof(*shapes); s++) {
@@ -961,8 +971,8 @@ START_TEST(test_softmax_forward) {
   struct {
     int64_t rows, cols;
     double lo, hi;
-  } cases[] = {{1, 1, -1, 1}, {3, 7, -3, 3}, {5, 33, -5, 5}, {2, 1023, -8, 8}, {64, 1000, -4, 4}, {4, 9, 995, 1005},
-               {4, 9, -1005, -995}};
+  } cases[] = {{1, 1, -1, 1},     {3, 7, -3, 3},     {5, 33, -5, 5},     {2, 1023, -8, 8},
+               {64, 1000, -4, 4}, {4, 9, 995, 1005}, {4, 9, -1005, -995}};
   uint64_t st = 13;
   for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
     for (int log_ = 0; log_ <= 1; log_++) {

@@ -186,3 +186,15 @@ uint64_t raw_allocate(const char *target, const char *session_hex, int64_t n) {
   raw_result_free(&r);
   return h;
 }
+
+void raw_expect(const char *target, const char *method, const ProtobufCMessage *msg, raw_md md, int code,
+                const char *needle) {
+  unsigned char *buf = malloc(protobuf_c_message_get_packed_size(msg) + 1);
+  size_t len = protobuf_c_message_pack(msg, buf);
+  raw_result r;
+  raw_call(target, method, md, buf, len, &r);
+  free(buf);
+  ck_assert_msg(r.code == code, "%s: expected code %d, got %d (%s)", method, code, r.code, r.details);
+  if (needle) ck_assert_msg(strstr(r.details, needle) != NULL, "%s: message '%s' lacks '%s'", method, r.details, needle);
+  raw_result_free(&r);
+}

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <protobuf-c/protobuf-c.h>
+
 typedef struct raw_result {
   int code;             /* gRPC status */
   char details[1024];
@@ -31,6 +33,10 @@ void raw_result_free(raw_result *result);
 
 /* Opens a session with raw calls; fills the 16-hex-digit id and the instance id. */
 void raw_open_session(const char *target, char session_hex[17], char instance[40]);
+
+/* Packs msg, calls method and asserts the status code and (if needle) a part of the message. */
+void raw_expect(const char *target, const char *method, const ProtobufCMessage *msg, raw_md md, int code,
+                const char *needle);
 
 /* Allocates n float32 elements on tt:0 DRAM in the session; returns the handle. */
 uint64_t raw_allocate(const char *target, const char *session_hex, int64_t n);

@@ -15,6 +15,50 @@ static ttd_status_t bad_index(const ttd_program_node *node, const char *what, in
                          ttd_op_name(node->op), what, at, value, limit);
 }
 
+/* The shapes of a matmul node: m, n, k, batch count and per-operand batch strides. */
+typedef struct matmul_dims {
+  int64_t m, n, k, batch, a_stride, b_stride;
+} matmul_dims;
+
+static matmul_dims matmul_dims_of(const ttd_node_call *call) {
+  const ttd_kshape *s0 = call->input_shapes[0], *s1 = call->input_shapes[1], *os = call->output_shape;
+  matmul_dims d;
+  d.m = os->d[os->ndim - 2];
+  d.n = os->d[os->ndim - 1];
+  d.k = s0->d[s0->ndim - (call->node->attrs.transpose_a ? 2 : 1)];
+  d.batch = (d.m * d.n) != 0 ? ttd_kshape_numel(os) / (d.m * d.n) : 0;
+  d.a_stride = s0->ndim > 2 ? d.m * d.k : 0;
+  d.b_stride = s1->ndim > 2 ? d.k * d.n : 0;
+  return d;
+}
+
+static ttd_conv2d_params conv_params_of(const ttd_node_call *call) {
+  const ttd_kshape *s0 = call->input_shapes[0], *s1 = call->input_shapes[1];
+  const ttd_op_attrs *a = &call->node->attrs;
+  ttd_conv2d_params p = {.n = s0->d[0], .c_in = s0->d[1], .h = s0->d[2], .w = s0->d[3], .c_out = s1->d[0],
+                         .kh = s1->d[2], .kw = s1->d[3], .stride_h = a->stride[0], .stride_w = a->stride[1],
+                         .pad_h = a->padding[0], .pad_w = a->padding[1]};
+  ttd_conv2d_params_finish(&p);
+  return p;
+}
+
+static ttd_pool2d_params pool_params_of(const ttd_node_call *call) {
+  const ttd_kshape *s0 = call->input_shapes[0];
+  const ttd_op_attrs *a = &call->node->attrs;
+  ttd_pool2d_params p = {.n = s0->d[0], .c = s0->d[1], .h = s0->d[2], .w = s0->d[3], .kh = a->kernel[0],
+                         .kw = a->kernel[1], .stride_h = a->stride[0], .stride_w = a->stride[1],
+                         .pad_h = a->padding[0], .pad_w = a->padding[1]};
+  ttd_pool2d_params_finish(&p);
+  return p;
+}
+
+/* Rows and columns of a last-axis op (softmax, layer_norm). */
+static void rows_cols(const ttd_node_call *call, int64_t *rows, int64_t *cols) {
+  const ttd_kshape *s0 = call->input_shapes[0];
+  *cols = s0->d[s0->ndim - 1];
+  *rows = ttd_kshape_numel(call->output_shape) / (*cols ? *cols : 1);
+}
+
 ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_call *call) {
   (void)device;
   ttd_pool *pool = ((sim_backend *)backend)->pool;
@@ -24,12 +68,9 @@ ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_c
   int64_t n_out = ttd_kshape_numel(os);
   switch (node->op) {
     case TTD_OP_MATMUL: {
-      int64_t m = os->d[os->ndim - 2], n = os->d[os->ndim - 1];
-      int64_t k = s0->d[s0->ndim - (a->transpose_a ? 2 : 1)];
-      int64_t batch = (m * n) != 0 ? n_out / (m * n) : 0;
-      int64_t a_stride = s0->ndim > 2 ? m * k : 0, b_stride = s1->ndim > 2 ? k * n : 0;
-      if (m * n == 0) return TTD_OK;
-      ttd_k_matmul(pool, F(0), F(1), OUT, batch, m, n, k, a->transpose_a, a->transpose_b, a_stride, b_stride);
+      matmul_dims d = matmul_dims_of(call);
+      if (d.batch == 0) return TTD_OK;
+      ttd_k_matmul(pool, F(0), F(1), OUT, d.batch, d.m, d.n, d.k, a->transpose_a, a->transpose_b, d.a_stride, d.b_stride);
       return TTD_OK;
     }
     case TTD_OP_LINEAR: {
@@ -53,7 +94,8 @@ ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_c
       ttd_k_permute(pool, F(0), s0, a->perm, OUT);
       return TTD_OK;
     case TTD_OP_SOFTMAX: case TTD_OP_LOG_SOFTMAX: {
-      int64_t cols = s0->d[s0->ndim - 1], rows = n_out / (cols ? cols : 1);
+      int64_t rows, cols;
+      rows_cols(call, &rows, &cols);
       if (node->op == TTD_OP_SOFTMAX) ttd_k_softmax(pool, F(0), rows, cols, OUT);
       else ttd_k_log_softmax(pool, F(0), rows, cols, OUT);
       return TTD_OK;
@@ -72,24 +114,19 @@ ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_c
       ttd_k_l1_loss(pool, F(0), F(1), ttd_kshape_numel(s0), OUT);
       return TTD_OK;
     case TTD_OP_CONV2D: {
-      ttd_conv2d_params p = {.n = s0->d[0], .c_in = s0->d[1], .h = s0->d[2], .w = s0->d[3], .c_out = s1->d[0],
-                             .kh = s1->d[2], .kw = s1->d[3], .stride_h = a->stride[0], .stride_w = a->stride[1],
-                             .pad_h = a->padding[0], .pad_w = a->padding[1]};
-      ttd_conv2d_params_finish(&p);
+      ttd_conv2d_params p = conv_params_of(call);
       ttd_k_conv2d(pool, &p, F(0), F(1), call->inputs[2] ? F(2) : NULL, OUT);
       return TTD_OK;
     }
     case TTD_OP_MAX_POOL2D: case TTD_OP_AVG_POOL2D: {
-      ttd_pool2d_params p = {.n = s0->d[0], .c = s0->d[1], .h = s0->d[2], .w = s0->d[3], .kh = a->kernel[0],
-                             .kw = a->kernel[1], .stride_h = a->stride[0], .stride_w = a->stride[1],
-                             .pad_h = a->padding[0], .pad_w = a->padding[1]};
-      ttd_pool2d_params_finish(&p);
+      ttd_pool2d_params p = pool_params_of(call);
       if (node->op == TTD_OP_MAX_POOL2D) ttd_k_max_pool2d(pool, &p, F(0), OUT, (int32_t *)call->saved[0]->data);
       else ttd_k_avg_pool2d(pool, &p, F(0), OUT);
       return TTD_OK;
     }
     case TTD_OP_LAYER_NORM: {
-      int64_t cols = s0->d[s0->ndim - 1], rows = n_out / (cols ? cols : 1);
+      int64_t rows, cols;
+      rows_cols(call, &rows, &cols);
       ttd_k_layer_norm(pool, F(0), call->inputs[1] ? F(1) : NULL, call->inputs[2] ? F(2) : NULL, rows, cols, a->eps, OUT,
                        (float *)call->saved[0]->data, (float *)call->saved[1]->data);
       return TTD_OK;
@@ -123,12 +160,9 @@ ttd_status_t ttd_sim_run_node_backward(ttd_backend *backend, int device, const t
   int64_t n_out = ttd_kshape_numel(os);
   switch (node->op) {
     case TTD_OP_MATMUL: {
-      int64_t m = os->d[os->ndim - 2], n = os->d[os->ndim - 1];
-      int64_t k = s0->d[s0->ndim - (a->transpose_a ? 2 : 1)];
-      int64_t batch = (m * n) != 0 ? n_out / (m * n) : 0;
-      int64_t a_stride = s0->ndim > 2 ? m * k : 0, b_stride = s1->ndim > 2 ? k * n : 0;
-      ttd_k_matmul_backward(pool, F(0), F(1), DY, batch, m, n, k, a->transpose_a, a->transpose_b, a_stride, b_stride,
-                            DIN(0), DIN(1));
+      matmul_dims d = matmul_dims_of(call);
+      ttd_k_matmul_backward(pool, F(0), F(1), DY, d.batch, d.m, d.n, d.k, a->transpose_a, a->transpose_b, d.a_stride,
+                            d.b_stride, DIN(0), DIN(1));
       return TTD_OK;
     }
     case TTD_OP_LINEAR: {
@@ -158,7 +192,8 @@ ttd_status_t ttd_sim_run_node_backward(ttd_backend *backend, int device, const t
       return TTD_OK;
     }
     case TTD_OP_SOFTMAX: case TTD_OP_LOG_SOFTMAX: {
-      int64_t cols = s0->d[s0->ndim - 1], rows = n_out / (cols ? cols : 1);
+      int64_t rows, cols;
+      rows_cols(call, &rows, &cols);
       if (node->op == TTD_OP_SOFTMAX) ttd_k_softmax_backward(pool, Y, DY, rows, cols, DIN(0));
       else ttd_k_log_softmax_backward(pool, Y, DY, rows, cols, DIN(0));
       return TTD_OK;
@@ -173,18 +208,12 @@ ttd_status_t ttd_sim_run_node_backward(ttd_backend *backend, int device, const t
       ttd_k_l1_loss_backward(pool, F(0), F(1), ttd_kshape_numel(s0), DY[0], DIN(0), DIN(1));
       return TTD_OK;
     case TTD_OP_CONV2D: {
-      ttd_conv2d_params p = {.n = s0->d[0], .c_in = s0->d[1], .h = s0->d[2], .w = s0->d[3], .c_out = s1->d[0],
-                             .kh = s1->d[2], .kw = s1->d[3], .stride_h = a->stride[0], .stride_w = a->stride[1],
-                             .pad_h = a->padding[0], .pad_w = a->padding[1]};
-      ttd_conv2d_params_finish(&p);
+      ttd_conv2d_params p = conv_params_of(call);
       ttd_k_conv2d_backward(pool, &p, F(0), F(1), DY, DIN(0), DIN(1), DIN(2));
       return TTD_OK;
     }
     case TTD_OP_MAX_POOL2D: case TTD_OP_AVG_POOL2D: {
-      ttd_pool2d_params p = {.n = s0->d[0], .c = s0->d[1], .h = s0->d[2], .w = s0->d[3], .kh = a->kernel[0],
-                             .kw = a->kernel[1], .stride_h = a->stride[0], .stride_w = a->stride[1],
-                             .pad_h = a->padding[0], .pad_w = a->padding[1]};
-      ttd_pool2d_params_finish(&p);
+      ttd_pool2d_params p = pool_params_of(call);
       if (node->op == TTD_OP_MAX_POOL2D) {
         ttd_k_max_pool2d_backward(pool, &p, (const int32_t *)call->saved[0]->data, DY, DIN(0));
       } else {
@@ -193,7 +222,8 @@ ttd_status_t ttd_sim_run_node_backward(ttd_backend *backend, int device, const t
       return TTD_OK;
     }
     case TTD_OP_LAYER_NORM: {
-      int64_t cols = s0->d[s0->ndim - 1], rows = n_out / (cols ? cols : 1);
+      int64_t rows, cols;
+      rows_cols(call, &rows, &cols);
       ttd_k_layer_norm_backward(pool, F(0), call->inputs[1] ? F(1) : NULL, (const float *)call->saved[0]->data,
                                 (const float *)call->saved[1]->data, DY, rows, cols, DIN(0), DIN(1), DIN(2));
       return TTD_OK;

@@ -1,0 +1,59 @@
+#include "graph_builder.h"
+
+#include <string.h>
+
+void gb_init(graph_builder *b) {
+  memset(b, 0, sizeof(*b));
+  ttd__v1__graph__init(&b->graph);
+  b->graph.inputs = b->inputs;
+  b->graph.parameters = b->params;
+  b->graph.nodes = b->node_ptrs;
+  b->graph.outputs = b->outputs;
+}
+
+void gb_value(graph_builder *b, int param, const char *name, int dtype, int ndim, int64_t d0, int64_t d1,
+                     int64_t d2, int64_t d3) {
+  Ttd__V1__ValueSpec *s = &b->specs[b->n_specs];
+  ttd__v1__value_spec__init(s);
+  s->name = (char *)name;
+  s->dtype = dtype;
+  s->n_shape = (size_t)ndim;
+  int64_t *d = b->dims[b->n_specs++];
+  d[0] = d0, d[1] = d1, d[2] = d2, d[3] = d3;
+  s->shape = d;
+  if (param) b->params[b->graph.n_parameters++] = s;
+  else b->inputs[b->graph.n_inputs++] = s;
+}
+
+Ttd__V1__Node *gb_node(graph_builder *b, const char *name, const char *op, const char *in0, const char *in1,
+                              const char *in2) {
+  int i = (int)b->graph.n_nodes++;
+  Ttd__V1__Node *n = &b->nodes[i];
+  ttd__v1__node__init(n);
+  n->name = (char *)name;
+  n->op = (char *)op;
+  const char *ins[3] = {in0, in1, in2};
+  for (int k = 0; k < 3 && ins[k]; k++) b->node_inputs[i][n->n_inputs++] = (char *)ins[k];
+  n->inputs = b->node_inputs[i];
+  n->attrs = b->attr_ptrs[i];
+  b->node_ptrs[i] = n;
+  return n;
+}
+
+static Ttd__V1__Attr *gb_attr(graph_builder *b, Ttd__V1__Node *n, const char *name) {
+  int i = (int)(n - b->nodes);
+  Ttd__V1__Attr *a = &b->attrs[i][n->n_attrs];
+  ttd__v1__attr__init(a);
+  a->name = (char *)name;
+  b->attr_ptrs[i][n->n_attrs++] = a;
+  return a;
+}
+
+void gb_int(graph_builder *b, Ttd__V1__Node *n, const char *name, int64_t v) {
+  Ttd__V1__Attr *a = gb_attr(b, n, name);
+  a->value_case = TTD__V1__ATTR__VALUE_I;
+  a->i = v;
+}
+
+
+void gb_output(graph_builder *b, const char *name) { b->outputs[b->graph.n_outputs++] = (char *)name; }
