@@ -511,6 +511,7 @@ START_TEST(test_optimizer_steps_match_host_reference) {
   float g1[TH * TIN];
   Ttd__V1__BackwardResponse *gw = backward(run_kept(&t), &dloss, 1, 0, 0, NULL);
   download(gw->parameter_grads[0]->handle, g1, TH * TIN);
+  uint64_t b2_grad = gw->parameter_grads[3]->handle;
   ttd__v1__backward_response__free_unpacked(gw, NULL);
   double w[TH * TIN], m[TH * TIN] = {0}, v[TH * TIN] = {0};
   for (int k = 0; k < TH * TIN; k++) w[k] = t.w[0][k];
@@ -536,11 +537,17 @@ START_TEST(test_optimizer_steps_match_host_reference) {
   float gotw[TH * TIN];
   download(t.params[0], gotw, TH * TIN);
   for (int k = 0; k < TH * TIN; k++) ck_assert_msg(fabs(gotw[k] - w[k]) < 1e-5, "adamw %d: %g vs %g", k, gotw[k], w[k]);
-  /* ZeroGrad clears .grad. */
+  /* ZeroGrad clears .grad (non-zero before it). */
+  float before[TOUT];
+  download(b2_grad, before, TOUT);
+  ck_assert(before[0] != 0.0f || before[1] != 0.0f);
   Ttd__V1__ZeroGradRequest zr = TTD__V1__ZERO_GRAD_REQUEST__INIT;
   zr.parameters = t.params;
   zr.n_parameters = 4;
   raw_expect(proc.target, "/ttd.v1.Device/ZeroGrad", &zr.base, (raw_md){session, instance}, 0, NULL);
+  float after[TOUT];
+  download(b2_grad, after, TOUT);
+  for (int k = 0; k < TOUT; k++) ck_assert_float_eq(after[k], 0.0f);
   Ttd__V1__OptimizerStepRequest bad = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
   raw_expect(proc.target, "/ttd.v1.Device/OptimizerStep", &bad.base, (raw_md){session, instance}, 3, "set sgd or adam");
   ttd__v1__compile_response__free_unpacked(t.program, NULL);
