@@ -4,7 +4,7 @@
 BUILD ?= build
 SAN ?= 0
 CC ?= gcc
-PKGS := grpc libprotobuf-c libevent
+PKGS := grpc libprotobuf-c libevent zlib jansson
 
 OPT := -O2
 ifeq ($(SAN),1)
@@ -15,7 +15,7 @@ endif
 CFLAGS := -std=gnu11 $(OPT) -g -fPIC -Wall -Wextra -Wno-unused-parameter -DNOMINMAX -MMD -MP \
   -I$(BUILD)/gen -Iclient/include $(shell pkg-config --cflags $(PKGS) check 2>/dev/null)
 LDFLAGS := $(SAN_LDFLAGS)
-GRPC_LIBS := $(shell pkg-config --libs grpc libprotobuf-c 2>/dev/null) -lpthread -lm
+GRPC_LIBS := $(shell pkg-config --libs grpc libprotobuf-c zlib jansson 2>/dev/null) -lpthread -lm
 EVENT_LIBS := $(shell pkg-config --libs libevent 2>/dev/null)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 

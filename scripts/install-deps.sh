@@ -8,6 +8,7 @@ PACKAGES=(
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
   libevent-dev check
   protobuf-compiler python3 python3-grpcio python3-protobuf
+  zlib1g-dev libjansson-dev dataset-fashion-mnist
 )
 
 missing=()
