@@ -27,13 +27,17 @@ PY_GEN := $(BUILD)/py/ttd/v1/ttd_pb2.py
 KERNEL_SRC := $(wildcard kernels/*.c)
 DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/backends/*/*.c)) client/default_target.c
 CLIENT_SRC := $(wildcard client/*.c)
+# The client compiles and runs graphs in process with the daemon's own code (one piece of
+# code per piece of logic): shape inference, the program compiler and executor, the sim card.
+SHARED_DAEMON_SRC := daemon/ops.c daemon/program.c daemon/program_run.c daemon/status.c daemon/tensor.c \
+  daemon/backend_registry.c daemon/backends/sim/sim_backend.c daemon/backends/sim/sim_exec.c
 TEST_SRC := $(wildcard tests/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 GEN_OBJ := $(BUILD)/obj/gen/ttd.pb-c.o
 KERNEL_OBJ := $(call obj,$(KERNEL_SRC))
 DAEMON_OBJ := $(call obj,$(DAEMON_SRC)) $(KERNEL_OBJ) $(GEN_OBJ)
-CLIENT_OBJ := $(call obj,$(CLIENT_SRC)) $(KERNEL_OBJ) $(GEN_OBJ)
+CLIENT_OBJ := $(call obj,$(CLIENT_SRC) $(SHARED_DAEMON_SRC)) $(KERNEL_OBJ) $(GEN_OBJ)
 TEST_OBJ := $(call obj,$(TEST_SRC))
 
 TTD := $(BUILD)/bin/ttd

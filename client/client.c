@@ -16,6 +16,7 @@ static const char *const rpc_paths[TT_RPC_COUNT] = {
     "/ttd.v1.Device/OpenSession", "/ttd.v1.Device/KeepAlive", "/ttd.v1.Device/CloseSession",
     "/ttd.v1.Device/ListDevices", "/ttd.v1.Device/Allocate",  "/ttd.v1.Device/Upload",
     "/ttd.v1.Device/Download",    "/ttd.v1.Device/Move",      "/ttd.v1.Device/Free",
+    "/ttd.v1.Device/Compile",     "/ttd.v1.Device/Execute",
 };
 
 const char *tt_status_name(tt_status status) {

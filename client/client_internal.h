@@ -25,6 +25,8 @@ typedef enum tt_rpc_method {
   TT_RPC_DOWNLOAD,
   TT_RPC_MOVE,
   TT_RPC_FREE,
+  TT_RPC_COMPILE,
+  TT_RPC_EXECUTE,
   TT_RPC_COUNT
 } tt_rpc_method;
 
@@ -70,6 +72,12 @@ struct tt_tensor {
   uint64_t handle;  /* device tensors */
 };
 
+#define TT_RETURN_IF_FAILED(expr)      \
+  do {                                 \
+    tt_status tt_status_tmp_ = (expr); \
+    if (tt_status_tmp_ != TT_OK) return tt_status_tmp_; \
+  } while (0)
+
 /* Records an error on the client and returns its code. */
 tt_status tt_client_fail(tt_client *client, tt_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -101,5 +109,27 @@ tt_status tt_tensor_describe(tt_client *client, tt_tensor *tensor, tt_dtype dtyp
 
 /* A new tensor struct for client with one reference and no storage. */
 tt_tensor *tt_tensor_alloc(tt_client *client);
+
+/* A graph under construction (graph.c); module.c turns it into a module. */
+typedef struct tt_graph_value {
+  char *name;
+  int kind;          /* 0 input, 1 parameter, 2 node */
+  tt_dtype dtype;
+  int ndim;
+  int64_t shape[TT_MAX_DIMS];
+  tt_tensor *init;   /* parameters: the initial host data */
+} tt_graph_value;
+
+struct tt_graph {
+  tt_client *client;
+  tt_graph_value *values;
+  int n_values, cap_values;
+  Ttd__V1__Node **nodes; /* owned; node i produces the value named like it */
+  int n_nodes, cap_nodes;
+  int *outputs;
+  int n_outputs, cap_outputs;
+  int layer_count[8];    /* per layer kind, for parameter names */
+  uint64_t rng;
+};
 
 #endif

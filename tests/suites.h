@@ -22,5 +22,6 @@ Suite *e2e_errors_suite(void);
 Suite *e2e_sessions_suite(void);
 Suite *e2e_interop_suite(void);
 Suite *e2e_programs_suite(void);
+Suite *e2e_modules_suite(void);
 
 #endif

@@ -26,6 +26,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -161,6 +162,136 @@ uint64_t tt_tensor_handle(const tt_tensor *tensor);
 
 /* Bytes per element of dtype; 0 if unknown. */
 size_t tt_dtype_size(tt_dtype dtype);
+
+/* ---- graphs: building a model ----
+ * A graph is built value by value; each op's output shape is inferred at once, so a shape
+ * mistake fails at the line that makes it (the message names the op and the shapes). A
+ * failed call returns a negative tt_value, records the error on the client, and every
+ * later call given that value fails too, so a model can be written straight through and
+ * checked once. Not thread-safe: one thread builds a graph. */
+typedef struct tt_graph tt_graph;
+typedef int tt_value;
+
+typedef enum tt_init {
+  TT_INIT_ZEROS,
+  TT_INIT_ONES,
+  TT_INIT_NORMAL,          /* N(0, a^2) */
+  TT_INIT_UNIFORM,         /* U(-a, a) */
+  TT_INIT_KAIMING_UNIFORM, /* bound sqrt(6 / ((1 + a^2) fan_in)); a = sqrt(5) is torch's Linear default */
+  TT_INIT_XAVIER_UNIFORM,  /* bound a * sqrt(6 / (fan_in + fan_out)); a is the gain (0 means 1) */
+} tt_init;
+
+/* A new empty graph; initialisers draw from a generator seeded with seed. NULL if out of memory. */
+tt_graph *tt_graph_create(tt_client *client, uint64_t seed);
+void tt_graph_free(tt_graph *graph); /* accepts NULL */
+
+/* A graph input (fed at each forward) of dtype and shape. */
+tt_value tt_graph_input(tt_graph *graph, const char *name, tt_dtype dtype, const int64_t *shape, int ndim);
+/* A float32 parameter, initialised on the host now. */
+tt_value tt_graph_param(tt_graph *graph, const char *name, const int64_t *shape, int ndim, tt_init init, double a);
+/* A parameter holding a copy of a host tensor's data (float32 or bfloat16). */
+tt_value tt_graph_param_from(tt_graph *graph, const char *name, const tt_tensor *data);
+/* Any op of the daemon (see README) on inputs. attrs: NULL or "name=value;..." where a value
+ * is an integer, a float (with '.' or 'e') or an integer list "[a,b]", e.g.
+ * "kernel=2;stride=2" or "perm=[0,2,1]". */
+tt_value tt_graph_op(tt_graph *graph, const char *op, const tt_value *inputs, int n_inputs, const char *attrs);
+/* Marks a value as an output of the graph (in call order). Returns 0 or -1. */
+int tt_graph_output(tt_graph *graph, tt_value value);
+/* The inferred shape of value: *out_ndim dims into out_shape (TT_MAX_DIMS long). -1 if invalid. */
+int tt_graph_shape(const tt_graph *graph, tt_value value, int64_t *out_shape, int *out_ndim);
+
+/* Layers with torch's default initialisation; parameters are named "<layer><n>.weight"
+ * and "<layer><n>.bias" (linear1.weight, conv1.bias, ...). */
+tt_value tt_nn_linear(tt_graph *graph, tt_value x, int64_t out_features, int bias);
+tt_value tt_nn_conv2d(tt_graph *graph, tt_value x, int64_t out_channels, int64_t kernel, int64_t stride,
+                      int64_t padding, int bias);
+tt_value tt_nn_layer_norm(tt_graph *graph, tt_value x, double eps);
+tt_value tt_relu(tt_graph *graph, tt_value x);
+
+/* ---- modules: a compiled graph with its parameters, on a device ----
+ * torch semantics: a module starts on "cpu"; tt_module_to moves its parameters; forward
+ * takes inputs on the module's device and returns outputs there. On "cpu" the module runs
+ * in process on the same kernels as the card (no daemon call). */
+typedef struct tt_module tt_module;
+
+/* Checks the graph (with the daemon's compiler, in process) and makes a module on "cpu"
+ * holding copies of the graph's initial parameters. The graph may be freed afterwards.
+ * NULL on error (an invalid graph: INVALID_ARGUMENT naming the node). */
+tt_module *tt_compile(tt_client *client, const tt_graph *graph);
+void tt_module_free(tt_module *module); /* accepts NULL */
+
+/* Moves every parameter to device ("cpu", "tt", "tt:N"; L1 is not offered for modules).
+ * The daemon compiles the program the first time the module runs on a card. */
+tt_status tt_module_to(tt_module *module, const char *device);
+const char *tt_module_device(const tt_module *module);
+
+int tt_module_param_count(const tt_module *module);
+const char *tt_module_param_name(const tt_module *module, int index); /* NULL if out of range */
+/* A new reference to the named parameter, where the module is; NULL (NOT_FOUND) if absent. */
+tt_tensor *tt_module_param(tt_module *module, const char *name);
+
+/* Runs forward: n_inputs tensors on the module's device, in the graph's input order, with
+ * the declared dtypes and shapes; outputs[i] receives a new tensor on the module's device
+ * for each graph output. */
+tt_status tt_forward(tt_module *module, tt_tensor *const *inputs, int n_inputs, tt_tensor **outputs);
+
+/* ---- datasets ----
+ * IDX files (the MNIST format) loaded into host memory. Functions are thread-safe (no
+ * shared state); a tt_dataset is plain data the caller owns. */
+
+typedef struct tt_dataset {
+  int64_t count;      /* number of examples */
+  int rows, cols;     /* image size */
+  float *images;      /* count * rows * cols pixels scaled to [0, 1] (byte / 255.0f), row-major */
+  int32_t *labels;    /* count labels, the file's bytes (0..255) */
+} tt_dataset;
+
+/* Loads an IDX3 image file (magic 0x00000803) and its IDX1 label file (0x00000801), each
+ * gzip-compressed or plain. On success *out_dataset is a new dataset the caller owns (free it
+ * with tt_dataset_free); images and labels are never NULL, even for count 0. *out_dataset is
+ * set to NULL on entry and stays NULL on error. Sides must be 1..4096, there may be at most
+ * 2^31 pixels, and the files must hold exactly the data their headers announce.
+ * On error returns a code (TT_NOT_FOUND for a missing file, TT_PERMISSION_DENIED for an
+ * unreadable one, TT_DATA_LOSS for a truncated or malformed one -- bad magic, dimensions out
+ * of range, short data, bytes after the data, corrupt gzip --, TT_INVALID_ARGUMENT for
+ * mismatched counts, a NULL argument or a directory, TT_RESOURCE_EXHAUSTED when out of
+ * memory) and writes a message naming the file and the problem into err (err_len bytes,
+ * truncated to fit; err may be NULL). err is set to "" on success. */
+tt_status tt_dataset_load_idx(const char *images_path, const char *labels_path, tt_dataset **out_dataset, char *err,
+                              size_t err_len);
+
+/* Fashion-MNIST from dir (NULL: /usr/share/datasets/fashion-mnist), train=1 for the 60000
+ * training examples (train-{images-idx3,labels-idx1}-ubyte.gz), 0 for the 10000 test ones
+ * (t10k-*-ubyte.gz). Images are 28x28, labels 0..9. Ownership and errors as for
+ * tt_dataset_load_idx (TT_NOT_FOUND when the files are not there). */
+tt_status tt_dataset_load_fashion_mnist(const char *dir, int train, tt_dataset **out_dataset, char *err,
+                                        size_t err_len);
+
+/* Frees a dataset and its arrays. Accepts NULL. */
+void tt_dataset_free(tt_dataset *dataset);
+
+/* ---- progress ----
+ * A progress display for training loops. A tt_progress belongs to one thread at a time. */
+typedef struct tt_progress tt_progress;
+
+/* Starts a progress display of total steps labelled label (NULL: none; copied) on out (NULL:
+ * stderr; lent, must outlive p). On a terminal it redraws one line in place with '\r': a
+ * bar, percent, steps/s, the latest loss and time left, at most ~10 redraws/s. Otherwise it
+ * prints plain lines, one as each further 10% is reached (at most 9, plus the final one), e.g.
+ *   "epoch 1/5: 30% 281/938 steps, 412 steps/s, loss 0.5123, 1.6 s left"
+ * force_tty: -1 auto (a terminal per isatty and TERM is not "dumb"), 0 plain, 1 terminal
+ * style. total <= 0 means unknown: no percent, bar or time left. Returns a new display the
+ * caller owns (end it with tt_progress_finish), or NULL if out of memory. */
+tt_progress *tt_progress_start(const char *label, int64_t total, FILE *out, int force_tty);
+
+/* Records that done steps (of total; clamped to 0..total) are complete and the latest loss
+ * (NAN: none yet, the previous one stays shown); draws when due. Accepts NULL (no-op). */
+void tt_progress_update(tt_progress *p, int64_t done, double loss);
+
+/* Prints the final line -- percent (100% when done reached total), steps, total time,
+ * average steps/s and the last loss, e.g. "epoch 1/5: 100% 938/938 steps in 2.3 s, 412
+ * steps/s, loss 0.3012" -- ending a terminal line with '\n', and frees p. Accepts NULL. */
+void tt_progress_finish(tt_progress *p);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,297 @@
+/* Modules: a compiled graph and its parameters, on "cpu" (in process, on a local simulated
+ * card running the same kernels) or on a card of the daemon (Compile and Execute RPCs). */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../daemon/program_run.h"
+#include "client_internal.h"
+
+struct tt_module {
+  tt_client *client;
+  Ttd__V1__Graph *graph;    /* owned copy (protobuf-c allocated) */
+  ttd_program *local;       /* the graph compiled in process: shapes, and the CPU path */
+  int n_params;
+  tt_tensor **params;       /* where the module is */
+  tt_place place;
+  char device_name[24];
+  uint64_t program;         /* the daemon's program handle; 0 until compiled there */
+};
+
+/* The process's own simulated card for modules on "cpu": capacity is host memory. */
+static ttd_backend *local_card;
+static pthread_once_t local_card_once = PTHREAD_ONCE_INIT;
+
+static void local_card_create(void) {
+  ttd_backend_options options = {.devices = 1, .dram_bytes = UINT64_MAX / 2, .l1_bytes = UINT64_MAX / 2, .cores = 0};
+  ttd_status_t s = ttd_backend_create("sim", &options, &local_card);
+  ttd_status_free(s);
+}
+
+static Ttd__V1__ValueSpec *spec_of(const tt_graph_value *v, Ttd__V1__ValueSpec *spec) {
+  ttd__v1__value_spec__init(spec);
+  spec->name = v->name;
+  spec->dtype = (Ttd__V1__DType)v->dtype;
+  spec->n_shape = (size_t)v->ndim;
+  spec->shape = (int64_t *)v->shape;
+  return spec;
+}
+
+/* Packs the builder's graph and unpacks it into a copy the module owns. */
+static Ttd__V1__Graph *graph_copy(const tt_graph *g) {
+  int n_in = 0, n_par = 0;
+  for (int i = 0; i < g->n_values; i++) {
+    n_in += g->values[i].kind == 0;
+    n_par += g->values[i].kind == 1;
+  }
+  Ttd__V1__ValueSpec *specs = calloc((size_t)g->n_values + 1, sizeof(*specs));
+  Ttd__V1__ValueSpec **ins = calloc((size_t)n_in + 1, sizeof(*ins)), **pars = calloc((size_t)n_par + 1, sizeof(*pars));
+  char **outs = calloc((size_t)g->n_outputs + 1, sizeof(*outs));
+  Ttd__V1__Graph *copy = NULL;
+  if (specs && ins && pars && outs) {
+    Ttd__V1__Graph graph = TTD__V1__GRAPH__INIT;
+    for (int i = 0; i < g->n_values; i++) {
+      if (g->values[i].kind == 0) ins[graph.n_inputs++] = spec_of(&g->values[i], &specs[i]);
+      if (g->values[i].kind == 1) pars[graph.n_parameters++] = spec_of(&g->values[i], &specs[i]);
+    }
+    graph.inputs = ins;
+    graph.parameters = pars;
+    graph.n_nodes = (size_t)g->n_nodes;
+    graph.nodes = g->nodes;
+    for (int i = 0; i < g->n_outputs; i++) outs[i] = g->values[g->outputs[i]].name;
+    graph.n_outputs = (size_t)g->n_outputs;
+    graph.outputs = outs;
+    size_t len = ttd__v1__graph__get_packed_size(&graph);
+    unsigned char *buf = malloc(len ? len : 1);
+    if (buf) {
+      ttd__v1__graph__pack(&graph, buf);
+      copy = ttd__v1__graph__unpack(NULL, len, buf);
+      free(buf);
+    }
+  }
+  free(specs);
+  free(ins);
+  free(pars);
+  free(outs);
+  return copy;
+}
+
+tt_module *tt_compile(tt_client *client, const tt_graph *graph) {
+  if (!graph) {
+    tt_client_fail(client, TT_INVALID_ARGUMENT, "tt_compile needs a graph");
+    return NULL;
+  }
+  tt_module *m = calloc(1, sizeof(*m));
+  if (!m) {
+    tt_client_fail(client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+    return NULL;
+  }
+  m->client = client;
+  m->place.is_host = 1;
+  strcpy(m->device_name, "cpu");
+  m->graph = graph_copy(graph);
+  if (!m->graph) {
+    tt_client_fail(client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+    tt_module_free(m);
+    return NULL;
+  }
+  ttd_status_t s = ttd_program_compile(m->graph, &m->local);
+  if (s) {
+    tt_client_fail(client, (tt_status)ttd_status_code(s), "%s", ttd_status_message(s));
+    ttd_status_free(s);
+    tt_module_free(m);
+    return NULL;
+  }
+  m->n_params = m->local->n_params;
+  m->params = calloc((size_t)m->n_params + 1, sizeof(*m->params));
+  if (!m->params) {
+    tt_module_free(m);
+    return NULL;
+  }
+  int p = 0;
+  for (int i = 0; i < graph->n_values; i++) {
+    if (graph->values[i].kind != 1) continue;
+    const tt_tensor *init = graph->values[i].init;
+    m->params[p] = tt_tensor_from_host(client, init->data, init->dtype, init->shape, init->ndim);
+    if (!m->params[p++]) {
+      tt_module_free(m);
+      return NULL;
+    }
+  }
+  return m;
+}
+
+void tt_module_free(tt_module *m) {
+  if (!m) return;
+  for (int i = 0; m->params && i < m->n_params; i++) tt_tensor_free(m->params[i]);
+  free(m->params);
+  ttd_program_release(m->local);
+  if (m->graph) ttd__v1__graph__free_unpacked(m->graph, NULL);
+  free(m);
+}
+
+tt_status tt_module_to(tt_module *m, const char *device) {
+  tt_place place;
+  if (tt_place_parse(device, &place) != 0 || place.l1) {
+    return tt_client_fail(m->client, TT_INVALID_ARGUMENT, "module device '%s' is not valid; use cpu, tt or tt:N",
+                          device ? device : "(null)");
+  }
+  tt_tensor **moved = calloc((size_t)m->n_params + 1, sizeof(*moved));
+  if (!moved) return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  for (int i = 0; i < m->n_params; i++) {
+    moved[i] = tt_to(m->params[i], device);
+    if (!moved[i]) {
+      for (int k = 0; k < i; k++) tt_tensor_free(moved[k]);
+      free(moved);
+      return tt_errcode(m->client); /* tt_to said why; the module stays where it was */
+    }
+  }
+  for (int i = 0; i < m->n_params; i++) tt_tensor_free(m->params[i]);
+  free(m->params);
+  m->params = moved;
+  m->place = place;
+  tt_place_format(&place, m->device_name, sizeof(m->device_name));
+  return TT_OK;
+}
+
+const char *tt_module_device(const tt_module *m) { return m->device_name; }
+int tt_module_param_count(const tt_module *m) { return m->n_params; }
+
+const char *tt_module_param_name(const tt_module *m, int index) {
+  if (index < 0 || index >= m->n_params) return NULL;
+  return m->local->values[ttd_program_param_value(m->local, index)].name;
+}
+
+tt_tensor *tt_module_param(tt_module *m, const char *name) {
+  for (int i = 0; i < m->n_params; i++) {
+    if (strcmp(tt_module_param_name(m, i), name) == 0) return tt_to(m->params[i], m->device_name);
+  }
+  tt_client_fail(m->client, TT_NOT_FOUND, "the module has no parameter '%s'", name ? name : "(null)");
+  return NULL;
+}
+
+static int same_place(const tt_place *a, const tt_place *b) {
+  return a->is_host == b->is_host && (a->is_host || a->device == b->device);
+}
+
+static tt_status check_inputs(tt_module *m, tt_tensor *const *inputs, int n_inputs) {
+  if (n_inputs != m->local->n_inputs) {
+    return tt_client_fail(m->client, TT_INVALID_ARGUMENT, "the module takes %d inputs, got %d", m->local->n_inputs, n_inputs);
+  }
+  for (int i = 0; i < n_inputs; i++) {
+    if (!inputs[i] || !same_place(&inputs[i]->place, &m->place)) {
+      return tt_client_fail(m->client, TT_INVALID_ARGUMENT, "input %d ('%s') is on %s but the module is on %s; tt_to() it first",
+                            i, m->local->values[i].name, inputs[i] ? inputs[i]->device_name : "(null)", m->device_name);
+    }
+  }
+  return TT_OK;
+}
+
+/* A local card tensor holding a copy of a host tensor. */
+static ttd_tensor *to_local(const tt_tensor *t) {
+  ttd_tensor_spec spec = {.dtype = (ttd_dtype)t->dtype, .ndim = t->ndim, .location = TTD_MEM_DRAM};
+  memcpy(spec.shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+  ttd_tensor *out = NULL;
+  ttd_status_t s = ttd_tensor_spec_finish(&spec);
+  if (!s) s = ttd_tensor_create(local_card, &spec, &out);
+  if (!s) s = local_card->vtable->buffer_write(local_card, out->buffer, 0, t->data, t->nbytes);
+  if (s) {
+    ttd_tensor_release(out);
+    out = NULL;
+  }
+  ttd_status_free(s);
+  return out;
+}
+
+static tt_status forward_cpu(tt_module *m, tt_tensor *const *inputs, int n_inputs, tt_tensor **outputs) {
+  pthread_once(&local_card_once, local_card_create);
+  if (!local_card) return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "cannot start the in-process card");
+  int n = n_inputs + m->n_params;
+  ttd_tensor **local = calloc((size_t)n + 1, sizeof(*local));
+  tt_status st = local ? TT_OK : TT_RESOURCE_EXHAUSTED;
+  for (int i = 0; i < n && st == TT_OK; i++) {
+    local[i] = to_local(i < n_inputs ? inputs[i] : m->params[i - n_inputs]);
+    if (!local[i]) st = tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  }
+  ttd_run *run = NULL;
+  if (st == TT_OK) {
+    ttd_status_t s = ttd_run_forward(local_card, m->local, local, n_inputs, local + n_inputs, m->n_params, &run);
+    if (s) st = tt_client_fail(m->client, (tt_status)ttd_status_code(s), "%s", ttd_status_message(s));
+    ttd_status_free(s);
+  }
+  for (int o = 0; st == TT_OK && o < m->local->n_outputs; o++) {
+    const ttd_tensor *t = run->values[m->local->outputs[o]];
+    outputs[o] = tt_tensor_from_host(m->client, NULL, (tt_dtype)t->spec.dtype, t->spec.shape, t->spec.ndim);
+    if (!outputs[o]) st = TT_RESOURCE_EXHAUSTED;
+    else local_card->vtable->buffer_read(local_card, t->buffer, 0, outputs[o]->data, t->spec.nbytes);
+  }
+  ttd_run_free(run);
+  for (int i = 0; local && i < n; i++) ttd_tensor_release(local[i]);
+  free(local);
+  return st;
+}
+
+static tt_status ensure_program(tt_module *m) {
+  if (m->program) return TT_OK;
+  Ttd__V1__CompileRequest req = TTD__V1__COMPILE_REQUEST__INIT;
+  req.graph = m->graph;
+  ProtobufCMessage *out = NULL;
+  tt_status st = tt_rpc_unary(m->client, TT_RPC_COMPILE, &req.base, &ttd__v1__compile_response__descriptor, &out);
+  if (st != TT_OK) return st;
+  m->program = ((Ttd__V1__CompileResponse *)out)->program;
+  protobuf_c_message_free_unpacked(out, NULL);
+  return TT_OK;
+}
+
+static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_inputs, tt_tensor **outputs) {
+  TT_RETURN_IF_FAILED(ensure_program(m));
+  uint64_t *in = calloc((size_t)n_inputs + 1, sizeof(uint64_t)), *par = calloc((size_t)m->n_params + 1, sizeof(uint64_t));
+  if (!in || !par) {
+    free(in);
+    free(par);
+    return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  }
+  for (int i = 0; i < n_inputs; i++) in[i] = inputs[i]->handle;
+  for (int i = 0; i < m->n_params; i++) par[i] = m->params[i]->handle;
+  Ttd__V1__ExecuteRequest req = TTD__V1__EXECUTE_REQUEST__INIT;
+  req.program = m->program;
+  req.inputs = in;
+  req.n_inputs = (size_t)n_inputs;
+  req.parameters = par;
+  req.n_parameters = (size_t)m->n_params;
+  ProtobufCMessage *out = NULL;
+  tt_status st = tt_rpc_unary(m->client, TT_RPC_EXECUTE, &req.base, &ttd__v1__execute_response__descriptor, &out);
+  free(in);
+  free(par);
+  if (st != TT_OK) return st;
+  Ttd__V1__ExecuteResponse *resp = (Ttd__V1__ExecuteResponse *)out;
+  for (size_t o = 0; o < resp->n_outputs; o++) {
+    tt_tensor *t = tt_tensor_alloc(m->client);
+    const Ttd__V1__TensorSpec *spec = resp->outputs[o]->spec;
+    if (t && tt_tensor_describe(m->client, t, (tt_dtype)spec->dtype, spec->shape, (int)spec->n_shape) == TT_OK) {
+      t->place = m->place;
+      strcpy(t->device_name, m->device_name);
+      t->handle = resp->outputs[o]->handle;
+      outputs[o] = t;
+    } else {
+      free(t);
+      st = TT_RESOURCE_EXHAUSTED;
+    }
+  }
+  protobuf_c_message_free_unpacked(out, NULL);
+  return st;
+}
+
+tt_status tt_forward(tt_module *m, tt_tensor *const *inputs, int n_inputs, tt_tensor **outputs) {
+  for (int o = 0; o < m->local->n_outputs; o++) outputs[o] = NULL;
+  TT_RETURN_IF_FAILED(check_inputs(m, inputs, n_inputs));
+  tt_status st = m->place.is_host ? forward_cpu(m, inputs, n_inputs, outputs) : forward_device(m, inputs, n_inputs, outputs);
+  if (st != TT_OK) {
+    for (int o = 0; o < m->local->n_outputs; o++) {
+      tt_tensor_free(outputs[o]);
+      outputs[o] = NULL;
+    }
+  }
+  return st;
+}

@@ -1,0 +1,172 @@
+/* Graphs and modules through the client library and a real ttd: a model in a few lines with
+ * shapes inferred at each line, torch's default initialisation, a module on "cpu" running in
+ * process and the same module on the card giving the same outputs, and clear errors. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "suites.h"
+#include "ttd_harness.h"
+
+static ttd_proc proc;
+static tt_client *client;
+
+static void setup(void) {
+  ttd_proc_start(&proc, NULL);
+  client = harness_connect(&proc, 1);
+}
+
+static void teardown(void) {
+  tt_disconnect(client);
+  ck_assert_int_eq(ttd_proc_stop(&proc), 0);
+}
+
+enum { N = 8, IN = 12, H = 16, OUT = 3 };
+
+static tt_graph *mlp(void) {
+  tt_graph *g = tt_graph_create(client, 42);
+  int64_t xs[2] = {N, IN};
+  tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
+  tt_value h = tt_relu(g, tt_nn_linear(g, x, H, 1));
+  tt_value y = tt_nn_linear(g, h, OUT, 1);
+  ck_assert_int_ge(y, 0);
+  ck_assert_int_eq(tt_graph_output(g, y), 0);
+  return g;
+}
+
+/* Shapes are inferred line by line; parameters are named and initialised as torch's
+ * Linear does (|w| and |b| below 1/sqrt(fan_in), not all zero). */
+START_TEST(test_graph_shapes_and_init) {
+  tt_graph *g = tt_graph_create(client, 7);
+  int64_t xs[2] = {N, IN};
+  tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
+  tt_value y = tt_nn_linear(g, x, H, 1);
+  int64_t shape[TT_MAX_DIMS];
+  int ndim;
+  ck_assert_int_eq(tt_graph_shape(g, y, shape, &ndim), 0);
+  ck_assert_int_eq(ndim, 2);
+  ck_assert_int_eq(shape[0], N);
+  ck_assert_int_eq(shape[1], H);
+  tt_graph_output(g, y);
+  tt_module *m = tt_compile(client, g);
+  tt_graph_free(g);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_int_eq(tt_module_param_count(m), 2);
+  ck_assert_str_eq(tt_module_param_name(m, 0), "linear1.weight");
+  ck_assert_str_eq(tt_module_param_name(m, 1), "linear1.bias");
+  tt_tensor *w = tt_module_param(m, "linear1.weight");
+  const float *wd = tt_tensor_data(w);
+  double bound = 1.0 / sqrt(IN), sum_abs = 0;
+  for (int i = 0; i < H * IN; i++) {
+    ck_assert(fabs(wd[i]) <= bound);
+    sum_abs += fabs(wd[i]);
+  }
+  ck_assert(sum_abs / (H * IN) > bound / 4); /* uniform on [-b, b] has mean |w| = b/2 */
+  tt_tensor_free(w);
+  ck_assert_ptr_null(tt_module_param(m, "nope"));
+  ck_assert_int_eq(tt_errcode(client), TT_NOT_FOUND);
+  tt_module_free(m);
+}
+END_TEST
+
+/* A shape mistake fails at the line that makes it, with the op and shapes named; later
+ * lines given the failed value fail too, and compiling is refused. */
+START_TEST(test_graph_errors) {
+  tt_graph *g = tt_graph_create(client, 1);
+  int64_t as[2] = {4, 5}, bs[2] = {6, 7};
+  tt_value a = tt_graph_input(g, "a", TT_FLOAT32, as, 2);
+  tt_value b = tt_graph_input(g, "b", TT_FLOAT32, bs, 2);
+  tt_value ab[2] = {a, b};
+  tt_value bad = tt_graph_op(g, "matmul", ab, 2, NULL);
+  ck_assert_int_lt(bad, 0);
+  ck_assert_int_eq(tt_errcode(client), TT_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(tt_last_error(client), "inner dims differ: [4, 5] x [6, 7]"));
+  ck_assert_int_lt(tt_relu(g, bad), 0);
+  ck_assert_int_lt(tt_graph_op(g, "max_pool2d", &a, 1, "kernel=2"), 0);
+  ck_assert_ptr_nonnull(strstr(tt_last_error(client), "[n, c, h, w]"));
+  ck_assert_int_lt(tt_graph_op(g, "relu", &a, 1, "slope"), 0);
+  ck_assert_ptr_nonnull(strstr(tt_last_error(client), "name=value"));
+  ck_assert_int_lt(tt_graph_op(g, "softmax", &a, 1, "axis=0"), 0);
+  ck_assert_int_lt(tt_graph_input(g, "a", TT_FLOAT32, as, 2), 0);
+  ck_assert_ptr_nonnull(strstr(tt_last_error(client), "'a' is already used"));
+  tt_value t = tt_graph_op(g, "transpose", &a, 1, "dim0=0;dim1=1");
+  ck_assert_int_ge(t, 0);
+  tt_value tb[2] = {t, t};
+  ck_assert_int_ge(tt_graph_op(g, "matmul", tb, 2, "transpose_b=1"), 0);
+  tt_graph *empty = tt_graph_create(client, 1);
+  ck_assert_ptr_null(tt_compile(client, empty));
+  ck_assert_ptr_nonnull(strstr(tt_last_error(client), "no outputs"));
+  tt_graph_free(empty);
+  tt_graph_free(g);
+}
+END_TEST
+
+/* The module runs on "cpu" in process and, moved with tt_module_to("tt"), on the card:
+ * same outputs; parameters occupy device memory and come back unchanged. */
+START_TEST(test_module_cpu_and_device_agree) {
+  tt_graph *g = mlp();
+  tt_module *m = tt_compile(client, g);
+  tt_graph_free(g);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_str_eq(tt_module_device(m), "cpu");
+  float xv[N * IN];
+  for (int i = 0; i < N * IN; i++) xv[i] = sinf((float)i * 0.37f);
+  int64_t xs[2] = {N, IN};
+  tt_tensor *x = tt_tensor_from_host(client, xv, TT_FLOAT32, xs, 2);
+  tt_tensor *y_cpu = NULL;
+  ck_assert_int_eq(tt_forward(m, &x, 1, &y_cpu), TT_OK);
+  ck_assert_int_eq(tt_tensor_shape(y_cpu)[1], OUT);
+  /* Reference from the module's own parameters. */
+  tt_tensor *w1 = tt_module_param(m, "linear1.weight"), *b1 = tt_module_param(m, "linear1.bias");
+  tt_tensor *w2 = tt_module_param(m, "linear2.weight"), *b2 = tt_module_param(m, "linear2.bias");
+  const float *W1 = tt_tensor_data(w1), *B1 = tt_tensor_data(b1), *W2 = tt_tensor_data(w2), *B2 = tt_tensor_data(b2);
+  const float *Y = tt_tensor_data(y_cpu);
+  for (int i = 0; i < N; i++) {
+    double h[H];
+    for (int j = 0; j < H; j++) {
+      double z = B1[j];
+      for (int k = 0; k < IN; k++) z += (double)xv[i * IN + k] * W1[j * IN + k];
+      h[j] = z > 0 ? z : 0;
+    }
+    for (int o = 0; o < OUT; o++) {
+      double z = B2[o];
+      for (int j = 0; j < H; j++) z += h[j] * W2[o * H + j];
+      ck_assert_msg(fabs(z - Y[i * OUT + o]) < 1e-5, "cpu output %d,%d: %g vs %g", i, o, Y[i * OUT + o], z);
+    }
+  }
+  uint64_t param_bytes = (uint64_t)(H * IN + H + OUT * H + OUT) * 4;
+  ck_assert_int_eq(tt_module_to(m, "tt"), TT_OK);
+  ck_assert_str_eq(tt_module_device(m), "tt:0");
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), param_bytes);
+  tt_tensor *y_dev = NULL;
+  ck_assert_int_eq(tt_forward(m, &x, 1, &y_dev), TT_INVALID_ARGUMENT); /* x is still on the cpu */
+  ck_assert_ptr_nonnull(strstr(tt_last_error(client), "input 0 ('x') is on cpu but the module is on tt:0"));
+  tt_tensor *xd = tt_to(x, "tt");
+  ck_assert_int_eq(tt_forward(m, &xd, 1, &y_dev), TT_OK);
+  ck_assert_str_eq(tt_tensor_device(y_dev), "tt:0");
+  tt_tensor *y_back = tt_to(y_dev, "cpu");
+  for (int i = 0; i < N * OUT; i++) ck_assert_float_eq_tol(((float *)tt_tensor_data(y_back))[i], Y[i], 1e-5);
+  ck_assert_int_eq(tt_module_to(m, "cpu"), TT_OK);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), (uint64_t)(N * IN + N * OUT) * 4); /* xd, y_dev */
+  tt_tensor *w1_back = tt_module_param(m, "linear1.weight");
+  ck_assert_int_eq(memcmp(tt_tensor_data(w1_back), W1, sizeof(float) * H * IN), 0);
+  ck_assert_int_eq(tt_module_to(m, "tt:0/l1"), TT_INVALID_ARGUMENT);
+  tt_tensor *list[] = {w1_back, y_back, y_dev, xd, w1, b1, w2, b2, y_cpu, x};
+  for (size_t i = 0; i < sizeof(list) / sizeof(list[0]); i++) tt_tensor_free(list[i]);
+  tt_module_free(m);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 0);
+}
+END_TEST
+
+Suite *e2e_modules_suite(void) {
+  Suite *s = suite_create("e2e_modules");
+  TCase *tc = tcase_create("modules");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_graph_shapes_and_init);
+  tcase_add_test(tc, test_graph_errors);
+  tcase_add_test(tc, test_module_cpu_and_device_agree);
+  suite_add_tcase(s, tc);
+  return s;
+}
