@@ -16,7 +16,8 @@ static const char *const rpc_paths[TT_RPC_COUNT] = {
     "/ttd.v1.Device/OpenSession", "/ttd.v1.Device/KeepAlive", "/ttd.v1.Device/CloseSession",
     "/ttd.v1.Device/ListDevices", "/ttd.v1.Device/Allocate",  "/ttd.v1.Device/Upload",
     "/ttd.v1.Device/Download",    "/ttd.v1.Device/Move",      "/ttd.v1.Device/Free",
-    "/ttd.v1.Device/Compile",     "/ttd.v1.Device/Execute",
+    "/ttd.v1.Device/Compile",     "/ttd.v1.Device/Execute",   "/ttd.v1.Device/Backward",
+    "/ttd.v1.Device/ReleaseRun",  "/ttd.v1.Device/ZeroGrad",  "/ttd.v1.Device/OptimizerStep",
 };
 
 const char *tt_status_name(tt_status status) {

@@ -27,6 +27,10 @@ typedef enum tt_rpc_method {
   TT_RPC_FREE,
   TT_RPC_COMPILE,
   TT_RPC_EXECUTE,
+  TT_RPC_BACKWARD,
+  TT_RPC_RELEASE_RUN,
+  TT_RPC_ZERO_GRAD,
+  TT_RPC_OPTIMIZER_STEP,
   TT_RPC_COUNT
 } tt_rpc_method;
 
@@ -58,6 +62,9 @@ typedef struct tt_place {
   int l1;      /* 1: L1, 0: DRAM */
 } tt_place;
 
+typedef struct tt_autograd_node tt_autograd_node;
+typedef struct tt_run_ref tt_run_ref;
+
 struct tt_tensor {
   atomic_int refs;
   tt_client *client;
@@ -70,7 +77,36 @@ struct tt_tensor {
   char device_name[24];
   void *data;       /* host tensors */
   uint64_t handle;  /* device tensors */
+  tt_autograd_node *grad_fn; /* host tensors made by tracked ops (autograd.c) */
+  float *grad;               /* during tt_backward only */
+  tt_run_ref *run;           /* device outputs of a training forward */
+  int output_index;
+  int borrowed;              /* a view of a daemon-owned tensor (.grad): free does not Free it */
 };
+
+/* A daemon run kept for Backward, shared by the outputs of one training forward. */
+struct tt_run_ref {
+  atomic_int refs;
+  tt_client *client;
+  struct tt_module *module;
+  uint64_t run;           /* 0 once backpropagated or released */
+  int n_outputs;
+  float **output_grads;   /* host accumulators during tt_backward */
+};
+
+tt_run_ref *tt_run_ref_retain(tt_run_ref *ref);
+void tt_run_ref_release(tt_run_ref *ref); /* the last reference releases the daemon's run */
+void tt_autograd_node_free(tt_autograd_node *node);
+
+/* Makes host (downloaded from a device output of a training forward) carry the hook that
+ * sends its gradient back to the device run. */
+tt_status tt_autograd_track_to_cpu(tt_tensor *host, tt_tensor *device_output);
+
+/* The shape of output i of module: fills shape, returns ndim (module.c). */
+int tt_module_output_dims(const struct tt_module *module, int i, int64_t *shape);
+
+/* Records the parameter gradient handles Backward returned (module.c). */
+void tt_module_set_grad_handles(struct tt_module *module, const uint64_t *handles, int n);
 
 #define TT_RETURN_IF_FAILED(expr)      \
   do {                                 \

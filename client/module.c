@@ -17,7 +17,64 @@ struct tt_module {
   tt_place place;
   char device_name[24];
   uint64_t program;         /* the daemon's program handle; 0 until compiled there */
+  int training;             /* forward keeps activations for backward (torch's train()) */
+  uint64_t *grad_handles;   /* per parameter: its .grad on the daemon (0: none yet) */
 };
+
+int tt_module_output_dims(const tt_module *m, int i, int64_t *shape) {
+  const ttd_kshape *s = &m->local->values[m->local->outputs[i]].type.shape;
+  memcpy(shape, s->d, sizeof(int64_t) * (size_t)s->ndim);
+  return s->ndim;
+}
+
+void tt_module_set_grad_handles(tt_module *m, const uint64_t *handles, int n) {
+  for (int i = 0; i < n && i < m->n_params; i++) {
+    if (handles[i]) m->grad_handles[i] = handles[i];
+  }
+}
+
+void tt_module_train(tt_module *m, int training) { m->training = training != 0; }
+
+/* Frees the daemon's handles of the parameters' .grad (they go with the parameters). */
+static void release_grads(tt_module *m) {
+  uint64_t handles[256];
+  size_t n = 0;
+  for (int i = 0; i < m->n_params && n < 256; i++) {
+    if (m->grad_handles[i]) handles[n++] = m->grad_handles[i];
+    m->grad_handles[i] = 0;
+  }
+  if (n == 0) return;
+  Ttd__V1__FreeRequest req = TTD__V1__FREE_REQUEST__INIT;
+  req.handles = handles;
+  req.n_handles = n;
+  ProtobufCMessage *out = NULL;
+  char ignored[256];
+  if (tt_rpc_unary_quiet(m->client, TT_RPC_FREE, &req.base, &ttd__v1__free_response__descriptor, &out, ignored,
+                         sizeof(ignored)) == TT_OK) {
+    protobuf_c_message_free_unpacked(out, NULL);
+  }
+}
+
+tt_tensor *tt_param_grad(tt_module *m, const char *name) {
+  for (int i = 0; i < m->n_params; i++) {
+    if (strcmp(tt_module_param_name(m, i), name) != 0) continue;
+    if (!m->grad_handles[i]) {
+      tt_client_fail(m->client, TT_FAILED_PRECONDITION, "parameter '%s' has no gradient yet: call tt_backward first", name);
+      return NULL;
+    }
+    tt_tensor *t = tt_tensor_alloc(m->client);
+    if (!t) return NULL;
+    tt_tensor_describe(m->client, t, TT_FLOAT32, m->params[i]->shape, m->params[i]->ndim);
+    t->place = m->place;
+    strcpy(t->device_name, m->device_name);
+    t->handle = m->grad_handles[i];
+    t->borrowed = 1; /* the daemon keeps .grad with the parameter: freeing this does not free it */
+    return t;
+  }
+  tt_client_fail(m->client, TT_NOT_FOUND, "the module has no parameter '%s'", name ? name : "(null)");
+  return NULL;
+}
+
 
 /* The process's own simulated card for modules on "cpu": capacity is host memory. */
 static ttd_backend *local_card;
@@ -89,6 +146,7 @@ tt_module *tt_compile(tt_client *client, const tt_graph *graph) {
   }
   m->client = client;
   m->place.is_host = 1;
+  m->training = 1;
   strcpy(m->device_name, "cpu");
   m->graph = graph_copy(graph);
   if (!m->graph) {
@@ -105,7 +163,8 @@ tt_module *tt_compile(tt_client *client, const tt_graph *graph) {
   }
   m->n_params = m->local->n_params;
   m->params = calloc((size_t)m->n_params + 1, sizeof(*m->params));
-  if (!m->params) {
+  m->grad_handles = calloc((size_t)m->n_params + 1, sizeof(uint64_t));
+  if (!m->params || !m->grad_handles) {
     tt_module_free(m);
     return NULL;
   }
@@ -124,8 +183,10 @@ tt_module *tt_compile(tt_client *client, const tt_graph *graph) {
 
 void tt_module_free(tt_module *m) {
   if (!m) return;
+  if (m->grad_handles) release_grads(m);
   for (int i = 0; m->params && i < m->n_params; i++) tt_tensor_free(m->params[i]);
   free(m->params);
+  free(m->grad_handles);
   ttd_program_release(m->local);
   if (m->graph) ttd__v1__graph__free_unpacked(m->graph, NULL);
   free(m);
@@ -150,6 +211,7 @@ tt_status tt_module_to(tt_module *m, const char *device) {
   for (int i = 0; i < m->n_params; i++) tt_tensor_free(m->params[i]);
   free(m->params);
   m->params = moved;
+  release_grads(m); /* .grad belonged to the old tensors */
   m->place = place;
   tt_place_format(&place, m->device_name, sizeof(m->device_name));
   return TT_OK;
@@ -260,12 +322,28 @@ static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_in
   req.n_inputs = (size_t)n_inputs;
   req.parameters = par;
   req.n_parameters = (size_t)m->n_params;
+  req.keep_for_backward = m->training;
   ProtobufCMessage *out = NULL;
   tt_status st = tt_rpc_unary(m->client, TT_RPC_EXECUTE, &req.base, &ttd__v1__execute_response__descriptor, &out);
   free(in);
   free(par);
   if (st != TT_OK) return st;
   Ttd__V1__ExecuteResponse *resp = (Ttd__V1__ExecuteResponse *)out;
+  tt_run_ref *ref = NULL;
+  if (resp->run) {
+    ref = calloc(1, sizeof(*ref));
+    if (ref) ref->output_grads = calloc(resp->n_outputs + 1, sizeof(float *));
+    if (!ref || !ref->output_grads) {
+      free(ref);
+      protobuf_c_message_free_unpacked(out, NULL);
+      return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+    }
+    atomic_init(&ref->refs, 1);
+    ref->client = m->client;
+    ref->module = m;
+    ref->run = resp->run;
+    ref->n_outputs = (int)resp->n_outputs;
+  }
   for (size_t o = 0; o < resp->n_outputs; o++) {
     tt_tensor *t = tt_tensor_alloc(m->client);
     const Ttd__V1__TensorSpec *spec = resp->outputs[o]->spec;
@@ -273,6 +351,10 @@ static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_in
       t->place = m->place;
       strcpy(t->device_name, m->device_name);
       t->handle = resp->outputs[o]->handle;
+      if (ref) {
+        t->run = tt_run_ref_retain(ref);
+        t->output_index = (int)o;
+      }
       outputs[o] = t;
     } else {
       free(t);
@@ -280,6 +362,7 @@ static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_in
     }
   }
   protobuf_c_message_free_unpacked(out, NULL);
+  tt_run_ref_release(ref); /* the outputs hold it now */
   return st;
 }
 
@@ -295,3 +378,75 @@ tt_status tt_forward(tt_module *m, tt_tensor *const *inputs, int n_inputs, tt_te
   }
   return st;
 }
+
+/* ---- optimizers on the device ---- */
+
+struct tt_optimizer {
+  tt_module *module;
+  int adam;
+  Ttd__V1__SgdOptions sgd;
+  Ttd__V1__AdamOptions adam_options;
+};
+
+tt_optimizer *tt_sgd(tt_module *m, float lr, float momentum, float weight_decay, int nesterov) {
+  tt_optimizer *o = calloc(1, sizeof(*o));
+  if (!o) return NULL;
+  o->module = m;
+  ttd__v1__sgd_options__init(&o->sgd);
+  o->sgd.lr = lr;
+  o->sgd.momentum = momentum;
+  o->sgd.weight_decay = weight_decay;
+  o->sgd.nesterov = nesterov;
+  return o;
+}
+
+tt_optimizer *tt_adam(tt_module *m, float lr, float weight_decay, int decoupled) {
+  tt_optimizer *o = calloc(1, sizeof(*o));
+  if (!o) return NULL;
+  o->module = m;
+  o->adam = 1;
+  ttd__v1__adam_options__init(&o->adam_options);
+  o->adam_options.lr = lr;
+  o->adam_options.weight_decay = weight_decay;
+  o->adam_options.decoupled = decoupled;
+  return o;
+}
+
+void tt_optimizer_free(tt_optimizer *o) { free(o); }
+
+static tt_status param_rpc(tt_optimizer *o, int step) {
+  tt_module *m = o->module;
+  if (m->place.is_host) {
+    return tt_client_fail(m->client, TT_FAILED_PRECONDITION,
+                          "the module is on cpu: device optimizers update parameters on a card; tt_module_to() it");
+  }
+  uint64_t *handles = calloc((size_t)m->n_params + 1, sizeof(uint64_t));
+  if (!handles) return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  for (int i = 0; i < m->n_params; i++) handles[i] = m->params[i]->handle;
+  ProtobufCMessage *out = NULL;
+  tt_status st;
+  if (step) {
+    Ttd__V1__OptimizerStepRequest req = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
+    req.parameters = handles;
+    req.n_parameters = (size_t)m->n_params;
+    if (o->adam) {
+      req.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_ADAM;
+      req.adam = &o->adam_options;
+    } else {
+      req.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD;
+      req.sgd = &o->sgd;
+    }
+    st = tt_rpc_unary(m->client, TT_RPC_OPTIMIZER_STEP, &req.base, &ttd__v1__optimizer_step_response__descriptor, &out);
+  } else {
+    Ttd__V1__ZeroGradRequest req = TTD__V1__ZERO_GRAD_REQUEST__INIT;
+    req.parameters = handles;
+    req.n_parameters = (size_t)m->n_params;
+    st = tt_rpc_unary(m->client, TT_RPC_ZERO_GRAD, &req.base, &ttd__v1__zero_grad_response__descriptor, &out);
+  }
+  if (st == TT_OK) protobuf_c_message_free_unpacked(out, NULL);
+  free(handles);
+  return st;
+}
+
+tt_status tt_step(tt_optimizer *o) { return param_rpc(o, 1); }
+tt_status tt_zero_grad(tt_optimizer *o) { return param_rpc(o, 0); }

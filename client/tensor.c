@@ -105,9 +105,12 @@ tt_tensor *tt_tensor_empty(tt_client *client, tt_dtype dtype, const int64_t *sha
 void tt_tensor_free(tt_tensor *tensor) {
   if (!tensor) return;
   if (atomic_fetch_sub_explicit(&tensor->refs, 1, memory_order_acq_rel) != 1) return;
+  tt_autograd_node_free(tensor->grad_fn);
+  tt_run_ref_release(tensor->run);
+  free(tensor->grad);
   if (tensor->place.is_host) {
     free(tensor->data);
-  } else if (tensor->handle) {
+  } else if (tensor->handle && !tensor->borrowed) {
     Ttd__V1__FreeRequest req = TTD__V1__FREE_REQUEST__INIT;
     req.n_handles = 1;
     req.handles = &tensor->handle;

@@ -106,7 +106,14 @@ tt_tensor *tt_to_dtype(tt_tensor *tensor, const char *device, tt_dtype dtype) {
   }
   if (tensor->place.is_host && place.is_host) return host_to_host(tensor, dtype);
   if (tensor->place.is_host) return upload(tensor, &place, dtype);
-  if (place.is_host) return download(tensor, dtype);
+  if (place.is_host) {
+    tt_tensor *host = download(tensor, dtype);
+    if (host && tensor->run && tt_autograd_track_to_cpu(host, tensor) != TT_OK) { /* the register_hook of the proposal */
+      tt_tensor_free(host);
+      return NULL;
+    }
+    return host;
+  }
   if (dtype != tensor->dtype) {
     tt_client_fail(client, TT_INVALID_ARGUMENT,
                    "a device-to-device move keeps the dtype; convert on the way to or from the host");

@@ -137,6 +137,7 @@ START_TEST(test_module_cpu_and_device_agree) {
   }
   uint64_t param_bytes = (uint64_t)(H * IN + H + OUT * H + OUT) * 4;
   ck_assert_int_eq(tt_module_to(m, "tt"), TT_OK);
+  tt_module_train(m, 0); /* eval: nothing kept for backward */
   ck_assert_str_eq(tt_module_device(m), "tt:0");
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), param_bytes);
   tt_tensor *y_dev = NULL;
@@ -159,6 +160,75 @@ START_TEST(test_module_cpu_and_device_agree) {
 }
 END_TEST
 
+/* The .to() training flow: module on the card, loss on the CPU, tt_backward reaching the
+ * device module through the downloaded output, SGD on the device. On a fixed batch the loss
+ * falls; .grad is readable; misuse gets clear errors. */
+START_TEST(test_train_on_device_with_cpu_loss) {
+  tt_graph *g = mlp();
+  tt_module *m = tt_compile(client, g);
+  tt_graph_free(g);
+  ck_assert_int_eq(tt_module_to(m, "tt"), TT_OK);
+  float xv[N * IN];
+  int32_t yv[N];
+  for (int i = 0; i < N * IN; i++) xv[i] = cosf((float)i * 0.91f);
+  for (int i = 0; i < N; i++) yv[i] = i % OUT;
+  int64_t xs[2] = {N, IN}, ys[1] = {N};
+  tt_tensor *x = tt_tensor_from_host(client, xv, TT_FLOAT32, xs, 2), *labels = tt_tensor_from_host(client, yv, TT_INT32, ys, 1);
+  tt_tensor *xd = tt_to(x, "tt");
+  tt_optimizer *opt = tt_sgd(m, 0.5f, 0.9f, 0.0f, 0);
+  ck_assert_ptr_null(tt_param_grad(m, "linear1.weight"));
+  ck_assert_int_eq(tt_errcode(client), TT_FAILED_PRECONDITION);
+  float first = 0, last = 0;
+  for (int step = 0; step < 40; step++) {
+    tt_tensor *y = NULL;
+    ck_assert_int_eq(tt_forward(m, &xd, 1, &y), TT_OK);
+    tt_tensor *y_cpu = tt_to(y, "cpu");
+    tt_tensor *loss = tt_cross_entropy(y_cpu, labels);
+    ck_assert_ptr_nonnull(loss);
+    if (step == 0) first = tt_tensor_item(loss);
+    last = tt_tensor_item(loss);
+    ck_assert_int_eq(tt_zero_grad(opt), TT_OK);
+    ck_assert_msg(tt_backward(loss) == TT_OK, "%s", tt_last_error(client));
+    if (step == 0) {
+      /* .grad is on the device; a second backward through the same run is refused. */
+      tt_tensor *gw = tt_param_grad(m, "linear2.bias");
+      ck_assert_ptr_nonnull(gw);
+      ck_assert_str_eq(tt_tensor_device(gw), "tt:0");
+      tt_tensor *gh = tt_to(gw, "cpu");
+      float sum = 0;
+      for (int k = 0; k < OUT; k++) sum += ((float *)tt_tensor_data(gh))[k];
+      ck_assert_float_eq_tol(sum, 0.0f, 1e-5); /* cross-entropy bias gradients sum to zero */
+      tt_tensor_free(gh);
+      tt_tensor_free(gw);
+      ck_assert_int_eq(tt_backward(loss), TT_FAILED_PRECONDITION);
+      ck_assert_ptr_nonnull(strstr(tt_last_error(client), "already backpropagated"));
+    }
+    ck_assert_int_eq(tt_step(opt), TT_OK);
+    tt_tensor_free(loss);
+    tt_tensor_free(y_cpu);
+    tt_tensor_free(y);
+  }
+  ck_assert_msg(last < first * 0.2f, "loss went from %g to %g", first, last);
+  /* A host loss of mismatched shapes, and a loss of untracked tensors. */
+  float t5[5] = {0};
+  int64_t s5[1] = {5};
+  tt_tensor *five = tt_tensor_from_host(client, t5, TT_FLOAT32, s5, 1);
+  ck_assert_ptr_null(tt_mse_loss(x, five));
+  ck_assert_ptr_nonnull(strstr(tt_last_error(client), "[8, 12] and [5]"));
+  tt_tensor *plain = tt_mse_loss(five, five);
+  ck_assert_int_eq(tt_backward(plain), TT_OK); /* nothing upstream: a no-op */
+  ck_assert_int_eq(tt_backward(five), TT_INVALID_ARGUMENT);
+  tt_tensor_free(plain);
+  tt_tensor_free(five);
+  tt_optimizer_free(opt);
+  tt_tensor_free(xd);
+  tt_tensor_free(x);
+  tt_tensor_free(labels);
+  tt_module_free(m);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 0);
+}
+END_TEST
+
 Suite *e2e_modules_suite(void) {
   Suite *s = suite_create("e2e_modules");
   TCase *tc = tcase_create("modules");
@@ -167,6 +237,7 @@ Suite *e2e_modules_suite(void) {
   tcase_add_test(tc, test_graph_shapes_and_init);
   tcase_add_test(tc, test_graph_errors);
   tcase_add_test(tc, test_module_cpu_and_device_agree);
+  tcase_add_test(tc, test_train_on_device_with_cpu_loss);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -235,6 +235,33 @@ tt_tensor *tt_module_param(tt_module *module, const char *name);
  * for each graph output. */
 tt_status tt_forward(tt_module *module, tt_tensor *const *inputs, int n_inputs, tt_tensor **outputs);
 
+/* Training mode (the default, as torch's train()): a forward on a card keeps what backward
+ * needs until its outputs are freed or backpropagated. 0 turns it off (eval). */
+void tt_module_train(tt_module *module, int training);
+
+/* ---- autograd across the host/device boundary ----
+ * Losses run on the CPU on host tensors and are recorded. tt_backward(loss) walks them back;
+ * a tensor that came from a module's device output through tt_to(.., "cpu") sends its
+ * gradient to the card and runs the module's backward there, accumulating into each
+ * parameter's .grad on the device. */
+tt_tensor *tt_l1_loss(tt_tensor *input, tt_tensor *target);      /* mean |input - target| */
+tt_tensor *tt_mse_loss(tt_tensor *input, tt_tensor *target);     /* mean (input - target)^2 */
+tt_tensor *tt_cross_entropy(tt_tensor *logits, tt_tensor *labels); /* float [n, c], int32 [n]; mean */
+tt_status tt_backward(tt_tensor *loss);
+/* The value of a one-element host tensor (NaN otherwise). */
+float tt_tensor_item(const tt_tensor *tensor);
+/* The named parameter's .grad on the module's device (read it with tt_to(.., "cpu")).
+ * FAILED_PRECONDITION before the first backward. Free the returned tensor; .grad stays. */
+tt_tensor *tt_param_grad(tt_module *module, const char *name);
+
+/* ---- optimizers on the device: parameters never leave the card ---- */
+typedef struct tt_optimizer tt_optimizer;
+tt_optimizer *tt_sgd(tt_module *module, float lr, float momentum, float weight_decay, int nesterov);
+tt_optimizer *tt_adam(tt_module *module, float lr, float weight_decay, int decoupled); /* decoupled: AdamW */
+tt_status tt_step(tt_optimizer *optimizer);      /* one update from the current .grad */
+tt_status tt_zero_grad(tt_optimizer *optimizer); /* .grad = 0 */
+void tt_optimizer_free(tt_optimizer *optimizer); /* accepts NULL */
+
 /* ---- datasets ----
  * IDX files (the MNIST format) loaded into host memory. Functions are thread-safe (no
  * shared state); a tt_dataset is plain data the caller owns. */
@@ -292,6 +319,67 @@ void tt_progress_update(tt_progress *p, int64_t done, double loss);
  * average steps/s and the last loss, e.g. "epoch 1/5: 100% 938/938 steps in 2.3 s, 412
  * steps/s, loss 0.3012" -- ending a terminal line with '\n', and frees p. Accepts NULL. */
 void tt_progress_finish(tt_progress *p);
+
+/* ---- checkpoints (safetensors) ---- */
+
+/* Safetensors files, the checkpoint format of Hugging Face and torch: an 8-byte
+ * little-endian header length, a JSON header naming each tensor's dtype ("F32", "BF16",
+ * "I32"), shape and byte range, then the raw little-endian row-major data. Files written
+ * here read in the Python safetensors library and the other way round. */
+
+/* Writes n host tensors under the given names to path, atomically: the bytes go to
+ * "<path>.tmp", which is fsynced and renamed over path (then the folder is synced), so a
+ * crash leaves either the old file or the new one. Tensors are written in the order given
+ * and tt_safetensors_name lists them in that order. Nothing is taken over: names and
+ * tensors stay the caller's.
+ * client: where the error is recorded; may be NULL when n > 0, and then it is
+ * tt_tensor_client(tensors[0]). With n == 0 (a valid, empty checkpoint) pass it.
+ * names, tensors: n entries each (may be NULL when n == 0).
+ * Errors: TT_INVALID_ARGUMENT for a device tensor (move it with tt_to(t, "cpu") first), an
+ * empty, NULL, duplicate or non-UTF-8 name, the reserved name "__metadata__", a NULL path
+ * or tensor; the message names the tensor. TT_UNAVAILABLE for an I/O error; the message
+ * names the path and the errno text, and "<path>.tmp" is removed. An existing file at path
+ * is untouched by any failure before the rename. TT_INVALID_ARGUMENT without a message when
+ * no client can be found. Thread safety: concurrent saves to one path are not supported
+ * (they share "<path>.tmp"). */
+tt_status tt_safetensors_save(tt_client *client, const char *path, const char *const *names, tt_tensor *const *tensors,
+                              int n);
+
+typedef struct tt_safetensors tt_safetensors;
+
+/* Opens a safetensors file and validates its whole layout: the header length against the
+ * file size, the JSON, every dtype, each shape against its byte range (with overflow
+ * checks), and that the byte ranges are in range, non-overlapping and cover the data
+ * buffer exactly. The data itself is read by tt_safetensors_get; the file stays open until
+ * tt_safetensors_close (replacing it on disk, as tt_safetensors_save does, is safe).
+ * "__metadata__" must be an object of strings and is otherwise ignored.
+ * *out_file (owned by the caller, release with tt_safetensors_close) is set on success and
+ * cleared on entry. Errors, with text in tt_last_error(client): TT_NOT_FOUND when path does
+ * not exist; TT_DATA_LOSS for a malformed file, the message naming what is wrong;
+ * TT_PERMISSION_DENIED, TT_UNAVAILABLE for other I/O errors; TT_INVALID_ARGUMENT for a NULL
+ * path or out_file, or a path that is not a regular file. NULL client: TT_INVALID_ARGUMENT
+ * and no message. Dtypes that safetensors defines but libttclient cannot hold (F16, I64, ...)
+ * open fine; only tt_safetensors_get of such a tensor fails. */
+tt_status tt_safetensors_open(tt_client *client, const char *path, tt_safetensors **out_file);
+
+/* The number of tensors in the file ("__metadata__" not counted); 0 for NULL. */
+int tt_safetensors_count(const tt_safetensors *file);
+
+/* The name of tensor index (0 .. count-1), in the order of the file's header; lent, valid
+ * until tt_safetensors_close. NULL for a NULL file or an index out of range. */
+const char *tt_safetensors_name(const tt_safetensors *file, int index);
+
+/* A new host tensor (of the file's client, owned by the caller: tt_tensor_free) holding a
+ * copy of the named tensor. NULL on error, text in tt_last_error of the file's client:
+ * TT_NOT_FOUND naming the tensor when the file has none of that name; TT_UNIMPLEMENTED for a
+ * dtype other than F32, BF16, I32 or more than TT_MAX_DIMS dims; TT_DATA_LOSS if the file
+ * shrank since it was opened; TT_INVALID_ARGUMENT for a NULL name. NULL file: NULL, no
+ * message. Several threads may get tensors of one file at once. */
+tt_tensor *tt_safetensors_get(tt_safetensors *file, const char *name);
+
+/* Closes the file and frees it; names from tt_safetensors_name become invalid. Tensors
+ * already returned stay valid. Accepts NULL. */
+void tt_safetensors_close(tt_safetensors *file);
 
 #ifdef __cplusplus
 }

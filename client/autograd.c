@@ -1,0 +1,267 @@
+/* Host tensors with autograd: losses computed on the CPU are recorded, and tt_backward walks
+ * them in reverse. On reaching a tensor downloaded from a device output (tt_to(.., "cpu") of
+ * a training forward) it sends the gradient back to the card and calls the module's
+ * Backward: the register_hook flow of tt-forge-fe's proposal. A device output used twice,
+ * or outputs of several runs, accumulate before anything is sent. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../daemon/ops.h"
+#include "../kernels/kernels.h"
+#include "client_internal.h"
+
+typedef enum node_kind { NODE_TO_CPU, NODE_L1, NODE_MSE, NODE_CROSS_ENTROPY } node_kind;
+
+struct tt_autograd_node {
+  node_kind kind;
+  tt_tensor *inputs[2]; /* one reference each */
+};
+
+void tt_autograd_node_free(tt_autograd_node *node) {
+  if (!node) return;
+  tt_tensor_free(node->inputs[0]);
+  tt_tensor_free(node->inputs[1]);
+  free(node);
+}
+
+tt_run_ref *tt_run_ref_retain(tt_run_ref *ref) {
+  atomic_fetch_add(&ref->refs, 1);
+  return ref;
+}
+
+void tt_run_ref_release(tt_run_ref *ref) {
+  if (!ref || atomic_fetch_sub(&ref->refs, 1) != 1) return;
+  if (ref->run) { /* never backpropagated: free its activations on the card */
+    Ttd__V1__ReleaseRunRequest req = TTD__V1__RELEASE_RUN_REQUEST__INIT;
+    req.run = ref->run;
+    ProtobufCMessage *out = NULL;
+    char ignored[256];
+    if (tt_rpc_unary_quiet(ref->client, TT_RPC_RELEASE_RUN, &req.base, &ttd__v1__release_run_response__descriptor, &out,
+                           ignored, sizeof(ignored)) == TT_OK) {
+      protobuf_c_message_free_unpacked(out, NULL);
+    }
+  }
+  for (int i = 0; ref->output_grads && i < ref->n_outputs; i++) free(ref->output_grads[i]);
+  free(ref->output_grads);
+  free(ref);
+}
+
+static tt_status track(tt_tensor *out, node_kind kind, tt_tensor *a, tt_tensor *b) {
+  tt_autograd_node *n = calloc(1, sizeof(*n));
+  if (!n) return tt_client_fail(out->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  n->kind = kind;
+  n->inputs[0] = tt_to(a, a->device_name); /* a new reference */
+  n->inputs[1] = b ? tt_to(b, b->device_name) : NULL;
+  out->grad_fn = n;
+  return TT_OK;
+}
+
+tt_status tt_autograd_track_to_cpu(tt_tensor *host, tt_tensor *device_output) {
+  return track(host, NODE_TO_CPU, device_output, NULL);
+}
+
+static int same_shape(const tt_tensor *a, const tt_tensor *b) {
+  return a->ndim == b->ndim && memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0;
+}
+
+static tt_tensor *pair_loss(tt_tensor *input, tt_tensor *target, node_kind kind, const char *what) {
+  if (!input || !target) return NULL;
+  tt_client *c = input->client;
+  char b1[96], b2[96];
+  if (!input->place.is_host || !target->place.is_host) {
+    tt_client_fail(c, TT_INVALID_ARGUMENT, "%s runs on the CPU: give it host tensors (tt_to(.., \"cpu\"))", what);
+    return NULL;
+  }
+  if (input->dtype != TT_FLOAT32 || target->dtype != TT_FLOAT32 || !same_shape(input, target)) {
+    ttd_kshape as = {.ndim = input->ndim}, bs = {.ndim = target->ndim};
+    memcpy(as.d, input->shape, sizeof(int64_t) * (size_t)input->ndim);
+    memcpy(bs.d, target->shape, sizeof(int64_t) * (size_t)target->ndim);
+    tt_client_fail(c, TT_INVALID_ARGUMENT, "%s needs float32 input and target of one shape, got %s and %s", what,
+                   ttd_kshape_format(&as, b1, sizeof(b1)), ttd_kshape_format(&bs, b2, sizeof(b2)));
+    return NULL;
+  }
+  tt_tensor *loss = tt_tensor_from_host(c, NULL, TT_FLOAT32, NULL, 0);
+  if (!loss) return NULL;
+  if (kind == NODE_L1) ttd_k_l1_loss(NULL, input->data, target->data, (int64_t)input->numel, loss->data);
+  else ttd_k_mse_loss(NULL, input->data, target->data, (int64_t)input->numel, loss->data);
+  if (track(loss, kind, input, target) != TT_OK) {
+    tt_tensor_free(loss);
+    return NULL;
+  }
+  return loss;
+}
+
+tt_tensor *tt_l1_loss(tt_tensor *input, tt_tensor *target) { return pair_loss(input, target, NODE_L1, "l1_loss"); }
+tt_tensor *tt_mse_loss(tt_tensor *input, tt_tensor *target) { return pair_loss(input, target, NODE_MSE, "mse_loss"); }
+
+tt_tensor *tt_cross_entropy(tt_tensor *logits, tt_tensor *labels) {
+  if (!logits || !labels) return NULL;
+  tt_client *c = logits->client;
+  if (!logits->place.is_host || !labels->place.is_host || logits->dtype != TT_FLOAT32 || labels->dtype != TT_INT32 ||
+      logits->ndim != 2 || labels->ndim != 1 || labels->shape[0] != logits->shape[0]) {
+    tt_client_fail(c, TT_INVALID_ARGUMENT,
+                   "cross_entropy needs host float32 logits [n, classes] and int32 labels [n] on the CPU");
+    return NULL;
+  }
+  tt_tensor *loss = tt_tensor_from_host(c, NULL, TT_FLOAT32, NULL, 0);
+  if (!loss) return NULL;
+  int64_t bad = 0;
+  if (ttd_k_cross_entropy(NULL, logits->data, labels->data, logits->shape[0], logits->shape[1], loss->data, &bad) != 0) {
+    tt_client_fail(c, TT_INVALID_ARGUMENT, "label %d at position %lld is outside [0, %lld)", ((int32_t *)labels->data)[bad],
+                   (long long)bad, (long long)logits->shape[1]);
+    tt_tensor_free(loss);
+    return NULL;
+  }
+  if (track(loss, NODE_CROSS_ENTROPY, logits, labels) != TT_OK) {
+    tt_tensor_free(loss);
+    return NULL;
+  }
+  return loss;
+}
+
+float tt_tensor_item(const tt_tensor *t) {
+  if (!t || !t->place.is_host || t->numel == 0) return NAN;
+  if (t->dtype == TT_INT32) return (float)((int32_t *)t->data)[0];
+  if (t->dtype == TT_BFLOAT16) return ttd_f32_from_bf16(((uint16_t *)t->data)[0]);
+  return ((float *)t->data)[0];
+}
+
+/* Adds n floats of g into t's gradient, creating it. */
+static int add_grad(tt_tensor *t, const float *g, uint64_t n) {
+  if (!t->grad) {
+    t->grad = calloc(n ? n : 1, sizeof(float));
+    if (!t->grad) return -1;
+  }
+  for (uint64_t i = 0; i < n; i++) t->grad[i] += g[i];
+  return 0;
+}
+
+/* Tensors reachable from loss through grad_fn, in post-order (inputs before users). */
+static int collect(tt_tensor *t, tt_tensor ***list, int *n, int *cap) {
+  for (int i = 0; i < *n; i++) {
+    if ((*list)[i] == t) return 0;
+  }
+  if (t->grad_fn && t->grad_fn->kind != NODE_TO_CPU) {
+    for (int k = 0; k < 2; k++) {
+      if (t->grad_fn->inputs[k] && collect(t->grad_fn->inputs[k], list, n, cap) != 0) return -1;
+    }
+  }
+  if (*n == *cap) {
+    int cap2 = *cap ? *cap * 2 : 16;
+    tt_tensor **grown = realloc(*list, sizeof(**list) * (size_t)cap2);
+    if (!grown) return -1;
+    *list = grown;
+    *cap = cap2;
+  }
+  (*list)[(*n)++] = t;
+  return 0;
+}
+
+/* Sends each touched run's accumulated output gradients to the card and runs Backward. */
+static tt_status flush_run(tt_run_ref *ref) {
+  tt_client *c = ref->client;
+  uint64_t *handles = calloc((size_t)ref->n_outputs + 1, sizeof(uint64_t));
+  tt_tensor **uploaded = calloc((size_t)ref->n_outputs + 1, sizeof(*uploaded));
+  tt_status st = handles && uploaded ? TT_OK : tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  for (int i = 0; st == TT_OK && i < ref->n_outputs; i++) {
+    if (!ref->output_grads[i]) continue;
+    int64_t shape[TT_MAX_DIMS];
+    int ndim = tt_module_output_dims(ref->module, i, shape);
+    tt_tensor *host = tt_tensor_from_host(c, ref->output_grads[i], TT_FLOAT32, shape, ndim);
+    uploaded[i] = host ? tt_to(host, tt_module_device(ref->module)) : NULL;
+    tt_tensor_free(host);
+    if (!uploaded[i]) st = tt_errcode(c);
+    else handles[i] = uploaded[i]->handle;
+  }
+  if (st == TT_OK) {
+    Ttd__V1__BackwardRequest req = TTD__V1__BACKWARD_REQUEST__INIT;
+    req.run = ref->run;
+    req.output_grads = handles;
+    req.n_output_grads = (size_t)ref->n_outputs;
+    ProtobufCMessage *out = NULL;
+    st = tt_rpc_unary(c, TT_RPC_BACKWARD, &req.base, &ttd__v1__backward_response__descriptor, &out);
+    ref->run = 0; /* the daemon frees the activations after Backward, as torch frees the graph */
+    if (st == TT_OK) {
+      Ttd__V1__BackwardResponse *resp = (Ttd__V1__BackwardResponse *)out;
+      uint64_t grads[64];
+      int n = (int)(resp->n_parameter_grads < 64 ? resp->n_parameter_grads : 64);
+      for (int i = 0; i < n; i++) grads[i] = resp->parameter_grads[i]->handle;
+      tt_module_set_grad_handles(ref->module, grads, n);
+      protobuf_c_message_free_unpacked(out, NULL);
+    }
+  }
+  for (int i = 0; uploaded && i < ref->n_outputs; i++) tt_tensor_free(uploaded[i]);
+  free(uploaded);
+  free(handles);
+  for (int i = 0; i < ref->n_outputs; i++) {
+    free(ref->output_grads[i]);
+    ref->output_grads[i] = NULL;
+  }
+  return st;
+}
+
+tt_status tt_backward(tt_tensor *loss) {
+  if (!loss) return TT_INVALID_ARGUMENT;
+  tt_client *c = loss->client;
+  if (!loss->grad_fn || !loss->place.is_host || loss->numel != 1 || loss->dtype != TT_FLOAT32) {
+    return tt_client_fail(c, TT_INVALID_ARGUMENT,
+                          "backward needs a float32 scalar loss computed by tracked ops (tt_l1_loss, tt_mse_loss, "
+                          "tt_cross_entropy) from outputs of a module in training mode");
+  }
+  tt_tensor **list = NULL;
+  int n = 0, cap = 0;
+  tt_run_ref *runs[16];
+  int n_runs = 0;
+  tt_status st = collect(loss, &list, &n, &cap) == 0 ? TT_OK : tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  float one = 1.0f;
+  if (st == TT_OK && add_grad(loss, &one, 1) != 0) st = TT_RESOURCE_EXHAUSTED;
+  for (int i = n - 1; st == TT_OK && i >= 0; i--) {
+    tt_tensor *t = list[i];
+    tt_autograd_node *node = t->grad_fn;
+    if (!node || !t->grad) continue;
+    tt_tensor *a = node->inputs[0], *b = node->inputs[1];
+    if (node->kind == NODE_TO_CPU) {
+      tt_run_ref *ref = a->run;
+      if (!ref->run) {
+        st = tt_client_fail(c, TT_FAILED_PRECONDITION,
+                            "this loss reaches a device run that was already backpropagated or released; run forward again");
+        break;
+      }
+      if (!ref->output_grads[a->output_index]) {
+        ref->output_grads[a->output_index] = calloc(t->numel ? t->numel : 1, sizeof(float));
+      }
+      float *acc = ref->output_grads[a->output_index];
+      if (!acc) {
+        st = TT_RESOURCE_EXHAUSTED;
+        break;
+      }
+      for (uint64_t k = 0; k < t->numel; k++) acc[k] += t->grad[k];
+      int known = 0;
+      for (int r = 0; r < n_runs; r++) known |= runs[r] == ref;
+      if (!known && n_runs < 16) runs[n_runs++] = ref;
+      continue;
+    }
+    if (!a->grad_fn) continue; /* nothing upstream needs this gradient */
+    float *ga = malloc(sizeof(float) * (a->numel ? a->numel : 1));
+    if (!ga) {
+      st = tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
+      break;
+    }
+    float g = t->grad[0];
+    if (node->kind == NODE_L1) ttd_k_l1_loss_backward(NULL, a->data, b->data, (int64_t)a->numel, g, ga, NULL);
+    else if (node->kind == NODE_MSE) ttd_k_mse_loss_backward(NULL, a->data, b->data, (int64_t)a->numel, g, ga, NULL);
+    else ttd_k_cross_entropy_backward(NULL, a->data, b->data, a->shape[0], a->shape[1], g, ga);
+    if (add_grad(a, ga, a->numel) != 0) st = TT_RESOURCE_EXHAUSTED;
+    free(ga);
+  }
+  /* Later runs first: a run's output may feed a later run only through the host. */
+  for (int r = n_runs - 1; st == TT_OK && r >= 0; r--) st = flush_run(runs[r]);
+  for (int i = 0; i < n; i++) {
+    free(list[i]->grad);
+    list[i]->grad = NULL;
+  }
+  free(list);
+  return st;
+}
