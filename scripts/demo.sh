@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make demo: starts ttd on a temporary socket, runs the main job against it, stops ttd.
-# Until training exists the main job is tt_demo: list devices, move tensors both ways.
+# The main job: tt_demo (devices, tensors moved both ways), then mlp, which trains a
+# Fashion-MNIST MLP on the card with the loss on the CPU and prints its test accuracy.
 set -euo pipefail
 BUILD=${1:-build}
 dir=$(mktemp -d /tmp/ttd-demo-XXXXXX)
@@ -16,6 +17,8 @@ trap cleanup EXIT
 for _ in $(seq 1 500); do [ -S "$dir/ttd.sock" ] && break; sleep 0.01; done
 echo "== ttd started (pid $pid) on $sock"
 TTD_ADDRESS="$sock" "$BUILD/bin/tt_demo"
+echo "== training: mlp"
+TTD_ADDRESS="$sock" "$BUILD/bin/mlp" ${MLP_ARGS:-}
 rc=$?
 kill "$pid"
 wait "$pid"
