@@ -186,8 +186,7 @@ static void cover_fn(void *ctx, size_t begin, size_t end) {
   for (size_t i = begin; i < end; i++) atomic_fetch_add(&c->hits[i], 1);
 }
 
-/* parallel_for calls fn on chunks that cover every index exactly once, each chunk at least
- * `grain` long (or all of n when n < grain), for many thread counts, sizes and grains. */
+/* parallel_for covers every index exactly once in chunks >= min(grain, n), for many threads/n/grain. */
 START_TEST(test_pool_covers_each_index_once) {
   static const int threads[] = {1, 2, 3, 4, 7};
   static const size_t sizes[] = {0, 1, 2, 7, 33, 100, 1023, 4096, 12345};
@@ -235,8 +234,7 @@ static void record_range(void *ctx, size_t begin, size_t end) {
   r->end = end;
 }
 
-/* A NULL pool runs fn(ctx, 0, n) once on the caller, counts as one thread, and destroy
- * accepts NULL. */
+/* A NULL pool runs fn(ctx, 0, n) once on the caller, counts as 1 thread, and destroy accepts NULL. */
 START_TEST(test_pool_null_runs_inline) {
   range_ctx r = {0};
   ttd_pool_parallel_for(NULL, 1000, 1, record_range, &r);
@@ -306,8 +304,7 @@ static void *serial_main(void *arg) {
   return NULL;
 }
 
-/* Two threads calling parallel_for on one pool at once: every job completes correctly and
- * no chunk of one caller's job runs while the other's job is in flight. */
+/* Two threads sharing a pool: every job completes and no chunk of one runs during the other's job. */
 START_TEST(test_pool_concurrent_callers_serialise) {
   serial_shared sh = {.pool = g_pool};
   atomic_init(&sh.inside[0], 0);
@@ -386,8 +383,7 @@ static void run_kernel_batch(ttd_pool *pool, float *out, int64_t *len) {
   *len = o;
 }
 
-/* Every kernel gives bit-identical results with no pool, a 1-thread pool and a 4-thread
- * pool (sums are cut the same way whatever the thread count). */
+/* Every kernel gives bit-identical results with no pool, a 1-thread pool and a 4-thread pool. */
 START_TEST(test_pool_same_results_any_thread_count) {
   const int64_t cap = 16 * 300 * 1000;
   float *r0 = fbuf(cap), *r1 = fbuf(cap), *r4 = fbuf(cap);
@@ -425,8 +421,7 @@ START_TEST(test_numel) {
 }
 END_TEST
 
-/* Broadcasting follows numpy: right-aligned, 1 stretches, anything else must match;
- * mismatches return -1 and clear the output; the output may alias an input. */
+/* Broadcasting follows numpy; mismatches return -1 and clear the output; the output may alias an input. */
 START_TEST(test_broadcast_shape) {
   struct {
     ttd_kshape a, b, want;
@@ -561,13 +556,11 @@ static void check_binary_forward(int small) {
   }
 }
 
-/* Every op on broadcast shapes ([3,1,5] with [4,1], scalars, 0-d, equal shapes, rows and
- * columns) matches a naive double reference. */
+/* Every op on broadcast shapes ([3,1,5] with [4,1], scalars, 0-d, rows, columns) matches a double reference. */
 START_TEST(test_binary_forward) { check_binary_forward(1); }
 END_TEST
 
-/* The same on big inputs that split across threads (flat, scalar, row and column
- * broadcasts). */
+/* The same on big inputs split across threads (flat, scalar, row and column broadcasts). */
 START_TEST(test_binary_forward_large) { check_binary_forward(0); }
 END_TEST
 
@@ -592,8 +585,7 @@ START_TEST(test_binary_backward) {
 }
 END_TEST
 
-/* Big broadcast backwards (threaded reductions over the broadcast dims) match a naive
- * double-precision sum of the analytic gradient. */
+/* Big broadcast backwards (threaded reductions) match a double sum of the analytic gradient. */
 START_TEST(test_binary_backward_large) {
   uint64_t st = 4;
   size_t np;
@@ -634,8 +626,7 @@ START_TEST(test_binary_backward_large) {
 }
 END_TEST
 
-/* Asking for only da or only db gives the same values as asking for both, and leaves the
- * other buffer alone. */
+/* Asking for only da or only db gives the same values as asking for both. */
 START_TEST(test_binary_backward_one_side) {
   uint64_t st = 5;
   ttd_kshape as = shp(3, 3, 1, 5), bs = shp(2, 4, 1), os = shp(3, 3, 4, 5);
@@ -696,8 +687,7 @@ static float *unary_input(uint64_t *st, ttd_unary_op op, int64_t n) {
   return NULL;
 }
 
-/* Every unary op matches the double reference (gelu is the exact erf form) for sizes 1 to
- * 100003. */
+/* Every unary op (gelu in its exact erf form) matches the double reference for sizes 1 to 100003. */
 START_TEST(test_unary_forward) {
   static const int64_t sizes[] = {1, 7, 33, 1023, 100003};
   uint64_t st = 6;
@@ -714,8 +704,7 @@ START_TEST(test_unary_forward) {
 }
 END_TEST
 
-/* Every unary backward matches central differences of sum(dy * f(x)), given the forward
- * output y, and gives the same with y == NULL (recomputed from x). */
+/* Every unary backward matches central differences, with y given and with y == NULL. */
 START_TEST(test_unary_backward) {
   uint64_t st = 7;
   for (int op = TTD_UN_RELU; op <= TTD_UN_LOG; op++) {
@@ -730,6 +719,41 @@ START_TEST(test_unary_backward) {
     ttd_k_unary_backward(g_pool, c.op, x, NULL, dy, dx2, c.n);
     double *dxd = to_double(dx, c.n);
     expect_close(unary_name(c.op), dx2, dxd, c.n, 1e-6, 1e-7);
+  }
+}
+END_TEST
+
+/* exp is within 2 ulp over its whole range (subnormals too), overflows to Inf, underflows to 0, keeps NaN. */
+START_TEST(test_unary_exp_range) {
+  const int64_t n = 1 << 20;
+  float *x = fbuf(n), *y = fbuf(n);
+  for (int64_t i = 0; i < n; i++) x[i] = (float)(-110.0 + 200.0 * (double)i / (double)n);
+  ttd_k_unary(g_pool, TTD_UN_EXP, x, y, n);
+  for (int64_t i = 0; i < n; i++) {
+    double want = exp((double)x[i]);
+    if (want > 3.4028234663852886e38) {
+      if (!isinf(y[i])) ck_abort_msg("exp(%.9g) = %.9g, want inf", (double)x[i], (double)y[i]);
+      continue;
+    }
+    int e;
+    frexp(want, &e);
+    double ulp = ldexp(1.0, (e - 24 < -149 ? -149 : e - 24));
+    if (!(fabs((double)y[i] - want) <= 2.0 * ulp))
+      ck_abort_msg("exp(%.9g) = %.9g, want %.9g (%.2f ulp)", (double)x[i], (double)y[i], want,
+                   fabs((double)y[i] - want) / ulp);
+  }
+  /* 26 values: the first 16 take the 16-wide path, the last 10 the scalar tail */
+  const float edge[10] = {-1000.0f, -200.0f, -104.5f, 0.0f, -0.0f, 89.0f, 1000.0f, INFINITY, -INFINITY, NAN};
+  float in[26], out[26];
+  for (int i = 0; i < 26; i++) in[i] = edge[i % 10];
+  ttd_k_unary(NULL, TTD_UN_EXP, in, out, 26);
+  for (int i = 0; i < 26; i++) {
+    int k = i % 10;
+    int ok = k <= 2 || k == 8 ? out[i] == 0.0f
+             : k <= 4         ? out[i] == 1.0f
+             : k <= 7         ? isinf(out[i]) && out[i] > 0
+                              : isnan(out[i]);
+    if (!ok) ck_abort_msg("exp(%g) = %g at %d", (double)in[i], (double)out[i], i);
   }
 }
 END_TEST
@@ -788,8 +812,7 @@ static void check_reduce(red_ctx *c, const float *x) {
                    c->mask, (long long)i, (double)y[i], want[i]);
 }
 
-/* Sum and mean over every axis subset of small shapes (odd sizes, size-1 dims, 0-d; mask
- * bits past ndim are ignored) match the reference. */
+/* Sum and mean over every axis subset of small shapes (size-1 dims, 0-d, odd sizes) match the reference. */
 START_TEST(test_reduce_forward) {
   ttd_kshape shapes[] = {shp(0),          shp(1, 1),          shp(1, 1023),       shp(2, 7, 33),
                          shp(3, 3, 1, 5), shp(4, 2, 3, 4, 5), shp(4, 5, 1, 1, 7), shp(5, 2, 1, 3, 1, 2)};
@@ -806,8 +829,7 @@ START_TEST(test_reduce_forward) {
 }
 END_TEST
 
-/* Big reductions (all elements, long rows, long columns, middle axes) that cut the
- * reduced range into blocks still match the reference. */
+/* Big reductions (all, long rows, long columns, middle axes) cut into blocks match the reference. */
 START_TEST(test_reduce_forward_large) {
   struct {
     ttd_kshape s;
@@ -838,8 +860,7 @@ START_TEST(test_reduce_empty) {
 }
 END_TEST
 
-/* The reduce backward (dy broadcast back, divided by the count for a mean) matches central
- * differences for every axis subset. */
+/* The reduce backward matches central differences for every axis subset, sum and mean. */
 START_TEST(test_reduce_backward) {
   ttd_kshape shapes[] = {shp(0), shp(1, 7), shp(2, 5, 3), shp(3, 3, 1, 5), shp(4, 2, 3, 1, 4)};
   uint64_t st = 10;
@@ -893,8 +914,7 @@ static void ref_permute(const float *x, const ttd_kshape *xs, const int *perm, f
   }
 }
 
-/* Every permutation of small shapes (size-1 dims, 0-d included) and big transposes
- * (plain, batched, tiled edges) match the index-arithmetic reference exactly. */
+/* Every permutation of small shapes and big (batched, tiled) transposes match the reference exactly. */
 START_TEST(test_permute_forward) {
   ttd_kshape shapes[] = {shp(0),           shp(1, 7),          shp(2, 7, 33),
                          shp(3, 3, 1, 5),  shp(4, 2, 3, 4, 5), shp(4, 1, 3, 1, 5),
@@ -914,8 +934,7 @@ START_TEST(test_permute_forward) {
 }
 END_TEST
 
-/* The backward of a permute is the inverse permutation: applying it to the output gives
- * back the input exactly. */
+/* The backward of a permute (the inverse permutation) gives back the input exactly. */
 START_TEST(test_permute_inverse_roundtrip) {
   ttd_kshape xs = shp(4, 3, 4, 5, 6);
   uint64_t st = 12;
@@ -965,8 +984,7 @@ static void ref_softmax(const void *ctx, double *const *in, double *out) {
   }
 }
 
-/* softmax and log_softmax match the reference on odd sizes, and stay finite and exact for
- * logits near +-1000 (the max is subtracted first). */
+/* softmax and log_softmax match the reference on odd sizes and for logits near +-1000. */
 START_TEST(test_softmax_forward) {
   struct {
     int64_t rows, cols;
@@ -1206,8 +1224,7 @@ static void ref_adam(const ttd_adam_params *p, int64_t t, double *param, const d
 #define OPT_N 1031
 #define OPT_STEPS 6
 
-/* Plain SGD, momentum, dampening, nesterov and weight decay, over several steps with fresh
- * gradients, match the reference; with momentum 0 the buffer is never touched. */
+/* SGD (plain, momentum, dampening, nesterov, weight decay) over several steps matches torch's rule. */
 START_TEST(test_sgd_steps) {
   ttd_sgd_params cases[] = {
       {.lr = 0.1f},
@@ -1237,8 +1254,7 @@ START_TEST(test_sgd_steps) {
 }
 END_TEST
 
-/* Adam (L2 weight decay added to the gradient) and AdamW (decoupled decay), with bias
- * correction, over several steps match the reference for params and both moments. */
+/* Adam (L2 decay) and AdamW (decoupled decay) over several steps match torch's rule, moments too. */
 START_TEST(test_adam_steps) {
   ttd_adam_params cases[] = {
       {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
@@ -1267,8 +1283,7 @@ START_TEST(test_adam_steps) {
 }
 END_TEST
 
-/* The first Adam step moves each parameter by about lr against its gradient's sign (bias
- * correction undoes the zero-initialised moments). */
+/* Bias correction makes the first Adam step move each parameter by about lr against its gradient. */
 START_TEST(test_adam_first_step_is_lr) {
   ttd_adam_params p = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
   float param[3] = {1, 1, 1}, grad[3] = {0.5f, -3.0f, 1e-3f}, m[3] = {0}, v[3] = {0};
@@ -1309,6 +1324,7 @@ Suite *kernels_core_suite(void) {
   tcase_add_test(tc, test_binary_backward_one_side);
   tcase_add_test(tc, test_unary_forward);
   tcase_add_test(tc, test_unary_backward);
+  tcase_add_test(tc, test_unary_exp_range);
   tcase_add_test(tc, test_relu_backward_at_zero);
   suite_add_tcase(s, tc);
 

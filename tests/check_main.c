@@ -15,12 +15,15 @@ int main(void) {
   srunner_add_suite(sr, program_grad_suite());
   srunner_add_suite(sr, kernels_core_suite());
   srunner_add_suite(sr, kernels_nn_suite());
+  srunner_add_suite(sr, dataset_suite());
+  srunner_add_suite(sr, progress_suite());
   srunner_add_suite(sr, e2e_transfer_suite());
   srunner_add_suite(sr, e2e_errors_suite());
   srunner_add_suite(sr, e2e_sessions_suite());
   srunner_add_suite(sr, e2e_interop_suite());
   srunner_add_suite(sr, e2e_programs_suite());
   srunner_add_suite(sr, e2e_modules_suite());
+  srunner_add_suite(sr, safetensors_suite());
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);

@@ -15,6 +15,8 @@ Suite *place_suite(void);
 Suite *program_grad_suite(void);
 Suite *kernels_core_suite(void);
 Suite *kernels_nn_suite(void);
+Suite *dataset_suite(void);
+Suite *progress_suite(void);
 
 /* end-to-end suites: a real ttd on a temporary Unix socket */
 Suite *e2e_transfer_suite(void);
@@ -23,5 +25,6 @@ Suite *e2e_sessions_suite(void);
 Suite *e2e_interop_suite(void);
 Suite *e2e_programs_suite(void);
 Suite *e2e_modules_suite(void);
+Suite *safetensors_suite(void);
 
 #endif
