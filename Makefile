@@ -86,7 +86,7 @@ $(LIB_SO): $(CLIENT_OBJ) client/libttclient.map
 	  $(CLIENT_OBJ) $(GRPC_LIBS) -o $@.1
 	@ln -sf libttclient.so.1 $@
 
-$(BUILD)/bin/%: client/examples/%.c $(LIB_A)
+$(BUILD)/bin/%: client/examples/%.c client/examples/train_common.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	@echo "  LINK    $@"
 	@$(CC) $(filter-out -MMD -MP,$(CFLAGS)) $(LDFLAGS) $< $(LIB_A) $(GRPC_LIBS) -o $@

@@ -19,10 +19,13 @@
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
 
-static char tmp_dir[64];
+static char tmp_dir[256];
 
+/* A fresh directory under $TMPDIR (default /tmp) for each test's files. */
 static void setup(void) {
-  snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/check_dataset.XXXXXX");
+  const char *base = getenv("TMPDIR");
+  int n = snprintf(tmp_dir, sizeof(tmp_dir), "%s/check_dataset.XXXXXX", base && *base ? base : "/tmp");
+  ck_assert_int_lt(n, (int)sizeof(tmp_dir) - 64);
   ck_assert_ptr_nonnull(mkdtemp(tmp_dir));
 }
 
@@ -42,7 +45,7 @@ static void teardown(void) {
 
 /* The full path of name in the temporary directory (a static buffer per slot). */
 static const char *tmp_path(int slot, const char *name) {
-  static char paths[4][512];
+  static char paths[4][384];
   snprintf(paths[slot], sizeof(paths[slot]), "%s/%s", tmp_dir, name);
   return paths[slot];
 }

@@ -3,6 +3,7 @@
  * process and the same module on the card giving the same outputs, and clear errors. */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -229,6 +230,42 @@ START_TEST(test_train_on_device_with_cpu_loss) {
 }
 END_TEST
 
+/* A module saved as safetensors from the card and loaded into a fresh module (on the cpu)
+ * gives the same outputs; a checkpoint of another model is refused naming the parameter. */
+START_TEST(test_checkpoint_round_trip) {
+  char path[128];
+  snprintf(path, sizeof(path), "%s/model.safetensors", proc.dir);
+  tt_graph *g = mlp();
+  tt_module *a = tt_compile(client, g);
+  tt_graph_free(g);
+  ck_assert_int_eq(tt_module_to(a, "tt"), TT_OK);
+  ck_assert_int_eq(tt_module_save(a, path), TT_OK);
+  tt_graph *g2 = tt_graph_create(client, 999); /* other initial values */
+  int64_t xs[2] = {N, IN};
+  tt_value x = tt_graph_input(g2, "x", TT_FLOAT32, xs, 2);
+  tt_graph_output(g2, tt_nn_linear(g2, tt_relu(g2, tt_nn_linear(g2, x, H, 1)), OUT, 1));
+  tt_module *b = tt_compile(client, g2);
+  tt_graph_free(g2);
+  ck_assert_int_eq(tt_module_load(b, path), TT_OK);
+  tt_tensor *wa = tt_module_param(a, "linear2.weight"), *wb = tt_module_param(b, "linear2.weight");
+  tt_tensor *wa_host = tt_to(wa, "cpu");
+  ck_assert_int_eq(memcmp(tt_tensor_data(wa_host), tt_tensor_data(wb), sizeof(float) * OUT * H), 0);
+  tt_graph *g3 = tt_graph_create(client, 1);
+  tt_value x3 = tt_graph_input(g3, "x", TT_FLOAT32, xs, 2);
+  tt_graph_output(g3, tt_nn_linear(g3, x3, 4, 1));
+  tt_module *c3 = tt_compile(client, g3);
+  tt_graph_free(g3);
+  ck_assert_int_eq(tt_module_load(c3, path), TT_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(tt_last_error(client), "'linear1.weight' has another dtype or shape"));
+  tt_tensor_free(wa_host);
+  tt_tensor_free(wa);
+  tt_tensor_free(wb);
+  tt_module_free(c3);
+  tt_module_free(b);
+  tt_module_free(a);
+}
+END_TEST
+
 Suite *e2e_modules_suite(void) {
   Suite *s = suite_create("e2e_modules");
   TCase *tc = tcase_create("modules");
@@ -238,6 +275,7 @@ Suite *e2e_modules_suite(void) {
   tcase_add_test(tc, test_graph_errors);
   tcase_add_test(tc, test_module_cpu_and_device_agree);
   tcase_add_test(tc, test_train_on_device_with_cpu_loss);
+  tcase_add_test(tc, test_checkpoint_round_trip);
   suite_add_tcase(s, tc);
   return s;
 }

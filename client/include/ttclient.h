@@ -239,6 +239,14 @@ tt_status tt_forward(tt_module *module, tt_tensor *const *inputs, int n_inputs, 
  * needs until its outputs are freed or backpropagated. 0 turns it off (eval). */
 void tt_module_train(tt_module *module, int training);
 
+/* Saves the module's parameters (wherever they are) as a safetensors file named by
+ * parameter ("linear1.weight", ...), the format the ecosystem reads. */
+tt_status tt_module_save(tt_module *module, const char *path);
+/* Loads parameters by name from a safetensors file into the module, where it is. Every
+ * parameter must be present with its dtype and shape (INVALID_ARGUMENT naming the first that
+ * is not); extra entries are ignored. On error the module is unchanged. */
+tt_status tt_module_load(tt_module *module, const char *path);
+
 /* ---- autograd across the host/device boundary ----
  * Losses run on the CPU on host tensors and are recorded. tt_backward(loss) walks them back;
  * a tensor that came from a module's device output through tt_to(.., "cpu") sends its
@@ -305,7 +313,7 @@ typedef struct tt_progress tt_progress;
  * stderr; lent, must outlive p). On a terminal it redraws one line in place with '\r': a
  * bar, percent, steps/s, the latest loss and time left, at most ~10 redraws/s. Otherwise it
  * prints plain lines, one as each further 10% is reached (at most 9, plus the final one), e.g.
- *   "epoch 1/5: 30% 281/938 steps, 412 steps/s, loss 0.5123, 1.6 s left"
+ *   "epoch 1/5: 30% 282/938 steps, 412 steps/s, loss 0.5123, 1.6 s left"
  * force_tty: -1 auto (a terminal per isatty and TERM is not "dumb"), 0 plain, 1 terminal
  * style. total <= 0 means unknown: no percent, bar or time left. Returns a new display the
  * caller owns (end it with tt_progress_finish), or NULL if out of memory. */

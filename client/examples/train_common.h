@@ -1,0 +1,155 @@
+/* What the training examples share: options, batching, the training loop of the .to()
+ * flow (module on the card, loss on the CPU, backward reaching the card, optimizer on the
+ * card) and the test-set evaluation that prints "test accuracy: 0.XXXX". Header-only:
+ * each example is one program. */
+#ifndef TT_EXAMPLES_TRAIN_COMMON_H
+#define TT_EXAMPLES_TRAIN_COMMON_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ttclient.h"
+
+typedef struct train_options {
+  const char *data, *target, *save;
+  int epochs, batch;
+  float lr;
+} train_options;
+
+typedef enum loss_kind { LOSS_CROSS_ENTROPY, LOSS_L1_ONE_HOT } loss_kind;
+
+static int train_die(tt_client *c, const char *what) {
+  fprintf(stderr, "%s failed: %s: %s\n", what, tt_status_name(tt_errcode(c)), tt_last_error(c));
+  return 1;
+}
+
+/* Parses --data DIR --epochs N --batch N --lr X --target ADDR --save FILE over defaults. */
+static int train_parse(int argc, char **argv, train_options *o) {
+  for (int i = 1; i < argc; i += 2) {
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!v) goto usage;
+    if (!strcmp(argv[i], "--data")) o->data = v;
+    else if (!strcmp(argv[i], "--epochs")) o->epochs = atoi(v);
+    else if (!strcmp(argv[i], "--batch")) o->batch = atoi(v);
+    else if (!strcmp(argv[i], "--lr")) o->lr = (float)atof(v);
+    else if (!strcmp(argv[i], "--target")) o->target = v;
+    else if (!strcmp(argv[i], "--save")) o->save = v;
+    else goto usage;
+  }
+  if (o->epochs >= 1 && o->batch >= 1 && o->lr > 0) return 0;
+usage:
+  fprintf(stderr, "usage: %s [--data DIR] [--epochs N>=1] [--batch N>=1] [--lr X>0] [--target ADDR] [--save FILE]\n",
+          argv[0]);
+  return -1;
+}
+
+/* Copies examples order[first .. first+batch) (zero rows past the end) into x and y. */
+static void train_gather(const tt_dataset *d, const int64_t *order, int64_t first, int batch, float *x, int32_t *y) {
+  int64_t pixels = (int64_t)d->rows * d->cols;
+  for (int i = 0; i < batch; i++) {
+    int64_t k = first + i;
+    int64_t e = k < d->count ? (order ? order[k] : k) : -1;
+    if (e >= 0) memcpy(x + i * pixels, d->images + e * pixels, sizeof(float) * (size_t)pixels);
+    else memset(x + i * pixels, 0, sizeof(float) * (size_t)pixels);
+    y[i] = e >= 0 ? d->labels[e] : 0;
+  }
+}
+
+/* The loss on the CPU, recorded for tt_backward. */
+static tt_tensor *train_loss(tt_client *c, loss_kind kind, tt_tensor *out_cpu, const int32_t *y, int batch) {
+  if (kind == LOSS_CROSS_ENTROPY) {
+    int64_t ys[1] = {batch};
+    tt_tensor *labels = tt_tensor_from_host(c, y, TT_INT32, ys, 1);
+    tt_tensor *loss = tt_cross_entropy(out_cpu, labels);
+    tt_tensor_free(labels);
+    return loss;
+  }
+  int64_t hs[2] = {batch, 10};
+  tt_tensor *onehot = tt_tensor_from_host(c, NULL, TT_FLOAT32, hs, 2);
+  for (int i = 0; i < batch; i++) ((float *)tt_tensor_data(onehot))[i * 10 + y[i]] = 1.0f;
+  tt_tensor *loss = tt_l1_loss(out_cpu, onehot);
+  tt_tensor_free(onehot);
+  return loss;
+}
+
+/* Trains m (on the card) for o->epochs, then prints the test accuracy. x_shape is the
+ * graph input's shape (batch first). Returns 0 on success. */
+static int train_run(tt_client *c, tt_module *m, tt_optimizer *opt, const train_options *o, loss_kind kind,
+                     const int64_t *x_shape, int x_ndim) {
+  char err[512];
+  tt_dataset *train = NULL, *test = NULL;
+  if (tt_dataset_load_fashion_mnist(o->data, 1, &train, err, sizeof(err)) != TT_OK ||
+      tt_dataset_load_fashion_mnist(o->data, 0, &test, err, sizeof(err)) != TT_OK) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  int batch = o->batch;
+  int64_t pixels = (int64_t)train->rows * train->cols;
+  float *xb = malloc(sizeof(float) * (size_t)(batch * pixels));
+  int32_t *yb = malloc(sizeof(int32_t) * (size_t)batch);
+  int64_t *order = malloc(sizeof(int64_t) * (size_t)train->count);
+  for (int64_t i = 0; i < train->count; i++) order[i] = i;
+  uint64_t rng = 12345;
+  int64_t steps = train->count / batch;
+  int rc = 0;
+  for (int epoch = 0; epoch < o->epochs && !rc; epoch++) {
+    for (int64_t i = train->count - 1; i > 0; i--) {
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      int64_t j = (int64_t)((rng >> 33) % (uint64_t)(i + 1)), t = order[i];
+      order[i] = order[j];
+      order[j] = t;
+    }
+    char label[32];
+    snprintf(label, sizeof(label), "epoch %d/%d", epoch + 1, o->epochs);
+    tt_progress *bar = tt_progress_start(label, steps, stdout, -1);
+    double loss_sum = 0;
+    for (int64_t s = 0; s < steps && !rc; s++) {
+      train_gather(train, order, s * batch, batch, xb, yb);
+      tt_tensor *xh = tt_tensor_from_host(c, xb, TT_FLOAT32, x_shape, x_ndim);
+      tt_tensor *xd = tt_to(xh, tt_module_device(m)), *out = NULL, *out_cpu = NULL, *loss = NULL;
+      if (!xd || tt_forward(m, &xd, 1, &out) != TT_OK || !(out_cpu = tt_to(out, "cpu")) ||
+          !(loss = train_loss(c, kind, out_cpu, yb, batch)) || tt_zero_grad(opt) != TT_OK || tt_backward(loss) != TT_OK ||
+          tt_step(opt) != TT_OK) {
+        rc = train_die(c, "training step");
+      } else {
+        loss_sum += tt_tensor_item(loss);
+        tt_progress_update(bar, s + 1, loss_sum / (double)(s + 1));
+      }
+      tt_tensor *done[] = {loss, out_cpu, out, xd, xh};
+      for (size_t k = 0; k < sizeof(done) / sizeof(done[0]); k++) tt_tensor_free(done[k]);
+    }
+    tt_progress_finish(bar);
+  }
+  tt_module_train(m, 0);
+  int64_t correct = 0;
+  for (int64_t first = 0; first < test->count && !rc; first += batch) {
+    train_gather(test, NULL, first, batch, xb, yb);
+    tt_tensor *xh = tt_tensor_from_host(c, xb, TT_FLOAT32, x_shape, x_ndim);
+    tt_tensor *xd = tt_to(xh, tt_module_device(m)), *out = NULL, *out_cpu = NULL;
+    if (!xd || tt_forward(m, &xd, 1, &out) != TT_OK || !(out_cpu = tt_to(out, "cpu"))) {
+      rc = train_die(c, "evaluation");
+    } else {
+      const float *l = tt_tensor_data(out_cpu);
+      for (int i = 0; i < batch && first + i < test->count; i++) {
+        int best = 0;
+        for (int k = 1; k < 10; k++) best = l[i * 10 + k] > l[i * 10 + best] ? k : best;
+        correct += best == yb[i];
+      }
+    }
+    tt_tensor_free(out_cpu);
+    tt_tensor_free(out);
+    tt_tensor_free(xd);
+    tt_tensor_free(xh);
+  }
+  if (!rc) printf("test accuracy: %.4f\n", (double)correct / (double)test->count);
+  if (!rc && o->save && tt_module_save(m, o->save) != TT_OK) rc = train_die(c, "saving the checkpoint");
+  free(order);
+  free(yb);
+  free(xb);
+  tt_dataset_free(train);
+  tt_dataset_free(test);
+  return rc;
+}
+
+#endif
