@@ -34,6 +34,7 @@ tt_run_ref *tt_run_ref_retain(tt_run_ref *ref) {
 void tt_run_ref_release(tt_run_ref *ref) {
   if (!ref || atomic_fetch_sub(&ref->refs, 1) != 1) return;
   if (ref->run) { /* never backpropagated: free its activations on the card */
+    tt_module_run_done(ref->module);
     Ttd__V1__ReleaseRunRequest req = TTD__V1__RELEASE_RUN_REQUEST__INIT;
     req.run = ref->run;
     ProtobufCMessage *out = NULL;
@@ -45,6 +46,7 @@ void tt_run_ref_release(tt_run_ref *ref) {
   }
   for (int i = 0; ref->output_grads && i < ref->n_outputs; i++) free(ref->output_grads[i]);
   free(ref->output_grads);
+  tt_module_free(ref->module); /* its reference */
   free(ref);
 }
 
@@ -183,6 +185,7 @@ static tt_status flush_run(tt_run_ref *ref) {
     ProtobufCMessage *out = NULL;
     st = tt_rpc_unary(c, TT_RPC_BACKWARD, &req.base, &ttd__v1__backward_response__descriptor, &out);
     ref->run = 0; /* the daemon frees the activations after Backward, as torch frees the graph */
+    tt_module_run_done(ref->module);
     if (st == TT_OK) {
       Ttd__V1__BackwardResponse *resp = (Ttd__V1__BackwardResponse *)out;
       uint64_t grads[64];

@@ -105,6 +105,12 @@ tt_status tt_autograd_track_to_cpu(tt_tensor *host, tt_tensor *device_output);
 /* The shape of output i of module: fills shape, returns ndim (module.c). */
 int tt_module_output_dims(const struct tt_module *module, int i, int64_t *shape);
 
+/* Reference counting of modules: runs keep theirs alive (module.c). */
+struct tt_module *tt_module_retain(struct tt_module *module);
+
+/* A training run of module was backpropagated or released (module.c). */
+void tt_module_run_done(struct tt_module *module);
+
 /* Records the parameter gradient handles Backward returned (module.c). */
 void tt_module_set_grad_handles(struct tt_module *module, const uint64_t *handles, int n);
 

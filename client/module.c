@@ -9,6 +9,7 @@
 #include "client_internal.h"
 
 struct tt_module {
+  atomic_int refs;          /* the user's, plus one per pending run's outputs */
   tt_client *client;
   Ttd__V1__Graph *graph;    /* owned copy (protobuf-c allocated) */
   ttd_program *local;       /* the graph compiled in process: shapes, and the CPU path */
@@ -19,7 +20,10 @@ struct tt_module {
   uint64_t program;         /* the daemon's program handle; 0 until compiled there */
   int training;             /* forward keeps activations for backward (torch's train()) */
   uint64_t *grad_handles;   /* per parameter: its .grad on the daemon (0: none yet) */
+  int pending_runs;         /* training forwards not yet backpropagated or released */
 };
+
+void tt_module_run_done(tt_module *m) { m->pending_runs--; }
 
 int tt_module_output_dims(const tt_module *m, int i, int64_t *shape) {
   const ttd_kshape *s = &m->local->values[m->local->outputs[i]].type.shape;
@@ -144,6 +148,7 @@ tt_module *tt_compile(tt_client *client, const tt_graph *graph) {
     tt_client_fail(client, TT_RESOURCE_EXHAUSTED, "out of host memory");
     return NULL;
   }
+  atomic_init(&m->refs, 1);
   m->client = client;
   m->place.is_host = 1;
   m->training = 1;
@@ -181,8 +186,13 @@ tt_module *tt_compile(tt_client *client, const tt_graph *graph) {
   return m;
 }
 
+tt_module *tt_module_retain(tt_module *m) {
+  atomic_fetch_add(&m->refs, 1);
+  return m;
+}
+
 void tt_module_free(tt_module *m) {
-  if (!m) return;
+  if (!m || atomic_fetch_sub(&m->refs, 1) != 1) return;
   if (m->grad_handles) release_grads(m);
   for (int i = 0; m->params && i < m->n_params; i++) tt_tensor_free(m->params[i]);
   free(m->params);
@@ -193,6 +203,12 @@ void tt_module_free(tt_module *m) {
 }
 
 tt_status tt_module_to(tt_module *m, const char *device) {
+  if (m->pending_runs > 0) {
+    return tt_client_fail(m->client, TT_FAILED_PRECONDITION,
+                          "the module has %d forward run(s) pending; call tt_backward on their loss or free their outputs "
+                          "before moving it",
+                          m->pending_runs);
+  }
   tt_place place;
   if (tt_place_parse(device, &place) != 0 || place.l1) {
     return tt_client_fail(m->client, TT_INVALID_ARGUMENT, "module device '%s' is not valid; use cpu, tt or tt:N",
@@ -340,9 +356,10 @@ static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_in
     }
     atomic_init(&ref->refs, 1);
     ref->client = m->client;
-    ref->module = m;
+    ref->module = tt_module_retain(m); /* outputs may outlive the user's module reference */
     ref->run = resp->run;
     ref->n_outputs = (int)resp->n_outputs;
+    m->pending_runs++;
   }
   for (size_t o = 0; o < resp->n_outputs; o++) {
     tt_tensor *t = tt_tensor_alloc(m->client);

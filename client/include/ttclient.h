@@ -218,7 +218,9 @@ typedef struct tt_module tt_module;
  * holding copies of the graph's initial parameters. The graph may be freed afterwards.
  * NULL on error (an invalid graph: INVALID_ARGUMENT naming the node). */
 tt_module *tt_compile(tt_client *client, const tt_graph *graph);
-void tt_module_free(tt_module *module); /* accepts NULL */
+/* Drops the caller's reference; outputs of a pending training forward keep the module alive
+ * until they are freed. Accepts NULL. */
+void tt_module_free(tt_module *module);
 
 /* Moves every parameter to device ("cpu", "tt", "tt:N"; L1 is not offered for modules).
  * The daemon compiles the program the first time the module runs on a card. */
