@@ -152,4 +152,31 @@ static int train_run(tt_client *c, tt_module *m, tt_optimizer *opt, const train_
   return rc;
 }
 
+/* One example program: parse options, build the model with build(graph, x) on an input
+ * [batch, ...x_tail], put it on the card, train with SGD (momentum) and evaluate. */
+typedef tt_value (*model_builder)(tt_graph *graph, tt_value x);
+
+static int train_example(int argc, char **argv, train_options o, const char *title, model_builder build,
+                         const int64_t *x_tail, int tail_ndim, loss_kind kind, float momentum) {
+  if (train_parse(argc, argv, &o) != 0) return 2;
+  tt_client *c = NULL;
+  if (tt_connect(o.target, NULL, &c) != TT_OK) return train_die(c, "connect");
+  int64_t xs[TT_MAX_DIMS] = {o.batch};
+  memcpy(xs + 1, x_tail, sizeof(int64_t) * (size_t)tail_ndim);
+  tt_graph *g = tt_graph_create(c, 1);
+  tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, tail_ndim + 1);
+  tt_graph_output(g, build(g, x));
+  tt_module *m = tt_compile(c, g);
+  tt_graph_free(g);
+  if (!m || tt_module_to(m, "tt") != TT_OK) return train_die(c, "putting the model on the card");
+  tt_optimizer *opt = tt_sgd(m, o.lr, momentum, 0.0f, 0);
+  printf("%s on %s; loss on the CPU, SGD lr %g momentum %g on the device, batch %d, %d epochs\n", title,
+         tt_module_device(m), (double)o.lr, (double)momentum, o.batch, o.epochs);
+  int rc = train_run(c, m, opt, &o, kind, xs, tail_ndim + 1);
+  tt_optimizer_free(opt);
+  tt_module_free(m);
+  tt_disconnect(c);
+  return rc;
+}
+
 #endif
