@@ -16,6 +16,6 @@ static tt_value model(tt_graph *g, tt_value x) {
 
 int main(int argc, char **argv) {
   static const int64_t image[3] = {1, 28, 28};
-  train_options defaults = {.epochs = 5, .batch = 64, .lr = 0.05f};
+  train_options defaults = {.epochs = 5, .batch = 64, .lr = 0.02f};
   return train_example(argc, argv, defaults, "lenet: LeNet-5, cross-entropy", model, image, 3, LOSS_CROSS_ENTROPY, 0.9f);
 }
