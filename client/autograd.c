@@ -33,6 +33,7 @@ tt_run_ref *tt_run_ref_retain(tt_run_ref *ref) {
 
 void tt_run_ref_release(tt_run_ref *ref) {
   if (!ref || atomic_fetch_sub(&ref->refs, 1) != 1) return;
+  if (ref->local_run) tt_module_release_local(ref->module, ref);
   if (ref->run) { /* never backpropagated: free its activations on the card */
     tt_module_run_done(ref->module);
     Ttd__V1__ReleaseRunRequest req = TTD__V1__RELEASE_RUN_REQUEST__INIT;
@@ -164,6 +165,7 @@ static int collect(tt_tensor *t, tt_tensor ***list, int *n, int *cap) {
 /* Sends each touched run's accumulated output gradients to the card and runs Backward. */
 static tt_status flush_run(tt_run_ref *ref) {
   tt_client *c = ref->client;
+  if (ref->local_run) return tt_module_backward_local(ref->module, ref);
   uint64_t *handles = calloc((size_t)ref->n_outputs + 1, sizeof(uint64_t));
   tt_tensor **uploaded = calloc((size_t)ref->n_outputs + 1, sizeof(*uploaded));
   tt_status st = handles && uploaded ? TT_OK : tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
@@ -205,10 +207,31 @@ static tt_status flush_run(tt_run_ref *ref) {
   return st;
 }
 
+/* Adds t's gradient into the run of output (a module output: device, or host on "cpu"),
+ * remembering the run for the flush. */
+static tt_status accumulate_output(tt_client *c, const tt_tensor *output, const tt_tensor *t, tt_run_ref **runs,
+                                   int *n_runs) {
+  tt_run_ref *ref = output->run;
+  if (!ref->run && !ref->local_run) {
+    return tt_client_fail(c, TT_FAILED_PRECONDITION,
+                          "this loss reaches a module run that was already backpropagated or released; run forward again");
+  }
+  float **acc = &ref->output_grads[output->output_index];
+  if (!*acc) *acc = calloc(t->numel ? t->numel : 1, sizeof(float));
+  if (!*acc) return tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  for (uint64_t k = 0; k < t->numel; k++) (*acc)[k] += t->grad[k];
+  for (int r = 0; r < *n_runs; r++) {
+    if (runs[r] == ref) return TT_OK;
+  }
+  if (*n_runs == 16) return tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "a loss may reach at most 16 module runs");
+  runs[(*n_runs)++] = ref;
+  return TT_OK;
+}
+
 tt_status tt_backward(tt_tensor *loss) {
   if (!loss) return TT_INVALID_ARGUMENT;
   tt_client *c = loss->client;
-  if (!loss->grad_fn || !loss->place.is_host || loss->numel != 1 || loss->dtype != TT_FLOAT32) {
+  if ((!loss->grad_fn && !loss->run) || !loss->place.is_host || loss->numel != 1 || loss->dtype != TT_FLOAT32) {
     return tt_client_fail(c, TT_INVALID_ARGUMENT,
                           "backward needs a float32 scalar loss computed by tracked ops (tt_l1_loss, tt_mse_loss, "
                           "tt_cross_entropy) from outputs of a module in training mode");
@@ -223,30 +246,23 @@ tt_status tt_backward(tt_tensor *loss) {
   for (int i = n - 1; st == TT_OK && i >= 0; i--) {
     tt_tensor *t = list[i];
     tt_autograd_node *node = t->grad_fn;
+    if (t->run && t->place.is_host && t->grad) { /* an output of a module on "cpu" */
+      if (accumulate_output(c, t, t, runs, &n_runs) != TT_OK) {
+        st = tt_errcode(c);
+        break;
+      }
+      continue;
+    }
     if (!node || !t->grad) continue;
     tt_tensor *a = node->inputs[0], *b = node->inputs[1];
     if (node->kind == NODE_TO_CPU) {
-      tt_run_ref *ref = a->run;
-      if (!ref->run) {
-        st = tt_client_fail(c, TT_FAILED_PRECONDITION,
-                            "this loss reaches a device run that was already backpropagated or released; run forward again");
+      if (accumulate_output(c, a, t, runs, &n_runs) != TT_OK) {
+        st = tt_errcode(c);
         break;
       }
-      if (!ref->output_grads[a->output_index]) {
-        ref->output_grads[a->output_index] = calloc(t->numel ? t->numel : 1, sizeof(float));
-      }
-      float *acc = ref->output_grads[a->output_index];
-      if (!acc) {
-        st = TT_RESOURCE_EXHAUSTED;
-        break;
-      }
-      for (uint64_t k = 0; k < t->numel; k++) acc[k] += t->grad[k];
-      int known = 0;
-      for (int r = 0; r < n_runs; r++) known |= runs[r] == ref;
-      if (!known && n_runs < 16) runs[n_runs++] = ref;
       continue;
     }
-    if (!a->grad_fn) continue; /* nothing upstream needs this gradient */
+    if (!a->grad_fn && !a->run) continue; /* nothing upstream needs this gradient */
     float *ga = malloc(sizeof(float) * (a->numel ? a->numel : 1));
     if (!ga) {
       st = tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");

@@ -85,11 +85,14 @@ struct tt_tensor {
 };
 
 /* A daemon run kept for Backward, shared by the outputs of one training forward. */
+struct ttd_run;
+
 struct tt_run_ref {
   atomic_int refs;
   tt_client *client;
   struct tt_module *module;
-  uint64_t run;           /* 0 once backpropagated or released */
+  uint64_t run;           /* the daemon's run; 0 once backpropagated or released */
+  struct ttd_run *local_run; /* a module on "cpu": the in-process run; NULL once used */
   int n_outputs;
   float **output_grads;   /* host accumulators during tt_backward */
 };
@@ -110,6 +113,13 @@ struct tt_module *tt_module_retain(struct tt_module *module);
 
 /* A training run of module was backpropagated or released (module.c). */
 void tt_module_run_done(struct tt_module *module);
+
+/* Backward of an in-process run (a module on "cpu"): accumulates the parameters' host
+ * gradients and frees the run (module.c). */
+tt_status tt_module_backward_local(struct tt_module *module, tt_run_ref *ref);
+
+/* Frees an in-process run that was never backpropagated (module.c). */
+void tt_module_release_local(struct tt_module *module, tt_run_ref *ref);
 
 /* Records the parameter gradient handles Backward returned (module.c). */
 void tt_module_set_grad_handles(struct tt_module *module, const uint64_t *handles, int n);

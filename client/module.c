@@ -21,6 +21,7 @@ struct tt_module {
   int training;             /* forward keeps activations for backward (torch's train()) */
   uint64_t *grad_handles;   /* per parameter: its .grad on the daemon (0: none yet) */
   int pending_runs;         /* training forwards not yet backpropagated or released */
+  tt_tensor **host_grads;   /* on "cpu": each parameter's .grad (NULL: none yet) */
 };
 
 void tt_module_run_done(tt_module *m) { m->pending_runs--; }
@@ -62,6 +63,7 @@ static void release_grads(tt_module *m) {
 tt_tensor *tt_param_grad(tt_module *m, const char *name) {
   for (int i = 0; i < m->n_params; i++) {
     if (strcmp(tt_module_param_name(m, i), name) != 0) continue;
+    if (m->place.is_host && m->host_grads[i]) return tt_to(m->host_grads[i], "cpu");
     if (!m->grad_handles[i]) {
       tt_client_fail(m->client, TT_FAILED_PRECONDITION, "parameter '%s' has no gradient yet: call tt_backward first", name);
       return NULL;
@@ -169,7 +171,8 @@ tt_module *tt_compile(tt_client *client, const tt_graph *graph) {
   m->n_params = m->local->n_params;
   m->params = calloc((size_t)m->n_params + 1, sizeof(*m->params));
   m->grad_handles = calloc((size_t)m->n_params + 1, sizeof(uint64_t));
-  if (!m->params || !m->grad_handles) {
+  m->host_grads = calloc((size_t)m->n_params + 1, sizeof(tt_tensor *));
+  if (!m->params || !m->grad_handles || !m->host_grads) {
     tt_module_free(m);
     return NULL;
   }
@@ -197,6 +200,8 @@ void tt_module_free(tt_module *m) {
   for (int i = 0; m->params && i < m->n_params; i++) tt_tensor_free(m->params[i]);
   free(m->params);
   free(m->grad_handles);
+  for (int i = 0; m->host_grads && i < m->n_params; i++) tt_tensor_free(m->host_grads[i]);
+  free(m->host_grads);
   ttd_program_release(m->local);
   if (m->graph) ttd__v1__graph__free_unpacked(m->graph, NULL);
   free(m);
@@ -228,6 +233,10 @@ tt_status tt_module_to(tt_module *m, const char *device) {
   free(m->params);
   m->params = moved;
   release_grads(m); /* .grad belonged to the old tensors */
+  for (int i = 0; i < m->n_params; i++) {
+    tt_tensor_free(m->host_grads[i]);
+    m->host_grads[i] = NULL;
+  }
   m->place = place;
   tt_place_format(&place, m->device_name, sizeof(m->device_name));
   return TT_OK;
@@ -282,6 +291,81 @@ static ttd_tensor *to_local(const tt_tensor *t) {
   return out;
 }
 
+/* A run shared by a training forward's outputs; one reference for the caller. */
+static tt_run_ref *new_run_ref(tt_module *m, int n_outputs, uint64_t run, ttd_run *local_run) {
+  tt_run_ref *ref = calloc(1, sizeof(*ref));
+  if (ref) ref->output_grads = calloc((size_t)n_outputs + 1, sizeof(float *));
+  if (!ref || !ref->output_grads) {
+    free(ref);
+    tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+    return NULL;
+  }
+  atomic_init(&ref->refs, 1);
+  ref->client = m->client;
+  ref->module = tt_module_retain(m); /* outputs may outlive the user's module reference */
+  ref->run = run;
+  ref->local_run = local_run;
+  ref->n_outputs = n_outputs;
+  m->pending_runs++;
+  return ref;
+}
+
+void tt_module_release_local(tt_module *m, tt_run_ref *ref) {
+  ttd_run_free(ref->local_run);
+  ref->local_run = NULL;
+  tt_module_run_done(m);
+}
+
+tt_status tt_module_backward_local(tt_module *m, tt_run_ref *ref) {
+  ttd_run *run = ref->local_run;
+  const ttd_program *p = run->program;
+  ttd_tensor **out_grads = calloc((size_t)p->n_outputs + 1, sizeof(*out_grads));
+  ttd_tensor **param_grads = calloc((size_t)p->n_params + 1, sizeof(*param_grads));
+  tt_status st = out_grads && param_grads ? TT_OK : tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  for (int o = 0; st == TT_OK && o < p->n_outputs; o++) {
+    if (!ref->output_grads[o]) continue;
+    const ttd_tensor *out = run->values[p->outputs[o]];
+    ttd_tensor_spec spec = out->spec;
+    ttd_status_t s = ttd_tensor_create(local_card, &spec, &out_grads[o]);
+    if (!s) s = local_card->vtable->buffer_write(local_card, out_grads[o]->buffer, 0, ref->output_grads[o], spec.nbytes);
+    if (s) st = tt_client_fail(m->client, (tt_status)ttd_status_code(s), "%s", ttd_status_message(s));
+    ttd_status_free(s);
+  }
+  if (st == TT_OK) {
+    ttd_status_t s = ttd_run_backward(run, local_card, out_grads, param_grads, NULL);
+    if (s) st = tt_client_fail(m->client, (tt_status)ttd_status_code(s), "%s", ttd_status_message(s));
+    ttd_status_free(s);
+  }
+  for (int i = 0; st == TT_OK && i < p->n_params; i++) { /* accumulate into the module's host .grad */
+    if (!param_grads[i]) continue;
+    if (!m->host_grads[i]) {
+      m->host_grads[i] = tt_tensor_from_host(m->client, NULL, TT_FLOAT32, m->params[i]->shape, m->params[i]->ndim);
+      if (!m->host_grads[i]) {
+        st = TT_RESOURCE_EXHAUSTED;
+        break;
+      }
+    }
+    float *g = malloc(param_grads[i]->spec.nbytes + 4), *acc = m->host_grads[i]->data;
+    if (!g) {
+      st = tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+      break;
+    }
+    local_card->vtable->buffer_read(local_card, param_grads[i]->buffer, 0, g, param_grads[i]->spec.nbytes);
+    for (uint64_t k = 0; k < param_grads[i]->spec.numel; k++) acc[k] += g[k];
+    free(g);
+  }
+  for (int o = 0; out_grads && o < p->n_outputs; o++) ttd_tensor_release(out_grads[o]);
+  for (int i = 0; param_grads && i < p->n_params; i++) ttd_tensor_release(param_grads[i]);
+  free(out_grads);
+  free(param_grads);
+  for (int o = 0; o < ref->n_outputs; o++) {
+    free(ref->output_grads[o]);
+    ref->output_grads[o] = NULL;
+  }
+  tt_module_release_local(m, ref); /* as torch frees the graph after backward */
+  return st;
+}
+
 static tt_status forward_cpu(tt_module *m, tt_tensor *const *inputs, int n_inputs, tt_tensor **outputs) {
   pthread_once(&local_card_once, local_card_create);
   if (!local_card) return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "cannot start the in-process card");
@@ -303,6 +387,15 @@ static tt_status forward_cpu(tt_module *m, tt_tensor *const *inputs, int n_input
     outputs[o] = tt_tensor_from_host(m->client, NULL, (tt_dtype)t->spec.dtype, t->spec.shape, t->spec.ndim);
     if (!outputs[o]) st = TT_RESOURCE_EXHAUSTED;
     else local_card->vtable->buffer_read(local_card, t->buffer, 0, outputs[o]->data, t->spec.nbytes);
+  }
+  tt_run_ref *ref = st == TT_OK && m->training ? new_run_ref(m, m->local->n_outputs, 0, run) : NULL;
+  if (ref) {
+    run = NULL; /* the outputs keep it for backward */
+    for (int o = 0; o < m->local->n_outputs; o++) {
+      outputs[o]->run = tt_run_ref_retain(ref);
+      outputs[o]->output_index = o;
+    }
+    tt_run_ref_release(ref);
   }
   ttd_run_free(run);
   for (int i = 0; local && i < n; i++) ttd_tensor_release(local[i]);
@@ -345,21 +438,10 @@ static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_in
   free(par);
   if (st != TT_OK) return st;
   Ttd__V1__ExecuteResponse *resp = (Ttd__V1__ExecuteResponse *)out;
-  tt_run_ref *ref = NULL;
-  if (resp->run) {
-    ref = calloc(1, sizeof(*ref));
-    if (ref) ref->output_grads = calloc(resp->n_outputs + 1, sizeof(float *));
-    if (!ref || !ref->output_grads) {
-      free(ref);
-      protobuf_c_message_free_unpacked(out, NULL);
-      return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
-    }
-    atomic_init(&ref->refs, 1);
-    ref->client = m->client;
-    ref->module = tt_module_retain(m); /* outputs may outlive the user's module reference */
-    ref->run = resp->run;
-    ref->n_outputs = (int)resp->n_outputs;
-    m->pending_runs++;
+  tt_run_ref *ref = resp->run ? new_run_ref(m, (int)resp->n_outputs, resp->run, NULL) : NULL;
+  if (resp->run && !ref) {
+    protobuf_c_message_free_unpacked(out, NULL);
+    return TT_RESOURCE_EXHAUSTED;
   }
   for (size_t o = 0; o < resp->n_outputs; o++) {
     tt_tensor *t = tt_tensor_alloc(m->client);
@@ -403,12 +485,86 @@ struct tt_optimizer {
   int adam;
   Ttd__V1__SgdOptions sgd;
   Ttd__V1__AdamOptions adam_options;
+  int on_cpu;          /* update on the host: gradients down, parameters back up */
+  float **state[2];    /* host optimizer state per parameter (made on first use) */
+  int64_t *steps;
 };
 
-tt_optimizer *tt_sgd(tt_module *m, float lr, float momentum, float weight_decay, int nesterov) {
+tt_status tt_optimizer_on_cpu(tt_optimizer *o, int on_cpu) {
+  o->on_cpu = on_cpu != 0;
+  return TT_OK;
+}
+
+/* One parameter's update on the host, torch's rules (the same kernels the card runs). */
+static tt_status host_update(tt_optimizer *o, int i, float *param, const float *grad, int64_t n) {
+  for (int k = 0; k < (o->adam ? 2 : 1); k++) {
+    if (!o->state[k][i] && !(o->state[k][i] = calloc((size_t)(n ? n : 1), sizeof(float)))) {
+      return tt_client_fail(o->module->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+    }
+  }
+  int64_t step = ++o->steps[i];
+  if (o->adam) {
+    const Ttd__V1__AdamOptions *a = &o->adam_options;
+    ttd_adam_params p = {a->lr, a->beta1 ? a->beta1 : 0.9f, a->beta2 ? a->beta2 : 0.999f, a->eps ? a->eps : 1e-8f,
+                         a->weight_decay, a->decoupled};
+    ttd_k_adam_step(NULL, &p, step, param, grad, o->state[0][i], o->state[1][i], n);
+  } else {
+    ttd_sgd_params p = {o->sgd.lr, o->sgd.momentum, o->sgd.dampening, o->sgd.weight_decay, o->sgd.nesterov};
+    ttd_k_sgd_step(NULL, &p, step, param, grad, o->state[0][i], n);
+  }
+  return TT_OK;
+}
+
+/* The CPU optimizer: for a module on "cpu" in place; for one on a card, each parameter and
+ * its .grad come down, are updated, and the parameter goes back into the same handle. */
+static tt_status host_step(tt_optimizer *o) {
+  tt_module *m = o->module;
+  for (int i = 0; i < m->n_params; i++) {
+    tt_tensor *param = m->params[i];
+    if (param->dtype != TT_FLOAT32) {
+      return tt_client_fail(m->client, TT_INVALID_ARGUMENT, "the CPU optimizer updates float32 parameters");
+    }
+    if (m->place.is_host) {
+      if (m->host_grads[i]) TT_RETURN_IF_FAILED(host_update(o, i, param->data, m->host_grads[i]->data, (int64_t)param->numel));
+      continue;
+    }
+    if (!m->grad_handles[i]) continue; /* no .grad: skipped, as torch skips it */
+    tt_tensor *gd = tt_param_grad(m, tt_module_param_name(m, i));
+    tt_tensor *gh = gd ? tt_to(gd, "cpu") : NULL, *ph = gh ? tt_to(param, "cpu") : NULL;
+    tt_status st = ph ? host_update(o, i, ph->data, gh->data, (int64_t)param->numel) : tt_errcode(m->client);
+    if (st == TT_OK) {
+      Ttd__V1__UploadHeader header = TTD__V1__UPLOAD_HEADER__INIT;
+      header.target_case = TTD__V1__UPLOAD_HEADER__TARGET_HANDLE;
+      header.handle = param->handle;
+      Ttd__V1__UploadResponse *resp = NULL;
+      st = tt_rpc_upload(m->client, &header, ph->data, ph->nbytes, &resp);
+      if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
+    }
+    tt_tensor_free(ph);
+    tt_tensor_free(gh);
+    tt_tensor_free(gd);
+    TT_RETURN_IF_FAILED(st);
+  }
+  return TT_OK;
+}
+
+static tt_optimizer *optimizer_new(tt_module *m) {
   tt_optimizer *o = calloc(1, sizeof(*o));
   if (!o) return NULL;
   o->module = m;
+  o->state[0] = calloc((size_t)m->n_params + 1, sizeof(float *));
+  o->state[1] = calloc((size_t)m->n_params + 1, sizeof(float *));
+  o->steps = calloc((size_t)m->n_params + 1, sizeof(int64_t));
+  if (!o->state[0] || !o->state[1] || !o->steps) {
+    tt_optimizer_free(o);
+    return NULL;
+  }
+  return o;
+}
+
+tt_optimizer *tt_sgd(tt_module *m, float lr, float momentum, float weight_decay, int nesterov) {
+  tt_optimizer *o = optimizer_new(m);
+  if (!o) return NULL;
   ttd__v1__sgd_options__init(&o->sgd);
   o->sgd.lr = lr;
   o->sgd.momentum = momentum;
@@ -418,9 +574,8 @@ tt_optimizer *tt_sgd(tt_module *m, float lr, float momentum, float weight_decay,
 }
 
 tt_optimizer *tt_adam(tt_module *m, float lr, float weight_decay, int decoupled) {
-  tt_optimizer *o = calloc(1, sizeof(*o));
+  tt_optimizer *o = optimizer_new(m);
   if (!o) return NULL;
-  o->module = m;
   o->adam = 1;
   ttd__v1__adam_options__init(&o->adam_options);
   o->adam_options.lr = lr;
@@ -429,13 +584,24 @@ tt_optimizer *tt_adam(tt_module *m, float lr, float weight_decay, int decoupled)
   return o;
 }
 
-void tt_optimizer_free(tt_optimizer *o) { free(o); }
+void tt_optimizer_free(tt_optimizer *o) {
+  if (!o) return;
+  for (int k = 0; k < 2; k++) {
+    for (int i = 0; o->state[k] && i < o->module->n_params; i++) free(o->state[k][i]);
+    free(o->state[k]);
+  }
+  free(o->steps);
+  free(o);
+}
 
 static tt_status param_rpc(tt_optimizer *o, int step) {
   tt_module *m = o->module;
-  if (m->place.is_host) {
-    return tt_client_fail(m->client, TT_FAILED_PRECONDITION,
-                          "the module is on cpu: device optimizers update parameters on a card; tt_module_to() it");
+  if (step && (o->on_cpu || m->place.is_host)) return host_step(o);
+  if (m->place.is_host) { /* zero_grad on the host */
+    for (int i = 0; i < m->n_params; i++) {
+      if (m->host_grads[i]) memset(m->host_grads[i]->data, 0, m->host_grads[i]->nbytes);
+    }
+    return TT_OK;
   }
   uint64_t *handles = calloc((size_t)m->n_params + 1, sizeof(uint64_t));
   if (!handles) return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");

@@ -264,13 +264,16 @@ float tt_tensor_item(const tt_tensor *tensor);
  * FAILED_PRECONDITION before the first backward. Free the returned tensor; .grad stays. */
 tt_tensor *tt_param_grad(tt_module *module, const char *name);
 
-/* ---- optimizers on the device: parameters never leave the card ---- */
+/* ---- optimizers: on the device, parameters never leave the card ---- */
 typedef struct tt_optimizer tt_optimizer;
 tt_optimizer *tt_sgd(tt_module *module, float lr, float momentum, float weight_decay, int nesterov);
 tt_optimizer *tt_adam(tt_module *module, float lr, float weight_decay, int decoupled); /* decoupled: AdamW */
 tt_status tt_step(tt_optimizer *optimizer);      /* one update from the current .grad */
 tt_status tt_zero_grad(tt_optimizer *optimizer); /* .grad = 0 */
 void tt_optimizer_free(tt_optimizer *optimizer); /* accepts NULL */
+/* The alternative: update on the CPU (each .grad comes down, the parameter is updated on the
+ * host and goes back up into the same handle). A module on "cpu" always updates on the host. */
+tt_status tt_optimizer_on_cpu(tt_optimizer *optimizer, int on_cpu);
 
 /* ---- datasets ----
  * IDX files (the MNIST format) loaded into host memory. Functions are thread-safe (no
