@@ -12,7 +12,7 @@
 #include "../kernels/kernels.h"
 #include "client_internal.h"
 
-typedef enum node_kind { NODE_TO_CPU, NODE_L1, NODE_MSE, NODE_CROSS_ENTROPY } node_kind;
+typedef enum node_kind { NODE_TO_CPU, NODE_L1, NODE_MSE, NODE_CROSS_ENTROPY, NODE_ADD, NODE_MUL, NODE_SUM, NODE_MEAN } node_kind;
 
 struct tt_autograd_node {
   node_kind kind;
@@ -124,6 +124,62 @@ tt_tensor *tt_cross_entropy(tt_tensor *logits, tt_tensor *labels) {
   return loss;
 }
 
+static ttd_kshape kshape_of(const tt_tensor *t) {
+  ttd_kshape k = {.ndim = t->ndim};
+  memcpy(k.d, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+  return k;
+}
+
+/* add and mul with numpy broadcasting, on host float32 tensors. */
+static tt_tensor *binary(tt_tensor *a, tt_tensor *b, node_kind kind) {
+  if (!a || !b) return NULL;
+  tt_client *c = a->client;
+  const char *what = kind == NODE_ADD ? "add" : "mul";
+  if (!a->place.is_host || !b->place.is_host || a->dtype != TT_FLOAT32 || b->dtype != TT_FLOAT32) {
+    tt_client_fail(c, TT_INVALID_ARGUMENT, "%s runs on the CPU on float32 host tensors", what);
+    return NULL;
+  }
+  ttd_kshape as = kshape_of(a), bs = kshape_of(b), os;
+  char b1[96], b2[96];
+  if (ttd_broadcast_shape(&as, &bs, &os) != 0) {
+    tt_client_fail(c, TT_INVALID_ARGUMENT, "%s: shapes %s and %s do not broadcast", what, ttd_kshape_format(&as, b1, sizeof(b1)),
+                   ttd_kshape_format(&bs, b2, sizeof(b2)));
+    return NULL;
+  }
+  tt_tensor *out = tt_tensor_from_host(c, NULL, TT_FLOAT32, os.d, os.ndim);
+  if (!out) return NULL;
+  ttd_k_binary(NULL, kind == NODE_ADD ? TTD_BIN_ADD : TTD_BIN_MUL, a->data, &as, b->data, &bs, out->data, &os);
+  if (track(out, kind, a, b) != TT_OK) {
+    tt_tensor_free(out);
+    return NULL;
+  }
+  return out;
+}
+
+tt_tensor *tt_add(tt_tensor *a, tt_tensor *b) { return binary(a, b, NODE_ADD); }
+tt_tensor *tt_mul(tt_tensor *a, tt_tensor *b) { return binary(a, b, NODE_MUL); }
+
+/* sum and mean of all elements, into a scalar. */
+static tt_tensor *reduce_all(tt_tensor *a, node_kind kind) {
+  if (!a) return NULL;
+  if (!a->place.is_host || a->dtype != TT_FLOAT32) {
+    tt_client_fail(a->client, TT_INVALID_ARGUMENT, "%s runs on the CPU on a float32 host tensor", kind == NODE_SUM ? "sum" : "mean");
+    return NULL;
+  }
+  tt_tensor *out = tt_tensor_from_host(a->client, NULL, TT_FLOAT32, NULL, 0);
+  if (!out) return NULL;
+  ttd_kshape as = kshape_of(a);
+  ttd_k_reduce(NULL, kind == NODE_SUM ? TTD_RED_SUM : TTD_RED_MEAN, a->data, &as, (1u << a->ndim) - 1, out->data);
+  if (track(out, kind, a, NULL) != TT_OK) {
+    tt_tensor_free(out);
+    return NULL;
+  }
+  return out;
+}
+
+tt_tensor *tt_sum(tt_tensor *a) { return reduce_all(a, NODE_SUM); }
+tt_tensor *tt_mean(tt_tensor *a) { return reduce_all(a, NODE_MEAN); }
+
 float tt_tensor_item(const tt_tensor *t) {
   if (!t || !t->place.is_host || t->numel == 0) return NAN;
   if (t->dtype == TT_INT32) return (float)((int32_t *)t->data)[0];
@@ -139,6 +195,33 @@ static int add_grad(tt_tensor *t, const float *g, uint64_t n) {
   }
   for (uint64_t i = 0; i < n; i++) t->grad[i] += g[i];
   return 0;
+}
+
+static int needs_grad(const tt_tensor *t) { return t && (t->grad_fn || t->run); }
+
+/* Gradients of add, mul, sum and mean for the inputs that need them. */
+static tt_status elementwise_backward(tt_client *c, const tt_autograd_node *node, const tt_tensor *t) {
+  tt_tensor *a = node->inputs[0], *b = node->inputs[1];
+  float *ga = needs_grad(a) ? malloc(sizeof(float) * (a->numel ? a->numel : 1)) : NULL;
+  float *gb = needs_grad(b) ? malloc(sizeof(float) * (b->numel ? b->numel : 1)) : NULL;
+  if ((needs_grad(a) && !ga) || (needs_grad(b) && !gb)) {
+    free(ga);
+    free(gb);
+    return tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  }
+  ttd_kshape as = kshape_of(a), os = kshape_of(t);
+  if (node->kind == NODE_SUM || node->kind == NODE_MEAN) {
+    if (ga) ttd_k_reduce_backward(NULL, node->kind == NODE_SUM ? TTD_RED_SUM : TTD_RED_MEAN, t->grad, &as,
+                                  (1u << a->ndim) - 1, ga);
+  } else {
+    ttd_kshape bs = kshape_of(b);
+    ttd_k_binary_backward(NULL, node->kind == NODE_ADD ? TTD_BIN_ADD : TTD_BIN_MUL, a->data, &as, b->data, &bs, t->grad,
+                          &os, ga, gb);
+  }
+  int rc = (ga && add_grad(a, ga, a->numel) != 0) || (gb && add_grad(b, gb, b->numel) != 0);
+  free(ga);
+  free(gb);
+  return rc ? tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory") : TT_OK;
 }
 
 /* Tensors reachable from loss through grad_fn, in post-order (inputs before users). */
@@ -260,6 +343,10 @@ tt_status tt_backward(tt_tensor *loss) {
         st = tt_errcode(c);
         break;
       }
+      continue;
+    }
+    if (node->kind == NODE_ADD || node->kind == NODE_MUL || node->kind == NODE_SUM || node->kind == NODE_MEAN) {
+      st = elementwise_backward(c, node, t);
       continue;
     }
     if (!a->grad_fn && !a->run) continue; /* nothing upstream needs this gradient */

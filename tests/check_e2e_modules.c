@@ -347,6 +347,118 @@ START_TEST(test_three_ways_same_parameters) {
 }
 END_TEST
 
+/* The .grad of a parameter, downloaded. */
+static void grad_of(tt_module *m, const char *name, float *out, size_t n) {
+  tt_tensor *g = tt_param_grad(m, name);
+  ck_assert_msg(g != NULL, "%s", tt_last_error(client));
+  tt_tensor *h = tt_to(g, "cpu");
+  memcpy(out, tt_tensor_data(h), n * sizeof(float));
+  tt_tensor_free(h);
+  tt_tensor_free(g);
+}
+
+typedef tt_tensor *(*loss_fn)(tt_module *a, tt_module *b, tt_tensor *x, tt_tensor *target, tt_tensor *labels);
+
+/* Runs a fresh forward of the modules the loss uses, backward, and returns linear2.bias's
+ * gradient of each (module a first). .grad is zeroed before. */
+static void grads_for(loss_fn f, tt_module *a, tt_module *b, tt_tensor *x, tt_tensor *t, tt_tensor *l, float *ga, float *gb) {
+  tt_optimizer *oa = tt_sgd(a, 0.1f, 0, 0, 0), *ob = tt_sgd(b, 0.1f, 0, 0, 0);
+  tt_zero_grad(oa);
+  tt_zero_grad(ob);
+  tt_tensor *loss = f(a, b, x, t, l);
+  ck_assert_msg(loss != NULL, "%s", tt_last_error(client));
+  ck_assert_msg(tt_backward(loss) == TT_OK, "%s", tt_last_error(client));
+  tt_tensor_free(loss);
+  if (ga) grad_of(a, "linear2.bias", ga, OUT);
+  if (gb) grad_of(b, "linear2.bias", gb, OUT);
+  tt_optimizer_free(oa);
+  tt_optimizer_free(ob);
+}
+
+static tt_tensor *out_cpu(tt_module *m, tt_tensor *x) {
+  tt_tensor *y = NULL;
+  ck_assert_int_eq(tt_forward(m, &x, 1, &y), TT_OK);
+  tt_tensor *h = tt_to(y, "cpu");
+  tt_tensor_free(y);
+  return h;
+}
+
+static tt_tensor *mse_a(tt_module *a, tt_module *b, tt_tensor *x, tt_tensor *t, tt_tensor *l) {
+  (void)b, (void)l;
+  tt_tensor *y = out_cpu(a, x), *loss = tt_mse_loss(y, t);
+  tt_tensor_free(y);
+  return loss;
+}
+static tt_tensor *l1_a(tt_module *a, tt_module *b, tt_tensor *x, tt_tensor *t, tt_tensor *l) {
+  (void)b, (void)l;
+  tt_tensor *y = out_cpu(a, x), *loss = tt_l1_loss(y, t);
+  tt_tensor_free(y);
+  return loss;
+}
+static tt_tensor *both_of_a(tt_module *a, tt_module *b, tt_tensor *x, tt_tensor *t, tt_tensor *l) {
+  (void)b, (void)l;
+  tt_tensor *y = out_cpu(a, x); /* one device output, used twice */
+  tt_tensor *m1 = tt_mse_loss(y, t), *m2 = tt_l1_loss(y, t), *loss = tt_add(m1, m2);
+  tt_tensor_free(m1);
+  tt_tensor_free(m2);
+  tt_tensor_free(y);
+  return loss;
+}
+static tt_tensor *ce_b(tt_module *a, tt_module *b, tt_tensor *x, tt_tensor *t, tt_tensor *l) {
+  (void)a, (void)t;
+  tt_tensor *y = out_cpu(b, x), *loss = tt_cross_entropy(y, l);
+  tt_tensor_free(y);
+  return loss;
+}
+static tt_tensor *two_modules(tt_module *a, tt_module *b, tt_tensor *x, tt_tensor *t, tt_tensor *l) {
+  tt_tensor *la = mse_a(a, b, x, t, l), *lb = ce_b(a, b, x, t, l);
+  tt_tensor *half = tt_tensor_from_host(client, (float[]){0.5f}, TT_FLOAT32, NULL, 0);
+  tt_tensor *scaled = tt_mul(lb, half), *sum = tt_add(la, scaled), *loss = tt_mean(sum);
+  tt_tensor *done[] = {la, lb, half, scaled, sum};
+  for (size_t i = 0; i < 5; i++) tt_tensor_free(done[i]);
+  return loss;
+}
+
+/* A device output used twice accumulates on the host before one Backward (its gradient is
+ * the sum of each use's), and a loss over outputs of two modules reaches both (host add,
+ * mul and mean on the tape). */
+START_TEST(test_output_used_twice_and_two_modules) {
+  tt_graph *ga_graph = mlp(), *gb_graph = tt_graph_create(client, 77);
+  int64_t xs[2] = {N, IN};
+  tt_value xv = tt_graph_input(gb_graph, "x", TT_FLOAT32, xs, 2);
+  tt_graph_output(gb_graph, tt_nn_linear(gb_graph, tt_relu(gb_graph, tt_nn_linear(gb_graph, xv, H, 1)), OUT, 1));
+  tt_module *a = tt_compile(client, ga_graph), *b = tt_compile(client, gb_graph);
+  tt_graph_free(ga_graph);
+  tt_graph_free(gb_graph);
+  ck_assert_int_eq(tt_module_to(a, "tt"), TT_OK);
+  ck_assert_int_eq(tt_module_to(b, "tt"), TT_OK);
+  float xh[N * IN], th[N * OUT];
+  int32_t lh[N];
+  for (int i = 0; i < N * IN; i++) xh[i] = cosf((float)i);
+  for (int i = 0; i < N * OUT; i++) th[i] = sinf((float)i * 3.0f);
+  for (int i = 0; i < N; i++) lh[i] = i % OUT;
+  int64_t ts[2] = {N, OUT}, ls[1] = {N};
+  tt_tensor *x = tt_tensor_from_host(client, xh, TT_FLOAT32, xs, 2), *xd = tt_to(x, "tt");
+  tt_tensor *t = tt_tensor_from_host(client, th, TT_FLOAT32, ts, 2), *l = tt_tensor_from_host(client, lh, TT_INT32, ls, 1);
+  float g_mse[OUT], g_l1[OUT], g_both[OUT], ga[OUT], gb[OUT], g_ce[OUT];
+  grads_for(mse_a, a, b, xd, t, l, g_mse, NULL);
+  grads_for(l1_a, a, b, xd, t, l, g_l1, NULL);
+  grads_for(both_of_a, a, b, xd, t, l, g_both, NULL);
+  ck_assert(fabsf(g_mse[0]) + fabsf(g_l1[0]) > 1e-4f); /* real gradients, not zeros */
+  for (int k = 0; k < OUT; k++) ck_assert_float_eq_tol(g_both[k], g_mse[k] + g_l1[k], 1e-5);
+  grads_for(ce_b, a, b, xd, t, l, NULL, g_ce);
+  grads_for(two_modules, a, b, xd, t, l, ga, gb);
+  for (int k = 0; k < OUT; k++) {
+    ck_assert_float_eq_tol(ga[k], g_mse[k] / 1.0f, 1e-5); /* mean of a scalar is itself */
+    ck_assert_float_eq_tol(gb[k], 0.5f * g_ce[k], 1e-5);
+  }
+  tt_tensor *free_list[] = {x, xd, t, l};
+  for (size_t i = 0; i < 4; i++) tt_tensor_free(free_list[i]);
+  tt_module_free(a);
+  tt_module_free(b);
+}
+END_TEST
+
 /* Two training processes (build/bin/mlp, one epoch each) against one ttd at once: both
  * finish and reach the accuracy one run alone reaches (0.83 here; band >= 0.80). */
 START_TEST(test_two_training_processes) {
@@ -393,6 +505,7 @@ Suite *e2e_modules_suite(void) {
   tcase_add_test(tc, test_train_on_device_with_cpu_loss);
   tcase_add_test(tc, test_checkpoint_round_trip);
   tcase_add_test(tc, test_three_ways_same_parameters);
+  tcase_add_test(tc, test_output_used_twice_and_two_modules);
   suite_add_tcase(s, tc);
   TCase *two = tcase_create("two_processes");
   tcase_add_checked_fixture(two, setup, teardown);

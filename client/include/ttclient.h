@@ -257,6 +257,11 @@ tt_status tt_module_load(tt_module *module, const char *path);
 tt_tensor *tt_l1_loss(tt_tensor *input, tt_tensor *target);      /* mean |input - target| */
 tt_tensor *tt_mse_loss(tt_tensor *input, tt_tensor *target);     /* mean (input - target)^2 */
 tt_tensor *tt_cross_entropy(tt_tensor *logits, tt_tensor *labels); /* float [n, c], int32 [n]; mean */
+/* Elementwise add and mul with numpy broadcasting, and sum and mean of all elements. */
+tt_tensor *tt_add(tt_tensor *a, tt_tensor *b);
+tt_tensor *tt_mul(tt_tensor *a, tt_tensor *b);
+tt_tensor *tt_sum(tt_tensor *a);
+tt_tensor *tt_mean(tt_tensor *a);
 tt_status tt_backward(tt_tensor *loss);
 /* The value of a one-element host tensor (NaN otherwise). */
 float tt_tensor_item(const tt_tensor *tensor);
