@@ -115,6 +115,7 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   tt_client *c = calloc(1, sizeof(*c));
   if (!c) return TT_RESOURCE_EXHAUSTED;
   *out_client = c;
+  atomic_init(&c->refs, 1);
   pthread_mutex_init(&c->error_lock, NULL);
   pthread_mutex_init(&c->keepalive_lock, NULL);
   pthread_condattr_t attr;
@@ -160,6 +161,19 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   return TT_OK;
 }
 
+tt_client *tt_client_retain(tt_client *client) {
+  atomic_fetch_add(&client->refs, 1);
+  return client;
+}
+
+void tt_client_release(tt_client *client) {
+  if (!client || atomic_fetch_sub(&client->refs, 1) != 1) return;
+  pthread_mutex_destroy(&client->error_lock);
+  pthread_mutex_destroy(&client->keepalive_lock);
+  pthread_cond_destroy(&client->keepalive_cond);
+  free(client);
+}
+
 void tt_disconnect(tt_client *client) {
   if (!client) return;
   if (client->keepalive_running) {
@@ -168,6 +182,7 @@ void tt_disconnect(tt_client *client) {
     pthread_cond_broadcast(&client->keepalive_cond);
     pthread_mutex_unlock(&client->keepalive_lock);
     pthread_join(client->keepalive_thread, NULL);
+    client->keepalive_running = false;
   }
   if (client->channel) {
     if (client->session_hex[0]) {
@@ -178,11 +193,11 @@ void tt_disconnect(tt_client *client) {
         protobuf_c_message_free_unpacked(resp, NULL);
       }
     }
+    client->closed = true; /* tensors still held fail with FAILED_PRECONDITION from here on */
     grpc_channel_destroy(client->channel);
+    client->channel = NULL;
     grpc_shutdown();
   }
-  pthread_mutex_destroy(&client->error_lock);
-  pthread_mutex_destroy(&client->keepalive_lock);
-  pthread_cond_destroy(&client->keepalive_cond);
-  free(client);
+  client->closed = true;
+  tt_client_release(client);
 }

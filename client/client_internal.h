@@ -35,6 +35,8 @@ typedef enum tt_rpc_method {
 } tt_rpc_method;
 
 struct tt_client {
+  atomic_int refs;      /* the user's, plus one per live tensor */
+  bool closed;          /* tt_disconnect was called: no more calls to the daemon */
   grpc_channel *channel;
   void *registered[TT_RPC_COUNT];
   char target[256];
@@ -129,6 +131,10 @@ void tt_module_set_grad_handles(struct tt_module *module, const uint64_t *handle
     tt_status tt_status_tmp_ = (expr); \
     if (tt_status_tmp_ != TT_OK) return tt_status_tmp_; \
   } while (0)
+
+/* Tensors keep their client (struct) alive after tt_disconnect. */
+tt_client *tt_client_retain(tt_client *client);
+void tt_client_release(tt_client *client);
 
 /* Records an error on the client and returns its code. */
 tt_status tt_client_fail(tt_client *client, tt_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

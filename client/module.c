@@ -456,7 +456,7 @@ static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_in
       }
       outputs[o] = t;
     } else {
-      free(t);
+      tt_tensor_free(t);
       st = TT_RESOURCE_EXHAUSTED;
     }
   }

@@ -25,6 +25,8 @@ static gpr_timespec deadline_after(int64_t ms) {
   return gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(ms, GPR_TIMESPAN));
 }
 
+#define CLOSED_MESSAGE "this client was disconnected (tt_disconnect): its session and device tensors are gone; connect again"
+
 static void rpc_start(rpc *r, tt_client *client, tt_rpc_method method, int64_t timeout_ms) {
   memset(r, 0, sizeof(*r));
   r->client = client;
@@ -120,6 +122,10 @@ tt_status tt_rpc_unary_quiet(tt_client *client, tt_rpc_method method, const Prot
                              char *err, size_t err_len) {
   *out_response = NULL;
   err[0] = '\0';
+  if (client->closed) {
+    snprintf(err, err_len, CLOSED_MESSAGE);
+    return TT_FAILED_PRECONDITION;
+  }
   rpc r;
   rpc_start(&r, client, method, client->call_timeout_ms);
   grpc_byte_buffer *request_bb = pack(request);
@@ -170,6 +176,7 @@ static int send_message(rpc *r, const ProtobufCMessage *msg) {
 tt_status tt_rpc_upload(tt_client *client, const Ttd__V1__UploadHeader *header, const void *data, uint64_t bytes,
                         Ttd__V1__UploadResponse **out_response) {
   *out_response = NULL;
+  if (client->closed) return tt_client_fail(client, TT_FAILED_PRECONDITION, CLOSED_MESSAGE);
   rpc r;
   rpc_start(&r, client, TT_RPC_UPLOAD, 0);
   grpc_op ops[4];
@@ -212,6 +219,7 @@ tt_status tt_rpc_upload(tt_client *client, const Ttd__V1__UploadHeader *header, 
 }
 
 tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, void *dst, uint64_t bytes) {
+  if (client->closed) return tt_client_fail(client, TT_FAILED_PRECONDITION, CLOSED_MESSAGE);
   rpc r;
   rpc_start(&r, client, TT_RPC_DOWNLOAD, 0);
   Ttd__V1__DownloadRequest req = TTD__V1__DOWNLOAD_REQUEST__INIT;

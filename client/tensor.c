@@ -16,7 +16,7 @@ tt_tensor *tt_tensor_alloc(tt_client *client) {
     return NULL;
   }
   atomic_init(&t->refs, 1);
-  t->client = client;
+  t->client = tt_client_retain(client);
   return t;
 }
 
@@ -53,12 +53,12 @@ tt_tensor *tt_tensor_from_host(tt_client *client, const void *data, tt_dtype dty
   t->place.is_host = 1;
   strcpy(t->device_name, "cpu");
   if (tt_tensor_describe(client, t, dtype, shape, ndim) != TT_OK) {
-    free(t);
+    tt_tensor_free(t);
     return NULL;
   }
   if (t->nbytes > SIZE_MAX || !(t->data = malloc(t->nbytes ? (size_t)t->nbytes : 1))) {
     tt_client_fail(client, TT_RESOURCE_EXHAUSTED, "out of host memory for a %" PRIu64 "-byte tensor", t->nbytes);
-    free(t);
+    tt_tensor_free(t);
     return NULL;
   }
   if (data) memcpy(t->data, data, (size_t)t->nbytes);
@@ -77,7 +77,7 @@ tt_tensor *tt_tensor_empty(tt_client *client, tt_dtype dtype, const int64_t *sha
   tt_tensor *t = tt_tensor_alloc(client);
   if (!t) return NULL;
   if (tt_tensor_describe(client, t, dtype, shape, ndim) != TT_OK) {
-    free(t);
+    tt_tensor_free(t);
     return NULL;
   }
   t->place = place;
@@ -94,7 +94,7 @@ tt_tensor *tt_tensor_empty(tt_client *client, tt_dtype dtype, const int64_t *sha
   req.spec = &spec;
   ProtobufCMessage *out = NULL;
   if (tt_rpc_unary(client, TT_RPC_ALLOCATE, &req.base, &ttd__v1__allocate_response__descriptor, &out) != TT_OK) {
-    free(t);
+    tt_tensor_free(t);
     return NULL;
   }
   t->handle = ((Ttd__V1__AllocateResponse *)out)->tensor->handle;
@@ -121,6 +121,7 @@ void tt_tensor_free(tt_tensor *tensor) {
       protobuf_c_message_free_unpacked(out, NULL);
     }
   }
+  tt_client_release(tensor->client);
   free(tensor);
 }
 

@@ -15,7 +15,7 @@ static tt_tensor *like(const tt_tensor *src, const tt_place *place, tt_dtype dty
   tt_tensor *t = tt_tensor_alloc(src->client);
   if (!t) return NULL;
   if (tt_tensor_describe(src->client, t, dtype, src->shape, src->ndim) != TT_OK) {
-    free(t);
+    tt_tensor_free(t);
     return NULL;
   }
   t->place = *place;
@@ -50,7 +50,7 @@ static tt_tensor *upload(tt_tensor *src, const tt_place *place, tt_dtype dtype) 
   header.source_dtype = (Ttd__V1__DType)src->dtype;
   Ttd__V1__UploadResponse *resp = NULL;
   if (tt_rpc_upload(src->client, &header, src->data, src->nbytes, &resp) != TT_OK) {
-    free(t);
+    tt_tensor_free(t);
     return NULL;
   }
   t->handle = resp->tensor ? resp->tensor->handle : 0;
@@ -78,7 +78,7 @@ static tt_tensor *move(tt_tensor *src, const tt_place *place) {
   req.device = device;
   ProtobufCMessage *out = NULL;
   if (tt_rpc_unary(src->client, TT_RPC_MOVE, &req.base, &ttd__v1__move_response__descriptor, &out) != TT_OK) {
-    free(t);
+    tt_tensor_free(t);
     return NULL;
   }
   t->handle = ((Ttd__V1__MoveResponse *)out)->tensor->handle;

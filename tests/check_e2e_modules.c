@@ -459,6 +459,28 @@ START_TEST(test_output_used_twice_and_two_modules) {
 }
 END_TEST
 
+/* Tensors of a disconnected client: host data stays readable, device calls fail with
+ * FAILED_PRECONDITION saying the client was disconnected, the daemon freed the memory, and
+ * freeing the tensors afterwards is safe. */
+START_TEST(test_tensor_of_closed_client) {
+  tt_client *c = harness_connect(&proc, 0);
+  float v[4] = {1, 2, 3, 4};
+  int64_t s4[1] = {4};
+  tt_tensor *h = tt_tensor_from_host(c, v, TT_FLOAT32, s4, 1), *d = tt_to(h, "tt");
+  ck_assert_ptr_nonnull(d);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 16);
+  tt_disconnect(c);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 0);
+  ck_assert_ptr_null(tt_to(d, "cpu"));
+  ck_assert_int_eq(tt_errcode(tt_tensor_client(d)), TT_FAILED_PRECONDITION);
+  ck_assert_ptr_nonnull(strstr(tt_last_error(tt_tensor_client(d)), "disconnected"));
+  ck_assert_ptr_null(tt_to(h, "tt"));
+  ck_assert_float_eq(((float *)tt_tensor_data(h))[3], 4.0f);
+  tt_tensor_free(d);
+  tt_tensor_free(h); /* the last reference: the client's memory goes now */
+}
+END_TEST
+
 /* Two training processes (build/bin/mlp, one epoch each) against one ttd at once: both
  * finish and reach the accuracy one run alone reaches (0.83 here; band >= 0.80). */
 START_TEST(test_two_training_processes) {
@@ -506,6 +528,7 @@ Suite *e2e_modules_suite(void) {
   tcase_add_test(tc, test_checkpoint_round_trip);
   tcase_add_test(tc, test_three_ways_same_parameters);
   tcase_add_test(tc, test_output_used_twice_and_two_modules);
+  tcase_add_test(tc, test_tensor_of_closed_client);
   suite_add_tcase(s, tc);
   TCase *two = tcase_create("two_processes");
   tcase_add_checked_fixture(two, setup, teardown);

@@ -19,8 +19,8 @@
  * Threads: a client may be used from several threads; each call is independent. The last
  * error is per client and belongs to the most recent failing call on any thread.
  * Ownership: every tt_tensor returned is owned by the caller and released with
- * tt_tensor_free; free functions accept NULL. Tensors must be freed before their client
- * is disconnected. */
+ * tt_tensor_free; free functions accept NULL. Tensors may outlive tt_disconnect: host data
+ * stays readable, and anything that needs the daemon fails with TT_FAILED_PRECONDITION. */
 #ifndef TTCLIENT_H
 #define TTCLIENT_H
 
@@ -82,7 +82,8 @@ void tt_connect_options_init(tt_connect_options *options);
  * A background thread renews the session every lease/3 unless disabled. */
 tt_status tt_connect(const char *target, const tt_connect_options *options, tt_client **out_client);
 
-/* Closes the session (the daemon frees its tensors) and releases the client. NULL ok. */
+/* Closes the session (the daemon frees its tensors) and releases the client; tensors still
+ * held keep the client's memory until they are freed, and report a closed client. NULL ok. */
 void tt_disconnect(tt_client *client);
 
 /* The default target: $XDG_RUNTIME_DIR/ttd.sock, /run/ttd/ttd.sock as root, else
