@@ -36,6 +36,7 @@ static const option options[] = {
     {"drain-timeout", OPT_DURATION, FIELD(drain_timeout_ms), 0, 3600000, "10",
      "on SIGTERM, how long in-flight calls may run before they are cancelled"},
     {"log-level", OPT_STRING, FIELD(log_level), 0, 0, "info", "debug, info, warn or error"},
+    {"admin", OPT_STRING, FIELD(admin), 0, 0, "127.0.0.1:9464", "admin HTTP (/healthz, /readyz, /metrics) on host:port, or off"},
     {"config", OPT_STRING, FIELD(config_file), 0, 0, NULL, "read options from FILE (flags win)"},
 };
 

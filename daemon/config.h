@@ -26,6 +26,7 @@ typedef struct ttd_config {
   int64_t lease_ms;
   int64_t drain_timeout_ms;
   char *log_level;
+  char *admin;        /* admin HTTP "host:port", or "off" */
   char *config_file;
 } ttd_config;
 

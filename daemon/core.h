@@ -8,6 +8,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "metrics.h"
 #include "program_cache.h"
 #include "session_table.h"
 
@@ -16,6 +17,7 @@ typedef struct ttd_core {
   ttd_backend *backend;
   ttd_session_table sessions;
   ttd_program_cache programs;
+  ttd_metrics metrics;
   char instance_id[17]; /* 16 hex digits, new at every start */
 } ttd_core;
 

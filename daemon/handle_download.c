@@ -77,6 +77,7 @@ ttd_status_t ttd_download_next(ttd_call *call, const ProtobufCMessage **out_mess
   st->message.data.data = st->out;
   st->message.data.len = n;
   st->sent += n;
+  atomic_fetch_add_explicit(&call->core->metrics.bytes_to_host, n, memory_order_relaxed);
   *out_message = &st->message.base;
   *out_last = st->sent == st->total;
   return TTD_OK;

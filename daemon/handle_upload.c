@@ -126,6 +126,7 @@ ttd_status_t ttd_upload_message(ttd_call *call, const ProtobufCMessage *message)
                            st->expected, ttd_dtype_name(st->source_dtype), st->received + len);
   }
   st->received += len;
+  atomic_fetch_add_explicit(&call->core->metrics.bytes_to_device, len, memory_order_relaxed);
   if (len == 0) return TTD_OK;
   if (st->source_dtype == st->tensor->spec.dtype) return write_device(st, req->data.data, len);
   return write_converted(st, req->data.data, len);

@@ -17,6 +17,7 @@
 #include "ttclient.h"
 #include "config.h"
 #include "core.h"
+#include "admin_http.h"
 #include "log.h"
 #include "rpc_server.h"
 
@@ -131,6 +132,20 @@ int main(int argc, char **argv) {
           (unsigned long long)config.l1, (long long)config.lease_ms, config.threads);
 
   loop_state st = {.base = event_base_new(), .core = core};
+  ttd_admin *admin = NULL;
+  if (strcmp(config.admin, "off") != 0) {
+    status = ttd_admin_start(st.base, core, config.admin, &admin);
+    if (status) {
+      TTD_LOG(TTD_LOG_ERROR, "event=start-failed message=\"%s\"", ttd_status_message(status));
+      ttd_status_free(status);
+      ttd_server_stop(server, 0);
+      ttd_core_destroy(core);
+      event_base_free(st.base);
+      ttd_config_clear(&config);
+      return 1;
+    }
+  }
+  ttd_admin_set_ready(admin, true);
   struct event *sigterm = evsignal_new(st.base, SIGTERM, on_stop_signal, &st);
   struct event *sigint = evsignal_new(st.base, SIGINT, on_stop_signal, &st);
   struct event *sweep = event_new(st.base, -1, EV_PERSIST, on_sweep, &st);
@@ -142,6 +157,8 @@ int main(int argc, char **argv) {
   event_base_dispatch(st.base);
 
   TTD_LOG(TTD_LOG_INFO, "event=stopping signal=%d drain_ms=%lld", st.stop_signal, (long long)config.drain_timeout_ms);
+  ttd_admin_set_ready(admin, false);
+  ttd_admin_stop(admin);
   ttd_server_stop(server, config.drain_timeout_ms);
   TTD_LOG(TTD_LOG_DEBUG, "event=server-stopped");
   ttd_core_destroy(core);

@@ -42,6 +42,7 @@ typedef struct ttd_call {
   bool initial_metadata_sent;
   ttd_session *session;         /* for methods that need one; one reference */
   void *stream;                 /* a streaming handler's state */
+  int64_t started_ns;           /* monotonic, when the call arrived (for latency metrics) */
   ttd_arena_block *arena;
   ProtobufCAllocator allocator; /* allocates from the arena */
 } ttd_call;

@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "rpc_method.h"
@@ -165,8 +166,17 @@ static size_t add_status(ttd_call *c, grpc_op *ops, ttd_status_t status) {
   return 2;
 }
 
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 /* Sends an optional last message and the status; takes ownership of status. */
 static void finish(ttd_call *c, grpc_byte_buffer *message, ttd_status_t status) {
+  int index = c->method == &unknown_method ? (int)ttd_method_count : (int)(c->method - ttd_methods);
+  ttd_metrics_record(&c->core->metrics, index, ttd_status_code(status), now_ns() - c->started_ns);
+  atomic_fetch_sub_explicit(&c->core->metrics.in_flight, 1, memory_order_relaxed);
   grpc_op ops[4];
   size_t n = add_initial_metadata(c, ops);
   if (message) {
@@ -386,6 +396,8 @@ static void on_call_event(ttd_call *c, bool ok) {
         call_destroy(c);
         return;
       }
+      c->started_ns = now_ns();
+      atomic_fetch_add_explicit(&c->core->metrics.in_flight, 1, memory_order_relaxed);
       bool known = c->method != &unknown_method;
       ttd_status_t s = request_call(server, c->method, known ? server->registered[c->method - ttd_methods] : NULL);
       if (s) {

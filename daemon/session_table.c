@@ -98,3 +98,18 @@ size_t ttd_session_table_count(ttd_session_table *table) {
   pthread_mutex_unlock(&table->lock);
   return n;
 }
+
+void ttd_session_table_stats(ttd_session_table *table, uint64_t *out_sessions, uint64_t *out_tensors) {
+  uint64_t tensors = 0;
+  pthread_mutex_lock(&table->lock);
+  *out_sessions = table->sessions.count;
+  for (size_t i = 0; i < table->sessions.capacity; i++) {
+    ttd_session *s = table->sessions.values[i];
+    if (!table->sessions.keys[i]) continue;
+    pthread_mutex_lock(&s->lock);
+    tensors += s->tensors.count;
+    pthread_mutex_unlock(&s->lock);
+  }
+  pthread_mutex_unlock(&table->lock);
+  *out_tensors = tensors;
+}

@@ -35,4 +35,7 @@ size_t ttd_session_table_sweep(ttd_session_table *table, int64_t now_ms);
 
 size_t ttd_session_table_count(ttd_session_table *table);
 
+/* Open sessions and the tensors they hold, for metrics. */
+void ttd_session_table_stats(ttd_session_table *table, uint64_t *out_sessions, uint64_t *out_tensors);
+
 #endif

@@ -186,7 +186,8 @@ START_TEST(test_restart_detected) {
   pid_t pid = fork();
   if (pid == 0) {
     if (!freopen(proc.log_path, "a", stderr)) _exit(126);
-    execl(getenv("TTD_BIN") ? getenv("TTD_BIN") : "build/bin/ttd", "ttd", "--listen", proc.target, (char *)NULL);
+    execl(getenv("TTD_BIN") ? getenv("TTD_BIN") : "build/bin/ttd", "ttd", "--listen", proc.target, "--admin", "off",
+          (char *)NULL);
     _exit(127);
   }
   proc.pid = pid;

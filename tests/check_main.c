@@ -23,6 +23,7 @@ int main(void) {
   srunner_add_suite(sr, e2e_interop_suite());
   srunner_add_suite(sr, e2e_programs_suite());
   srunner_add_suite(sr, e2e_modules_suite());
+  srunner_add_suite(sr, e2e_metrics_suite());
   srunner_add_suite(sr, safetensors_suite());
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

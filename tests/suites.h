@@ -25,6 +25,7 @@ Suite *e2e_sessions_suite(void);
 Suite *e2e_interop_suite(void);
 Suite *e2e_programs_suite(void);
 Suite *e2e_modules_suite(void);
+Suite *e2e_metrics_suite(void);
 Suite *safetensors_suite(void);
 
 #endif

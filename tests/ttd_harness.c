@@ -43,6 +43,12 @@ void ttd_proc_start(ttd_proc *proc, const char *const *extra_args) {
   argv[n++] = proc->target;
   argv[n++] = "--log-level";
   argv[n++] = "debug";
+  int has_admin = 0;
+  for (int i = 0; extra_args && extra_args[i]; i++) has_admin |= strcmp(extra_args[i], "--admin") == 0;
+  if (!has_admin) { /* many daemons start during the tests: no fixed admin port unless asked */
+    argv[n++] = "--admin";
+    argv[n++] = "off";
+  }
   for (int i = 0; extra_args && extra_args[i] && n < 62; i++) argv[n++] = extra_args[i];
   argv[n] = NULL;
   pid_t pid = fork();

@@ -1,0 +1,36 @@
+/* Counters the daemon exports in Prometheus text format on its admin listener: RPCs by
+ * method and status code with latency histograms, bytes moved each way, calls in flight.
+ * Lock-free (atomics); thread-safe. Gauges (memory, sessions, tensors) are read live when
+ * rendering. */
+#ifndef TTD_METRICS_H
+#define TTD_METRICS_H
+
+#include <grpc/status.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TTD_METRICS_MAX_METHODS 32
+#define TTD_METRICS_CODES 17
+#define TTD_LATENCY_BUCKETS 13 /* 100 us .. 2.5 s, then +Inf */
+
+typedef struct ttd_method_metrics {
+  atomic_ullong by_code[TTD_METRICS_CODES];
+  atomic_ullong latency[TTD_LATENCY_BUCKETS + 1]; /* per bucket, not cumulative */
+  atomic_ullong latency_sum_ns;
+} ttd_method_metrics;
+
+typedef struct ttd_metrics {
+  ttd_method_metrics methods[TTD_METRICS_MAX_METHODS];
+  atomic_ullong bytes_to_device, bytes_to_host;
+  atomic_llong in_flight;
+} ttd_metrics;
+
+/* Upper bounds of the latency buckets, in seconds. */
+extern const double ttd_latency_bounds[TTD_LATENCY_BUCKETS];
+
+/* One finished RPC of method index m (the method table's index; the last slot counts
+ * unknown methods). */
+void ttd_metrics_record(ttd_metrics *metrics, int m, grpc_status_code code, int64_t duration_ns);
+
+#endif
