@@ -1,0 +1,202 @@
+/* The kernel suites' shared helpers; see kernel_testing.h. */
+#include "kernel_testing.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- fixture ---- */
+
+ttd_pool *kt_pool;
+static void **g_allocs;
+static size_t g_nallocs, g_cap;
+
+void *kt_alloc(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (!p) ck_abort_msg("out of memory");
+  if (g_nallocs == g_cap) {
+    size_t cap = g_cap ? 2 * g_cap : 64;
+    void **list = realloc(g_allocs, cap * sizeof(*list));
+    ck_assert_ptr_nonnull(list);
+    g_allocs = list;
+    g_cap = cap;
+  }
+  g_allocs[g_nallocs++] = p;
+  return p;
+}
+
+float *kt_fbuf(int64_t n) { return kt_alloc((size_t)n * sizeof(float)); }
+double *kt_dbuf(int64_t n) { return kt_alloc((size_t)n * sizeof(double)); }
+
+void kt_setup(void) {
+  kt_pool = ttd_pool_create(4);
+  ck_assert_ptr_nonnull(kt_pool);
+}
+
+void kt_teardown(void) {
+  ttd_pool_destroy(kt_pool);
+  kt_pool = NULL;
+  for (size_t i = 0; i < g_nallocs; i++) free(g_allocs[i]);
+  free(g_allocs);
+  g_allocs = NULL;
+  g_nallocs = g_cap = 0;
+}
+
+/* ---- random data ---- */
+
+uint64_t kt_next_random(uint64_t *state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static double uniform(uint64_t *st, double lo, double hi) {
+  return lo + (hi - lo) * (double)(kt_next_random(st) >> 11) * 0x1.0p-53;
+}
+
+float *kt_random_floats(uint64_t *st, int64_t n, double lo, double hi) {
+  float *x = kt_fbuf(n);
+  for (int64_t i = 0; i < n; i++) x[i] = (float)uniform(st, lo, hi);
+  return x;
+}
+
+float *kt_random_away_from_zero(uint64_t *st, int64_t n, double lo, double hi) {
+  float *x = kt_random_floats(st, n, lo, hi);
+  for (int64_t i = 0; i < n; i++)
+    if (kt_next_random(st) & 1) x[i] = -x[i];
+  return x;
+}
+
+double *kt_to_double(const float *x, int64_t n) {
+  double *d = kt_dbuf(n);
+  for (int64_t i = 0; i < n; i++) d[i] = (double)x[i];
+  return d;
+}
+
+/* uniform in [lo, hi) */
+static float rand_float(uint64_t *state, float lo, float hi) {
+  return lo + (hi - lo) * (float)((double)(kt_next_random(state) >> 11) * 0x1.0p-53);
+}
+
+float *kt_rand_buf(uint64_t *state, int64_t n, float lo, float hi) {
+  float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+  ck_assert_ptr_nonnull(x);
+  for (int64_t i = 0; i < n; i++) x[i] = rand_float(state, lo, hi);
+  return x;
+}
+
+float *kt_nan_buf(int64_t n) {
+  float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+  ck_assert_ptr_nonnull(x);
+  for (int64_t i = 0; i < n; i++) x[i] = NAN;
+  return x;
+}
+
+double *kt_dzeros(int64_t n) {
+  double *x = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
+  ck_assert_ptr_nonnull(x);
+  return x;
+}
+
+/* ---- shapes ---- */
+
+ttd_kshape kt_shp(int ndim, ...) {
+  ttd_kshape s;
+  memset(&s, 0, sizeof(s));
+  s.ndim = ndim;
+  va_list ap;
+  va_start(ap, ndim);
+  for (int i = 0; i < ndim; i++) s.d[i] = va_arg(ap, int);
+  va_end(ap);
+  return s;
+}
+
+int64_t kt_count(const ttd_kshape *s) {
+  int64_t n = 1;
+  for (int i = 0; i < s->ndim; i++) n *= s->d[i];
+  return n;
+}
+
+void kt_unravel(const ttd_kshape *s, int64_t flat, int64_t *idx) {
+  for (int i = s->ndim - 1; i >= 0; i--) {
+    idx[i] = flat % s->d[i];
+    flat /= s->d[i];
+  }
+}
+
+int64_t kt_bcast_offset(const ttd_kshape *s, int out_ndim, const int64_t *idx) {
+  int64_t off = 0;
+  for (int j = 0; j < s->ndim; j++) {
+    int64_t v = s->d[j] == 1 ? 0 : idx[j + out_ndim - s->ndim];
+    off = off * s->d[j] + v;
+  }
+  return off;
+}
+
+/* ---- comparison ---- */
+
+void kt_expect_close(const char *what, const float *got, const double *want, int64_t n, double rtol, double atol) {
+  for (int64_t i = 0; i < n; i++) {
+    double err = fabs((double)got[i] - want[i]);
+    KT_CHECK_EACH(err <= atol + rtol * fabs(want[i]), "%s[%lld]: got %.9g, want %.9g (err %.3g)", what, (long long)i,
+                  (double)got[i], want[i], err);
+  }
+}
+
+double kt_dot_tol(int64_t k) { return 1e-6 * (double)(k + 1); }
+
+/* ---- central differences of a double reference ---- */
+
+#define FD_STEP 1e-4
+
+static double dot(const double *a, const double *b, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+double *kt_fd_grad(kt_ref_fn f, const void *ctx, double **in, int which, int64_t nin, const double *dy, int64_t nout) {
+  double *out = kt_dbuf(nout), *g = kt_dbuf(nin);
+  for (int64_t i = 0; i < nin; i++) {
+    double v = in[which][i], h = FD_STEP * fmax(1.0, fabs(v));
+    double up = v + h, down = v - h;
+    in[which][i] = up;
+    f(ctx, in, out);
+    double lp = dot(dy, out, nout);
+    in[which][i] = down;
+    f(ctx, in, out);
+    double lm = dot(dy, out, nout);
+    in[which][i] = v;
+    g[i] = (lp - lm) / (up - down);
+  }
+  return g;
+}
+
+/* ---- central differences through the float forward ---- */
+
+/* sum(dy * f(x)) in double. */
+static double objective(void *ctx, kt_forward_fn f, float *y, const float *dy, int64_t ny) {
+  f(ctx, y);
+  double s = 0.0;
+  for (int64_t i = 0; i < ny; i++) s += (double)dy[i] * (double)y[i];
+  return s;
+}
+
+void kt_check_grad(const char *what, void *ctx, kt_forward_fn f, int64_t ny, const float *dy, float *param, int64_t np,
+                   const float *grad, float h) {
+  float *y = kt_nan_buf(ny);
+  for (int64_t i = 0; i < np; i++) {
+    float orig = param[i], up = orig + h, down = orig - h;
+    param[i] = up;
+    double fp = objective(ctx, f, y, dy, ny);
+    param[i] = down;
+    double fm = objective(ctx, f, y, dy, ny);
+    param[i] = orig;
+    double fd = (fp - fm) / ((double)up - (double)down);
+    KT_CHECK_EACH(fabs(fd - grad[i]) <= 1e-3 + 1e-2 * fabs(fd), "%s[%lld]: analytic %.7g, finite difference %.7g", what,
+                  (long long)i, (double)grad[i], fd);
+  }
+  free(y);
+}
