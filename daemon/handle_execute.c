@@ -50,15 +50,15 @@ ttd_status_t ttd_handle_execute(ttd_call *call, const ProtobufCMessage *request,
     resp->outputs[i] = ttd_tensor_info_to_proto(call, handle, &t->spec);
     if (!resp->outputs[i]) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   }
-  if (status && n_added) {
+  if (!status && req->keep_for_backward) {
+    status = ttd_session_run_add(call->session, run, &resp->run); /* the session owns it now, even on error */
+    run = NULL;
+  }
+  if (status && n_added) { /* a failed Execute leaves no outputs behind */
     uint64_t n, bytes;
     ttd_status_free(ttd_session_tensors_free(call->session, added, (size_t)n_added, &n, &bytes));
   }
   free(added);
-  if (!status && req->keep_for_backward) {
-    status = ttd_session_run_add(call->session, run, &resp->run); /* the session owns it now */
-    run = NULL;
-  }
   ttd_run_free(run);
   release_all(inputs, req->n_inputs);
   release_all(params, req->n_parameters);

@@ -14,15 +14,15 @@ static ttd_status_t grad_handle(ttd_session *session, ttd_tensor *param, uint64_
   uint64_t handle = param->grad_handle;
   ttd_tensor *grad = param->grad;
   pthread_mutex_unlock(&param->train_lock);
-  ttd_tensor *known = NULL;
-  if (handle && ttd_session_tensor_lookup(session, handle, &known) == TTD_OK) {
+  if (handle) {
+    ttd_tensor *known = NULL;
+    ttd_status_t looked = ttd_session_tensor_lookup(session, handle, &known);
     ttd_tensor_release(known);
-    if (known == grad) {
+    ttd_status_free(looked); /* NOT_FOUND: the user freed that handle, so a new one is issued */
+    if (!looked && known == grad) {
       *out_handle = handle;
       return TTD_OK;
     }
-  } else if (handle) {
-    ttd_status_free(ttd_session_handle_not_found(handle)); /* freed by the user: issue a new one */
   }
   TTD_RETURN_IF_ERROR(ttd_session_tensor_add(session, grad, out_handle));
   pthread_mutex_lock(&param->train_lock);

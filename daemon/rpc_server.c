@@ -531,9 +531,23 @@ ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int 
   return TTD_OK;
 }
 
+/* With no worker thread (start failed), the caller drains the queue until shutdown is done. */
+static void pump_until_shutdown(ttd_server *server) {
+  while (!server->shutdown_done) {
+    grpc_event ev = grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    if (ev.type != GRPC_OP_COMPLETE) break;
+    if (ev.tag == &server->shutdown_tag) server->shutdown_done = true;
+    else on_call_event(ev.tag, ev.success != 0);
+  }
+}
+
 void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
   if (!server) return;
   grpc_server_shutdown_and_notify(server->server, server->cq, &server->shutdown_tag);
+  if (server->thread_count == 0) {
+    grpc_server_cancel_all_calls(server->server);
+    pump_until_shutdown(server);
+  }
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
   until.tv_sec += drain_ms / 1000;
@@ -543,7 +557,7 @@ void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
     until.tv_nsec -= 1000000000;
   }
   pthread_mutex_lock(&server->lock);
-  while (!server->shutdown_done && server->thread_count > 0) {
+  while (!server->shutdown_done) {
     if (pthread_cond_timedwait(&server->shutdown_done_cond, &server->lock, &until) != 0) break;
   }
   bool drained = server->shutdown_done;
@@ -552,9 +566,7 @@ void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
     TTD_LOG(TTD_LOG_WARN, "event=drain-timeout drain_ms=%" PRId64 " action=cancel-in-flight-calls", drain_ms);
     grpc_server_cancel_all_calls(server->server);
     pthread_mutex_lock(&server->lock);
-    while (!server->shutdown_done && server->thread_count > 0) {
-      pthread_cond_wait(&server->shutdown_done_cond, &server->lock);
-    }
+    while (!server->shutdown_done) pthread_cond_wait(&server->shutdown_done_cond, &server->lock);
     pthread_mutex_unlock(&server->lock);
   }
   grpc_server_destroy(server->server);

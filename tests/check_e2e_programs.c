@@ -45,6 +45,22 @@ static void mlp(graph_builder *b) {
 }
 
 
+/* x [n, in] -> linear h -> act -> linear out = logits; loss = cross_entropy(logits, labels).
+ * Inputs x and int32 labels; parameters w1, b1, w2, b2. No outputs yet. */
+static void two_layer_graph(graph_builder *b, int64_t n, int64_t in, int64_t h, int64_t out, const char *act) {
+  gb_init(b);
+  gb_value(b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, n, in, 0, 0);
+  gb_value(b, 0, "labels", TTD__V1__DTYPE__DTYPE_INT32, 1, n, 0, 0, 0);
+  gb_value(b, 1, "w1", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, h, in, 0, 0);
+  gb_value(b, 1, "b1", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, h, 0, 0, 0);
+  gb_value(b, 1, "w2", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, out, h, 0, 0);
+  gb_value(b, 1, "b2", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, out, 0, 0, 0);
+  gb_node(b, "z", "linear", "x", "w1", "b1");
+  gb_node(b, "h", act, "z", NULL, NULL);
+  gb_node(b, "logits", "linear", "h", "w2", "b2");
+  gb_node(b, "loss", "cross_entropy", "logits", "labels", NULL);
+}
+
 static Ttd__V1__CompileResponse *compile(graph_builder *b, int want_code, const char *needle) {
   Ttd__V1__CompileRequest req = TTD__V1__COMPILE_REQUEST__INIT;
   req.graph = &b->graph;
@@ -250,17 +266,7 @@ START_TEST(test_execute_mlp_matches_reference) {
   fill(w2, OUT * H, 4);
   fill(b2, OUT, 5);
   graph_builder b;
-  gb_init(&b);
-  gb_value(&b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, N, IN, 0, 0);
-  gb_value(&b, 0, "labels", TTD__V1__DTYPE__DTYPE_INT32, 1, N, 0, 0, 0);
-  gb_value(&b, 1, "w1", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, H, IN, 0, 0);
-  gb_value(&b, 1, "b1", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, H, 0, 0, 0);
-  gb_value(&b, 1, "w2", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, OUT, H, 0, 0);
-  gb_value(&b, 1, "b2", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, OUT, 0, 0, 0);
-  gb_node(&b, "z", "linear", "x", "w1", "b1");
-  gb_node(&b, "h", "relu", "z", NULL, NULL);
-  gb_node(&b, "logits", "linear", "h", "w2", "b2");
-  gb_node(&b, "loss", "cross_entropy", "logits", "labels", NULL);
+  two_layer_graph(&b, N, IN, H, OUT, "relu");
   gb_output(&b, "logits");
   gb_output(&b, "loss");
   Ttd__V1__CompileResponse *c = compile(&b, 0, NULL);
@@ -379,17 +385,7 @@ static void tanh_mlp(trained *t) {
   for (int i = 0; i < 4; i++) fill(t->w[i], sizes[i], 20 + (unsigned)i);
   for (int i = 0; i < TN; i++) t->labels[i] = i % TOUT;
   graph_builder b;
-  gb_init(&b);
-  gb_value(&b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, TN, TIN, 0, 0);
-  gb_value(&b, 0, "labels", TTD__V1__DTYPE__DTYPE_INT32, 1, TN, 0, 0, 0);
-  gb_value(&b, 1, "w1", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, TH, TIN, 0, 0);
-  gb_value(&b, 1, "b1", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, TH, 0, 0, 0);
-  gb_value(&b, 1, "w2", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, TOUT, TH, 0, 0);
-  gb_value(&b, 1, "b2", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, TOUT, 0, 0, 0);
-  gb_node(&b, "z", "linear", "x", "w1", "b1");
-  gb_node(&b, "h", "tanh", "z", NULL, NULL);
-  gb_node(&b, "logits", "linear", "h", "w2", "b2");
-  gb_node(&b, "loss", "cross_entropy", "logits", "labels", NULL);
+  two_layer_graph(&b, TN, TIN, TH, TOUT, "tanh");
   gb_output(&b, "loss");
   t->program = compile(&b, 0, NULL);
   t->in[0] = upload(t->x, 1, 2, TN, TIN, "tt:0");
