@@ -4,7 +4,7 @@
 BUILD ?= build
 SAN ?= 0
 CC ?= gcc
-PKGS := grpc libprotobuf-c libevent zlib jansson
+PKGS := grpc libprotobuf-c libevent zlib jansson libcrypto libsystemd
 
 OPT := -O2
 ifeq ($(SAN),1)
@@ -15,9 +15,10 @@ endif
 CFLAGS := -std=gnu11 $(OPT) -g -fPIC -Wall -Wextra -Wno-unused-parameter -DNOMINMAX -MMD -MP \
   -I$(BUILD)/gen -Iclient/include $(shell pkg-config --cflags $(PKGS) check 2>/dev/null)
 LDFLAGS := $(SAN_LDFLAGS)
-GRPC_LIBS := $(shell pkg-config --libs grpc libprotobuf-c zlib jansson 2>/dev/null) -lpthread -lm
+GRPC_LIBS := $(shell pkg-config --libs grpc libprotobuf-c zlib jansson libcrypto 2>/dev/null) -lpthread -lm
 EVENT_LIBS := $(shell pkg-config --libs libevent 2>/dev/null)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+SYSTEMD_LIBS := $(shell pkg-config --libs libsystemd 2>/dev/null)
 
 PROTO := proto/ttd/v1/ttd.proto
 GEN_C := $(BUILD)/gen/ttd/v1/ttd.pb-c.c
@@ -29,7 +30,7 @@ DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/backends/*
 CLIENT_SRC := $(wildcard client/*.c)
 # The client compiles and runs graphs in process with the daemon's own code (one piece of
 # code per piece of logic): shape inference, the program compiler and executor, the sim card.
-SHARED_DAEMON_SRC := daemon/ops.c daemon/program.c daemon/program_run.c daemon/status.c daemon/tensor.c \
+SHARED_DAEMON_SRC := daemon/ops.c daemon/program.c daemon/program_run.c daemon/status.c daemon/tensor.c daemon/quota.c \
   daemon/backend_registry.c daemon/backends/sim/sim_backend.c daemon/backends/sim/sim_exec.c
 TEST_SRC := $(wildcard tests/*.c)
 
@@ -46,8 +47,8 @@ LIB_SO := $(BUILD)/lib/libttclient.so
 EXAMPLES := $(patsubst client/examples/%.c,$(BUILD)/bin/%,$(wildcard client/examples/*.c))
 CHECK := $(BUILD)/bin/check_ttd
 
-.PHONY: all deps test test-unit test-asan demo clean
-all: $(TTD) $(LIB_A) $(LIB_SO) $(EXAMPLES) $(CHECK) $(PY_GEN)
+.PHONY: all deps test test-unit test-asan demo clean install
+all: $(TTD) $(LIB_A) $(LIB_SO) $(EXAMPLES) $(CHECK) $(PY_GEN) $(BUILD)/bin/ttctl
 
 deps:
 	@scripts/install-deps.sh
@@ -72,7 +73,7 @@ $(BUILD)/obj/%.o: %.c $(GEN_H)
 $(TTD): $(DAEMON_OBJ) $(BUILD)/obj/daemon/main.o
 	@mkdir -p $(dir $@)
 	@echo "  LINK    $@"
-	@$(CC) $(LDFLAGS) $^ $(GRPC_LIBS) $(EVENT_LIBS) -o $@
+	@$(CC) $(LDFLAGS) $^ $(GRPC_LIBS) $(EVENT_LIBS) $(SYSTEMD_LIBS) -o $@
 
 $(LIB_A): $(CLIENT_OBJ)
 	@mkdir -p $(dir $@)
@@ -91,10 +92,18 @@ $(BUILD)/bin/%: client/examples/%.c client/examples/train_common.h $(LIB_A)
 	@echo "  LINK    $@"
 	@$(CC) $(filter-out -MMD -MP,$(CFLAGS)) $(LDFLAGS) $< $(LIB_A) $(GRPC_LIBS) -o $@
 
+# ttctl, the operator's tool: the public client API plus the daemon's token helpers.
+TTCTL_SRC := $(wildcard client/tools/*.c)
+TTCTL_DAEMON_OBJ := $(call obj,daemon/tokens.c daemon/random.c daemon/config.c daemon/status.c)
+$(BUILD)/bin/ttctl: $(TTCTL_SRC) $(wildcard client/tools/*.h) daemon/tokens.h daemon/config.h $(TTCTL_DAEMON_OBJ) $(LIB_A)
+	@mkdir -p $(dir $@)
+	@echo "  LINK    $@"
+	@$(CC) $(filter-out -MMD -MP,$(CFLAGS)) $(LDFLAGS) $(TTCTL_SRC) $(TTCTL_DAEMON_OBJ) $(LIB_A) $(GRPC_LIBS) -o $@
+
 $(CHECK): $(TEST_OBJ) $(DAEMON_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@echo "  LINK    $@"
-	@$(CC) $(LDFLAGS) $(TEST_OBJ) $(DAEMON_OBJ) $(LIB_A) $(CHECK_LIBS) $(GRPC_LIBS) $(EVENT_LIBS) -o $@
+	@$(CC) $(LDFLAGS) $(TEST_OBJ) $(DAEMON_OBJ) $(LIB_A) $(CHECK_LIBS) $(GRPC_LIBS) $(EVENT_LIBS) $(SYSTEMD_LIBS) -o $@
 
 # The suites find the daemon, the generated Python code and the tests folder through these.
 TEST_ENV = TTD_BIN=$(abspath $(BUILD))/bin/ttd TTD_PY_GEN=$(abspath $(BUILD))/py TTD_TESTS_DIR=$(abspath tests)
@@ -119,5 +128,25 @@ demo: deps
 
 clean:
 	rm -rf $(BUILD)
+
+# make install: PREFIX (default /usr/local) and DESTDIR as usual. The unit file goes to
+# /lib/systemd/system with ExecStart pointing into PREFIX; an existing /etc/ttd/ttd.conf is kept.
+PREFIX ?= /usr/local
+TTCLIENT_VERSION := 1.0.0
+INSTALL_GEN := $(BUILD)/install
+
+install: $(TTD) $(LIB_A) $(LIB_SO)
+	@mkdir -p $(INSTALL_GEN)
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(TTCLIENT_VERSION)|g' client/ttclient.pc.in > $(INSTALL_GEN)/ttclient.pc
+	sed -e 's|^ExecStart=/usr/local/bin/ttd|ExecStart=$(PREFIX)/bin/ttd|' scripts/ttd.service > $(INSTALL_GEN)/ttd.service
+	install -D -m 0755 $(TTD) $(DESTDIR)$(PREFIX)/bin/ttd
+	if [ -f $(BUILD)/bin/ttctl ]; then install -D -m 0755 $(BUILD)/bin/ttctl $(DESTDIR)$(PREFIX)/bin/ttctl; fi
+	install -D -m 0644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/libttclient.a
+	install -D -m 0755 $(LIB_SO).1 $(DESTDIR)$(PREFIX)/lib/libttclient.so.1
+	ln -sfn libttclient.so.1 $(DESTDIR)$(PREFIX)/lib/libttclient.so
+	install -D -m 0644 client/include/ttclient.h $(DESTDIR)$(PREFIX)/include/ttclient.h
+	install -D -m 0644 $(INSTALL_GEN)/ttclient.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/ttclient.pc
+	install -D -m 0644 $(INSTALL_GEN)/ttd.service $(DESTDIR)/lib/systemd/system/ttd.service
+	if [ ! -e $(DESTDIR)/etc/ttd/ttd.conf ]; then install -D -m 0644 scripts/ttd.conf $(DESTDIR)/etc/ttd/ttd.conf; fi
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

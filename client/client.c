@@ -18,6 +18,7 @@ static const char *const rpc_paths[TT_RPC_COUNT] = {
     "/ttd.v1.Device/Download",    "/ttd.v1.Device/Move",      "/ttd.v1.Device/Free",
     "/ttd.v1.Device/Compile",     "/ttd.v1.Device/Execute",   "/ttd.v1.Device/Backward",
     "/ttd.v1.Device/ReleaseRun",  "/ttd.v1.Device/ZeroGrad",  "/ttd.v1.Device/OptimizerStep",
+    "/ttd.v1.Device/ListSessions", "/ttd.v1.Device/KillSession",
 };
 
 const char *tt_status_name(tt_status status) {
@@ -48,6 +49,10 @@ const char *tt_last_error(const tt_client *client) { return client ? client->err
 uint64_t tt_session_id(const tt_client *client) { return client->session_id; }
 
 const char *tt_instance_id(const tt_client *client) { return client->instance_id; }
+
+uint64_t tt_session_quota(const tt_client *client) { return client->quota_bytes; }
+
+const char *tt_session_tenant(const tt_client *client) { return client->tenant; }
 
 void tt_connect_options_init(tt_connect_options *options) {
   memset(options, 0, sizeof(*options));
@@ -90,6 +95,7 @@ static tt_status open_session(tt_client *c, const tt_connect_options *options) {
   Ttd__V1__OpenSessionRequest req = TTD__V1__OPEN_SESSION_REQUEST__INIT;
   req.client_name = (char *)(options->client_name ? options->client_name : "");
   req.protocol_version = TT_PROTOCOL_VERSION;
+  req.quota_bytes = options->quota_bytes;
   ProtobufCMessage *out = NULL;
   tt_status st = tt_rpc_unary(c, TT_RPC_OPEN_SESSION, &req.base, &ttd__v1__open_session_response__descriptor, &out);
   if (st != TT_OK) {
@@ -106,8 +112,85 @@ static tt_status open_session(tt_client *c, const tt_connect_options *options) {
   snprintf(c->session_hex, sizeof(c->session_hex), "%016" PRIx64, resp->session_id);
   snprintf(c->instance_id, sizeof(c->instance_id), "%s", resp->instance_id);
   c->lease_ms = resp->lease_ms;
+  c->quota_bytes = resp->quota_bytes;
+  snprintf(c->tenant, sizeof(c->tenant), "%s", resp->tenant);
   protobuf_c_message_free_unpacked(out, NULL);
   return TT_OK;
+}
+
+/* Reads a whole PEM file into a new string; NULL with the failure recorded in c. */
+static char *read_pem(tt_client *c, const char *what, const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    tt_client_fail(c, TT_INVALID_ARGUMENT, "cannot open the TLS %s %s: %s", what, path, strerror(errno));
+    return NULL;
+  }
+  char *text = NULL;
+  size_t len = 0;
+  for (;;) {
+    char *grown = realloc(text, len + 65536 + 1);
+    if (!grown) break;
+    text = grown;
+    size_t n = fread(text + len, 1, 65536, f);
+    len += n;
+    if (n < 65536) break;
+  }
+  fclose(f);
+  if (!text || len == 0 || !strstr(text, "-----BEGIN")) {
+    free(text);
+    tt_client_fail(c, TT_INVALID_ARGUMENT, "the TLS %s %s is not a PEM file", what, path);
+    return NULL;
+  }
+  text[len] = '\0';
+  return text;
+}
+
+static const char *option_or_env(const char *value, const char *env) {
+  if (value && *value) return value;
+  const char *e = getenv(env);
+  return e && *e ? e : NULL;
+}
+
+/* Plain text for Unix sockets and insecure TCP; TLS (mutual when a client certificate is
+ * given) otherwise. May extend *args with the server-name override (free it if it moved). */
+static tt_status channel_credentials(tt_client *c, const tt_connect_options *options, grpc_channel_args *args,
+                                     grpc_channel_credentials **out) {
+  *out = NULL;
+  const char *insecure_env = getenv("TTD_INSECURE");
+  int insecure = options->insecure || (insecure_env && strcmp(insecure_env, "1") == 0);
+  if (strncmp(c->target, "unix:", 5) == 0 || strncmp(c->target, "unix-abstract:", 14) == 0 || insecure) {
+    *out = grpc_insecure_credentials_create();
+    return TT_OK;
+  }
+  const char *ca = option_or_env(options->tls_ca_file, "TTD_TLS_CA");
+  const char *cert = option_or_env(options->tls_cert_file, "TTD_TLS_CERT");
+  const char *key = option_or_env(options->tls_key_file, "TTD_TLS_KEY");
+  if (!cert != !key) {
+    return tt_client_fail(c, TT_INVALID_ARGUMENT, "mutual TLS needs both a client certificate and its key "
+                          "(tls_cert_file and tls_key_file, or TTD_TLS_CERT and TTD_TLS_KEY)");
+  }
+  char *ca_pem = ca ? read_pem(c, "CA bundle", ca) : NULL;
+  char *cert_pem = cert ? read_pem(c, "client certificate", cert) : NULL;
+  char *key_pem = key ? read_pem(c, "client key", key) : NULL;
+  tt_status st = (ca && !ca_pem) || (cert && !cert_pem) || (key && !key_pem) ? c->errcode : TT_OK;
+  if (st == TT_OK) {
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = key_pem, .cert_chain = cert_pem};
+    *out = grpc_ssl_credentials_create(ca_pem, cert_pem ? &pair : NULL, NULL, NULL);
+    if (!*out) st = tt_client_fail(c, TT_INVALID_ARGUMENT, "TLS credentials could not be made from the given files");
+  }
+  free(ca_pem);
+  free(cert_pem);
+  free(key_pem);
+  if (st == TT_OK && options->tls_server_name) {
+    grpc_arg *grown = malloc((args->num_args + 1) * sizeof(*grown));
+    if (!grown) return tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of memory");
+    memcpy(grown, args->args, args->num_args * sizeof(*grown));
+    grown[args->num_args] = (grpc_arg){.type = GRPC_ARG_STRING, .key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG,
+                                       .value.string = (char *)options->tls_server_name};
+    args->args = grown;
+    args->num_args++;
+  }
+  return st;
 }
 
 tt_status tt_connect(const char *target, const tt_connect_options *options, tt_client **out_client) {
@@ -146,14 +229,25 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = 100},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 2000},
   };
+  const char *token = options->token ? options->token : getenv("TTD_TOKEN");
+  if (token && *token) {
+    if (strlen(token) + 8 > sizeof(c->authorization) || strpbrk(token, "\r\n")) {
+      return tt_client_fail(c, TT_INVALID_ARGUMENT, "the token is longer than %zu bytes or holds a line break",
+                            sizeof(c->authorization) - 8);
+    }
+    snprintf(c->authorization, sizeof(c->authorization), "Bearer %s", token);
+  }
   grpc_channel_args channel_args = {sizeof(args) / sizeof(args[0]), args};
-  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  grpc_channel_credentials *creds = NULL;
+  tt_status st = channel_credentials(c, options, &channel_args, &creds);
+  if (st != TT_OK) return st;
   c->channel = grpc_channel_create(c->target, creds, &channel_args);
   grpc_channel_credentials_release(creds);
+  free(channel_args.args != args ? channel_args.args : NULL);
   if (!c->channel) return tt_client_fail(c, TT_INVALID_ARGUMENT, "cannot create a channel to '%s'", c->target);
   for (int i = 0; i < TT_RPC_COUNT; i++) c->registered[i] = grpc_channel_register_call(c->channel, rpc_paths[i], NULL, NULL);
 
-  tt_status st = open_session(c, options);
+  st = open_session(c, options);
   if (st != TT_OK) return st;
   if (!options->disable_keepalive) {
     c->keepalive_running = pthread_create(&c->keepalive_thread, NULL, keepalive_main, c) == 0;

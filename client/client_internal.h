@@ -31,6 +31,8 @@ typedef enum tt_rpc_method {
   TT_RPC_RELEASE_RUN,
   TT_RPC_ZERO_GRAD,
   TT_RPC_OPTIMIZER_STEP,
+  TT_RPC_LIST_SESSIONS,
+  TT_RPC_KILL_SESSION,
   TT_RPC_COUNT
 } tt_rpc_method;
 
@@ -43,6 +45,9 @@ struct tt_client {
   char session_hex[17];  /* "" until a session is open */
   uint64_t session_id;
   char instance_id[40];
+  char tenant[64];
+  uint64_t quota_bytes;
+  char authorization[512]; /* "Bearer TOKEN", or "" */
   uint32_t lease_ms;
   int64_t call_timeout_ms;
 

@@ -281,7 +281,7 @@ static ttd_tensor *to_local(const tt_tensor *t) {
   memcpy(spec.shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
   ttd_tensor *out = NULL;
   ttd_status_t s = ttd_tensor_spec_finish(&spec);
-  if (!s) s = ttd_tensor_create(local_card, &spec, &out);
+  if (!s) s = ttd_tensor_create(local_card, NULL, &spec, &out);
   if (!s) s = local_card->vtable->buffer_write(local_card, out->buffer, 0, t->data, t->nbytes);
   if (s) {
     ttd_tensor_release(out);
@@ -326,7 +326,7 @@ tt_status tt_module_backward_local(tt_module *m, tt_run_ref *ref) {
     if (!ref->output_grads[o]) continue;
     const ttd_tensor *out = run->values[p->outputs[o]];
     ttd_tensor_spec spec = out->spec;
-    ttd_status_t s = ttd_tensor_create(local_card, &spec, &out_grads[o]);
+    ttd_status_t s = ttd_tensor_create(local_card, NULL, &spec, &out_grads[o]);
     if (!s) s = local_card->vtable->buffer_write(local_card, out_grads[o]->buffer, 0, ref->output_grads[o], spec.nbytes);
     if (s) st = tt_client_fail(m->client, (tt_status)ttd_status_code(s), "%s", ttd_status_message(s));
     ttd_status_free(s);
@@ -378,7 +378,7 @@ static tt_status forward_cpu(tt_module *m, tt_tensor *const *inputs, int n_input
   }
   ttd_run *run = NULL;
   if (st == TT_OK) {
-    ttd_status_t s = ttd_run_forward(local_card, m->local, local, n_inputs, local + n_inputs, m->n_params, &run);
+    ttd_status_t s = ttd_run_forward(local_card, NULL, m->local, local, n_inputs, local + n_inputs, m->n_params, &run);
     if (s) st = tt_client_fail(m->client, (tt_status)ttd_status_code(s), "%s", ttd_status_message(s));
     ttd_status_free(s);
   }

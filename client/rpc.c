@@ -12,7 +12,7 @@ typedef struct rpc {
   tt_client *client;
   grpc_completion_queue *cq;
   grpc_call *call;
-  grpc_metadata md[2];
+  grpc_metadata md[3];
   size_t md_count;
   grpc_metadata_array initial_md, trailing_md;
   grpc_status_code status;
@@ -39,6 +39,11 @@ static void rpc_start(rpc *r, tt_client *client, tt_rpc_method method, int64_t t
     r->md[1].key = grpc_slice_from_static_string("ttd-instance");
     r->md[1].value = grpc_slice_from_static_string(client->instance_id);
     r->md_count = 2;
+  }
+  if (client->authorization[0]) {
+    r->md[r->md_count].key = grpc_slice_from_static_string("authorization");
+    r->md[r->md_count].value = grpc_slice_from_static_string(client->authorization);
+    r->md_count++;
   }
   grpc_metadata_array_init(&r->initial_md);
   grpc_metadata_array_init(&r->trailing_md);

@@ -77,6 +77,11 @@ char *ttd_admin_render_metrics(ttd_core *core) {
   put(&t, "# HELP ttd_tensors Tensors held by open sessions.\n# TYPE ttd_tensors gauge\nttd_tensors %llu\n",
       (unsigned long long)tensors);
   const ttd_metrics *mt = &core->metrics;
+  put(&t, "# HELP ttd_device_queue_depth Programs waiting for their turn on each device (the running one not counted).\n"
+          "# TYPE ttd_device_queue_depth gauge\n");
+  for (int d = 0; d < devices; d++) {
+    put(&t, "ttd_device_queue_depth{device=\"tt:%d\"} %zu\n", d, ttd_scheduler_queued(core->scheduler, d));
+  }
   put(&t, "# HELP ttd_rpc_in_flight RPCs arrived and not yet answered (the queue depth).\n"
           "# TYPE ttd_rpc_in_flight gauge\nttd_rpc_in_flight %lld\n",
       (long long)atomic_load(&mt->in_flight));

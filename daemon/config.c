@@ -9,7 +9,7 @@
 #include <string.h>
 
 
-typedef enum option_type { OPT_INT, OPT_SIZE, OPT_DURATION, OPT_STRING, OPT_STRING_LIST } option_type;
+typedef enum option_type { OPT_INT, OPT_SIZE, OPT_DURATION, OPT_STRING, OPT_STRING_LIST, OPT_BOOL } option_type;
 
 typedef struct option {
   const char *name;
@@ -37,6 +37,18 @@ static const option options[] = {
      "on SIGTERM, how long in-flight calls may run before they are cancelled"},
     {"log-level", OPT_STRING, FIELD(log_level), 0, 0, "info", "debug, info, warn or error"},
     {"admin", OPT_STRING, FIELD(admin), 0, 0, "127.0.0.1:9464", "admin HTTP (/healthz, /readyz, /metrics) on host:port, or off"},
+    {"quota", OPT_SIZE, FIELD(quota), 0, INT64_MAX, "0",
+     "device memory one session may hold, unless its tenant's limit or OpenSession asks for less (0: no quota)"},
+    {"tokens", OPT_STRING, FIELD(tokens_file), 0, 0, NULL,
+     "tenants and their hashed tokens, one per line: NAME sha256:HEX [admin] [quota=SIZE] (ttctl token new); "
+     "without it every client is the admin tenant 'local'"},
+    {"tls-cert", OPT_STRING, FIELD(tls_cert), 0, 0, NULL, "PEM certificate chain served on TCP listeners"},
+    {"tls-key", OPT_STRING, FIELD(tls_key), 0, 0, NULL, "PEM private key of --tls-cert"},
+    {"tls-client-ca", OPT_STRING, FIELD(tls_client_ca), 0, 0, NULL,
+     "PEM CA bundle: TCP clients must present a certificate it signed (mutual TLS)"},
+    {"insecure", OPT_BOOL, FIELD(insecure), 0, 1, "false", "allow plain-text TCP listeners (no TLS); never on an untrusted network"},
+    {"socket-group", OPT_STRING, FIELD(socket_group), 0, 0, NULL,
+     "group owning the Unix sockets (mode 0660); default: the daemon's group"},
     {"config", OPT_STRING, FIELD(config_file), 0, 0, NULL, "read options from FILE (flags win)"},
 };
 
@@ -123,6 +135,12 @@ static ttd_status_t set_option(ttd_config *config, const option *opt, const char
                                opt->name, (long long)opt->min, (long long)opt->max / 1000, value);
       }
       *(int64_t *)field = v;
+      return TTD_OK;
+    }
+    case OPT_BOOL: {
+      if (strcmp(value, "true") == 0 || strcmp(value, "yes") == 0 || strcmp(value, "1") == 0) *(bool *)field = true;
+      else if (strcmp(value, "false") == 0 || strcmp(value, "no") == 0 || strcmp(value, "0") == 0) *(bool *)field = false;
+      else return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--%s must be true or false, got '%s'", opt->name, value);
       return TTD_OK;
     }
     case OPT_STRING: {
@@ -213,9 +231,10 @@ ttd_status_t ttd_config_apply_text(ttd_config *config, const char *text, const c
   return status;
 }
 
-static ttd_status_t load_file(ttd_config *config, const char *path) {
+ttd_status_t ttd_read_text_file(const char *path, const char *what, char **out_text) {
+  *out_text = NULL;
   FILE *f = fopen(path, "rb");
-  if (!f) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot open config file %s: %s", path, strerror(errno));
+  if (!f) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot open %s %s: %s", what, path, strerror(errno));
   char *text = NULL;
   size_t len = 0, cap = 0;
   char buf[4096];
@@ -227,7 +246,7 @@ static ttd_status_t load_file(ttd_config *config, const char *path) {
       if (!grown) {
         free(text);
         fclose(f);
-        return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory reading %s", path);
+        return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory reading %s %s", what, path);
       }
       text = grown;
     }
@@ -238,14 +257,23 @@ static ttd_status_t load_file(ttd_config *config, const char *path) {
   fclose(f);
   if (read_error) {
     free(text);
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot read config file %s (is it a directory?)", path);
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot read %s %s (is it a directory?)", what, path);
   }
   if (memchr(text ? text : "", '\0', len)) {
     free(text);
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "config file %s contains a NUL byte", path);
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "%s %s contains a NUL byte", what, path);
   }
-  if (text) text[len] = '\0';
-  ttd_status_t status = ttd_config_apply_text(config, text ? text : "", path);
+  if (!text) text = calloc(1, 1);
+  else text[len] = '\0';
+  if (!text) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory reading %s %s", what, path);
+  *out_text = text;
+  return TTD_OK;
+}
+
+static ttd_status_t load_file(ttd_config *config, const char *path) {
+  char *text;
+  TTD_RETURN_IF_ERROR(ttd_read_text_file(path, "config file", &text));
+  ttd_status_t status = ttd_config_apply_text(config, text, path);
   free(text);
   return status;
 }
@@ -263,6 +291,8 @@ static ttd_status_t flag_at(int argc, char **argv, int *i, const option **out_op
   if (!opt) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "unknown option '%s'; see ttd --help", arg);
   if (eq) {
     *out_value = eq + 1;
+  } else if (opt->type == OPT_BOOL) {
+    *out_value = "true";
   } else if (*i + 1 < argc) {
     *out_value = argv[++*i];
   } else {

@@ -7,6 +7,7 @@
 #ifndef TTD_CONFIG_H
 #define TTD_CONFIG_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -27,6 +28,11 @@ typedef struct ttd_config {
   int64_t drain_timeout_ms;
   char *log_level;
   char *admin;        /* admin HTTP "host:port", or "off" */
+  uint64_t quota;     /* default per-session device memory quota; 0 = none */
+  char *tokens_file;  /* NULL: no tokens, every client is the admin tenant "local" */
+  char *tls_cert, *tls_key, *tls_client_ca;
+  bool insecure;      /* plain TCP allowed */
+  char *socket_group;
   char *config_file;
 } ttd_config;
 
@@ -48,6 +54,10 @@ void ttd_config_usage(FILE *out);
 
 /* Frees strings held by config. */
 void ttd_config_clear(ttd_config *config);
+
+/* Reads a whole text file into a new NUL-terminated string (free it). INVALID_ARGUMENT
+ * naming `what` and the path when it cannot be opened or holds a NUL byte. */
+ttd_status_t ttd_read_text_file(const char *path, const char *what, char **out_text);
 
 /* Parses "12G", "108M", "4096" into bytes; -1 on a malformed value or overflow. */
 int ttd_config_parse_size(const char *text, uint64_t *out_bytes);

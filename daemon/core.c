@@ -17,12 +17,26 @@ int64_t ttd_now_ms(void) {
 
 ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
   *out_core = NULL;
+  ttd_tokens *tokens = NULL;
+  if (config->tokens_file) TTD_RETURN_IF_ERROR(ttd_tokens_load(config->tokens_file, &tokens));
   ttd_core *core = calloc(1, sizeof(*core));
-  if (!core) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  if (!core) {
+    ttd_tokens_release(tokens);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  }
   ttd_backend_options options = {
       .devices = config->devices, .dram_bytes = config->dram, .l1_bytes = config->l1, .cores = config->cores};
   ttd_status_t status = ttd_backend_create(config->backend, &options, &core->backend);
   if (status) {
+    ttd_tokens_release(tokens);
+    free(core);
+    return status;
+  }
+  ttd_auth_init(&core->auth, tokens, config->quota);
+  status = ttd_scheduler_create(core->backend->vtable->device_count(core->backend), &core->scheduler);
+  if (status) {
+    ttd_auth_destroy(&core->auth);
+    ttd_backend_destroy(core->backend);
     free(core);
     return status;
   }
@@ -36,10 +50,30 @@ ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
 
 void ttd_core_destroy(ttd_core *core) {
   if (!core) return;
+  ttd_scheduler_destroy(core->scheduler); /* runs what is queued; no new work arrives by now */
   ttd_session_table_destroy(&core->sessions);
   ttd_program_cache_destroy(&core->programs);
   ttd_backend_destroy(core->backend);
+  ttd_auth_destroy(&core->auth);
   free(core);
+}
+
+ttd_status_t ttd_core_reload(ttd_core *core, const ttd_config *fresh) {
+  ttd_tokens *tokens = NULL;
+  if (fresh->tokens_file) TTD_RETURN_IF_ERROR(ttd_tokens_load(fresh->tokens_file, &tokens));
+  ttd_auth_replace(&core->auth, tokens, fresh->quota);
+  ttd_session **sessions;
+  size_t n;
+  TTD_RETURN_IF_ERROR(ttd_session_table_snapshot(&core->sessions, &sessions, &n));
+  for (size_t i = 0; i < n; i++) {
+    uint64_t cap = 0;
+    ttd_status_t s = ttd_auth_session_quota(&core->auth, sessions[i]->tenant, 0, &cap);
+    ttd_status_free(s);
+    uint64_t asked = sessions[i]->quota_asked;
+    ttd_quota_set_limit(sessions[i]->quota, asked && (cap == 0 || asked < cap) ? asked : cap);
+  }
+  ttd_session_table_snapshot_free(sessions, n);
+  return TTD_OK;
 }
 
 ttd_status_t ttd_core_parse_device(const ttd_core *core, const char *name, int *out_device) {

@@ -6,10 +6,12 @@
 
 #include <stdint.h>
 
+#include "auth.h"
 #include "backend.h"
 #include "config.h"
 #include "metrics.h"
 #include "program_cache.h"
+#include "scheduler.h"
 #include "session_table.h"
 
 typedef struct ttd_core {
@@ -18,12 +20,19 @@ typedef struct ttd_core {
   ttd_session_table sessions;
   ttd_program_cache programs;
   ttd_metrics metrics;
+  ttd_auth auth;
+  ttd_scheduler *scheduler; /* device work, round-robin between sessions */
   char instance_id[17]; /* 16 hex digits, new at every start */
 } ttd_core;
 
 /* Creates the backend named by config and an empty session table. config must outlive the
  * core. The caller owns *out_core. */
 ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core);
+
+/* Applies what a SIGHUP reload may change, read afresh into fresh: the tokens file and
+ * the default quota. Every open session's quota is recomputed (tensors already held stay;
+ * a lowered quota refuses new allocations). On error nothing changes. */
+ttd_status_t ttd_core_reload(ttd_core *core, const ttd_config *fresh);
 
 /* Closes every session (freeing their tensors), then destroys the backend. NULL ok. */
 void ttd_core_destroy(ttd_core *core);

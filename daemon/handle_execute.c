@@ -19,6 +19,12 @@ static void release_all(ttd_tensor **tensors, size_t n) {
   free(tensors);
 }
 
+int ttd_device_of_execute(ttd_call *call, const ProtobufCMessage *request) {
+  const Ttd__V1__ExecuteRequest *req = (const Ttd__V1__ExecuteRequest *)request;
+  int device = ttd_session_device_of(call->session, req->parameters, req->n_parameters);
+  return device >= 0 ? device : ttd_session_device_of(call->session, req->inputs, req->n_inputs);
+}
+
 ttd_status_t ttd_handle_execute(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
   const Ttd__V1__ExecuteRequest *req = (const Ttd__V1__ExecuteRequest *)request;
   Ttd__V1__ExecuteResponse *resp = ttd_call_alloc(call, sizeof(*resp));
@@ -31,7 +37,7 @@ ttd_status_t ttd_handle_execute(ttd_call *call, const ProtobufCMessage *request,
   ttd_status_t status = lookup_all(call->session, req->inputs, req->n_inputs, &inputs);
   if (!status) status = lookup_all(call->session, req->parameters, req->n_parameters, &params);
   if (!status) {
-    status = ttd_run_forward(call->core->backend, program, inputs, (int)req->n_inputs, params, (int)req->n_parameters, &run);
+    status = ttd_run_forward(call->core->backend, call->session->quota, program, inputs, (int)req->n_inputs, params, (int)req->n_parameters, &run);
   }
   if (!status) {
     resp->n_outputs = (size_t)program->n_outputs;

@@ -1,4 +1,5 @@
 /* OpenSession, KeepAlive, CloseSession. */
+#include <grpc/support/alloc.h>
 #include <inttypes.h>
 
 #include "handlers.h"
@@ -13,8 +14,18 @@ ttd_status_t ttd_handle_open_session(ttd_call *call, const ProtobufCMessage *req
                            "use a client library built from the daemon's proto/",
                            req->protocol_version, TTD_PROTOCOL_VERSION);
   }
+  uint64_t quota = 0;
+  TTD_RETURN_IF_ERROR(ttd_auth_session_quota(&call->core->auth, call->principal.tenant, req->quota_bytes, &quota));
+  char *peer = grpc_call_get_peer(call->call);
+  ttd_session_params params = {.client_name = req->client_name,
+                               .tenant = call->principal.tenant,
+                               .peer = peer,
+                               .quota_asked = req->quota_bytes,
+                               .quota = quota};
   ttd_session *session = NULL;
-  TTD_RETURN_IF_ERROR(ttd_session_table_open(&call->core->sessions, req->client_name, ttd_now_ms(), &session));
+  ttd_status_t status = ttd_session_table_open(&call->core->sessions, &params, ttd_now_ms(), &session);
+  gpr_free(peer);
+  TTD_RETURN_IF_ERROR(status);
   Ttd__V1__OpenSessionResponse *resp = ttd_call_alloc(call, sizeof(*resp));
   if (!resp) {
     ttd_session_table_close(&call->core->sessions, session, NULL, NULL);
@@ -26,7 +37,10 @@ ttd_status_t ttd_handle_open_session(ttd_call *call, const ProtobufCMessage *req
   resp->lease_ms = (uint32_t)call->core->config->lease_ms;
   resp->instance_id = call->core->instance_id;
   resp->protocol_version = TTD_PROTOCOL_VERSION;
-  TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=open client=\"%s\"", session->id, session->client_name);
+  resp->quota_bytes = quota;
+  resp->tenant = ttd_call_strdup(call, session->tenant);
+  TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=open tenant=%s client=\"%s\" peer=%s quota=%" PRIu64, session->id,
+          session->tenant, session->client_name, session->peer, quota);
   ttd_session_release(session);
   *out_response = &resp->base;
   return TTD_OK;

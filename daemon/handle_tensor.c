@@ -12,7 +12,7 @@ ttd_status_t ttd_handle_allocate(ttd_call *call, const ProtobufCMessage *request
   ttd__v1__allocate_response__init(resp);
   ttd_tensor *tensor = NULL;
   uint64_t handle = 0;
-  TTD_RETURN_IF_ERROR(ttd_tensor_create_zeroed(call->core->backend, &spec, &tensor));
+  TTD_RETURN_IF_ERROR(ttd_tensor_create_zeroed(call->core->backend, call->session->quota, &spec, &tensor));
   ttd_status_t status = ttd_session_tensor_add(call->session, tensor, &handle);
   ttd_tensor_release(tensor);
   if (status) return status;
@@ -35,7 +35,7 @@ ttd_status_t ttd_handle_move(ttd_call *call, const ProtobufCMessage *request, Pr
   if (!status) status = ttd_memloc_from_proto(req->location, &spec.location);
   ttd_tensor *dst = NULL;
   uint64_t handle = 0;
-  if (!status) status = ttd_tensor_create(call->core->backend, &spec, &dst);
+  if (!status) status = ttd_tensor_create(call->core->backend, call->session->quota, &spec, &dst);
   if (!status) status = call->core->backend->vtable->buffer_copy(call->core->backend, src->buffer, dst->buffer);
   if (!status) status = ttd_session_tensor_add(call->session, dst, &handle);
   ttd_tensor_release(dst);

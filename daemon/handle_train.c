@@ -39,6 +39,22 @@ static ttd_status_t lookup_grads(ttd_session *session, const uint64_t *handles, 
   return TTD_OK;
 }
 
+int ttd_device_of_backward(ttd_call *call, const ProtobufCMessage *request) {
+  const Ttd__V1__BackwardRequest *req = (const Ttd__V1__BackwardRequest *)request;
+  return ttd_session_device_of(call->session, req->output_grads, req->n_output_grads);
+}
+
+/* ZeroGrad and OptimizerStep: where the first parameter lives. Their requests share the
+ * layout of field 1 (repeated fixed64 parameters). */
+int ttd_device_of_parameters(ttd_call *call, const ProtobufCMessage *request) {
+  if (request->descriptor == &ttd__v1__zero_grad_request__descriptor) {
+    const Ttd__V1__ZeroGradRequest *req = (const Ttd__V1__ZeroGradRequest *)request;
+    return ttd_session_device_of(call->session, req->parameters, req->n_parameters);
+  }
+  const Ttd__V1__OptimizerStepRequest *req = (const Ttd__V1__OptimizerStepRequest *)request;
+  return ttd_session_device_of(call->session, req->parameters, req->n_parameters);
+}
+
 ttd_status_t ttd_handle_backward(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
   const Ttd__V1__BackwardRequest *req = (const Ttd__V1__BackwardRequest *)request;
   Ttd__V1__BackwardResponse *resp = ttd_call_alloc(call, sizeof(*resp));
@@ -146,7 +162,7 @@ static ttd_status_t zeroed_like(ttd_backend *backend, const ttd_tensor *t, ttd_t
   ttd_tensor_spec spec = t->spec;
   spec.dtype = TTD_DTYPE_FLOAT32;
   TTD_RETURN_IF_ERROR(ttd_tensor_spec_finish(&spec));
-  return ttd_tensor_create_zeroed(backend, &spec, out);
+  return ttd_tensor_create_zeroed(backend, t->quota, &spec, out); /* charged like the parameter */
 }
 
 /* One parameter's step: its state is made on first use and lives with the parameter. */

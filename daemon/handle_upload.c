@@ -40,7 +40,7 @@ static ttd_status_t begin(ttd_call *call, const Ttd__V1__UploadHeader *header, u
     tensor_dtype = spec.dtype;
     st->source_dtype = header->source_dtype ? (ttd_dtype)header->source_dtype : tensor_dtype;
     if (!ttd_dtype_convertible(st->source_dtype, tensor_dtype)) goto not_convertible;
-    TTD_RETURN_IF_ERROR(ttd_tensor_create(call->core->backend, &spec, &st->tensor));
+    TTD_RETURN_IF_ERROR(ttd_tensor_create(call->core->backend, call->session->quota, &spec, &st->tensor));
     st->is_new = true;
   } else if (header->target_case == TTD__V1__UPLOAD_HEADER__TARGET_HANDLE) {
     TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, header->handle, &st->tensor));

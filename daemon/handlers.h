@@ -26,6 +26,13 @@ ttd_status_t ttd_handle_backward(ttd_call *call, const ProtobufCMessage *request
 ttd_status_t ttd_handle_release_run(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 ttd_status_t ttd_handle_zero_grad(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 ttd_status_t ttd_handle_optimizer_step(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_handle_list_sessions(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_handle_kill_session(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+/* The device a call of Execute, Backward, ZeroGrad or OptimizerStep works on (rpc_method.h). */
+int ttd_device_of_execute(ttd_call *call, const ProtobufCMessage *request);
+int ttd_device_of_backward(ttd_call *call, const ProtobufCMessage *request);
+int ttd_device_of_parameters(ttd_call *call, const ProtobufCMessage *request);
+
 ttd_status_t ttd_handle_free(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 
 ttd_status_t ttd_upload_message(ttd_call *call, const ProtobufCMessage *message);

@@ -20,10 +20,13 @@
 #include "admin_http.h"
 #include "log.h"
 #include "rpc_server.h"
+#include "service_notify.h"
 
 typedef struct loop_state {
   struct event_base *base;
   ttd_core *core;
+  int argc;
+  char **argv;
   int stop_signal;
 } loop_state;
 
@@ -32,6 +35,29 @@ static void on_stop_signal(evutil_socket_t sig, short what, void *arg) {
   loop_state *st = arg;
   st->stop_signal = (int)sig;
   event_base_loopbreak(st->base);
+}
+
+/* SIGHUP: reads the flags and the config file again and applies what can change while
+ * serving (tokens and quotas); sessions stay. A broken file keeps the running settings. */
+static void on_reload(evutil_socket_t sig, short what, void *arg) {
+  (void)sig;
+  (void)what;
+  loop_state *st = arg;
+  ttd_config fresh;
+  ttd_config_defaults(&fresh);
+  int help = 0;
+  ttd_status_t status = ttd_config_load(&fresh, st->argc, st->argv, &help);
+  if (!status) status = ttd_core_reload(st->core, &fresh);
+  if (status) {
+    TTD_LOG(TTD_LOG_ERROR, "event=reload-failed action=kept-previous-settings message=\"%s\"", ttd_status_message(status));
+    ttd_notify_status("reload failed, previous settings kept: %s", ttd_status_message(status));
+  } else {
+    TTD_LOG(TTD_LOG_INFO, "event=reloaded tokens=%s quota=%llu", fresh.tokens_file ? fresh.tokens_file : "none",
+            (unsigned long long)fresh.quota);
+    ttd_notify_status("reloaded tokens and quotas");
+  }
+  ttd_status_free(status);
+  ttd_config_clear(&fresh);
 }
 
 static void on_sweep(evutil_socket_t fd, short what, void *arg) {
@@ -131,7 +157,7 @@ int main(int argc, char **argv) {
           core->instance_id, config.backend, config.devices, (unsigned long long)config.dram,
           (unsigned long long)config.l1, (long long)config.lease_ms, config.threads);
 
-  loop_state st = {.base = event_base_new(), .core = core};
+  loop_state st = {.base = event_base_new(), .core = core, .argc = argc, .argv = argv};
   ttd_admin *admin = NULL;
   if (strcmp(config.admin, "off") != 0) {
     status = ttd_admin_start(st.base, core, config.admin, &admin);
@@ -148,22 +174,35 @@ int main(int argc, char **argv) {
   ttd_admin_set_ready(admin, true);
   struct event *sigterm = evsignal_new(st.base, SIGTERM, on_stop_signal, &st);
   struct event *sigint = evsignal_new(st.base, SIGINT, on_stop_signal, &st);
+  struct event *sighup = evsignal_new(st.base, SIGHUP, on_reload, &st);
   struct event *sweep = event_new(st.base, -1, EV_PERSIST, on_sweep, &st);
   int64_t sweep_ms = config.lease_ms / 4 < 1000 ? config.lease_ms / 4 : 1000;
   struct timeval every = {.tv_sec = sweep_ms / 1000, .tv_usec = (sweep_ms % 1000) * 1000};
   evsignal_add(sigterm, NULL);
   evsignal_add(sigint, NULL);
+  evsignal_add(sighup, NULL);
   event_add(sweep, &every);
+  /* READY=1 once every listener serves and every signal handler is in place. */
+  char serving[1024] = "";
+  for (int i = 0; i < config.listen_count; i++) {
+    size_t used = strlen(serving);
+    snprintf(serving + used, sizeof(serving) - used, "%s%s", i ? ", " : "", config.listen[i]);
+  }
+  ttd_notify_ready("serving %d device%s on %s", config.devices, config.devices == 1 ? "" : "s", serving);
+  ttd_notify_watchdog_timer *watchdog = ttd_notify_watchdog_timer_create(st.base);
   event_base_dispatch(st.base);
 
   TTD_LOG(TTD_LOG_INFO, "event=stopping signal=%d drain_ms=%lld", st.stop_signal, (long long)config.drain_timeout_ms);
+  ttd_notify_stopping("draining");
   ttd_admin_set_ready(admin, false);
   ttd_admin_stop(admin);
   ttd_server_stop(server, config.drain_timeout_ms);
   TTD_LOG(TTD_LOG_DEBUG, "event=server-stopped");
   ttd_core_destroy(core);
+  ttd_notify_watchdog_timer_free(watchdog);
   event_free(sweep);
   event_free(sigint);
+  event_free(sighup);
   event_free(sigterm);
   event_base_free(st.base);
   /* No grpc_shutdown() here: every gRPC object of ours is destroyed by now, and in gRPC

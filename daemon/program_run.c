@@ -20,23 +20,24 @@ static ttd_status_t check_operand(const ttd_program_value *want, const ttd_tenso
   return TTD_OK;
 }
 
-static ttd_status_t make_tensor(ttd_backend *backend, int device, ttd_dtype dtype, const ttd_kshape *shape,
+/* A tensor of the run: on its device, charged to its quota. */
+static ttd_status_t make_tensor(ttd_backend *backend, const ttd_run *run, ttd_dtype dtype, const ttd_kshape *shape,
                                 ttd_tensor **out) {
-  ttd_tensor_spec spec = {.dtype = dtype, .ndim = shape->ndim, .device = device, .location = TTD_MEM_DRAM};
+  ttd_tensor_spec spec = {.dtype = dtype, .ndim = shape->ndim, .device = run->device, .location = TTD_MEM_DRAM};
   memcpy(spec.shape, shape->d, sizeof(int64_t) * (size_t)shape->ndim);
   TTD_RETURN_IF_ERROR(ttd_tensor_spec_finish(&spec));
-  return ttd_tensor_create(backend, &spec, out);
+  return ttd_tensor_create(backend, run->quota, &spec, out);
 }
 
 /* What an op keeps for its backward: max_pool2d the argmax of each output element,
  * layer_norm the mean and rstd of each row. */
-static ttd_status_t make_saved(ttd_backend *backend, int device, const ttd_program_node *node, const ttd_kshape *out_shape,
+static ttd_status_t make_saved(ttd_backend *backend, const ttd_run *run, const ttd_program_node *node, const ttd_kshape *out_shape,
                                ttd_tensor **saved) {
-  if (node->op == TTD_OP_MAX_POOL2D) return make_tensor(backend, device, TTD_DTYPE_INT32, out_shape, &saved[0]);
+  if (node->op == TTD_OP_MAX_POOL2D) return make_tensor(backend, run, TTD_DTYPE_INT32, out_shape, &saved[0]);
   if (node->op == TTD_OP_LAYER_NORM) {
     ttd_kshape rows = {.ndim = 1, .d = {ttd_kshape_numel(out_shape) / (out_shape->d[out_shape->ndim - 1] ? out_shape->d[out_shape->ndim - 1] : 1)}};
-    TTD_RETURN_IF_ERROR(make_tensor(backend, device, TTD_DTYPE_FLOAT32, &rows, &saved[0]));
-    return make_tensor(backend, device, TTD_DTYPE_FLOAT32, &rows, &saved[1]);
+    TTD_RETURN_IF_ERROR(make_tensor(backend, run, TTD_DTYPE_FLOAT32, &rows, &saved[0]));
+    return make_tensor(backend, run, TTD_DTYPE_FLOAT32, &rows, &saved[1]);
   }
   return TTD_OK;
 }
@@ -52,10 +53,11 @@ void ttd_run_free(ttd_run *run) {
   free(run->values);
   free(run->saved);
   ttd_program_release(run->program);
+  ttd_quota_release(run->quota);
   free(run);
 }
 
-ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_program *program, ttd_tensor *const *inputs, int n_inputs,
+ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_quota *quota, ttd_program *program, ttd_tensor *const *inputs, int n_inputs,
                              ttd_tensor *const *params, int n_params, ttd_run **out_run) {
   *out_run = NULL;
   if (n_inputs != program->n_inputs || n_params != program->n_params) {
@@ -72,6 +74,7 @@ ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_program *program, ttd_ten
   if (!run) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   run->program = ttd_program_retain(program);
   run->device = device;
+  run->quota = ttd_quota_retain(quota);
   run->values = calloc((size_t)program->n_values, sizeof(*run->values));
   run->saved = calloc((size_t)(2 * program->n_nodes + 1), sizeof(*run->saved));
   run->operands = calloc((size_t)(n_inputs + n_params + 1), sizeof(*run->operands));
@@ -89,7 +92,7 @@ ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_program *program, ttd_ten
       run->values[i] = ttd_tensor_retain(op);
       continue;
     }
-    status = make_tensor(backend, device, TTD_DTYPE_FLOAT32, &program->values[i].type.shape, &run->values[i]);
+    status = make_tensor(backend, run, TTD_DTYPE_FLOAT32, &program->values[i].type.shape, &run->values[i]);
     if (!status) {
       status = backend->vtable->buffer_convert(backend, op->buffer, TTD_DTYPE_BFLOAT16, run->values[i]->buffer,
                                                TTD_DTYPE_FLOAT32, op->spec.numel);
@@ -98,8 +101,8 @@ ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_program *program, ttd_ten
   for (int i = 0; i < program->n_nodes && !status; i++) {
     const ttd_program_node *node = &program->nodes[i];
     const ttd_kshape *out_shape = &program->values[node->value].type.shape;
-    status = make_tensor(backend, device, program->values[node->value].type.dtype, out_shape, &run->values[node->value]);
-    if (!status) status = make_saved(backend, device, node, out_shape, &run->saved[2 * i]);
+    status = make_tensor(backend, run, program->values[node->value].type.dtype, out_shape, &run->values[node->value]);
+    if (!status) status = make_saved(backend, run, node, out_shape, &run->saved[2 * i]);
     if (status) break;
     ttd_node_call call = {.node = node, .output = run->values[node->value]->buffer, .output_shape = out_shape};
     for (int k = 0; k < node->n_inputs; k++) {
@@ -142,7 +145,7 @@ static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd
     call.inputs[k] = run->values[node->inputs[k]]->buffer;
     call.input_shapes[k] = &in->type.shape;
     if (in->requires_grad) {
-      status = make_tensor(backend, run->device, TTD_DTYPE_FLOAT32, &in->type.shape, &contrib[k]);
+      status = make_tensor(backend, run, TTD_DTYPE_FLOAT32, &in->type.shape, &contrib[k]);
       if (!status) call.input_grads[k] = contrib[k]->buffer;
     }
   }
@@ -186,7 +189,7 @@ ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *co
   for (int i = 0; i < program->n_outputs && !status; i++) {
     if (!output_grads[i]) continue;
     ttd_tensor *copy = NULL; /* never accumulate into the caller's tensor */
-    status = make_tensor(backend, run->device, TTD_DTYPE_FLOAT32, &program->values[program->outputs[i]].type.shape, &copy);
+    status = make_tensor(backend, run, TTD_DTYPE_FLOAT32, &program->values[program->outputs[i]].type.shape, &copy);
     if (!status) status = backend->vtable->buffer_copy(backend, output_grads[i]->buffer, copy->buffer);
     if (!status) status = add_grad(backend, grads, program->outputs[i], copy);
     else ttd_tensor_release(copy);

@@ -10,6 +10,7 @@
 typedef struct ttd_run {
   ttd_program *program;  /* one reference */
   int device;
+  ttd_quota *quota;      /* one reference: every tensor the run makes is charged here */
   ttd_tensor **values;   /* per program value, one reference each (NULL where not made);
                           * bfloat16 inputs and parameters appear here as float32 copies */
   ttd_tensor **operands; /* the caller's inputs then parameters, one reference each */
@@ -17,9 +18,10 @@ typedef struct ttd_run {
 } ttd_run;
 
 /* Checks inputs and parameters against the program (count, dtype, shape, one device) and
- * runs it. INVALID_ARGUMENT names the operand and what was expected. The caller owns
+ * runs it. Values, saved activations and (in backward) gradients are charged to quota
+ * (NULL: unaccounted). INVALID_ARGUMENT names the operand and what was expected. The caller owns
  * *out_run (ttd_run_free). */
-ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_program *program, ttd_tensor *const *inputs, int n_inputs,
+ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_quota *quota, ttd_program *program, ttd_tensor *const *inputs, int n_inputs,
                              ttd_tensor *const *params, int n_params, ttd_run **out_run);
 
 void ttd_run_free(ttd_run *run); /* accepts NULL */

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 
 #include "core.h"
+#include "scheduler.h"
 #include "session.h"
 
 typedef struct ttd_method ttd_method;
@@ -40,8 +41,11 @@ typedef struct ttd_call {
   grpc_slice status_details;
   int cancelled;                /* set by RECV_CLOSE_ON_SERVER */
   bool initial_metadata_sent;
+  ttd_principal principal;      /* who is calling (authenticated before any handler runs) */
   ttd_session *session;         /* for methods that need one; one reference */
   void *stream;                 /* a streaming handler's state */
+  ttd_job job;                  /* device work waits in the scheduler as this */
+  ProtobufCMessage *request;    /* the unpacked request of a scheduled call */
   int64_t started_ns;           /* monotonic, when the call arrived (for latency metrics) */
   ttd_arena_block *arena;
   ProtobufCAllocator allocator; /* allocates from the arena */

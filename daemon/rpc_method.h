@@ -19,8 +19,13 @@ struct ttd_method {
   ttd_method_kind kind;
   const ProtobufCMessageDescriptor *request;
   bool needs_session;
+  bool needs_admin;  /* only tenants marked admin may call it */
 
   /* UNARY: the response is allocated from the call arena (ttd_call_alloc). */
+  /* With device_of, the call is device work: it waits its session's turn in the device's
+   * queue (scheduler.h) and the handler runs on that device's executor thread. device_of
+   * names the device from the request (any device for a bad handle: the handler reports it). */
+  int (*device_of)(ttd_call *call, const ProtobufCMessage *request);
   ttd_status_t (*unary)(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 
   /* CLIENT_STREAM: each message in order, then the end of the stream; abort is called

@@ -4,6 +4,10 @@
 
 #define UNARY(name, req, session, fn) \
   {.path = "/ttd.v1.Device/" name, .kind = TTD_METHOD_UNARY, .request = &req, .needs_session = session, .unary = fn}
+/* Device work: queued per device, sessions served round-robin (scheduler.h). */
+#define DEVICE_WORK(name, req, fn, device)                                                                  \
+  {.path = "/ttd.v1.Device/" name, .kind = TTD_METHOD_UNARY, .request = &req, .needs_session = true, .unary = fn, \
+   .device_of = device}
 
 const ttd_method ttd_methods[] = {
     UNARY("OpenSession", ttd__v1__open_session_request__descriptor, false, ttd_handle_open_session),
@@ -28,11 +32,16 @@ const ttd_method ttd_methods[] = {
     UNARY("Move", ttd__v1__move_request__descriptor, true, ttd_handle_move),
     UNARY("Free", ttd__v1__free_request__descriptor, true, ttd_handle_free),
     UNARY("Compile", ttd__v1__compile_request__descriptor, true, ttd_handle_compile),
-    UNARY("Execute", ttd__v1__execute_request__descriptor, true, ttd_handle_execute),
-    UNARY("Backward", ttd__v1__backward_request__descriptor, true, ttd_handle_backward),
+    DEVICE_WORK("Execute", ttd__v1__execute_request__descriptor, ttd_handle_execute, ttd_device_of_execute),
+    DEVICE_WORK("Backward", ttd__v1__backward_request__descriptor, ttd_handle_backward, ttd_device_of_backward),
     UNARY("ReleaseRun", ttd__v1__release_run_request__descriptor, true, ttd_handle_release_run),
-    UNARY("ZeroGrad", ttd__v1__zero_grad_request__descriptor, true, ttd_handle_zero_grad),
-    UNARY("OptimizerStep", ttd__v1__optimizer_step_request__descriptor, true, ttd_handle_optimizer_step),
+    DEVICE_WORK("ZeroGrad", ttd__v1__zero_grad_request__descriptor, ttd_handle_zero_grad, ttd_device_of_parameters),
+    DEVICE_WORK("OptimizerStep", ttd__v1__optimizer_step_request__descriptor, ttd_handle_optimizer_step,
+                ttd_device_of_parameters),
+    {.path = "/ttd.v1.Device/ListSessions", .kind = TTD_METHOD_UNARY, .request = &ttd__v1__list_sessions_request__descriptor,
+     .needs_admin = true, .unary = ttd_handle_list_sessions},
+    {.path = "/ttd.v1.Device/KillSession", .kind = TTD_METHOD_UNARY, .request = &ttd__v1__kill_session_request__descriptor,
+     .needs_admin = true, .unary = ttd_handle_kill_session},
 };
 
 const size_t ttd_method_count = sizeof(ttd_methods) / sizeof(ttd_methods[0]);

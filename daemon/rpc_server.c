@@ -1,14 +1,19 @@
 #include "rpc_server.h"
 
+#include <errno.h>
+#include <grp.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "rpc_method.h"
@@ -273,16 +278,48 @@ static ttd_status_t attach_session(ttd_call *c) {
                            "'ttd-session' metadata must be the 16 hex digits OpenSession returned, got '%.*s'",
                            (int)(len > 32 ? 32 : len), value);
   }
-  return ttd_session_table_lookup(&c->core->sessions, id, ttd_now_ms(), &c->session);
+  return ttd_session_table_lookup(&c->core->sessions, id, c->principal.tenant, ttd_now_ms(), &c->session);
 }
 
 static void send_stream_message(ttd_call *c);
 
+static void run_unary(ttd_call *c, const ProtobufCMessage *request) {
+  ProtobufCMessage *response = NULL;
+  ttd_status_t status = c->method->unary(c, request, &response);
+  grpc_byte_buffer *out = NULL;
+  if (!status) status = pack_message(response, &out);
+  finish(c, out, status);
+}
+
+/* A device call's turn has come (on the device's executor thread). */
+static void run_scheduled(ttd_job *job) {
+  ttd_call *c = (ttd_call *)((char *)job - offsetof(ttd_call, job));
+  if (gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) > 0) {
+    finish(c, NULL, ttd_make_status(GRPC_STATUS_DEADLINE_EXCEEDED,
+                                    "%s waited past its deadline for its turn on the device; the device is busy "
+                                    "with other sessions' programs (raise the deadline)", c->method->path));
+    return;
+  }
+  run_unary(c, c->request);
+}
+
 /* A call of this method has arrived. */
 static void on_call_arrived(ttd_call *c) {
   const ttd_method *m = c->method;
-  ttd_status_t status = TTD_OK;
   ProtobufCMessage *request = NULL;
+  /* Who is calling comes first: nothing of an unauthenticated caller's request is parsed. */
+  size_t len;
+  const char *authorization = ttd_call_metadata(c, "authorization", &len);
+  ttd_status_t status = ttd_auth_check(&c->core->auth, authorization, len, &c->principal);
+  if (!status && m->needs_admin && !c->principal.admin) {
+    status = ttd_make_status(GRPC_STATUS_PERMISSION_DENIED,
+                             "%s is for administrators; tenant %s is not one (mark it 'admin' in the tokens file)",
+                             m->path, c->principal.tenant);
+  }
+  if (status) {
+    finish(c, NULL, status);
+    return;
+  }
   if (m->kind != TTD_METHOD_CLIENT_STREAM) {
     if (!c->received) {
       finish(c, NULL, ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "%s needs a request message, got none", m->path));
@@ -298,14 +335,18 @@ static void on_call_arrived(ttd_call *c) {
     return;
   }
   switch (m->kind) {
-    case TTD_METHOD_UNARY: {
-      ProtobufCMessage *response = NULL;
-      status = m->unary(c, request, &response);
-      grpc_byte_buffer *out = NULL;
-      if (!status) status = pack_message(response, &out);
-      finish(c, out, status);
+    case TTD_METHOD_UNARY:
+      if (m->device_of) {
+        int device = m->device_of(c, request);
+        if (device < 0 || device >= ttd_scheduler_devices(c->core->scheduler)) device = 0;
+        c->request = request;
+        c->job.key = c->session ? c->session->id : 0;
+        c->job.run = run_scheduled;
+        ttd_scheduler_submit(c->core->scheduler, device, &c->job);
+        return;
+      }
+      run_unary(c, request);
       return;
-    }
     case TTD_METHOD_CLIENT_STREAM: {
       grpc_op op;
       memset(&op, 0, sizeof(op));
@@ -448,16 +489,85 @@ static void *worker_main(void *arg) {
   }
 }
 
+/* The credentials of one listener: Unix sockets are plain (the file's mode and group guard
+ * them); TCP is TLS from --tls-cert/--tls-key (mutual with --tls-client-ca), or plain only
+ * with --insecure. */
+static ttd_status_t listener_credentials(const ttd_config *config, const char *address,
+                                         grpc_server_credentials **out) {
+  *out = NULL;
+  if (strncmp(address, "unix:", 5) == 0 || strncmp(address, "unix-abstract:", 14) == 0) {
+    *out = grpc_insecure_server_credentials_create();
+    return TTD_OK;
+  }
+  if (!config->tls_cert && !config->tls_key) {
+    if (!config->insecure) {
+      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                             "TCP listener %s needs TLS: pass --tls-cert and --tls-key (and --tls-client-ca for "
+                             "mutual TLS), or --insecure for plain text on a trusted network", address);
+    }
+    TTD_LOG(TTD_LOG_WARN, "event=insecure-listener address=%s reason=\"--insecure: tokens and tensors cross the "
+            "network in plain text\"", address);
+    *out = grpc_insecure_server_credentials_create();
+    return TTD_OK;
+  }
+  if (!config->tls_cert || !config->tls_key) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "TLS needs both --tls-cert and --tls-key");
+  }
+  char *cert = NULL, *key = NULL, *ca = NULL;
+  ttd_status_t status = ttd_read_text_file(config->tls_cert, "TLS certificate", &cert);
+  if (!status) status = ttd_read_text_file(config->tls_key, "TLS key", &key);
+  if (!status && config->tls_client_ca) status = ttd_read_text_file(config->tls_client_ca, "TLS client CA", &ca);
+  if (!status && (!strstr(cert, "-----BEGIN") || !strstr(key, "-----BEGIN") || (ca && !strstr(ca, "-----BEGIN")))) {
+    status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--tls-cert, --tls-key and --tls-client-ca must be PEM files");
+  }
+  if (!status) {
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
+    *out = grpc_ssl_server_credentials_create_ex(
+        ca, &pair, 1, ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+        NULL);
+    if (!*out) status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "TLS credentials could not be made from --tls-cert and --tls-key");
+  }
+  if (key) memset(key, 0, strlen(key));
+  free(cert);
+  free(key);
+  free(ca);
+  return status;
+}
+
+/* A Unix socket is mode 0660, owned by --socket-group when given. */
+static ttd_status_t secure_socket(const ttd_config *config, const char *address) {
+  if (strncmp(address, "unix:", 5) != 0) return TTD_OK;
+  const char *path = address + 5;
+  if (chmod(path, 0660) != 0) {
+    return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot set mode 0660 on %s: %s", path, strerror(errno));
+  }
+  if (config->socket_group) {
+    struct group *g = getgrnam(config->socket_group);
+    if (!g) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--socket-group %s: no such group", config->socket_group);
+    if (chown(path, (uid_t)-1, g->gr_gid) != 0) {
+      return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot give %s to group %s: %s", path, config->socket_group,
+                             strerror(errno));
+    }
+  }
+  return TTD_OK;
+}
+
 static ttd_status_t bind_address(ttd_server *server, const char *address) {
-  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+  const ttd_config *config = server->core->config;
+  grpc_server_credentials *creds = NULL;
+  TTD_RETURN_IF_ERROR(listener_credentials(config, address, &creds));
+  mode_t old_mask = umask(0117); /* the socket is born 0660: no window where others may connect */
   int port = grpc_server_add_http2_port(server->server, address, creds);
+  umask(old_mask);
   grpc_server_credentials_release(creds);
   if (port == 0) {
     return ttd_make_status(GRPC_STATUS_UNAVAILABLE,
                            "cannot listen on '%s': address in use, bad syntax or no permission "
                            "(use unix:/path or host:port)", address);
   }
-  TTD_LOG(TTD_LOG_INFO, "event=listening address=%s", address);
+  TTD_RETURN_IF_ERROR(secure_socket(config, address));
+  TTD_LOG(TTD_LOG_INFO, "event=listening address=%s tls=%s", address,
+          strncmp(address, "unix", 4) == 0 || !config->tls_cert ? "no" : config->tls_client_ca ? "mutual" : "yes");
   return TTD_OK;
 }
 

@@ -8,12 +8,20 @@
 #include "program_run.h"
 #include "random.h"
 
-ttd_session *ttd_session_create(uint64_t id, const char *client_name, int64_t now_ms) {
+ttd_session *ttd_session_create(uint64_t id, const ttd_session_params *params, int64_t now_ms) {
   ttd_session *s = calloc(1, sizeof(*s));
   if (!s) return NULL;
+  s->quota = ttd_quota_create(params->quota);
+  if (!s->quota) {
+    free(s);
+    return NULL;
+  }
   atomic_init(&s->refs, 1);
   s->id = id;
-  snprintf(s->client_name, sizeof(s->client_name), "%s", client_name ? client_name : "");
+  snprintf(s->client_name, sizeof(s->client_name), "%s", params->client_name ? params->client_name : "");
+  snprintf(s->tenant, sizeof(s->tenant), "%s", params->tenant ? params->tenant : "");
+  snprintf(s->peer, sizeof(s->peer), "%s", params->peer ? params->peer : "");
+  s->quota_asked = params->quota_asked;
   s->opened_ms = now_ms;
   atomic_init(&s->last_seen_ms, now_ms);
   pthread_mutex_init(&s->lock, NULL);
@@ -33,6 +41,7 @@ void ttd_session_release(ttd_session *session) {
   ttd_handle_map_clear(&session->programs);
   ttd_handle_map_clear(&session->runs);
   pthread_mutex_destroy(&session->lock);
+  ttd_quota_release(session->quota);
   free(session);
 }
 
@@ -88,6 +97,17 @@ ttd_status_t ttd_session_tensor_lookup(ttd_session *session, uint64_t handle, tt
   pthread_mutex_unlock(&session->lock);
   *out_tensor = t;
   return t ? TTD_OK : ttd_session_handle_not_found(handle);
+}
+
+int ttd_session_device_of(ttd_session *session, const uint64_t *handles, size_t count) {
+  int device = -1;
+  pthread_mutex_lock(&session->lock);
+  for (size_t i = 0; i < count && device < 0; i++) {
+    ttd_tensor *t = ttd_handle_map_get(&session->tensors, handles[i]);
+    if (t) device = t->spec.device;
+  }
+  pthread_mutex_unlock(&session->lock);
+  return device;
 }
 
 ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *handles, size_t count,

@@ -15,13 +15,19 @@
 
 #include "handle_map.h"
 #include "program.h"
+#include "quota.h"
 #include "tensor.h"
+#include "tokens.h"
 
 typedef struct ttd_session {
   atomic_int refs;
   uint64_t id;
   char client_name[64];
+  char tenant[TTD_TENANT_NAME_MAX]; /* only this tenant's calls find the session */
+  char peer[64];                    /* the client's address as gRPC gives it */
   int64_t opened_ms;
+  uint64_t quota_asked;             /* at OpenSession; 0 = as much as allowed */
+  ttd_quota *quota;                 /* device bytes of everything the session made */
   _Atomic int64_t last_seen_ms; /* monotonic ms of the latest call */
   pthread_mutex_t lock;         /* guards everything below */
   bool closed;
@@ -31,8 +37,17 @@ typedef struct ttd_session {
   ttd_handle_map runs;          /* handle -> ttd_run* kept for Backward (owned) */
 } ttd_session;
 
+/* Who opens a session and what it asks for. */
+typedef struct ttd_session_params {
+  const char *client_name;
+  const char *tenant;
+  const char *peer;
+  uint64_t quota_asked;
+  uint64_t quota; /* the limit granted */
+} ttd_session_params;
+
 /* A new open session with one reference owned by the caller. NULL if out of memory. */
-ttd_session *ttd_session_create(uint64_t id, const char *client_name, int64_t now_ms);
+ttd_session *ttd_session_create(uint64_t id, const ttd_session_params *params, int64_t now_ms);
 
 ttd_session *ttd_session_retain(ttd_session *session);
 void ttd_session_release(ttd_session *session); /* accepts NULL */
@@ -46,6 +61,10 @@ ttd_status_t ttd_session_tensor_add(ttd_session *session, ttd_tensor *tensor, ui
 
 /* A new reference to the tensor under handle, or NOT_FOUND. */
 ttd_status_t ttd_session_tensor_lookup(ttd_session *session, uint64_t handle, ttd_tensor **out_tensor);
+
+/* The device of the first of handles that names a tensor of the session, or -1: tells
+ * the scheduler which device a call is for before the handler checks everything. */
+int ttd_session_device_of(ttd_session *session, const uint64_t *handles, size_t count);
 
 /* Frees the listed handles, all or nothing: NOT_FOUND if any is unknown, INVALID_ARGUMENT
  * if the list is empty or names a handle twice. */

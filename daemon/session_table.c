@@ -2,6 +2,7 @@
 
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "log.h"
 #include "random.h"
@@ -23,10 +24,10 @@ void ttd_session_table_destroy(ttd_session_table *table) {
   pthread_mutex_destroy(&table->lock);
 }
 
-ttd_status_t ttd_session_table_open(ttd_session_table *table, const char *client_name, int64_t now_ms,
+ttd_status_t ttd_session_table_open(ttd_session_table *table, const ttd_session_params *params, int64_t now_ms,
                                     ttd_session **out_session) {
   *out_session = NULL;
-  ttd_session *s = ttd_session_create(0, client_name, now_ms);
+  ttd_session *s = ttd_session_create(0, params, now_ms);
   if (!s) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   int rc;
   pthread_mutex_lock(&table->lock);
@@ -43,10 +44,11 @@ ttd_status_t ttd_session_table_open(ttd_session_table *table, const char *client
   return TTD_OK;
 }
 
-ttd_status_t ttd_session_table_lookup(ttd_session_table *table, uint64_t id, int64_t now_ms,
+ttd_status_t ttd_session_table_lookup(ttd_session_table *table, uint64_t id, const char *tenant, int64_t now_ms,
                                       ttd_session **out_session) {
   pthread_mutex_lock(&table->lock);
   ttd_session *s = ttd_handle_map_get(&table->sessions, id);
+  if (s && tenant && strcmp(s->tenant, tenant) != 0) s = NULL;
   if (s) {
     ttd_session_retain(s);
     ttd_session_touch(s, now_ms);
@@ -112,4 +114,25 @@ void ttd_session_table_stats(ttd_session_table *table, uint64_t *out_sessions, u
   }
   pthread_mutex_unlock(&table->lock);
   *out_tensors = tensors;
+}
+
+ttd_status_t ttd_session_table_snapshot(ttd_session_table *table, ttd_session ***out_sessions, size_t *out_count) {
+  *out_sessions = NULL;
+  *out_count = 0;
+  pthread_mutex_lock(&table->lock);
+  ttd_session **list = malloc((table->sessions.count + 1) * sizeof(*list));
+  size_t n = 0;
+  for (size_t i = 0; list && i < table->sessions.capacity; i++) {
+    if (table->sessions.keys[i]) list[n++] = ttd_session_retain(table->sessions.values[i]);
+  }
+  pthread_mutex_unlock(&table->lock);
+  if (!list) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  *out_sessions = list;
+  *out_count = n;
+  return TTD_OK;
+}
+
+void ttd_session_table_snapshot_free(ttd_session **sessions, size_t count) {
+  for (size_t i = 0; i < count; i++) ttd_session_release(sessions[i]);
+  free(sessions);
 }

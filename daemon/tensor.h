@@ -10,6 +10,7 @@
 
 #include "../kernels/dtype.h"
 #include "backend.h"
+#include "quota.h"
 
 #define TTD_MAX_DIMS 8
 
@@ -28,6 +29,7 @@ typedef struct ttd_tensor {
   ttd_tensor_spec spec;
   ttd_backend *backend;
   ttd_backend_buffer *buffer;
+  ttd_quota *quota;             /* charged with nbytes; NULL: not accounted */
   /* For parameters: torch's .grad and the optimizer state, made on first use, kept on
    * the device, freed with the tensor. Guarded by train_lock. */
   pthread_mutex_t train_lock;
@@ -41,13 +43,13 @@ typedef struct ttd_tensor {
  * too many dims, a negative dim or a product that overflows 64 bits. */
 ttd_status_t ttd_tensor_spec_finish(ttd_tensor_spec *spec);
 
-/* Allocates device memory for spec (already finished and validated). One reference,
- * owned by the caller. */
-ttd_status_t ttd_tensor_create(ttd_backend *backend, const ttd_tensor_spec *spec,
+/* Allocates device memory for spec (already finished and validated), charged to quota
+ * (NULL: unaccounted) before the device is asked. One reference, owned by the caller. */
+ttd_status_t ttd_tensor_create(ttd_backend *backend, ttd_quota *quota, const ttd_tensor_spec *spec,
                                ttd_tensor **out_tensor);
 
 /* The same, with every byte zeroed (for Allocate: no tensor may show old device data). */
-ttd_status_t ttd_tensor_create_zeroed(ttd_backend *backend, const ttd_tensor_spec *spec,
+ttd_status_t ttd_tensor_create_zeroed(ttd_backend *backend, ttd_quota *quota, const ttd_tensor_spec *spec,
                                       ttd_tensor **out_tensor);
 
 ttd_tensor *ttd_tensor_retain(ttd_tensor *tensor);

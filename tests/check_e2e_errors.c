@@ -32,7 +32,7 @@ static void teardown(void) {
   ck_assert_int_eq(ttd_proc_stop(&proc), 0);
 }
 
-static raw_md md(void) { return (raw_md){session, instance}; }
+static raw_md md(void) { return (raw_md){.session = session, .instance = instance}; }
 
 /* Packs msg and calls method in this test's session; asserts the code and a message part. */
 
@@ -40,7 +40,7 @@ static void free_handles(const char *sess, uint64_t *handles, size_t n, int code
   Ttd__V1__FreeRequest req = TTD__V1__FREE_REQUEST__INIT;
   req.n_handles = n;
   req.handles = handles;
-  raw_expect(proc.target, "/ttd.v1.Device/Free", &req.base, (raw_md){sess, NULL}, code, NULL);
+  raw_expect(proc.target, "/ttd.v1.Device/Free", &req.base, (raw_md){.session = sess, .instance = NULL}, code, NULL);
 }
 
 /* Bytes that are not a protobuf message are INVALID_ARGUMENT naming the message type. */
@@ -152,10 +152,10 @@ END_TEST
 START_TEST(test_session_metadata) {
   Ttd__V1__KeepAliveRequest req = TTD__V1__KEEP_ALIVE_REQUEST__INIT;
   raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){0}, 3, "needs a session");
-  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){"not-hex", NULL}, 3, "16 hex digits");
-  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){"0123456789abcdef0", NULL}, 3, "16 hex digits");
-  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){"00000000000000aa", NULL}, 5, "is not open");
-  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){session, "0000000000000000"}, 9, "daemon restarted");
+  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){.session = "not-hex", .instance = NULL}, 3, "16 hex digits");
+  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){.session = "0123456789abcdef0", .instance = NULL}, 3, "16 hex digits");
+  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){.session = "00000000000000aa", .instance = NULL}, 5, "is not open");
+  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){.session = session, .instance = "0000000000000000"}, 9, "daemon restarted");
   raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, md(), 0, NULL);
 }
 END_TEST

@@ -62,20 +62,7 @@ static void two_layer_graph(graph_builder *b, int64_t n, int64_t in, int64_t h, 
 }
 
 static Ttd__V1__CompileResponse *compile(graph_builder *b, int want_code, const char *needle) {
-  Ttd__V1__CompileRequest req = TTD__V1__COMPILE_REQUEST__INIT;
-  req.graph = &b->graph;
-  size_t len = ttd__v1__compile_request__get_packed_size(&req);
-  unsigned char *buf = malloc(len);
-  ttd__v1__compile_request__pack(&req, buf);
-  raw_result r;
-  raw_call(proc.target, "/ttd.v1.Device/Compile", (raw_md){session, instance}, buf, len, &r);
-  free(buf);
-  ck_assert_msg(r.code == want_code, "expected code %d, got %d: %s", want_code, r.code, r.details);
-  if (needle) ck_assert_msg(strstr(r.details, needle) != NULL, "message '%s' lacks '%s'", r.details, needle);
-  Ttd__V1__CompileResponse *resp = NULL;
-  if (r.code == 0) resp = ttd__v1__compile_response__unpack(NULL, r.body_len, r.body);
-  raw_result_free(&r);
-  return resp;
+  return gb_compile(b, proc.target, session, want_code, needle);
 }
 
 /* A valid MLP compiles: parameters listed in order and the output shape inferred [64, 10];
@@ -175,7 +162,7 @@ START_TEST(test_bad_graphs) {
   compile(&b, 3, "labels must be int32");
   /* Garbage instead of a graph. */
   raw_result r;
-  raw_call(proc.target, "/ttd.v1.Device/Compile", (raw_md){session, instance}, "\x0a\x05\x0a\x03", 4, &r);
+  raw_call(proc.target, "/ttd.v1.Device/Compile", (raw_md){.session = session, .instance = instance}, "\x0a\x05\x0a\x03", 4, &r);
   ck_assert_int_eq(r.code, 3);
   raw_result_free(&r);
 }
@@ -193,7 +180,7 @@ static Ttd__V1__ExecuteResponse *execute(uint64_t program, const uint64_t *in, s
   unsigned char buf[512];
   size_t len = ttd__v1__execute_request__pack(&req, buf);
   raw_result r;
-  raw_call(proc.target, "/ttd.v1.Device/Execute", (raw_md){session, instance}, buf, len, &r);
+  raw_call(proc.target, "/ttd.v1.Device/Execute", (raw_md){.session = session, .instance = instance}, buf, len, &r);
   ck_assert_msg(r.code == want_code, "expected code %d, got %d: %s", want_code, r.code, r.details);
   if (needle) ck_assert_msg(strstr(r.details, needle) != NULL, "message '%s' lacks '%s'", r.details, needle);
   Ttd__V1__ExecuteResponse *resp = NULL;
@@ -222,7 +209,7 @@ static uint64_t upload(const void *data, int dtype, int ndim, int64_t d0, int64_
   ttd__v1__upload_request__pack(&req, msg);
   const void *msgs[1] = {msg};
   raw_result r;
-  raw_stream(proc.target, "/ttd.v1.Device/Upload", (raw_md){session, instance}, msgs, &len, 1, 0, &r);
+  raw_stream(proc.target, "/ttd.v1.Device/Upload", (raw_md){.session = session, .instance = instance}, msgs, &len, 1, 0, &r);
   free(msg);
   ck_assert_msg(r.code == 0, "upload: %s", r.details);
   Ttd__V1__UploadResponse *resp = ttd__v1__upload_response__unpack(NULL, r.body_len, r.body);
@@ -238,7 +225,7 @@ static void download(uint64_t handle, float *out, size_t n) {
   unsigned char buf[64];
   size_t len = ttd__v1__download_request__pack(&req, buf);
   raw_result r;
-  raw_call(proc.target, "/ttd.v1.Device/Download", (raw_md){session, instance}, buf, len, &r);
+  raw_call(proc.target, "/ttd.v1.Device/Download", (raw_md){.session = session, .instance = instance}, buf, len, &r);
   ck_assert_msg(r.code == 0, "download: %s", r.details);
   Ttd__V1__DownloadResponse *resp = ttd__v1__download_response__unpack(NULL, r.body_len, r.body);
   ck_assert_uint_eq(resp->data.len, n * 4);
@@ -315,7 +302,7 @@ START_TEST(test_execute_mlp_matches_reference) {
   ttd__v1__compile_response__free_unpacked(c, NULL);
   /* Closing the session returns every byte: inputs, parameters, outputs, nothing else left. */
   raw_result cr;
-  raw_call(proc.target, "/ttd.v1.Device/CloseSession", (raw_md){session, instance}, "", 0, &cr);
+  raw_call(proc.target, "/ttd.v1.Device/CloseSession", (raw_md){.session = session, .instance = instance}, "", 0, &cr);
   ck_assert_int_eq(cr.code, 0);
   raw_result_free(&cr);
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 0);
@@ -335,7 +322,7 @@ static Ttd__V1__BackwardResponse *backward(uint64_t run, const uint64_t *grads, 
   unsigned char buf[256];
   size_t len = ttd__v1__backward_request__pack(&req, buf);
   raw_result r;
-  raw_call(proc.target, "/ttd.v1.Device/Backward", (raw_md){session, instance}, buf, len, &r);
+  raw_call(proc.target, "/ttd.v1.Device/Backward", (raw_md){.session = session, .instance = instance}, buf, len, &r);
   ck_assert_msg(r.code == want_code, "expected code %d, got %d: %s", want_code, r.code, r.details);
   if (needle) ck_assert_msg(strstr(r.details, needle) != NULL, "message '%s' lacks '%s'", r.details, needle);
   Ttd__V1__BackwardResponse *resp = r.code == 0 ? ttd__v1__backward_response__unpack(NULL, r.body_len, r.body) : NULL;
@@ -413,7 +400,7 @@ static uint64_t run_kept(const trained *t) {
   unsigned char buf[256];
   size_t len = ttd__v1__execute_request__pack(&req, buf);
   raw_result r;
-  raw_call(proc.target, "/ttd.v1.Device/Execute", (raw_md){session, instance}, buf, len, &r);
+  raw_call(proc.target, "/ttd.v1.Device/Execute", (raw_md){.session = session, .instance = instance}, buf, len, &r);
   ck_assert_msg(r.code == 0, "execute: %s", r.details);
   Ttd__V1__ExecuteResponse *resp = ttd__v1__execute_response__unpack(NULL, r.body_len, r.body);
   uint64_t run = resp->run;
@@ -493,7 +480,7 @@ START_TEST(test_optimizer_steps_match_host_reference) {
     req.n_parameters = 1;
     req.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD;
     req.sgd = &sgd;
-    raw_expect(proc.target, "/ttd.v1.Device/OptimizerStep", &req.base, (raw_md){session, instance}, 0, NULL);
+    raw_expect(proc.target, "/ttd.v1.Device/OptimizerStep", &req.base, (raw_md){.session = session, .instance = instance}, 0, NULL);
     for (int k = 0; k < TOUT; k++) {
       double d = grad[k] + 0.01 * param[k];
       buf[k] = step == 1 ? d : 0.9 * buf[k] + d;
@@ -521,7 +508,7 @@ START_TEST(test_optimizer_steps_match_host_reference) {
     req.n_parameters = 1;
     req.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_ADAM;
     req.adam = &adam;
-    raw_expect(proc.target, "/ttd.v1.Device/OptimizerStep", &req.base, (raw_md){session, instance}, 0, NULL);
+    raw_expect(proc.target, "/ttd.v1.Device/OptimizerStep", &req.base, (raw_md){.session = session, .instance = instance}, 0, NULL);
     for (int k = 0; k < TH * TIN; k++) {
       w[k] *= 1 - 0.01 * 0.1;
       m[k] = 0.9 * m[k] + 0.1 * g1[k];
@@ -540,12 +527,12 @@ START_TEST(test_optimizer_steps_match_host_reference) {
   Ttd__V1__ZeroGradRequest zr = TTD__V1__ZERO_GRAD_REQUEST__INIT;
   zr.parameters = t.params;
   zr.n_parameters = 4;
-  raw_expect(proc.target, "/ttd.v1.Device/ZeroGrad", &zr.base, (raw_md){session, instance}, 0, NULL);
+  raw_expect(proc.target, "/ttd.v1.Device/ZeroGrad", &zr.base, (raw_md){.session = session, .instance = instance}, 0, NULL);
   float after[TOUT];
   download(b2_grad, after, TOUT);
   for (int k = 0; k < TOUT; k++) ck_assert_float_eq(after[k], 0.0f);
   Ttd__V1__OptimizerStepRequest bad = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
-  raw_expect(proc.target, "/ttd.v1.Device/OptimizerStep", &bad.base, (raw_md){session, instance}, 3, "set sgd or adam");
+  raw_expect(proc.target, "/ttd.v1.Device/OptimizerStep", &bad.base, (raw_md){.session = session, .instance = instance}, 3, "set sgd or adam");
   ttd__v1__compile_response__free_unpacked(t.program, NULL);
 }
 END_TEST
@@ -574,12 +561,12 @@ START_TEST(test_run_lifecycle_and_memory) {
   uint64_t never = run_kept(&t);
   Ttd__V1__ReleaseRunRequest rr = TTD__V1__RELEASE_RUN_REQUEST__INIT;
   rr.run = never;
-  raw_expect(proc.target, "/ttd.v1.Device/ReleaseRun", &rr.base, (raw_md){session, instance}, 0, NULL);
-  raw_expect(proc.target, "/ttd.v1.Device/ReleaseRun", &rr.base, (raw_md){session, instance}, 5, NULL);
+  raw_expect(proc.target, "/ttd.v1.Device/ReleaseRun", &rr.base, (raw_md){.session = session, .instance = instance}, 0, NULL);
+  raw_expect(proc.target, "/ttd.v1.Device/ReleaseRun", &rr.base, (raw_md){.session = session, .instance = instance}, 5, NULL);
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), held + grads + 2 * 4);
   run_kept(&t); /* left pending: the session's end must free it */
   raw_result cr;
-  raw_call(proc.target, "/ttd.v1.Device/CloseSession", (raw_md){session, instance}, "", 0, &cr);
+  raw_call(proc.target, "/ttd.v1.Device/CloseSession", (raw_md){.session = session, .instance = instance}, "", 0, &cr);
   ck_assert_int_eq(cr.code, 0);
   raw_result_free(&cr);
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 0);
@@ -624,7 +611,7 @@ START_TEST(test_input_grads_and_foreign_operands) {
   Ttd__V1__FreeRequest fr = TTD__V1__FREE_REQUEST__INIT;
   fr.handles = &freed;
   fr.n_handles = 1;
-  raw_expect(proc.target, "/ttd.v1.Device/Free", &fr.base, (raw_md){session, instance}, 0, NULL);
+  raw_expect(proc.target, "/ttd.v1.Device/Free", &fr.base, (raw_md){.session = session, .instance = instance}, 0, NULL);
   uint64_t with_freed[2] = {freed, t.in[1]};
   execute(t.program->program, with_freed, 2, t.params, 4, 5, "not found in this session");
   /* Another session's program handle. */

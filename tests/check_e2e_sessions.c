@@ -88,7 +88,7 @@ START_TEST(test_close_session_frees_at_once) {
   raw_allocate(proc.target, session, 3000);
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 16000);
   raw_result r;
-  raw_call(proc.target, "/ttd.v1.Device/CloseSession", (raw_md){session, instance}, "", 0, &r);
+  raw_call(proc.target, "/ttd.v1.Device/CloseSession", (raw_md){.session = session, .instance = instance}, "", 0, &r);
   ck_assert_int_eq(r.code, 0);
   Ttd__V1__CloseSessionResponse *resp = ttd__v1__close_session_response__unpack(NULL, r.body_len, r.body);
   ck_assert_ptr_nonnull(resp);
@@ -97,7 +97,7 @@ START_TEST(test_close_session_frees_at_once) {
   ttd__v1__close_session_response__free_unpacked(resp, NULL);
   raw_result_free(&r);
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 0);
-  raw_call(proc.target, "/ttd.v1.Device/KeepAlive", (raw_md){session, instance}, "", 0, &r);
+  raw_call(proc.target, "/ttd.v1.Device/KeepAlive", (raw_md){.session = session, .instance = instance}, "", 0, &r);
   ck_assert_int_eq(r.code, 5);
   raw_result_free(&r);
   stop();
@@ -134,7 +134,7 @@ START_TEST(test_killed_mid_upload) {
       lens[i] = ttd__v1__upload_request__pack(&req, msgs[i]);
     }
     raw_result r;
-    raw_stream(proc.target, "/ttd.v1.Device/Upload", (raw_md){session, NULL}, (const void *const *)msgs, lens, 2, 1, &r);
+    raw_stream(proc.target, "/ttd.v1.Device/Upload", (raw_md){.session = session, .instance = NULL}, (const void *const *)msgs, lens, 2, 1, &r);
     _exit(3); /* not reached: raw_stream killed the process */
   }
   int status;
@@ -217,14 +217,16 @@ static int free_tcp_port(void) {
   return ntohs(sa.sin_port);
 }
 
-/* A TCP listener (--listen host:port, repeatable beside the Unix socket) serves the same
- * daemon, and a NULL target means the TTD_ADDRESS environment variable. */
+/* A plain TCP listener (--listen host:port --insecure, repeatable beside the Unix socket)
+ * serves the same daemon, and a NULL target means the TTD_ADDRESS environment variable
+ * (TTD_INSECURE=1: plain text). */
 START_TEST(test_tcp_listener_and_env_target) {
   char tcp[32];
   snprintf(tcp, sizeof(tcp), "127.0.0.1:%d", free_tcp_port());
-  const char *args[] = {"--listen", tcp, NULL};
+  const char *args[] = {"--listen", tcp, "--insecure", NULL};
   ttd_proc_start(&proc, args);
   setenv("TTD_ADDRESS", tcp, 1);
+  setenv("TTD_INSECURE", "1", 1);
   tt_client *c = NULL;
   ck_assert_int_eq(tt_connect(NULL, NULL, &c), TT_OK);
   tt_tensor *d = upload_floats(c, 300000);
@@ -236,6 +238,7 @@ START_TEST(test_tcp_listener_and_env_target) {
   tt_tensor_free(d);
   tt_disconnect(c);
   unsetenv("TTD_ADDRESS");
+  unsetenv("TTD_INSECURE");
   stop();
 }
 END_TEST

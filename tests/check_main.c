@@ -11,6 +11,8 @@ int main(void) {
   srunner_add_suite(sr, config_suite());
   srunner_add_suite(sr, sim_backend_suite());
   srunner_add_suite(sr, session_suite());
+  srunner_add_suite(sr, tokens_suite());
+  srunner_add_suite(sr, scheduler_suite());
   srunner_add_suite(sr, place_suite());
   srunner_add_suite(sr, program_grad_suite());
   srunner_add_suite(sr, thread_pool_suite());
@@ -35,6 +37,9 @@ int main(void) {
   srunner_add_suite(sr, e2e_programs_suite());
   srunner_add_suite(sr, e2e_modules_suite());
   srunner_add_suite(sr, e2e_metrics_suite());
+  srunner_add_suite(sr, e2e_tenants_suite());
+  srunner_add_suite(sr, e2e_fairness_suite());
+  srunner_add_suite(sr, e2e_service_suite());
   srunner_add_suite(sr, safetensors_suite());
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

@@ -30,7 +30,7 @@ static ttd_tensor *make(ttd_backend *backend, const ttd_program_value *v, float 
   memcpy(spec.shape, v->type.shape.d, sizeof(int64_t) * (size_t)spec.ndim);
   ck_assert_ptr_null(ttd_tensor_spec_finish(&spec));
   ttd_tensor *t = NULL;
-  ck_assert_ptr_null(ttd_tensor_create(backend, &spec, &t));
+  ck_assert_ptr_null(ttd_tensor_create(backend, NULL, &spec, &t));
   float *data = malloc(spec.numel * 4 + 4);
   for (uint64_t i = 0; i < spec.numel; i++) {
     if (spec.dtype == TTD_DTYPE_INT32) ((int32_t *)data)[i] = (int32_t)(i % (uint64_t)label_classes);
@@ -58,7 +58,7 @@ static void harness_setup(harness *h, graph_builder *b, float param_scale, int l
 
 static double loss_of(harness *h) {
   ttd_run *run = NULL;
-  ttd_status_t s = ttd_run_forward(h->backend, h->program, h->inputs, h->program->n_inputs, h->params,
+  ttd_status_t s = ttd_run_forward(h->backend, NULL, h->program, h->inputs, h->program->n_inputs, h->params,
                                    h->program->n_params, &run);
   ck_assert_msg(s == NULL, "forward: %s", ttd_status_message(s));
   float loss;
@@ -81,12 +81,12 @@ static void write_at(ttd_backend *backend, ttd_tensor *t, uint64_t i, float v) {
  * central differences of the loss (float32 forward, step eps). */
 static void check_gradients(harness *h, int samples, float eps, double rtol, double atol) {
   ttd_run *run = NULL;
-  ck_assert_ptr_null(ttd_run_forward(h->backend, h->program, h->inputs, h->program->n_inputs, h->params,
+  ck_assert_ptr_null(ttd_run_forward(h->backend, NULL, h->program, h->inputs, h->program->n_inputs, h->params,
                                      h->program->n_params, &run));
   ttd_tensor_spec one = {.dtype = TTD_DTYPE_FLOAT32, .ndim = 0};
   ttd_tensor_spec_finish(&one);
   ttd_tensor *dloss = NULL;
-  ck_assert_ptr_null(ttd_tensor_create(h->backend, &one, &dloss));
+  ck_assert_ptr_null(ttd_tensor_create(h->backend, NULL, &one, &dloss));
   write_at(h->backend, dloss, 0, 1.0f);
   ttd_tensor *out_grads[1] = {dloss}, *param_grads[MAXV] = {0};
   ttd_status_t s = ttd_run_backward(run, h->backend, out_grads, param_grads, NULL);
@@ -275,11 +275,11 @@ START_TEST(test_bfloat16_storage_matches_float32) {
   ttd_tensor **gs[2] = {g16, g32};
   for (int k = 0; k < 2; k++) {
     ttd_run *run = NULL;
-    ck_assert_ptr_null(ttd_run_forward(hs[k]->backend, hs[k]->program, hs[k]->inputs, 2, hs[k]->params, 2, &run));
+    ck_assert_ptr_null(ttd_run_forward(hs[k]->backend, NULL, hs[k]->program, hs[k]->inputs, 2, hs[k]->params, 2, &run));
     ttd_tensor_spec one = {.dtype = TTD_DTYPE_FLOAT32, .ndim = 0};
     ttd_tensor_spec_finish(&one);
     ttd_tensor *dloss = NULL;
-    ck_assert_ptr_null(ttd_tensor_create(hs[k]->backend, &one, &dloss));
+    ck_assert_ptr_null(ttd_tensor_create(hs[k]->backend, NULL, &one, &dloss));
     write_at(hs[k]->backend, dloss, 0, 1.0f);
     ck_assert_ptr_null(ttd_run_backward(run, hs[k]->backend, &dloss, gs[k], NULL));
     ttd_run_free(run);

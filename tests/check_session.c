@@ -50,7 +50,7 @@ static ttd_tensor *new_tensor(int64_t n, int device, ttd_memloc loc) {
   ttd_status_t s = ttd_tensor_spec_finish(&spec);
   ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
   ttd_tensor *t = NULL;
-  s = ttd_tensor_create(backend, &spec, &t);
+  s = ttd_tensor_create(backend, NULL, &spec, &t);
   ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
   ck_assert_int_eq(tensor_refs(t), 1);
   return t;
@@ -102,7 +102,7 @@ static void expect_not_found(ttd_session *session, uint64_t handle, char *out, s
 /* tensor_add hands out distinct, nonzero, random-looking 64-bit handles. */
 START_TEST(test_add_random_handles) {
   enum { N = 400 };
-  ttd_session *session = ttd_session_create(1, "t", 0);
+  ttd_session *session = ttd_session_create(1, &(ttd_session_params){.client_name = "t"}, 0);
   ck_assert_ptr_nonnull(session);
   uint64_t handles[N];
   ttd_handle_map seen = {0};
@@ -126,7 +126,7 @@ END_TEST
 
 /* The session takes its own reference on add; lookup returns the same tensor with a new one. */
 START_TEST(test_lookup_retains) {
-  ttd_session *session = ttd_session_create(1, "t", 0);
+  ttd_session *session = ttd_session_create(1, &(ttd_session_params){.client_name = "t"}, 0);
   ttd_tensor *t = new_tensor(10, 0, TTD_MEM_L1);
   uint64_t h;
   ck_assert_ptr_null(ttd_session_tensor_add(session, t, &h));
@@ -153,7 +153,7 @@ END_TEST
 
 /* Unknown, zero and freed handles are all NOT_FOUND with messages identical but for the handle. */
 START_TEST(test_lookup_unknown_uniform) {
-  ttd_session *session = ttd_session_create(1, "t", 0);
+  ttd_session *session = ttd_session_create(1, &(ttd_session_params){.client_name = "t"}, 0);
   uint64_t h = add_new(session, 4, 0, TTD_MEM_DRAM);
   uint64_t keep = add_new(session, 4, 0, TTD_MEM_DRAM);
   uint64_t out_t, out_b;
@@ -177,7 +177,7 @@ END_TEST
 
 /* ttd_session_handle_not_found is the same message lookup gives. */
 START_TEST(test_handle_not_found_message) {
-  ttd_session *session = ttd_session_create(1, "t", 0);
+  ttd_session *session = ttd_session_create(1, &(ttd_session_params){.client_name = "t"}, 0);
   char direct[512], looked_up[512];
   ttd_status_t s = ttd_session_handle_not_found(0xabcdef);
   ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_NOT_FOUND);
@@ -190,8 +190,8 @@ END_TEST
 
 /* A handle of session A is NOT_FOUND in session B, and B cannot free it. */
 START_TEST(test_foreign_handle) {
-  ttd_session *a = ttd_session_create(1, "a", 0);
-  ttd_session *b = ttd_session_create(2, "b", 0);
+  ttd_session *a = ttd_session_create(1, &(ttd_session_params){.client_name = "a"}, 0);
+  ttd_session *b = ttd_session_create(2, &(ttd_session_params){.client_name = "b"}, 0);
   uint64_t ha = add_new(a, 8, 0, TTD_MEM_DRAM);
   uint64_t hb = add_new(b, 8, 1, TTD_MEM_DRAM);
   char foreign[512], never[512];
@@ -215,7 +215,7 @@ END_TEST
 
 /* Free is all or nothing: one unknown handle in the list frees none of them. */
 START_TEST(test_free_all_or_nothing) {
-  ttd_session *session = ttd_session_create(1, "t", 0);
+  ttd_session *session = ttd_session_create(1, &(ttd_session_params){.client_name = "t"}, 0);
   uint64_t h1 = add_new(session, 10, 0, TTD_MEM_DRAM);
   uint64_t h2 = add_new(session, 20, 0, TTD_MEM_L1);
   uint64_t h3 = add_new(session, 30, 1, TTD_MEM_DRAM);
@@ -248,7 +248,7 @@ END_TEST
 
 /* A successful free returns tensors and bytes freed and gives the device memory back. */
 START_TEST(test_free_counts) {
-  ttd_session *session = ttd_session_create(1, "t", 0);
+  ttd_session *session = ttd_session_create(1, &(ttd_session_params){.client_name = "t"}, 0);
   uint64_t h1 = add_new(session, 10, 0, TTD_MEM_DRAM);
   uint64_t h2 = add_new(session, 20, 0, TTD_MEM_L1);
   uint64_t h3 = add_new(session, 30, 1, TTD_MEM_DRAM);
@@ -279,7 +279,7 @@ END_TEST
 
 /* An empty list and a list naming a handle twice are INVALID_ARGUMENT and free nothing. */
 START_TEST(test_free_empty_and_duplicates) {
-  ttd_session *session = ttd_session_create(1, "t", 0);
+  ttd_session *session = ttd_session_create(1, &(ttd_session_params){.client_name = "t"}, 0);
   uint64_t h1 = add_new(session, 10, 0, TTD_MEM_DRAM);
   uint64_t h2 = add_new(session, 10, 0, TTD_MEM_DRAM);
   uint64_t out_t = 5, out_b = 5;
@@ -305,7 +305,7 @@ END_TEST
 
 /* Closing a session frees all its device memory, reports counts, and is idempotent. */
 START_TEST(test_close_frees_memory) {
-  ttd_session *session = ttd_session_create(1, "t", 0);
+  ttd_session *session = ttd_session_create(1, &(ttd_session_params){.client_name = "t"}, 0);
   add_new(session, 100, 0, TTD_MEM_DRAM);
   add_new(session, 200, 0, TTD_MEM_L1);
   add_new(session, 300, 1, TTD_MEM_DRAM);
@@ -328,7 +328,7 @@ END_TEST
 
 /* A closed session refuses tensor_add with FAILED_PRECONDITION and takes no reference. */
 START_TEST(test_closed_refuses_add) {
-  ttd_session *session = ttd_session_create(0xfeed, "t", 0);
+  ttd_session *session = ttd_session_create(0xfeed, &(ttd_session_params){.client_name = "t"}, 0);
   uint64_t old = add_new(session, 1, 0, TTD_MEM_DRAM);
   ttd_session_close(session, NULL, NULL);
   ttd_tensor *t = new_tensor(5, 0, TTD_MEM_DRAM);
@@ -348,7 +348,7 @@ END_TEST
 
 /* A tensor referenced elsewhere keeps its memory after free or close until released. */
 START_TEST(test_refcount_keeps_memory) {
-  ttd_session *session = ttd_session_create(1, "t", 0);
+  ttd_session *session = ttd_session_create(1, &(ttd_session_params){.client_name = "t"}, 0);
   uint64_t h = add_new(session, 256, 0, TTD_MEM_DRAM);
   ttd_tensor *held = NULL;
   ck_assert_ptr_null(ttd_session_tensor_lookup(session, h, &held)); /* an in-flight call's reference */
@@ -377,7 +377,7 @@ END_TEST
 
 /* Releasing the last session reference closes it and frees its tensors. */
 START_TEST(test_release_last_reference) {
-  ttd_session *session = ttd_session_create(1, "t", 0);
+  ttd_session *session = ttd_session_create(1, &(ttd_session_params){.client_name = "t"}, 0);
   ck_assert_ptr_eq(ttd_session_retain(session), session);
   add_new(session, 50, 0, TTD_MEM_DRAM);
   ttd_session_release(session);
@@ -394,7 +394,7 @@ START_TEST(test_session_fields_and_touch) {
   char long_name[200];
   memset(long_name, 'n', sizeof(long_name) - 1);
   long_name[sizeof(long_name) - 1] = '\0';
-  ttd_session *s = ttd_session_create(77, long_name, 1000);
+  ttd_session *s = ttd_session_create(77, &(ttd_session_params){.client_name = long_name}, 1000);
   ck_assert_uint_eq(s->id, 77);
   ck_assert_uint_eq(strlen(s->client_name), sizeof(s->client_name) - 1);
   ck_assert_int_eq(s->opened_ms, 1000);
@@ -403,7 +403,7 @@ START_TEST(test_session_fields_and_touch) {
   ck_assert_int_eq(last_seen(s), 2500);
   ck_assert_int_eq(s->opened_ms, 1000);
   ttd_session_release(s);
-  s = ttd_session_create(78, NULL, 0);
+  s = ttd_session_create(78, &(ttd_session_params){.client_name = NULL}, 0);
   ck_assert_str_eq(s->client_name, "");
   ttd_session_release(s);
 }
@@ -417,8 +417,8 @@ START_TEST(test_table_open_lookup_close) {
   ttd_session_table table;
   ttd_session_table_init(&table, 1000);
   ttd_session *a = NULL, *b = NULL;
-  ck_assert_ptr_null(ttd_session_table_open(&table, "alpha", 10, &a));
-  ck_assert_ptr_null(ttd_session_table_open(&table, "beta", 20, &b));
+  ck_assert_ptr_null(ttd_session_table_open(&table, &(ttd_session_params){.client_name = "alpha"}, 10, &a));
+  ck_assert_ptr_null(ttd_session_table_open(&table, &(ttd_session_params){.client_name = "beta"}, 20, &b));
   ck_assert_ptr_nonnull(a);
   ck_assert_uint_ne(a->id, 0);
   ck_assert_uint_ne(a->id, b->id);
@@ -426,7 +426,7 @@ START_TEST(test_table_open_lookup_close) {
   ck_assert_uint_eq(ttd_session_table_count(&table), 2);
 
   ttd_session *found = NULL;
-  ck_assert_ptr_null(ttd_session_table_lookup(&table, a->id, 500, &found));
+  ck_assert_ptr_null(ttd_session_table_lookup(&table, a->id, NULL, 500, &found));
   ck_assert_ptr_eq(found, a);
   ck_assert_int_eq(last_seen(a), 500);
   ck_assert_int_eq(session_refs(a), 3); /* table + ours + lookup's */
@@ -444,14 +444,14 @@ START_TEST(test_table_open_lookup_close) {
   ck_assert_int_eq(session_refs(a), 1); /* only ours is left */
 
   found = (ttd_session *)&found;
-  ttd_status_t s = ttd_session_table_lookup(&table, a_id, 600, &found);
+  ttd_status_t s = ttd_session_table_lookup(&table, a_id, NULL, 600, &found);
   ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_NOT_FOUND);
   ck_assert_ptr_null(found);
   char id_hex[24];
   snprintf(id_hex, sizeof(id_hex), "%016" PRIx64, a_id);
   ck_assert_ptr_nonnull(strstr(ttd_status_message(s), id_hex));
   ttd_status_free(s);
-  s = ttd_session_table_lookup(&table, 0, 600, &found);
+  s = ttd_session_table_lookup(&table, 0, NULL, 600, &found);
   ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_NOT_FOUND);
   ttd_status_free(s);
 
@@ -471,13 +471,13 @@ START_TEST(test_table_sweep) {
   ttd_session_table table;
   ttd_session_table_init(&table, 1000);
   ttd_session *a, *b, *c;
-  ck_assert_ptr_null(ttd_session_table_open(&table, "a", 0, &a));
-  ck_assert_ptr_null(ttd_session_table_open(&table, "b", 0, &b));
-  ck_assert_ptr_null(ttd_session_table_open(&table, "c", 500, &c));
+  ck_assert_ptr_null(ttd_session_table_open(&table, &(ttd_session_params){.client_name = "a"}, 0, &a));
+  ck_assert_ptr_null(ttd_session_table_open(&table, &(ttd_session_params){.client_name = "b"}, 0, &b));
+  ck_assert_ptr_null(ttd_session_table_open(&table, &(ttd_session_params){.client_name = "c"}, 500, &c));
   add_new(b, 10, 0, TTD_MEM_DRAM);
   add_new(c, 20, 1, TTD_MEM_L1);
   ttd_session *found;
-  ck_assert_ptr_null(ttd_session_table_lookup(&table, a->id, 800, &found)); /* a call touches a */
+  ck_assert_ptr_null(ttd_session_table_lookup(&table, a->id, NULL, 800, &found)); /* a call touches a */
   ttd_session_release(found);
 
   ck_assert_uint_eq(ttd_session_table_sweep(&table, 999), 0);
@@ -490,7 +490,7 @@ START_TEST(test_table_sweep) {
   ck_assert_uint_eq(used(0, TTD_MEM_DRAM), 0);
   ck_assert_uint_eq(used(1, TTD_MEM_L1), 80);
   ck_assert_uint_eq(ttd_session_table_count(&table), 2);
-  ttd_status_t s = ttd_session_table_lookup(&table, b->id, 1001, &found);
+  ttd_status_t s = ttd_session_table_lookup(&table, b->id, NULL, 1001, &found);
   ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_NOT_FOUND);
   ttd_status_free(s);
 
@@ -521,7 +521,7 @@ START_TEST(test_table_sweep_many) {
   ttd_session_table_init(&table, 100);
   for (int i = 0; i < 50; i++) {
     ttd_session *s;
-    ck_assert_ptr_null(ttd_session_table_open(&table, "x", i % 2 ? 0 : 1000, &s));
+    ck_assert_ptr_null(ttd_session_table_open(&table, &(ttd_session_params){.client_name = "x"}, i % 2 ? 0 : 1000, &s));
     add_new(s, 1, i % 2, TTD_MEM_DRAM);
     ttd_session_release(s);
   }
@@ -539,8 +539,8 @@ START_TEST(test_table_destroy_closes_all) {
   ttd_session_table table;
   ttd_session_table_init(&table, 1000);
   ttd_session *a, *b;
-  ck_assert_ptr_null(ttd_session_table_open(&table, "a", 0, &a));
-  ck_assert_ptr_null(ttd_session_table_open(&table, "b", 0, &b));
+  ck_assert_ptr_null(ttd_session_table_open(&table, &(ttd_session_params){.client_name = "a"}, 0, &a));
+  ck_assert_ptr_null(ttd_session_table_open(&table, &(ttd_session_params){.client_name = "b"}, 0, &b));
   add_new(a, 10, 0, TTD_MEM_DRAM);
   add_new(b, 10, 1, TTD_MEM_L1);
   ttd_session_release(b);
@@ -653,7 +653,7 @@ START_TEST(test_tensor_create_too_big) {
   spec.device = 1;
   spec.location = TTD_MEM_L1;
   ttd_tensor *t = (ttd_tensor *)&t;
-  ttd_status_t s = ttd_tensor_create(backend, &spec, &t);
+  ttd_status_t s = ttd_tensor_create(backend, NULL, &spec, &t);
   ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_RESOURCE_EXHAUSTED);
   ck_assert_ptr_nonnull(strstr(ttd_status_message(s), "tt:1"));
   ttd_status_free(s);
@@ -672,11 +672,11 @@ START_TEST(test_tensor_create_zeroed) {
   memset(junk, 0xA7, N);
   for (int round = 0; round < 4; round++) {
     ttd_tensor *dirty = NULL;
-    ck_assert_ptr_null(ttd_tensor_create(backend, &spec, &dirty));
+    ck_assert_ptr_null(ttd_tensor_create(backend, NULL, &spec, &dirty));
     ck_assert_ptr_null(backend->vtable->buffer_write(backend, dirty->buffer, 0, junk, N));
     ttd_tensor_release(dirty);
     ttd_tensor *clean = NULL;
-    ck_assert_ptr_null(ttd_tensor_create_zeroed(backend, &spec, &clean));
+    ck_assert_ptr_null(ttd_tensor_create_zeroed(backend, NULL, &spec, &clean));
     ck_assert_ptr_eq(clean->backend, backend);
     ck_assert_int_eq(clean->spec.ndim, 2);
     ck_assert_int_eq(clean->spec.shape[1], 32);

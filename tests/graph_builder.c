@@ -1,6 +1,10 @@
 #include "graph_builder.h"
 
+#include <check.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "raw_rpc.h"
 
 void gb_init(graph_builder *b) {
   memset(b, 0, sizeof(*b));
@@ -57,3 +61,21 @@ void gb_int(graph_builder *b, Ttd__V1__Node *n, const char *name, int64_t v) {
 
 
 void gb_output(graph_builder *b, const char *name) { b->outputs[b->graph.n_outputs++] = (char *)name; }
+
+Ttd__V1__CompileResponse *gb_compile(graph_builder *b, const char *target, const char *session, int want_code,
+                                     const char *needle) {
+  Ttd__V1__CompileRequest req = TTD__V1__COMPILE_REQUEST__INIT;
+  req.graph = &b->graph;
+  size_t len = ttd__v1__compile_request__get_packed_size(&req);
+  unsigned char *buf = malloc(len);
+  ttd__v1__compile_request__pack(&req, buf);
+  raw_result r;
+  raw_call(target, "/ttd.v1.Device/Compile", (raw_md){.session = session}, buf, len, &r);
+  free(buf);
+  ck_assert_msg(r.code == want_code, "expected code %d, got %d: %s", want_code, r.code, r.details);
+  if (needle) ck_assert_msg(strstr(r.details, needle) != NULL, "message '%s' lacks '%s'", r.details, needle);
+  Ttd__V1__CompileResponse *resp = NULL;
+  if (r.code == 0) resp = ttd__v1__compile_response__unpack(NULL, r.body_len, r.body);
+  raw_result_free(&r);
+  return resp;
+}

@@ -35,4 +35,9 @@ void gb_int(graph_builder *b, Ttd__V1__Node *n, const char *name, int64_t v);
 
 void gb_output(graph_builder *b, const char *name);
 
+/* Compiles the graph in session (raw calls) and asserts the code and (if needle) a part
+ * of the message; returns the response (free_unpacked) when the code is OK, else NULL. */
+Ttd__V1__CompileResponse *gb_compile(graph_builder *b, const char *target, const char *session, int want_code,
+                                     const char *needle);
+
 #endif

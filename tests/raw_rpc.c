@@ -15,7 +15,7 @@ typedef struct raw_call_ctx {
   grpc_channel *channel;
   grpc_completion_queue *cq;
   grpc_call *call;
-  grpc_metadata md[2];
+  grpc_metadata md[3];
   size_t md_count;
   grpc_metadata_array initial, trailing;
   grpc_status_code status;
@@ -53,6 +53,10 @@ static void begin(raw_call_ctx *c, const char *target, const char *method, raw_m
   if (md.instance) {
     c->md[c->md_count].key = grpc_slice_from_static_string("ttd-instance");
     c->md[c->md_count++].value = grpc_slice_from_copied_string(md.instance);
+  }
+  if (md.authorization) {
+    c->md[c->md_count].key = grpc_slice_from_static_string("authorization");
+    c->md[c->md_count++].value = grpc_slice_from_copied_string(md.authorization);
   }
   grpc_metadata_array_init(&c->initial);
   grpc_metadata_array_init(&c->trailing);
@@ -167,17 +171,20 @@ void raw_open_session(const char *target, char session_hex[17], char instance[40
 }
 
 uint64_t raw_allocate(const char *target, const char *session_hex, int64_t n) {
+  return raw_allocate_shape(target, session_hex, &n, 1);
+}
+
+uint64_t raw_allocate_shape(const char *target, const char *session_hex, const int64_t *shape, int ndim) {
   Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
-  int64_t shape[1] = {n};
   spec.dtype = TTD__V1__DTYPE__DTYPE_FLOAT32;
-  spec.n_shape = 1;
-  spec.shape = shape;
+  spec.n_shape = (size_t)ndim;
+  spec.shape = (int64_t *)shape;
   Ttd__V1__AllocateRequest req = TTD__V1__ALLOCATE_REQUEST__INIT;
   req.spec = &spec;
   unsigned char buf[128];
   size_t len = ttd__v1__allocate_request__pack(&req, buf);
   raw_result r;
-  raw_call(target, "/ttd.v1.Device/Allocate", (raw_md){session_hex, NULL}, buf, len, &r);
+  raw_call(target, "/ttd.v1.Device/Allocate", (raw_md){.session = session_hex, .instance = NULL}, buf, len, &r);
   ck_assert_msg(r.code == 0, "Allocate: %s", r.details);
   Ttd__V1__AllocateResponse *resp = ttd__v1__allocate_response__unpack(NULL, r.body_len, r.body);
   ck_assert_ptr_nonnull(resp);

@@ -19,6 +19,7 @@ typedef struct raw_result {
 typedef struct raw_md {
   const char *session;  /* "ttd-session" value, or NULL */
   const char *instance; /* "ttd-instance" value, or NULL */
+  const char *authorization; /* "authorization" value ("Bearer ..."), or NULL */
 } raw_md;
 
 /* A unary call (also used for Download: every response is read, the last kept). */
@@ -40,5 +41,8 @@ void raw_expect(const char *target, const char *method, const ProtobufCMessage *
 
 /* Allocates n float32 elements on tt:0 DRAM in the session; returns the handle. */
 uint64_t raw_allocate(const char *target, const char *session_hex, int64_t n);
+
+/* The same with any shape (float32, tt:0 DRAM). */
+uint64_t raw_allocate_shape(const char *target, const char *session_hex, const int64_t *shape, int ndim);
 
 #endif

@@ -11,6 +11,8 @@ Suite *handle_map_suite(void);
 Suite *config_suite(void);
 Suite *sim_backend_suite(void);
 Suite *session_suite(void);
+Suite *tokens_suite(void);
+Suite *scheduler_suite(void);
 Suite *place_suite(void);
 Suite *program_grad_suite(void);
 Suite *thread_pool_suite(void);
@@ -37,6 +39,9 @@ Suite *e2e_interop_suite(void);
 Suite *e2e_programs_suite(void);
 Suite *e2e_modules_suite(void);
 Suite *e2e_metrics_suite(void);
+Suite *e2e_tenants_suite(void);
+Suite *e2e_fairness_suite(void);
+Suite *e2e_service_suite(void);
 Suite *safetensors_suite(void);
 
 #endif

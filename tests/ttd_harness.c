@@ -28,7 +28,9 @@ static int socket_answers(const char *path) {
   return ok;
 }
 
-void ttd_proc_start(ttd_proc *proc, const char *const *extra_args) {
+void ttd_proc_start(ttd_proc *proc, const char *const *extra_args) { ttd_proc_start_env(proc, extra_args, NULL); }
+
+void ttd_proc_start_env(ttd_proc *proc, const char *const *extra_args, const char *const *env) {
   memset(proc, 0, sizeof(*proc));
   snprintf(proc->dir, sizeof(proc->dir), "/tmp/ttd-test-XXXXXX");
   ck_assert_msg(mkdtemp(proc->dir) != NULL, "mkdtemp: %s", strerror(errno));
@@ -60,6 +62,7 @@ void ttd_proc_start(ttd_proc *proc, const char *const *extra_args) {
       dup2(fd, 2);
       dup2(fd, 1);
     }
+    for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
     execv(bin, (char *const *)argv);
     _exit(127);
   }

@@ -19,6 +19,10 @@ typedef struct ttd_proc {
  * until it answers. Fails the test if it does not within 10 s. */
 void ttd_proc_start(ttd_proc *proc, const char *const *extra_args);
 
+/* The same with extra environment variables for the daemon: a NULL-terminated list of
+ * "NAME=VALUE" (may be NULL), added to the test's own environment. */
+void ttd_proc_start_env(ttd_proc *proc, const char *const *extra_args, const char *const *env);
+
 /* SIGTERM, waits, and returns the exit status (0 expected); removes the folder. */
 int ttd_proc_stop(ttd_proc *proc);
 

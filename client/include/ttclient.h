@@ -70,6 +70,16 @@ typedef struct tt_connect_options {
   const char *client_name;  /* shown to operators; default: the program's name */
   int disable_keepalive;    /* 1: no background KeepAlive (the session expires after its lease) */
   int64_t call_timeout_ms;  /* deadline of unary calls; 0: 60 s. Streams have none. */
+  uint64_t quota_bytes;     /* device memory this session asks for; 0: the most ttd allows */
+  const char *token;        /* bearer token of your tenant; NULL: $TTD_TOKEN, if set */
+  /* TCP targets use TLS unless insecure is set (or TTD_INSECURE=1); Unix sockets never do. */
+  int insecure;             /* 1: plain-text TCP, for a ttd started with --insecure */
+  const char *tls_ca_file;  /* PEM roots the server's certificate must chain to; NULL:
+                             * $TTD_TLS_CA, else the system's roots */
+  const char *tls_cert_file, *tls_key_file; /* client certificate for mutual TLS; NULL:
+                             * $TTD_TLS_CERT and $TTD_TLS_KEY, if set */
+  const char *tls_server_name; /* name to check in the server's certificate instead of the
+                             * target's host */
 } tt_connect_options;
 
 /* Sets the defaults. */
@@ -103,6 +113,10 @@ const char *tt_status_name(tt_status status);
 uint64_t tt_session_id(const tt_client *client);
 const char *tt_instance_id(const tt_client *client);
 
+/* The session's device memory quota in bytes (0: none) and the tenant it belongs to. */
+uint64_t tt_session_quota(const tt_client *client);
+const char *tt_session_tenant(const tt_client *client);
+
 /* ---- devices ---- */
 
 typedef struct tt_memory_info {
@@ -121,6 +135,27 @@ typedef struct tt_device_info {
 /* Lists the daemon's devices into a new array (free with tt_device_list_free). */
 tt_status tt_list_devices(tt_client *client, tt_device_info **out_devices, size_t *out_count);
 void tt_device_list_free(tt_device_info *devices);
+
+/* ---- sessions, for operators (the caller's tenant must be admin: PERMISSION_DENIED) ---- */
+
+typedef struct tt_session_info {
+  uint64_t session_id;
+  char tenant[64];
+  char client_name[64];
+  char peer[64];        /* "unix:", "ipv4:10.0.0.7:51234", ... */
+  uint64_t age_ms, idle_ms;
+  uint64_t tensors;
+  uint64_t used_bytes;  /* device memory charged to the session */
+  uint64_t quota_bytes; /* 0: no quota */
+} tt_session_info;
+
+/* Every open session of every tenant, into a new array (free with tt_session_list_free). */
+tt_status tt_list_sessions(tt_client *client, tt_session_info **out_sessions, size_t *out_count);
+void tt_session_list_free(tt_session_info *sessions);
+
+/* Closes a session at once, freeing its device memory; NOT_FOUND if it is not open. The
+ * counts may be NULL. */
+tt_status tt_kill_session(tt_client *client, uint64_t session_id, uint64_t *out_tensors, uint64_t *out_bytes);
 
 /* ---- tensors ---- */
 
