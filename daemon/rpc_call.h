@@ -47,6 +47,9 @@ typedef struct ttd_call {
   ttd_job job;                  /* device work waits in the scheduler as this */
   ProtobufCMessage *request;    /* the unpacked request of a scheduled call */
   int64_t started_ns;           /* monotonic, when the call arrived (for latency metrics) */
+  uint64_t request_id;          /* counts calls since start; in logs and ttd-request-id metadata */
+  char request_id_text[24];
+  grpc_metadata initial_md;     /* ttd-request-id */
   ttd_arena_block *arena;
   ProtobufCAllocator allocator; /* allocates from the arena */
 } ttd_call;

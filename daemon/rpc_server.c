@@ -35,6 +35,7 @@ struct ttd_server {
   pthread_cond_t shutdown_done_cond;
   bool shutdown_done;
   atomic_long live_calls; /* call contexts not yet destroyed, requested ones included */
+  atomic_ullong next_request_id;
 };
 
 /* ---- arena ---- */
@@ -156,6 +157,12 @@ static size_t add_initial_metadata(ttd_call *c, grpc_op *ops) {
   c->initial_metadata_sent = true;
   memset(ops, 0, sizeof(*ops));
   ops->op = GRPC_OP_SEND_INITIAL_METADATA;
+  if (c->request_id) {
+    c->initial_md.key = grpc_slice_from_static_string("ttd-request-id");
+    c->initial_md.value = grpc_slice_from_static_string(c->request_id_text);
+    ops->data.send_initial_metadata.count = 1;
+    ops->data.send_initial_metadata.metadata = &c->initial_md;
+  }
   return 1;
 }
 
@@ -192,10 +199,12 @@ static void finish(ttd_call *c, grpc_byte_buffer *message, ttd_status_t status) 
     c->sending = message;
     n++;
   }
-  if (status && ttd_status_code(status) != GRPC_STATUS_OK) {
-    TTD_LOG(TTD_LOG_DEBUG, "session=%016" PRIx64 " method=%s code=%s message=\"%s\"",
-            c->session ? c->session->id : 0, c->method->path, ttd_code_name(ttd_status_code(status)),
-            ttd_status_message(status));
+  if (ttd_log_threshold <= TTD_LOG_DEBUG) {
+    ttd_log_set_call(c->request_id, c->session ? c->session->id : 0);
+    TTD_LOG(TTD_LOG_DEBUG, "event=call method=%s tenant=%s code=%s us=%" PRId64 "%s%s%s",
+            c->method->path, c->principal.tenant[0] ? c->principal.tenant : "-",
+            ttd_code_name(ttd_status_code(status)), (now_ns() - c->started_ns) / 1000,
+            status ? " message=\"" : "", status ? ttd_status_message(status) : "", status ? "\"" : "");
   }
   n += add_status(c, &ops[n], status);
   ttd_status_free(status);
@@ -294,6 +303,7 @@ static void run_unary(ttd_call *c, const ProtobufCMessage *request) {
 /* A device call's turn has come (on the device's executor thread). */
 static void run_scheduled(ttd_job *job) {
   ttd_call *c = (ttd_call *)((char *)job - offsetof(ttd_call, job));
+  ttd_log_set_call(c->request_id, c->session ? c->session->id : 0);
   if (gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) > 0) {
     finish(c, NULL, ttd_make_status(GRPC_STATUS_DEADLINE_EXCEEDED,
                                     "%s waited past its deadline for its turn on the device; the device is busy "
@@ -301,6 +311,7 @@ static void run_scheduled(ttd_job *job) {
     return;
   }
   run_unary(c, c->request);
+  ttd_log_set_call(0, 0);
 }
 
 /* A call of this method has arrived. */
@@ -330,6 +341,7 @@ static void on_call_arrived(ttd_call *c) {
     c->received = NULL;
   }
   if (!status && m->needs_session) status = attach_session(c);
+  if (c->session) ttd_log_set_call(c->request_id, c->session->id);
   if (status) {
     finish(c, NULL, status);
     return;
@@ -430,6 +442,7 @@ static void send_stream_message(ttd_call *c) {
 
 /* The one switch that drives a call. */
 static void on_call_event(ttd_call *c, bool ok) {
+  ttd_log_set_call(c->request_id, c->session ? c->session->id : 0);
   switch (c->state) {
     case TTD_CALL_REQUESTED: {
       ttd_server *server = c->server;
@@ -438,6 +451,9 @@ static void on_call_event(ttd_call *c, bool ok) {
         return;
       }
       c->started_ns = now_ns();
+      c->request_id = atomic_fetch_add(&server->next_request_id, 1) + 1;
+      snprintf(c->request_id_text, sizeof(c->request_id_text), "%" PRIu64, c->request_id);
+      ttd_log_set_call(c->request_id, 0);
       atomic_fetch_add_explicit(&c->core->metrics.in_flight, 1, memory_order_relaxed);
       bool known = c->method != &unknown_method;
       ttd_status_t s = request_call(server, c->method, known ? server->registered[c->method - ttd_methods] : NULL);
@@ -486,6 +502,7 @@ static void *worker_main(void *arg) {
       continue;
     }
     on_call_event(ev.tag, ev.success != 0);
+    ttd_log_set_call(0, 0);
   }
 }
 
@@ -611,6 +628,11 @@ ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int 
   ttd_status_t status = TTD_OK;
   for (int i = 0; i < address_count && !status; i++) status = bind_address(server, addresses[i]);
   if (status) {
+    /* Listeners already added must be shut down before the server is destroyed. */
+    grpc_server_shutdown_and_notify(server->server, server->cq, &server->shutdown_tag);
+    while (grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).tag !=
+           &server->shutdown_tag) {
+    }
     grpc_server_destroy(server->server);
     grpc_completion_queue_shutdown(server->cq);
     while (grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
@@ -678,6 +700,15 @@ void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
     pthread_mutex_lock(&server->lock);
     while (!server->shutdown_done) pthread_cond_wait(&server->shutdown_done_cond, &server->lock);
     pthread_mutex_unlock(&server->lock);
+  }
+  /* Device work still queued in the scheduler holds its calls: the executors run it and the
+   * workers complete its batches, so wait until every call context is gone. */
+  for (int waited_ms = 0; atomic_load(&server->live_calls) > 0 && server->thread_count > 0; waited_ms++) {
+    if (waited_ms % 1000 == 999) {
+      TTD_LOG(TTD_LOG_INFO, "event=drain-wait calls=%ld", atomic_load(&server->live_calls));
+    }
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
   }
   grpc_server_destroy(server->server);
   grpc_completion_queue_shutdown(server->cq);

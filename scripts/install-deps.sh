@@ -9,7 +9,7 @@ PACKAGES=(
   libevent-dev check
   protobuf-compiler python3 python3-grpcio python3-protobuf
   zlib1g-dev libjansson-dev dataset-fashion-mnist
-  libsystemd-dev systemd
+  libsystemd-dev systemd libssl-dev openssl
 )
 
 missing=()

@@ -1,9 +1,13 @@
-/* Fair sharing of one device through a real ttd: a heavy session keeps many programs
+/* The device queue through a real ttd. Fair sharing: a heavy session keeps many programs
  * queued (more than there are RPC worker threads) while a light session runs small
  * programs and transfers. Round-robin bounds the light session's wait by about one heavy
  * program; with a FIFO it would wait for the heavy session's whole queue. Transfers do
  * not wait for programs at all. Bounds are ratios to the heavy program's time measured in
- * the same run, so a slow machine or a sanitizer build scales both sides. */
+ * the same run, so a slow machine or a sanitizer build scales both sides.
+ * Draining: SIGTERM with programs running and queued lets them finish within
+ * --drain-timeout, cancels them past it, and exits 0 either way. */
+#include <signal.h>
+#include <sys/wait.h>
 #include <check.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -53,8 +57,9 @@ static uint64_t compile(const sess *s, graph_builder *b) {
   return program;
 }
 
-/* Runs the session's program once and frees its output; returns the gRPC code. */
-static int execute(const sess *s) {
+/* Runs the session's program once and (with free_output) frees its output; returns the
+ * gRPC code. */
+static int execute_program(const sess *s, int free_output) {
   Ttd__V1__ExecuteRequest req = TTD__V1__EXECUTE_REQUEST__INIT;
   req.program = s->program;
   req.inputs = (uint64_t *)s->operands;
@@ -64,7 +69,7 @@ static int execute(const sess *s) {
   raw_result r;
   raw_call(proc.target, "/ttd.v1.Device/Execute", (raw_md){.session = s->id}, buf, len, &r);
   int code = r.code;
-  if (code == 0) {
+  if (code == 0 && free_output) {
     Ttd__V1__ExecuteResponse *resp = ttd__v1__execute_response__unpack(NULL, r.body_len, r.body);
     uint64_t out = resp->outputs[0]->handle;
     ttd__v1__execute_response__free_unpacked(resp, NULL);
@@ -81,7 +86,25 @@ static int execute(const sess *s) {
   return code;
 }
 
+static int execute(const sess *s) { return execute_program(s, 1); }
+
 static sess heavy, light;
+
+/* The heavy session's program: a chain of depth HEAVY_N-square matmuls, and its operands. */
+static void make_heavy(int depth) {
+  static const char *names[] = {"m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8"};
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "a", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, HEAVY_N, HEAVY_N, 0, 0);
+  gb_value(&b, 0, "b", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, HEAVY_N, HEAVY_N, 0, 0);
+  for (int i = 0; i < depth; i++) gb_node(&b, names[i], "matmul", i ? names[i - 1] : "a", "b", NULL);
+  gb_output(&b, names[depth - 1]);
+  heavy.program = compile(&heavy, &b);
+  int64_t square[2] = {HEAVY_N, HEAVY_N};
+  heavy.operands[0] = raw_allocate_shape(proc.target, heavy.id, square, 2);
+  heavy.operands[1] = raw_allocate_shape(proc.target, heavy.id, square, 2);
+  heavy.n_operands = 2;
+}
 static atomic_int stop_heavy, heavy_done, heavy_errors;
 
 static void *heavy_main(void *arg) {
@@ -97,17 +120,8 @@ START_TEST(test_light_session_waits_one_program) {
   ttd_proc_start(&proc, NULL);
   raw_open_session(proc.target, heavy.id, heavy.instance);
   raw_open_session(proc.target, light.id, light.instance);
+  make_heavy(1);
   graph_builder b;
-  gb_init(&b); /* heavy: one big matmul */
-  gb_value(&b, 0, "a", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, HEAVY_N, HEAVY_N, 0, 0);
-  gb_value(&b, 0, "b", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, HEAVY_N, HEAVY_N, 0, 0);
-  gb_node(&b, "c", "matmul", "a", "b", NULL);
-  gb_output(&b, "c");
-  heavy.program = compile(&heavy, &b);
-  int64_t square[2] = {HEAVY_N, HEAVY_N};
-  heavy.operands[0] = raw_allocate_shape(proc.target, heavy.id, square, 2);
-  heavy.operands[1] = raw_allocate_shape(proc.target, heavy.id, square, 2);
-  heavy.n_operands = 2;
   gb_init(&b); /* light: a relu of 16 floats */
   gb_value(&b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, 16, 0, 0, 0);
   gb_node(&b, "y", "relu", "x", NULL, NULL);
@@ -168,11 +182,89 @@ START_TEST(test_light_session_waits_one_program) {
 }
 END_TEST
 
+typedef struct drain_call {
+  pthread_t thread;
+  int code;
+} drain_call;
+
+static void *drain_call_main(void *arg) {
+  drain_call *d = arg;
+  d->code = execute_program(&heavy, 0); /* the daemon frees the output as it stops */
+  return NULL;
+}
+
+static int log_has(const char *needle) {
+  char cmd[512];
+  snprintf(cmd, sizeof(cmd), "grep -q '%s' '%s'", needle, proc.log_path);
+  return system(cmd) == 0;
+}
+
+/* Starts ttd with drain_timeout, queues n heavy programs, sends SIGTERM once they are in
+ * flight and returns ttd's exit status; codes[i] gets each call's gRPC code. */
+static int sigterm_with_queue(const char *drain_timeout, int n, int *codes) {
+  const char *args[] = {"--drain-timeout", drain_timeout, NULL};
+  ttd_proc_start(&proc, args);
+  setenv("TTD_KEEP_LOGS", "1", 1);
+  raw_open_session(proc.target, heavy.id, heavy.instance);
+  make_heavy(6);
+  drain_call calls[8];
+  for (int i = 0; i < n; i++) pthread_create(&calls[i].thread, NULL, drain_call_main, &calls[i]);
+  /* Long enough for every call to arrive (a few ms each), far shorter than the n programs
+   * of 6 matmuls each. */
+  struct timespec wait = {0, 60000000};
+  nanosleep(&wait, NULL);
+  kill(proc.pid, SIGTERM);
+  for (int i = 0; i < n; i++) {
+    pthread_join(calls[i].thread, NULL);
+    codes[i] = calls[i].code;
+  }
+  int status;
+  waitpid(proc.pid, &status, 0);
+  proc.pid = 0;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void remove_proc_dir(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", proc.dir);
+  ck_assert_int_eq(system(cmd), 0);
+  unsetenv("TTD_KEEP_LOGS");
+}
+
+START_TEST(test_sigterm_lets_queued_programs_finish) {
+  int codes[6];
+  ck_assert_int_eq(sigterm_with_queue("30", 6, codes), 0);
+  /* Every call in flight at SIGTERM was answered with its result. */
+  for (int i = 0; i < 6; i++) ck_assert_msg(codes[i] == 0, "call %d: code %d", i, codes[i]);
+  ck_assert(log_has("event=stopping"));
+  ck_assert(!log_has("event=drain-timeout"));
+  ck_assert(!log_has("event=calls-leaked"));
+  remove_proc_dir();
+}
+END_TEST
+
+START_TEST(test_sigterm_past_drain_timeout_cancels) {
+  int codes[8];
+  ck_assert_int_eq(sigterm_with_queue("1ms", 8, codes), 0);
+  ck_assert(log_has("event=drain-timeout"));
+  ck_assert(!log_has("event=calls-leaked"));
+  int cut = 0;
+  for (int i = 0; i < 8; i++) {
+    ck_assert_msg(codes[i] == 0 || codes[i] == 1 || codes[i] == 14, "call %d: code %d", i, codes[i]);
+    cut += codes[i] != 0;
+  }
+  ck_assert_int_gt(cut, 0);
+  remove_proc_dir();
+}
+END_TEST
+
 Suite *e2e_fairness_suite(void) {
   Suite *s = suite_create("e2e_fairness");
   TCase *tc = tcase_create("fairness");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_light_session_waits_one_program);
+  tcase_add_test(tc, test_sigterm_lets_queued_programs_finish);
+  tcase_add_test(tc, test_sigterm_past_drain_timeout_cancels);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -404,6 +404,64 @@ START_TEST(test_sighup_reload) {
 }
 END_TEST
 
+/* Every call gets a request id, sent back as ttd-request-id metadata; each log line of the
+ * call carries it with the session and the tenant. At INFO, calls write nothing. */
+START_TEST(test_logs_carry_request_and_session) {
+  tt_client *a = must_connect(alice, 0);
+  char sess[17];
+  snprintf(sess, sizeof(sess), "%016llx", (unsigned long long)tt_session_id(a));
+  Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
+  int64_t shape[1] = {-3};
+  spec.dtype = TTD__V1__DTYPE__DTYPE_FLOAT32;
+  spec.n_shape = 1;
+  spec.shape = shape;
+  Ttd__V1__AllocateRequest req = TTD__V1__ALLOCATE_REQUEST__INIT;
+  req.spec = &spec;
+  uint8_t buf[64];
+  raw_result r;
+  raw_call(proc.target, "/ttd.v1.Device/Allocate", (raw_md){.session = sess, .authorization = alice_auth}, buf,
+           ttd__v1__allocate_request__pack(&req, buf), &r);
+  ck_assert_int_eq(r.code, 3);
+  ck_assert_uint_gt(strlen(r.request_id), 0);
+  char needle[256];
+  snprintf(needle, sizeof(needle), "req=%s session=%s event=call method=/ttd.v1.Device/Allocate tenant=alice "
+           "code=INVALID_ARGUMENT", r.request_id, sess);
+  raw_result_free(&r);
+  int found = 0;
+  for (int i = 0; i < 200 && !found; i++) { /* the line is written as the answer goes out */
+    found = log_contains(needle);
+    if (!found) nanosleep(&(struct timespec){0, 5000000}, NULL);
+  }
+  ck_assert_msg(found, "no '%s' in %s", needle, proc.log_path);
+  tt_disconnect(a);
+
+  /* At INFO a busy daemon logs the session's open and close, and no call. */
+  ttd_proc quiet;
+  const char *args[] = {"--log-level", "info", NULL};
+  ttd_proc_start(&quiet, args);
+  unsetenv("TTD_TOKEN");
+  tt_client *c = harness_connect(&quiet, 0);
+  for (int i = 0; i < 50; i++) {
+    tt_device_info *d = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(tt_list_devices(c, &d, &n), TT_OK);
+    tt_device_list_free(d);
+  }
+  tt_disconnect(c);
+  setenv("TTD_TOKEN", ops, 1);
+  char grep[256];
+  snprintf(grep, sizeof(grep), "grep -c . '%s'", quiet.log_path);
+  FILE *p = popen(grep, "r");
+  int lines = 0;
+  ck_assert_int_eq(fscanf(p, "%d", &lines), 1);
+  pclose(p);
+  snprintf(grep, sizeof(grep), "grep -q 'event=call' '%s'", quiet.log_path);
+  ck_assert_int_ne(system(grep), 0);
+  ck_assert_int_le(lines, 6); /* listening, ready, session open and close */
+  ck_assert_int_eq(ttd_proc_stop(&quiet), 0);
+}
+END_TEST
+
 /* Without a tokens file every client is the admin tenant "local", as before tokens. */
 START_TEST(test_no_tokens_is_local_admin) {
   ttd_proc p2;
@@ -432,6 +490,7 @@ Suite *e2e_tenants_suite(void) {
   tcase_add_test(tc, test_quota_counts_activations);
   tcase_add_test(tc, test_sighup_reload);
   tcase_add_test(tc, test_no_tokens_is_local_admin);
+  tcase_add_test(tc, test_logs_carry_request_and_session);
   suite_add_tcase(s, tc);
   return s;
 }

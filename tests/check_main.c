@@ -39,7 +39,9 @@ int main(void) {
   srunner_add_suite(sr, e2e_metrics_suite());
   srunner_add_suite(sr, e2e_tenants_suite());
   srunner_add_suite(sr, e2e_fairness_suite());
+  srunner_add_suite(sr, e2e_tls_suite());
   srunner_add_suite(sr, e2e_service_suite());
+  srunner_add_suite(sr, e2e_ttctl_suite());
   srunner_add_suite(sr, safetensors_suite());
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

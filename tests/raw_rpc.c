@@ -115,6 +115,13 @@ static void finish(raw_call_ctx *c, int close_first, raw_result *out) {
   out->code = c->status;
   snprintf(out->details, sizeof(out->details), "%.*s", (int)GRPC_SLICE_LENGTH(c->details),
            (const char *)GRPC_SLICE_START_PTR(c->details));
+  out->request_id[0] = '\0';
+  for (size_t i = 0; i < c->initial.count; i++) {
+    if (grpc_slice_str_cmp(c->initial.metadata[i].key, "ttd-request-id") == 0) {
+      snprintf(out->request_id, sizeof(out->request_id), "%.*s", (int)GRPC_SLICE_LENGTH(c->initial.metadata[i].value),
+               (const char *)GRPC_SLICE_START_PTR(c->initial.metadata[i].value));
+    }
+  }
   grpc_call_unref(c->call);
   grpc_metadata_array_destroy(&c->initial);
   grpc_metadata_array_destroy(&c->trailing);

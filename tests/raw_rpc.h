@@ -14,6 +14,7 @@ typedef struct raw_result {
   char details[1024];
   unsigned char *body;  /* the (last) response message, malloc'd; NULL if none */
   size_t body_len;
+  char request_id[24];  /* the daemon's ttd-request-id metadata, "" if none */
 } raw_result;
 
 typedef struct raw_md {

@@ -41,7 +41,9 @@ Suite *e2e_modules_suite(void);
 Suite *e2e_metrics_suite(void);
 Suite *e2e_tenants_suite(void);
 Suite *e2e_fairness_suite(void);
+Suite *e2e_tls_suite(void);
 Suite *e2e_service_suite(void);
+Suite *e2e_ttctl_suite(void);
 Suite *safetensors_suite(void);
 
 #endif
