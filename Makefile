@@ -147,6 +147,7 @@ install: $(TTD) $(LIB_A) $(LIB_SO)
 	install -D -m 0644 client/include/ttclient.h $(DESTDIR)$(PREFIX)/include/ttclient.h
 	install -D -m 0644 $(INSTALL_GEN)/ttclient.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/ttclient.pc
 	install -D -m 0644 $(INSTALL_GEN)/ttd.service $(DESTDIR)/lib/systemd/system/ttd.service
+	install -D -m 0644 scripts/ttd.sysusers $(DESTDIR)/usr/lib/sysusers.d/ttd.conf
 	if [ ! -e $(DESTDIR)/etc/ttd/ttd.conf ]; then install -D -m 0644 scripts/ttd.conf $(DESTDIR)/etc/ttd/ttd.conf; fi
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

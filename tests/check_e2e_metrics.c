@@ -111,6 +111,8 @@ START_TEST(test_metrics_follow_work) {
   ck_assert_double_eq(metric(r, "ttd_rpc_duration_seconds_bucket{method=\"Download\",le=\"+Inf\"}"), 1);
   ck_assert(metric(r, "ttd_rpc_duration_seconds_sum{method=\"Download\"}") > 0);
   ck_assert_double_eq(metric(r, "ttd_rpc_in_flight"), 0);
+  ck_assert_double_eq(metric(r, "ttd_device_queue_depth{device=\"tt:0\"}"), 0);
+  ck_assert_double_eq(metric(r, "ttd_device_queue_depth{device=\"tt:1\"}"), 0);
   free(r);
   tt_tensor_free(back);
   tt_tensor_free(d);

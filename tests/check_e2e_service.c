@@ -403,6 +403,12 @@ START_TEST(test_make_install) {
   ck_assert_ptr_null(strstr(text, "/usr/local"));
   free(text);
 
+  snprintf(path, sizeof(path), "%s/usr/lib/sysusers.d/ttd.conf", dest);
+  assert_mode(path, S_IFREG, 0644);
+  text = read_file(path);
+  ck_assert_ptr_nonnull(strstr(text, "\nu ttd - "));
+  free(text);
+
   snprintf(path, sizeof(path), "%s/etc/ttd/ttd.conf", dest);
   assert_mode(path, S_IFREG, 0644);
   text = read_file(path);
