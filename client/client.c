@@ -136,12 +136,12 @@ static char *read_pem(tt_client *c, const char *what, const char *path) {
     if (n < 65536) break;
   }
   fclose(f);
+  if (text) text[len] = '\0';
   if (!text || len == 0 || !strstr(text, "-----BEGIN")) {
     free(text);
     tt_client_fail(c, TT_INVALID_ARGUMENT, "the TLS %s %s is not a PEM file", what, path);
     return NULL;
   }
-  text[len] = '\0';
   return text;
 }
 
@@ -180,10 +180,15 @@ static tt_status channel_credentials(tt_client *c, const tt_connect_options *opt
   }
   free(ca_pem);
   free(cert_pem);
+  if (key_pem) explicit_bzero(key_pem, strlen(key_pem));
   free(key_pem);
   if (st == TT_OK && options->tls_server_name) {
     grpc_arg *grown = malloc((args->num_args + 1) * sizeof(*grown));
-    if (!grown) return tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of memory");
+    if (!grown) {
+      grpc_channel_credentials_release(*out);
+      *out = NULL;
+      return tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of memory");
+    }
     memcpy(grown, args->args, args->num_args * sizeof(*grown));
     grown[args->num_args] = (grpc_arg){.type = GRPC_ARG_STRING, .key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG,
                                        .value.string = (char *)options->tls_server_name};
@@ -222,6 +227,7 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   }
 
   grpc_init();
+  c->grpc_initialized = true;
   grpc_arg args[] = {
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = 8 * 1024 * 1024},
       /* A restarted local daemon is back within a second: retry the connection quickly. */
@@ -265,6 +271,7 @@ void tt_client_release(tt_client *client) {
   pthread_mutex_destroy(&client->error_lock);
   pthread_mutex_destroy(&client->keepalive_lock);
   pthread_cond_destroy(&client->keepalive_cond);
+  explicit_bzero(client->authorization, sizeof(client->authorization));
   free(client);
 }
 
@@ -290,7 +297,10 @@ void tt_disconnect(tt_client *client) {
     client->closed = true; /* tensors still held fail with FAILED_PRECONDITION from here on */
     grpc_channel_destroy(client->channel);
     client->channel = NULL;
+  }
+  if (client->grpc_initialized) {
     grpc_shutdown();
+    client->grpc_initialized = false;
   }
   client->closed = true;
   tt_client_release(client);

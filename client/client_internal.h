@@ -39,6 +39,7 @@ typedef enum tt_rpc_method {
 struct tt_client {
   atomic_int refs;      /* the user's, plus one per live tensor */
   bool closed;          /* tt_disconnect was called: no more calls to the daemon */
+  bool grpc_initialized; /* grpc_init was called for this client: tt_disconnect balances it */
   grpc_channel *channel;
   void *registered[TT_RPC_COUNT];
   char target[256];

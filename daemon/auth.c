@@ -70,7 +70,7 @@ ttd_status_t ttd_auth_session_quota(ttd_auth *auth, const char *tenant_name, uin
   ttd_tokens *tokens = current_tokens(auth, &cap);
   const ttd_tenant *tenant = tokens ? ttd_tokens_find(tokens, tenant_name) : NULL;
   const char *why = "the daemon's --quota";
-  if (tenant && tenant->quota && (cap == 0 || tenant->quota < cap)) {
+  if (tenant && tenant->quota) { /* a tenant's own limit replaces the daemon's default */
     cap = tenant->quota;
     why = "the tenant's limit";
   }

@@ -37,7 +37,7 @@ void ttd_auth_replace(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota
 ttd_status_t ttd_auth_check(ttd_auth *auth, const char *authorization, size_t len, ttd_principal *out);
 
 /* The quota of a session of tenant that asked for `asked` bytes (0: as much as allowed):
- * the smaller of the tenant's limit and --quota, or asked when that is smaller still.
+ * the tenant's limit (quota= in the tokens file), else --quota, or asked when smaller.
  * Asking for more is RESOURCE_EXHAUSTED naming the most this tenant may have. asked 0
  * gives that most (0 itself meaning no quota). */
 ttd_status_t ttd_auth_session_quota(ttd_auth *auth, const char *tenant, uint64_t asked, uint64_t *out_quota);

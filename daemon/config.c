@@ -337,6 +337,24 @@ ttd_status_t ttd_config_load(ttd_config *config, int argc, char **argv, int *out
   return TTD_OK;
 }
 
+ttd_status_t ttd_config_check(const ttd_config *config) {
+  if (config->tls_client_ca && (!config->tls_cert || !config->tls_key)) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is TLS with client certificates");
+  }
+  for (int i = 0; i < config->listen_count; i++) {
+    const char *a = config->listen[i];
+    if (strncmp(a, "unix:", 5) == 0) continue;
+    if (!config->tokens_file && !config->tls_client_ca && !config->insecure) {
+      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                             "listener %s is not guarded by a socket file's permissions, and without --tokens every "
+                             "caller would be the admin tenant 'local': pass --tokens FILE, require client "
+                             "certificates with --tls-client-ca, or --insecure on a trusted network", a);
+    }
+  }
+  return TTD_OK;
+}
+
 void ttd_config_usage(FILE *out) {
   fprintf(out, "usage: ttd [options]\n\nttd owns the accelerator cards of this host and shares them over gRPC.\n\n");
   for (size_t i = 0; i < OPTION_COUNT; i++) {

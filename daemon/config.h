@@ -50,6 +50,13 @@ ttd_status_t ttd_config_set(ttd_config *config, const char *name, const char *va
 /* Reads `name = value` lines from text (the contents of a config file). */
 ttd_status_t ttd_config_apply_text(ttd_config *config, const char *text, const char *source_name);
 
+/* Checks the options together: a listener other processes or hosts can reach without the
+ * file mode of a Unix socket (TCP, unix-abstract:) needs --tokens, mutual TLS
+ * (--tls-client-ca) or an explicit --insecure, since without tokens every caller is the
+ * admin tenant; --tls-client-ca needs --tls-cert and --tls-key. INVALID_ARGUMENT saying
+ * what to add. */
+ttd_status_t ttd_config_check(const ttd_config *config);
+
 void ttd_config_usage(FILE *out);
 
 /* Frees strings held by config. */

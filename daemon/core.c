@@ -33,6 +33,7 @@ ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
     return status;
   }
   ttd_auth_init(&core->auth, tokens, config->quota);
+  pthread_rwlock_init(&core->reload_lock, NULL);
   status = ttd_scheduler_create(core->backend->vtable->device_count(core->backend), &core->scheduler);
   if (status) {
     ttd_auth_destroy(&core->auth);
@@ -55,16 +56,23 @@ void ttd_core_destroy(ttd_core *core) {
   ttd_program_cache_destroy(&core->programs);
   ttd_backend_destroy(core->backend);
   ttd_auth_destroy(&core->auth);
+  pthread_rwlock_destroy(&core->reload_lock);
   free(core);
 }
 
 ttd_status_t ttd_core_reload(ttd_core *core, const ttd_config *fresh) {
   ttd_tokens *tokens = NULL;
   if (fresh->tokens_file) TTD_RETURN_IF_ERROR(ttd_tokens_load(fresh->tokens_file, &tokens));
-  ttd_auth_replace(&core->auth, tokens, fresh->quota);
+  pthread_rwlock_wrlock(&core->reload_lock);
   ttd_session **sessions;
   size_t n;
-  TTD_RETURN_IF_ERROR(ttd_session_table_snapshot(&core->sessions, &sessions, &n));
+  ttd_status_t status = ttd_session_table_snapshot(&core->sessions, &sessions, &n);
+  if (status) {
+    pthread_rwlock_unlock(&core->reload_lock);
+    ttd_tokens_release(tokens);
+    return status;
+  }
+  ttd_auth_replace(&core->auth, tokens, fresh->quota);
   for (size_t i = 0; i < n; i++) {
     uint64_t cap = 0;
     ttd_status_t s = ttd_auth_session_quota(&core->auth, sessions[i]->tenant, 0, &cap);
@@ -73,6 +81,7 @@ ttd_status_t ttd_core_reload(ttd_core *core, const ttd_config *fresh) {
     ttd_quota_set_limit(sessions[i]->quota, asked && (cap == 0 || asked < cap) ? asked : cap);
   }
   ttd_session_table_snapshot_free(sessions, n);
+  pthread_rwlock_unlock(&core->reload_lock);
   return TTD_OK;
 }
 

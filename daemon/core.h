@@ -21,6 +21,9 @@ typedef struct ttd_core {
   ttd_program_cache programs;
   ttd_metrics metrics;
   ttd_auth auth;
+  /* Held shared while OpenSession works out and grants a quota, exclusive while a reload
+   * swaps the tables and recomputes every session's quota: no session misses a reload. */
+  pthread_rwlock_t reload_lock;
   ttd_scheduler *scheduler; /* device work, round-robin between sessions */
   char instance_id[17]; /* 16 hex digits, new at every start */
 } ttd_core;

@@ -32,7 +32,7 @@ ttd_status_t ttd_handle_compile(ttd_call *call, const ProtobufCMessage *request,
   ttd__v1__compile_response__init(resp);
   ttd_program *program = NULL;
   bool cached = false;
-  TTD_RETURN_IF_ERROR(ttd_program_cache_get(&call->core->programs, req->graph, &program, &cached));
+  TTD_RETURN_IF_ERROR(ttd_program_cache_get(&call->core->programs, call->principal.tenant, req->graph, &program, &cached));
   uint64_t handle = 0;
   ttd_status_t status = ttd_session_program_add(call->session, program, &handle);
   if (!status) {

@@ -15,7 +15,12 @@ ttd_status_t ttd_handle_open_session(ttd_call *call, const ProtobufCMessage *req
                            req->protocol_version, TTD_PROTOCOL_VERSION);
   }
   uint64_t quota = 0;
-  TTD_RETURN_IF_ERROR(ttd_auth_session_quota(&call->core->auth, call->principal.tenant, req->quota_bytes, &quota));
+  pthread_rwlock_rdlock(&call->core->reload_lock);
+  ttd_status_t status = ttd_auth_session_quota(&call->core->auth, call->principal.tenant, req->quota_bytes, &quota);
+  if (status) {
+    pthread_rwlock_unlock(&call->core->reload_lock);
+    return status;
+  }
   char *peer = grpc_call_get_peer(call->call);
   ttd_session_params params = {.client_name = req->client_name,
                                .tenant = call->principal.tenant,
@@ -23,7 +28,8 @@ ttd_status_t ttd_handle_open_session(ttd_call *call, const ProtobufCMessage *req
                                .quota_asked = req->quota_bytes,
                                .quota = quota};
   ttd_session *session = NULL;
-  ttd_status_t status = ttd_session_table_open(&call->core->sessions, &params, ttd_now_ms(), &session);
+  status = ttd_session_table_open(&call->core->sessions, &params, ttd_now_ms(), &session);
+  pthread_rwlock_unlock(&call->core->reload_lock);
   gpr_free(peer);
   TTD_RETURN_IF_ERROR(status);
   Ttd__V1__OpenSessionResponse *resp = ttd_call_alloc(call, sizeof(*resp));

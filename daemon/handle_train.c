@@ -41,7 +41,8 @@ static ttd_status_t lookup_grads(ttd_session *session, const uint64_t *handles, 
 
 int ttd_device_of_backward(ttd_call *call, const ProtobufCMessage *request) {
   const Ttd__V1__BackwardRequest *req = (const Ttd__V1__BackwardRequest *)request;
-  return ttd_session_device_of(call->session, req->output_grads, req->n_output_grads);
+  int device = ttd_session_run_device(call->session, req->run);
+  return device >= 0 ? device : ttd_session_device_of(call->session, req->output_grads, req->n_output_grads);
 }
 
 /* ZeroGrad and OptimizerStep: where the first parameter lives. Their requests share the

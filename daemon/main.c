@@ -47,6 +47,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg) {
   ttd_config_defaults(&fresh);
   int help = 0;
   ttd_status_t status = ttd_config_load(&fresh, st->argc, st->argv, &help);
+  if (!status) status = ttd_config_check(&fresh);
   if (!status) status = ttd_core_reload(st->core, &fresh);
   if (status) {
     TTD_LOG(TTD_LOG_ERROR, "event=reload-failed action=kept-previous-settings message=\"%s\"", ttd_status_message(status));
@@ -88,6 +89,21 @@ static int prepare_unix_address(const char *address) {
               strerror(errno));
       return -1;
     }
+    /* Whoever can write the folder can put their own socket in ttd's place and collect the
+     * tokens clients send: it must be ours (or root's), or sticky like /tmp. */
+    struct stat st;
+    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || (st.st_uid != geteuid() && st.st_uid != 0) ||
+        ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))) {
+      TTD_LOG(TTD_LOG_ERROR, "event=bad-address address=%s reason=\"the folder %s is not a directory owned by this "
+              "user or root, or others may write it without the sticky bit: another user could replace the "
+              "socket\"", address, dir);
+      return -1;
+    }
+  }
+  struct stat existing;
+  if (lstat(path, &existing) == 0 && !S_ISSOCK(existing.st_mode)) {
+    TTD_LOG(TTD_LOG_ERROR, "event=bad-address address=%s reason=\"%s exists and is not a socket\"", address, path);
+    return -1;
   }
   strcpy(sa.sun_path, path);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -128,6 +144,15 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  status = ttd_config_check(&config);
+  if (status) {
+    TTD_LOG(TTD_LOG_ERROR, "event=start-failed message=\"%s\"", ttd_status_message(status));
+    ttd_status_free(status);
+    ttd_config_clear(&config);
+    return 1;
+  }
+  /* SIGHUP is handled once the loop runs; until then a reload request must not kill ttd. */
+  signal(SIGHUP, SIG_IGN);
   for (int i = 0; i < config.listen_count; i++) {
     if (prepare_unix_address(config.listen[i]) != 0) {
       ttd_config_clear(&config);

@@ -26,15 +26,17 @@ static uint64_t fnv1a(const unsigned char *p, size_t n) {
   return h ? h : 1;
 }
 
-ttd_status_t ttd_program_cache_get(ttd_program_cache *cache, const Ttd__V1__Graph *graph, ttd_program **out_program,
-                                   bool *out_cached) {
+ttd_status_t ttd_program_cache_get(ttd_program_cache *cache, const char *tenant, const Ttd__V1__Graph *graph,
+                                   ttd_program **out_program, bool *out_cached) {
   *out_program = NULL;
   *out_cached = false;
   if (!graph) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "the graph is missing");
-  size_t len = protobuf_c_message_get_packed_size(&graph->base);
-  unsigned char *key = malloc(len ? len : 1);
+  size_t prefix = strlen(tenant) + 1; /* the key: tenant, NUL, packed graph */
+  size_t len = prefix + protobuf_c_message_get_packed_size(&graph->base);
+  unsigned char *key = malloc(len);
   if (!key) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
-  protobuf_c_message_pack(&graph->base, key);
+  memcpy(key, tenant, prefix);
+  protobuf_c_message_pack(&graph->base, key + prefix);
   uint64_t hash = fnv1a(key, len);
 
   pthread_mutex_lock(&cache->lock);

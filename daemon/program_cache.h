@@ -1,5 +1,6 @@
-/* Compiled programs shared across sessions, keyed by the packed graph: the same graph
- * compiled twice is not rebuilt. Thread-safe. */
+/* Compiled programs shared across the sessions of one tenant, keyed by tenant and packed
+ * graph: the same graph compiled twice is not rebuilt. Tenants never share entries, so a
+ * cache hit (or its speed) tells nothing about another tenant's models. Thread-safe. */
 #ifndef TTD_PROGRAM_CACHE_H
 #define TTD_PROGRAM_CACHE_H
 
@@ -21,7 +22,7 @@ void ttd_program_cache_destroy(ttd_program_cache *cache);
 
 /* A reference to the program of graph: from the cache, or compiled and cached.
  * *out_cached tells which. Compile errors are returned as they are. */
-ttd_status_t ttd_program_cache_get(ttd_program_cache *cache, const Ttd__V1__Graph *graph, ttd_program **out_program,
-                                   bool *out_cached);
+ttd_status_t ttd_program_cache_get(ttd_program_cache *cache, const char *tenant, const Ttd__V1__Graph *graph,
+                                   ttd_program **out_program, bool *out_cached);
 
 #endif

@@ -36,6 +36,7 @@ struct ttd_server {
   bool shutdown_done;
   atomic_long live_calls; /* call contexts not yet destroyed, requested ones included */
   atomic_ullong next_request_id;
+  atomic_bool cancelling; /* the drain timeout passed: queued device work is not run */
 };
 
 /* ---- arena ---- */
@@ -300,14 +301,33 @@ static void run_unary(ttd_call *c, const ProtobufCMessage *request) {
   finish(c, out, status);
 }
 
+static bool session_closed(ttd_session *session) {
+  pthread_mutex_lock(&session->lock);
+  bool closed = session->closed;
+  pthread_mutex_unlock(&session->lock);
+  return closed;
+}
+
 /* A device call's turn has come (on the device's executor thread). */
 static void run_scheduled(ttd_job *job) {
   ttd_call *c = (ttd_call *)((char *)job - offsetof(ttd_call, job));
   ttd_log_set_call(c->request_id, c->session ? c->session->id : 0);
-  if (gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) > 0) {
-    finish(c, NULL, ttd_make_status(GRPC_STATUS_DEADLINE_EXCEEDED,
-                                    "%s waited past its deadline for its turn on the device; the device is busy "
-                                    "with other sessions' programs (raise the deadline)", c->method->path));
+  ttd_status_t refused = TTD_OK;
+  if (atomic_load(&c->server->cancelling)) {
+    refused = ttd_make_status(GRPC_STATUS_CANCELLED,
+                              "ttd is stopping and its drain timeout passed before this call's turn on the device");
+  } else if (gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) > 0) {
+    refused = ttd_make_status(GRPC_STATUS_DEADLINE_EXCEEDED,
+                              "%s waited past its deadline for its turn on the device; the device is busy with "
+                              "other sessions' programs (raise the deadline)", c->method->path);
+  } else if (c->session && session_closed(c->session)) {
+    refused = ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                              "session %016" PRIx64 " was closed (closed, expired or killed by an admin) while "
+                              "this call waited for the device; open a new session", c->session->id);
+  }
+  if (refused) {
+    finish(c, NULL, refused);
+    ttd_log_set_call(0, 0);
     return;
   }
   run_unary(c, c->request);
@@ -696,6 +716,7 @@ void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
   pthread_mutex_unlock(&server->lock);
   if (!drained) {
     TTD_LOG(TTD_LOG_WARN, "event=drain-timeout drain_ms=%" PRId64 " action=cancel-in-flight-calls", drain_ms);
+    atomic_store(&server->cancelling, true);
     grpc_server_cancel_all_calls(server->server);
     pthread_mutex_lock(&server->lock);
     while (!server->shutdown_done) pthread_cond_wait(&server->shutdown_done_cond, &server->lock);

@@ -8,6 +8,18 @@
 #include "program_run.h"
 #include "random.h"
 
+/* Copies a client-chosen name for logs and operators' tools: printable ASCII only, with
+ * quotes, backslashes and anything else (control characters, bytes of UTF-8) as '?', so a
+ * name can neither forge log lines nor break JSON or a terminal. */
+static void copy_display_name(char *dst, size_t size, const char *src) {
+  size_t n = 0;
+  for (; src && src[n] && n + 1 < size; n++) {
+    unsigned char ch = (unsigned char)src[n];
+    dst[n] = ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\' ? (char)ch : '?';
+  }
+  dst[n] = '\0';
+}
+
 ttd_session *ttd_session_create(uint64_t id, const ttd_session_params *params, int64_t now_ms) {
   ttd_session *s = calloc(1, sizeof(*s));
   if (!s) return NULL;
@@ -18,7 +30,7 @@ ttd_session *ttd_session_create(uint64_t id, const ttd_session_params *params, i
   }
   atomic_init(&s->refs, 1);
   s->id = id;
-  snprintf(s->client_name, sizeof(s->client_name), "%s", params->client_name ? params->client_name : "");
+  copy_display_name(s->client_name, sizeof(s->client_name), params->client_name);
   snprintf(s->tenant, sizeof(s->tenant), "%s", params->tenant ? params->tenant : "");
   snprintf(s->peer, sizeof(s->peer), "%s", params->peer ? params->peer : "");
   s->quota_asked = params->quota_asked;
@@ -110,6 +122,14 @@ int ttd_session_device_of(ttd_session *session, const uint64_t *handles, size_t 
   return device;
 }
 
+int ttd_session_run_device(ttd_session *session, uint64_t handle) {
+  pthread_mutex_lock(&session->lock);
+  ttd_run *run = ttd_handle_map_get(&session->runs, handle);
+  int device = run ? run->device : -1;
+  pthread_mutex_unlock(&session->lock);
+  return device;
+}
+
 ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *handles, size_t count,
                                       uint64_t *out_tensors, uint64_t *out_bytes) {
   *out_tensors = 0;
@@ -197,13 +217,13 @@ ttd_status_t ttd_session_run_put_back(ttd_session *session, uint64_t handle, ttd
 }
 
 void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *out_bytes) {
+  uint64_t charged_before = atomic_load(&session->quota->used);
   pthread_mutex_lock(&session->lock);
   ttd_handle_map runs = session->runs;
   memset(&session->runs, 0, sizeof(session->runs));
   ttd_handle_map programs = session->programs;
   memset(&session->programs, 0, sizeof(session->programs));
   ttd_handle_map tensors = session->tensors;
-  uint64_t bytes = session->tensor_bytes;
   memset(&session->tensors, 0, sizeof(session->tensors));
   session->tensor_bytes = 0;
   session->closed = true;
@@ -219,7 +239,10 @@ void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *ou
     if (programs.keys[i]) ttd_program_release(programs.values[i]);
   }
   ttd_handle_map_clear(&programs);
+  /* Freed: what the session's account dropped by (its gradients, optimizer state and kept
+   * activations included), not only the tensors it had handles to. */
+  uint64_t charged_after = atomic_load(&session->quota->used);
   if (out_tensors) *out_tensors = tensors.count;
-  if (out_bytes) *out_bytes = bytes;
+  if (out_bytes) *out_bytes = charged_before > charged_after ? charged_before - charged_after : 0;
   ttd_handle_map_clear(&tensors);
 }

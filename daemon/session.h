@@ -66,6 +66,9 @@ ttd_status_t ttd_session_tensor_lookup(ttd_session *session, uint64_t handle, tt
  * the scheduler which device a call is for before the handler checks everything. */
 int ttd_session_device_of(ttd_session *session, const uint64_t *handles, size_t count);
 
+/* The device of the session's kept run under handle, or -1. */
+int ttd_session_run_device(ttd_session *session, uint64_t handle);
+
 /* Frees the listed handles, all or nothing: NOT_FOUND if any is unknown, INVALID_ARGUMENT
  * if the list is empty or names a handle twice. */
 ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *handles, size_t count,

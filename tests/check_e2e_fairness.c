@@ -248,6 +248,8 @@ START_TEST(test_sigterm_past_drain_timeout_cancels) {
   ck_assert_int_eq(sigterm_with_queue("1ms", 8, codes), 0);
   ck_assert(log_has("event=drain-timeout"));
   ck_assert(!log_has("event=calls-leaked"));
+  /* Programs still queued were dropped, not run after their callers were told CANCELLED. */
+  ck_assert(log_has("drain timeout passed before this call"));
   int cut = 0;
   for (int i = 0; i < 8; i++) {
     ck_assert_msg(codes[i] == 0 || codes[i] == 1 || codes[i] == 14, "call %d: code %d", i, codes[i]);

@@ -15,12 +15,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../daemon/tokens.h"
 #include "suites.h"
 #include "ttd_harness.h"
 
 static char dir[64];
 static ttd_proc proc;
 static char tcp[32];
+static char token[64], tokens_file[96]; /* tenant "remote" */
 
 static void path(char *out, size_t size, const char *name) { snprintf(out, size, "%s/%s", dir, name); }
 
@@ -67,23 +69,34 @@ static int free_tcp_port(void) {
 static void setup(void) {
   make_certs();
   snprintf(tcp, sizeof(tcp), "127.0.0.1:%d", free_tcp_port());
+  ttd_token_generate(token, sizeof(token));
+  char digest[80];
+  ttd_token_digest_text(token, strlen(token), digest, sizeof(digest));
+  path(tokens_file, sizeof(tokens_file), "tokens");
+  FILE *f = fopen(tokens_file, "w");
+  fprintf(f, "remote %s admin\n", digest);
+  fclose(f);
 }
 
 static void teardown(void) {
+  unsetenv("TTD_TOKEN");
   if (proc.pid) ck_assert_int_eq(ttd_proc_stop(&proc), 0);
   char cmd[128];
   snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
   ck_assert_int_eq(system(cmd), 0);
 }
 
+/* TLS needs tokens to say who may call; mutual TLS alone is enough (only clients with
+ * certificates from the CA get in). */
 static void start_tls(int mutual) {
   char cert[96], key[96], ca[96];
   path(cert, sizeof(cert), "server.pem");
   path(key, sizeof(key), "server.key");
   path(ca, sizeof(ca), "ca.pem");
   const char *args[] = {"--listen", tcp, "--tls-cert", cert, "--tls-key", key,
-                        mutual ? "--tls-client-ca" : NULL, ca, NULL};
+                        mutual ? "--tls-client-ca" : "--tokens", mutual ? ca : tokens_file, NULL};
   ttd_proc_start(&proc, args);
+  if (!mutual) setenv("TTD_TOKEN", token, 1);
 }
 
 /* Connects over TCP with the given files (names in dir, NULL for none); returns the status
@@ -147,15 +160,27 @@ static void expect_refused(const char *const *args, const char *needle) {
 }
 
 START_TEST(test_tcp_needs_tls_or_insecure) {
-  const char *plain[] = {"--listen", tcp, NULL};
-  expect_refused(plain, "needs TLS: pass --tls-cert and --tls-key");
-  char cert[96];
+  /* Without tokens (or client certificates) every caller would be the admin: refused. */
+  const char *open_door[] = {"--listen", tcp, NULL};
+  expect_refused(open_door, "without --tokens every caller would be the admin tenant 'local'");
+  char cert[96], key[96], ca[96];
   path(cert, sizeof(cert), "server.pem");
-  const char *half[] = {"--listen", tcp, "--tls-cert", cert, NULL};
+  path(key, sizeof(key), "server.key");
+  path(ca, sizeof(ca), "ca.pem");
+  const char *tls_no_tokens[] = {"--listen", tcp, "--tls-cert", cert, "--tls-key", key, NULL};
+  expect_refused(tls_no_tokens, "pass --tokens FILE");
+  const char *abstract[] = {"--listen", "unix-abstract:ttd-test", NULL};
+  expect_refused(abstract, "listener unix-abstract:ttd-test is not guarded");
+  const char *ca_alone[] = {"--listen", tcp, "--tls-client-ca", ca, "--insecure", NULL};
+  expect_refused(ca_alone, "--tls-client-ca needs --tls-cert and --tls-key");
+  /* With tokens, TCP still needs TLS. */
+  const char *plain[] = {"--listen", tcp, "--tokens", tokens_file, NULL};
+  expect_refused(plain, "needs TLS: pass --tls-cert and --tls-key");
+  const char *half[] = {"--listen", tcp, "--tokens", tokens_file, "--tls-cert", cert, NULL};
   expect_refused(half, "TLS needs both --tls-cert and --tls-key");
-  const char *not_pem[] = {"--listen", tcp, "--tls-cert", cert, "--tls-key", "/etc/hostname", NULL};
+  const char *not_pem[] = {"--listen", tcp, "--tokens", tokens_file, "--tls-cert", cert, "--tls-key", "/etc/hostname", NULL};
   expect_refused(not_pem, "must be PEM files");
-  const char *missing[] = {"--listen", tcp, "--tls-cert", "/nonexistent.pem", "--tls-key", cert, NULL};
+  const char *missing[] = {"--listen", tcp, "--tokens", tokens_file, "--tls-cert", "/nonexistent.pem", "--tls-key", cert, NULL};
   expect_refused(missing, "cannot open TLS certificate /nonexistent.pem");
   /* --insecure serves plain text and says so in the log. */
   const char *args[] = {"--listen", tcp, "--insecure", NULL};
@@ -234,10 +259,22 @@ START_TEST(test_unix_socket_mode_and_group) {
   ck_assert_int_eq(ttd_proc_stop(&proc), 0);
   char sock[96];
   path(sock, sizeof(sock), "x.sock");
-  char listen[112];
+  char listen[192];
   snprintf(listen, sizeof(listen), "unix:%s", sock);
   const char *bad[] = {"--listen", listen, "--socket-group", "no-such-group-ttd", NULL};
   expect_refused(bad, "--socket-group no-such-group-ttd: no such group");
+  /* A socket folder others may write (no sticky bit) could let them replace the socket. */
+  char open_dir[96], cmd[256];
+  path(open_dir, sizeof(open_dir), "open");
+  snprintf(cmd, sizeof(cmd), "mkdir -m 0777 '%s' && chmod 0777 '%s'", open_dir, open_dir);
+  ck_assert_int_eq(system(cmd), 0);
+  snprintf(listen, sizeof(listen), "unix:%s/ttd.sock", open_dir);
+  const char *squatted[] = {"--listen", listen, NULL};
+  expect_refused(squatted, "another user could replace the socket");
+  /* Something that is not a socket at the path is not deleted. */
+  snprintf(listen, sizeof(listen), "unix:%s/refused.log", dir);
+  const char *not_socket[] = {"--listen", listen, NULL};
+  expect_refused(not_socket, "exists and is not a socket");
 }
 END_TEST
 

@@ -44,21 +44,24 @@ static int tensor_refs(ttd_tensor *t) { return atomic_load(&t->refs); }
 static int session_refs(ttd_session *s) { return atomic_load(&s->refs); }
 static int64_t last_seen(ttd_session *s) { return atomic_load(&s->last_seen_ms); }
 
-/* A new int32 tensor of n elements (1-d) on device/loc; one reference owned by the caller. */
-static ttd_tensor *new_tensor(int64_t n, int device, ttd_memloc loc) {
+/* A new int32 tensor of n elements (1-d) on device/loc, charged to quota (may be NULL);
+ * one reference owned by the caller. */
+static ttd_tensor *new_charged_tensor(ttd_quota *quota, int64_t n, int device, ttd_memloc loc) {
   ttd_tensor_spec spec = {.dtype = TTD_DTYPE_INT32, .ndim = 1, .shape = {n}, .device = device, .location = loc};
   ttd_status_t s = ttd_tensor_spec_finish(&spec);
   ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
   ttd_tensor *t = NULL;
-  s = ttd_tensor_create(backend, NULL, &spec, &t);
+  s = ttd_tensor_create(backend, quota, &spec, &t);
   ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
   ck_assert_int_eq(tensor_refs(t), 1);
   return t;
 }
 
+static ttd_tensor *new_tensor(int64_t n, int device, ttd_memloc loc) { return new_charged_tensor(NULL, n, device, loc); }
+
 /* Adds a new tensor of n int32 elements to session and drops the creator's reference. */
 static uint64_t add_new(ttd_session *session, int64_t n, int device, ttd_memloc loc) {
-  ttd_tensor *t = new_tensor(n, device, loc);
+  ttd_tensor *t = new_charged_tensor(session->quota, n, device, loc);
   uint64_t h = 0;
   ttd_status_t s = ttd_session_tensor_add(session, t, &h);
   ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
@@ -367,10 +370,12 @@ START_TEST(test_refcount_keeps_memory) {
   ck_assert_ptr_null(ttd_session_tensor_lookup(session, h, &held));
   ttd_session_close(session, &out_t, &out_b);
   ck_assert_uint_eq(out_t, 1);
-  ck_assert_uint_eq(out_b, 400);
+  ck_assert_uint_eq(out_b, 0); /* freed now: nothing, the call still holds it */
   ck_assert_uint_eq(used(1, TTD_MEM_L1), 400);
+  ck_assert_uint_eq(session->quota->used, 400);
   ttd_tensor_release(held);
   ck_assert_uint_eq(used(1, TTD_MEM_L1), 0);
+  ck_assert_uint_eq(session->quota->used, 0); /* refunded by the last reference */
   ttd_session_release(session);
 }
 END_TEST
