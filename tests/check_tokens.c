@@ -1,5 +1,6 @@
 /* The tokens file, token digests, tenant quotas and the quota account. */
 #include <check.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,6 +114,16 @@ START_TEST(test_auth_check_and_session_quota) {
   ttd_status_free(s);
   ck_assert_ptr_null(ttd_auth_session_quota(&auth, "ops", 0, &q));
   ck_assert_uint_eq(q, 4 << 20);
+  /* A tenant's own limit replaces --quota, upwards too. */
+  char digest[80], text[160];
+  ttd_token_digest_text("big", 3, digest, sizeof(digest));
+  snprintf(text, sizeof(text), "big %s quota=8M\n", digest);
+  ck_assert_ptr_null(ttd_tokens_parse(text, "f", &t));
+  ttd_auth_replace(&auth, t, 4 << 20);
+  ck_assert_ptr_null(ttd_auth_session_quota(&auth, "big", 0, &q));
+  ck_assert_uint_eq(q, 8 << 20);
+  ck_assert_ptr_null(ttd_auth_session_quota(&auth, "big", 6 << 20, &q));
+  ck_assert_uint_eq(q, 6 << 20);
   ttd_auth_destroy(&auth);
 }
 END_TEST
