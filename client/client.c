@@ -113,6 +113,7 @@ static tt_status open_session(tt_client *c, const tt_connect_options *options) {
   snprintf(c->instance_id, sizeof(c->instance_id), "%s", resp->instance_id);
   c->lease_ms = resp->lease_ms;
   c->quota_bytes = resp->quota_bytes;
+  tt_shm_connect(c, resp->shm_socket, options);
   snprintf(c->tenant, sizeof(c->tenant), "%s", resp->tenant);
   protobuf_c_message_free_unpacked(out, NULL);
   return TT_OK;
@@ -206,6 +207,8 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   atomic_init(&c->refs, 1);
   pthread_mutex_init(&c->error_lock, NULL);
   pthread_mutex_init(&c->keepalive_lock, NULL);
+  pthread_mutex_init(&c->shm_lock, NULL);
+  c->shm_fd = -1;
   pthread_condattr_t attr;
   pthread_condattr_init(&attr);
   pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -271,6 +274,8 @@ void tt_client_release(tt_client *client) {
   pthread_mutex_destroy(&client->error_lock);
   pthread_mutex_destroy(&client->keepalive_lock);
   pthread_cond_destroy(&client->keepalive_cond);
+  tt_shm_destroy(client);
+  pthread_mutex_destroy(&client->shm_lock);
   explicit_bzero(client->authorization, sizeof(client->authorization));
   free(client);
 }

@@ -36,6 +36,16 @@ typedef enum tt_rpc_method {
   TT_RPC_COUNT
 } tt_rpc_method;
 
+/* A shared-memory segment of the same-host fast path (shm_pool.c). */
+typedef struct tt_shm_segment {
+  uint64_t id; /* the daemon's */
+  unsigned char *addr;
+  uint64_t size;
+  bool in_use;
+} tt_shm_segment;
+
+#define TT_SHM_MIN_BYTES (256u << 10) /* smaller host tensors stay in malloc memory */
+
 struct tt_client {
   atomic_int refs;      /* the user's, plus one per live tensor */
   bool closed;          /* tt_disconnect was called: no more calls to the daemon */
@@ -55,6 +65,11 @@ struct tt_client {
   pthread_mutex_t error_lock;
   tt_status errcode;
   char errmsg[1024];
+
+  int shm_fd;              /* the side socket, or -1: no fast path */
+  pthread_mutex_t shm_lock; /* guards the segments */
+  tt_shm_segment *segments;
+  size_t n_segments, cap_segments;
 
   pthread_t keepalive_thread;
   bool keepalive_running;
@@ -84,6 +99,7 @@ struct tt_tensor {
   tt_place place;
   char device_name[24];
   void *data;       /* host tensors */
+  uint64_t shm_segment; /* host data in this shared-memory segment (offset 0), or 0: malloc'd */
   uint64_t handle;  /* device tensors */
   tt_autograd_node *grad_fn; /* host tensors made by tracked ops (autograd.c) */
   float *grad;               /* during tt_backward only */
@@ -160,7 +176,24 @@ tt_status tt_rpc_upload(tt_client *client, const Ttd__V1__UploadHeader *header, 
                         Ttd__V1__UploadResponse **out_response);
 
 /* Streams a device tensor into dst, which holds exactly bytes bytes of target dtype. */
-tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, void *dst, uint64_t bytes);
+tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, void *dst, uint64_t bytes,
+                          uint64_t shm_segment);
+
+/* The same-host fast path (shm_pool.c). connect: after OpenSession, when the daemon named
+ * a side socket and the target is local (silently none otherwise). alloc: bytes in a
+ * registered segment, or NULL (use malloc) for small sizes or without the fast path. */
+void tt_shm_connect(tt_client *client, const char *path, const tt_connect_options *options);
+void *tt_shm_alloc(tt_client *client, uint64_t bytes, uint64_t *out_segment);
+void tt_shm_free(tt_client *client, void *addr);
+void tt_shm_destroy(tt_client *client);
+
+/* Host data for a tensor of bytes (shared memory when large and available); NULL if out
+ * of memory. Freed with tt_host_free. */
+void *tt_host_alloc(tt_client *client, uint64_t bytes, uint64_t *out_segment);
+void tt_host_free(tt_client *client, void *data, uint64_t segment);
+
+/* A host tensor whose bytes are not initialised (they are about to be overwritten). */
+tt_tensor *tt_tensor_host_uninit(tt_client *client, tt_dtype dtype, const int64_t *shape, int ndim);
 
 /* Parses "cpu", "tt", "tt:N", "tt:N/dram", "tt:N/l1", "tt/l1". Returns 0 or -1. */
 int tt_place_parse(const char *text, tt_place *out_place);

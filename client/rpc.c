@@ -223,13 +223,20 @@ tt_status tt_rpc_upload(tt_client *client, const Ttd__V1__UploadHeader *header, 
   return st;
 }
 
-tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, void *dst, uint64_t bytes) {
+tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, void *dst, uint64_t bytes,
+                          uint64_t shm_segment) {
   if (client->closed) return tt_client_fail(client, TT_FAILED_PRECONDITION, CLOSED_MESSAGE);
   rpc r;
   rpc_start(&r, client, TT_RPC_DOWNLOAD, 0);
   Ttd__V1__DownloadRequest req = TTD__V1__DOWNLOAD_REQUEST__INIT;
   req.handle = handle;
   req.target_dtype = (Ttd__V1__DType)target;
+  Ttd__V1__ShmRange shm = TTD__V1__SHM_RANGE__INIT;
+  if (shm_segment) { /* same host: the daemon writes into dst's segment, sends no data */
+    shm.segment = shm_segment;
+    shm.length = bytes;
+    req.shm = &shm;
+  }
   grpc_byte_buffer *request_bb = pack(&req.base);
   grpc_op ops[4];
   add_request_ops(&r, ops, request_bb);
@@ -258,6 +265,8 @@ tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, v
     } else if (msg->data.len) {
       memcpy((char *)dst + received, msg->data.data, msg->data.len);
       received += msg->data.len;
+    } else if (shm_segment) {
+      received = bytes; /* announced, and already in the segment */
     }
     if (msg) protobuf_c_message_free_unpacked(&msg->base, NULL);
     if (local != TT_OK) {

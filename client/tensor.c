@@ -47,7 +47,19 @@ tt_status tt_tensor_describe(tt_client *client, tt_tensor *tensor, tt_dtype dtyp
   return TT_OK;
 }
 
-tt_tensor *tt_tensor_from_host(tt_client *client, const void *data, tt_dtype dtype, const int64_t *shape, int ndim) {
+void *tt_host_alloc(tt_client *client, uint64_t bytes, uint64_t *out_segment) {
+  *out_segment = 0;
+  if (bytes > SIZE_MAX) return NULL;
+  void *data = tt_shm_alloc(client, bytes, out_segment);
+  return data ? data : malloc(bytes ? (size_t)bytes : 1);
+}
+
+void tt_host_free(tt_client *client, void *data, uint64_t segment) {
+  if (segment) tt_shm_free(client, data);
+  else free(data);
+}
+
+tt_tensor *tt_tensor_host_uninit(tt_client *client, tt_dtype dtype, const int64_t *shape, int ndim) {
   tt_tensor *t = tt_tensor_alloc(client);
   if (!t) return NULL;
   t->place.is_host = 1;
@@ -56,11 +68,17 @@ tt_tensor *tt_tensor_from_host(tt_client *client, const void *data, tt_dtype dty
     tt_tensor_free(t);
     return NULL;
   }
-  if (t->nbytes > SIZE_MAX || !(t->data = malloc(t->nbytes ? (size_t)t->nbytes : 1))) {
+  if (!(t->data = tt_host_alloc(client, t->nbytes, &t->shm_segment))) {
     tt_client_fail(client, TT_RESOURCE_EXHAUSTED, "out of host memory for a %" PRIu64 "-byte tensor", t->nbytes);
     tt_tensor_free(t);
     return NULL;
   }
+  return t;
+}
+
+tt_tensor *tt_tensor_from_host(tt_client *client, const void *data, tt_dtype dtype, const int64_t *shape, int ndim) {
+  tt_tensor *t = tt_tensor_host_uninit(client, dtype, shape, ndim);
+  if (!t) return NULL;
   if (data) memcpy(t->data, data, (size_t)t->nbytes);
   else memset(t->data, 0, (size_t)t->nbytes);
   return t;
@@ -109,7 +127,7 @@ void tt_tensor_free(tt_tensor *tensor) {
   tt_run_ref_release(tensor->run);
   free(tensor->grad);
   if (tensor->place.is_host) {
-    free(tensor->data);
+    tt_host_free(tensor->client, tensor->data, tensor->shm_segment);
   } else if (tensor->handle && !tensor->borrowed) {
     Ttd__V1__FreeRequest req = TTD__V1__FREE_REQUEST__INIT;
     req.n_handles = 1;

@@ -48,8 +48,18 @@ static tt_tensor *upload(tt_tensor *src, const tt_place *place, tt_dtype dtype) 
   header.target_case = TTD__V1__UPLOAD_HEADER__TARGET_SPEC;
   header.spec = &spec;
   header.source_dtype = (Ttd__V1__DType)src->dtype;
+  Ttd__V1__ShmRange shm = TTD__V1__SHM_RANGE__INIT;
+  const void *data = src->data;
+  uint64_t bytes = src->nbytes;
+  if (src->shm_segment) { /* same host: the daemon copies straight from the segment */
+    shm.segment = src->shm_segment;
+    shm.length = src->nbytes;
+    header.shm = &shm;
+    data = NULL;
+    bytes = 0;
+  }
   Ttd__V1__UploadResponse *resp = NULL;
-  if (tt_rpc_upload(src->client, &header, src->data, src->nbytes, &resp) != TT_OK) {
+  if (tt_rpc_upload(src->client, &header, data, bytes, &resp) != TT_OK) {
     tt_tensor_free(t);
     return NULL;
   }
@@ -59,9 +69,9 @@ static tt_tensor *upload(tt_tensor *src, const tt_place *place, tt_dtype dtype) 
 }
 
 static tt_tensor *download(tt_tensor *src, tt_dtype dtype) {
-  tt_tensor *t = tt_tensor_from_host(src->client, NULL, dtype, src->shape, src->ndim);
+  tt_tensor *t = tt_tensor_host_uninit(src->client, dtype, src->shape, src->ndim);
   if (!t) return NULL;
-  if (tt_rpc_download(src->client, src->handle, dtype, t->data, t->nbytes) != TT_OK) {
+  if (tt_rpc_download(src->client, src->handle, dtype, t->data, t->nbytes, t->shm_segment) != TT_OK) {
     tt_tensor_free(t);
     return NULL;
   }

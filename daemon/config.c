@@ -49,6 +49,8 @@ static const option options[] = {
     {"insecure", OPT_BOOL, FIELD(insecure), 0, 1, "false", "allow plain-text TCP listeners (no TLS); never on an untrusted network"},
     {"socket-group", OPT_STRING, FIELD(socket_group), 0, 0, NULL,
      "group owning the Unix sockets (mode 0660); default: the daemon's group"},
+    {"shm", OPT_BOOL, FIELD(shm), 0, 1, "true",
+     "same-host fast path: local clients move tensor bytes through shared memory (side socket PATH.shm)"},
     {"config", OPT_STRING, FIELD(config_file), 0, 0, NULL, "read options from FILE (flags win)"},
 };
 

@@ -33,6 +33,7 @@ typedef struct ttd_config {
   char *tls_cert, *tls_key, *tls_client_ca;
   bool insecure;      /* plain TCP allowed */
   char *socket_group;
+  bool shm;           /* the shared-memory side socket beside the first unix: listener */
   char *config_file;
 } ttd_config;
 

@@ -26,6 +26,7 @@ typedef struct ttd_core {
   pthread_rwlock_t reload_lock;
   ttd_scheduler *scheduler; /* device work, round-robin between sessions */
   char instance_id[17]; /* 16 hex digits, new at every start */
+  char shm_socket[108]; /* the side socket's path for OpenSession, "" when there is none */
 } ttd_core;
 
 /* Creates the backend named by config and an empty session table. config must outlive the

@@ -19,7 +19,37 @@ typedef struct download_state {
   unsigned char *raw;   /* device bytes before conversion */
   unsigned char *out;   /* bytes of the message */
   Ttd__V1__DownloadResponse message;
+  bool shm;             /* written to shared memory: one message without data */
 } download_state;
+
+/* Reads chunk bytes of target data at st->sent into out (converting when the dtypes differ). */
+static ttd_status_t read_chunk(download_state *st, unsigned char *out, size_t n) {
+  ttd_backend *backend = st->tensor->backend;
+  if (st->target == st->tensor->spec.dtype) return backend->vtable->buffer_read(backend, st->tensor->buffer, st->sent, out, n);
+  size_t elems = n / st->out_size;
+  uint64_t offset = st->sent / st->out_size * st->in_size;
+  TTD_RETURN_IF_ERROR(backend->vtable->buffer_read(backend, st->tensor->buffer, offset, st->raw, elems * st->in_size));
+  ttd_dtype_convert(out, st->target, st->raw, st->tensor->spec.dtype, elems);
+  return TTD_OK;
+}
+
+/* The same-host fast path: every byte straight into the client's segment, then one
+ * message with the info and no data. */
+static ttd_status_t to_shared_memory(ttd_call *call, download_state *st, const Ttd__V1__ShmRange *r) {
+  ttd_shm_segment *segment = NULL;
+  TTD_RETURN_IF_ERROR(ttd_session_segment_lookup(call->session, r->segment, &segment));
+  ttd_status_t status = ttd_shm_segment_check_range(segment, r->offset, r->length, st->total);
+  while (!status && st->sent < st->total) {
+    size_t n = st->total - st->sent < st->chunk ? (size_t)(st->total - st->sent) : st->chunk;
+    if (st->target == st->tensor->spec.dtype) n = (size_t)(st->total - st->sent); /* one copy */
+    status = read_chunk(st, segment->addr + r->offset + st->sent, n);
+    st->sent += n;
+  }
+  ttd_shm_segment_release(segment);
+  atomic_fetch_add_explicit(&call->core->metrics.bytes_to_host, st->total, memory_order_relaxed);
+  st->shm = true;
+  return status;
+}
 
 ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request) {
   const Ttd__V1__DownloadRequest *req = (const Ttd__V1__DownloadRequest *)request;
@@ -54,22 +84,20 @@ ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request)
   st->message.tensor = ttd_tensor_info_to_proto(call, req->handle, &st->tensor->spec);
   TTD_CHECK_ALLOC(st->message.tensor);
   st->message.total_bytes = st->total;
+  if (req->shm) return to_shared_memory(call, st, req->shm);
   return TTD_OK;
 }
 
 ttd_status_t ttd_download_next(ttd_call *call, const ProtobufCMessage **out_message, bool *out_last) {
   download_state *st = call->stream;
-  ttd_backend *backend = st->tensor->backend;
+  if (st->shm) { /* the bytes are in the client's segment already */
+    *out_message = &st->message.base;
+    *out_last = true;
+    return TTD_OK;
+  }
   uint64_t left = st->total - st->sent;
   size_t n = left < st->chunk ? (size_t)left : st->chunk;
-  if (st->target == st->tensor->spec.dtype) {
-    TTD_RETURN_IF_ERROR(backend->vtable->buffer_read(backend, st->tensor->buffer, st->sent, st->out, n));
-  } else {
-    size_t elems = n / st->out_size;
-    uint64_t offset = st->sent / st->out_size * st->in_size;
-    TTD_RETURN_IF_ERROR(backend->vtable->buffer_read(backend, st->tensor->buffer, offset, st->raw, elems * st->in_size));
-    ttd_dtype_convert(st->out, st->target, st->raw, st->tensor->spec.dtype, elems);
-  }
+  TTD_RETURN_IF_ERROR(read_chunk(st, st->out, n));
   if (st->sent > 0) { /* the info and total travel in the first message only */
     st->message.tensor = NULL;
     st->message.total_bytes = 0;

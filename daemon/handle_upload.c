@@ -102,6 +102,20 @@ static ttd_status_t write_converted(upload_state *st, const unsigned char *data,
   return TTD_OK;
 }
 
+/* The next len source bytes of the tensor, from a message or a shared-memory range. */
+static ttd_status_t consume(ttd_call *call, upload_state *st, const unsigned char *data, uint64_t len) {
+  if (len > st->expected - st->received) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "upload runs past the tensor's end: it holds %" PRIu64 " %s bytes, the stream sent %" PRIu64,
+                           st->expected, ttd_dtype_name(st->source_dtype), st->received + len);
+  }
+  st->received += len;
+  atomic_fetch_add_explicit(&call->core->metrics.bytes_to_device, len, memory_order_relaxed);
+  if (len == 0) return TTD_OK;
+  if (st->source_dtype == st->tensor->spec.dtype) return write_device(st, data, len);
+  return write_converted(st, data, (size_t)len);
+}
+
 ttd_status_t ttd_upload_message(ttd_call *call, const ProtobufCMessage *message) {
   const Ttd__V1__UploadRequest *req = (const Ttd__V1__UploadRequest *)message;
   upload_state *st = call->stream;
@@ -119,17 +133,20 @@ ttd_status_t ttd_upload_message(ttd_call *call, const ProtobufCMessage *message)
                            "only the first Upload message may carry a header (got one after %" PRIu64 " bytes)",
                            st->received);
   }
-  size_t len = req->data.len;
-  if (len > st->expected - st->received) {
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                           "upload runs past the tensor's end: it holds %" PRIu64 " %s bytes, the stream sent %" PRIu64,
-                           st->expected, ttd_dtype_name(st->source_dtype), st->received + len);
+  if (req->header && req->header->shm) {
+    if (req->data.len) {
+      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                             "an Upload from shared memory carries no data in its messages; send the header alone");
+    }
+    const Ttd__V1__ShmRange *r = req->header->shm;
+    ttd_shm_segment *segment = NULL;
+    TTD_RETURN_IF_ERROR(ttd_session_segment_lookup(call->session, r->segment, &segment));
+    ttd_status_t status = ttd_shm_segment_check_range(segment, r->offset, r->length, st->expected);
+    if (!status) status = consume(call, st, segment->addr + r->offset, r->length);
+    ttd_shm_segment_release(segment); /* held until the copy is done: a release meanwhile waits */
+    return status;
   }
-  st->received += len;
-  atomic_fetch_add_explicit(&call->core->metrics.bytes_to_device, len, memory_order_relaxed);
-  if (len == 0) return TTD_OK;
-  if (st->source_dtype == st->tensor->spec.dtype) return write_device(st, req->data.data, len);
-  return write_converted(st, req->data.data, len);
+  return consume(call, st, req->data.data, req->data.len);
 }
 
 ttd_status_t ttd_upload_end(ttd_call *call, ProtobufCMessage **out_response) {

@@ -21,6 +21,7 @@
 #include "log.h"
 #include "rpc_server.h"
 #include "service_notify.h"
+#include "shm_listener.h"
 
 typedef struct loop_state {
   struct event_base *base;
@@ -118,6 +119,26 @@ static int prepare_unix_address(const char *address) {
   return 0;
 }
 
+/* The same-host fast path's side socket, beside the first unix: listener; without it ttd
+ * serves everything over gRPC. */
+static ttd_shm_listener *start_shm_listener(struct event_base *base, ttd_core *core, const ttd_config *config) {
+  for (int i = 0; i < config->listen_count && config->shm; i++) {
+    if (strncmp(config->listen[i], "unix:", 5) != 0) continue;
+    char path[sizeof(core->shm_socket)];
+    snprintf(path, sizeof(path), "%s.shm", config->listen[i] + 5);
+    ttd_shm_listener *shm = NULL;
+    ttd_status_t status = ttd_shm_listener_start(base, core, path, config->socket_group, &shm);
+    if (status) { /* an optimisation: serve without it */
+      TTD_LOG(TTD_LOG_WARN, "event=shm-unavailable message=\"%s\"", ttd_status_message(status));
+      ttd_status_free(status);
+      return NULL;
+    }
+    snprintf(core->shm_socket, sizeof(core->shm_socket), "%s", path);
+    return shm;
+  }
+  return NULL;
+}
+
 int main(int argc, char **argv) {
   ttd_config config;
   ttd_config_defaults(&config);
@@ -168,12 +189,19 @@ int main(int argc, char **argv) {
   ttd_core *core = NULL;
   ttd_server *server = NULL;
   status = ttd_core_create(&config, &core);
+  /* The loop and the shared-memory side socket come before the server: OpenSession names
+   * the side socket from its first call on. */
+  struct event_base *base = event_base_new();
+  ttd_shm_listener *shm = NULL;
+  if (!status) shm = start_shm_listener(base, core, &config);
   if (!status) status = ttd_server_start(core, (const char *const *)config.listen, config.listen_count,
                                          config.threads, &server);
   if (status) {
     TTD_LOG(TTD_LOG_ERROR, "event=start-failed message=\"%s\"", ttd_status_message(status));
     ttd_status_free(status);
+    ttd_shm_listener_stop(shm);
     ttd_core_destroy(core);
+    event_base_free(base);
     grpc_shutdown();
     ttd_config_clear(&config);
     return 1;
@@ -182,7 +210,7 @@ int main(int argc, char **argv) {
           core->instance_id, config.backend, config.devices, (unsigned long long)config.dram,
           (unsigned long long)config.l1, (long long)config.lease_ms, config.threads);
 
-  loop_state st = {.base = event_base_new(), .core = core, .argc = argc, .argv = argv};
+  loop_state st = {.base = base, .core = core, .argc = argc, .argv = argv};
   ttd_admin *admin = NULL;
   if (strcmp(config.admin, "off") != 0) {
     status = ttd_admin_start(st.base, core, config.admin, &admin);
@@ -190,6 +218,7 @@ int main(int argc, char **argv) {
       TTD_LOG(TTD_LOG_ERROR, "event=start-failed message=\"%s\"", ttd_status_message(status));
       ttd_status_free(status);
       ttd_server_stop(server, 0);
+      ttd_shm_listener_stop(shm);
       ttd_core_destroy(core);
       event_base_free(st.base);
       ttd_config_clear(&config);
@@ -221,6 +250,7 @@ int main(int argc, char **argv) {
   ttd_notify_stopping("draining");
   ttd_admin_set_ready(admin, false);
   ttd_admin_stop(admin);
+  ttd_shm_listener_stop(shm);
   ttd_server_stop(server, config.drain_timeout_ms);
   TTD_LOG(TTD_LOG_DEBUG, "event=server-stopped");
   ttd_core_destroy(core);

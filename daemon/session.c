@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "program_run.h"
+#include "shm_protocol.h"
 #include "random.h"
 
 /* Copies a client-chosen name for logs and operators' tools: printable ASCII only, with
@@ -52,6 +53,7 @@ void ttd_session_release(ttd_session *session) {
   ttd_handle_map_clear(&session->tensors);
   ttd_handle_map_clear(&session->programs);
   ttd_handle_map_clear(&session->runs);
+  ttd_handle_map_clear(&session->segments);
   pthread_mutex_destroy(&session->lock);
   ttd_quota_release(session->quota);
   free(session);
@@ -70,28 +72,82 @@ ttd_status_t ttd_session_handle_not_found(uint64_t handle) {
 
 /* Puts value under a new random handle unused by any of the session's maps; bytes are
  * added to the session's tensor bytes. */
-static ttd_status_t add_object(ttd_session *session, ttd_handle_map *map, void *value, uint64_t bytes,
+static ttd_status_t closed_status(const ttd_session *session) {
+  return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                         "session %016" PRIx64 " was closed during the call; open a new session", session->id);
+}
+
+/* With the lock held and the session open: value under a new random handle unused by any
+ * of the session's maps. */
+static ttd_status_t add_locked(ttd_session *session, ttd_handle_map *map, void *value, uint64_t bytes,
                                uint64_t *out_handle) {
-  *out_handle = 0;
-  pthread_mutex_lock(&session->lock);
-  if (session->closed) {
-    pthread_mutex_unlock(&session->lock);
-    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
-                           "session %016" PRIx64 " was closed during the call; open a new session", session->id);
-  }
   uint64_t handle;
   int rc;
   do {
     handle = ttd_random_u64();
     rc = ttd_handle_map_get(&session->tensors, handle) || ttd_handle_map_get(&session->programs, handle) ||
-                 ttd_handle_map_get(&session->runs, handle)
+                 ttd_handle_map_get(&session->runs, handle) || ttd_handle_map_get(&session->segments, handle)
              ? -1
              : ttd_handle_map_put(map, handle, value);
   } while (rc == -1); /* a collision with a live handle: draw again */
-  if (rc == 0) session->tensor_bytes += bytes;
-  pthread_mutex_unlock(&session->lock);
   if (rc) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  session->tensor_bytes += bytes;
   *out_handle = handle;
+  return TTD_OK;
+}
+
+/* Puts value under a new random handle; bytes are added to the session's tensor bytes. */
+static ttd_status_t add_object(ttd_session *session, ttd_handle_map *map, void *value, uint64_t bytes,
+                               uint64_t *out_handle) {
+  *out_handle = 0;
+  pthread_mutex_lock(&session->lock);
+  ttd_status_t status = session->closed ? closed_status(session) : add_locked(session, map, value, bytes, out_handle);
+  pthread_mutex_unlock(&session->lock);
+  return status;
+}
+
+ttd_status_t ttd_session_segment_add(ttd_session *session, ttd_shm_segment *segment, uid_t uid, uint64_t *out_id) {
+  *out_id = 0;
+  ttd_status_t status = TTD_OK;
+  pthread_mutex_lock(&session->lock);
+  if (session->closed) {
+    status = closed_status(session);
+  } else if (session->segments.count && session->segments_uid != uid) {
+    status = ttd_make_status(GRPC_STATUS_PERMISSION_DENIED,
+                             "session %016" PRIx64 " has segments of uid %u; uid %u cannot add to them", session->id,
+                             (unsigned)session->segments_uid, (unsigned)uid);
+  } else if (session->segments.count >= TTD_SHM_MAX_SEGMENTS) {
+    status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                             "session %016" PRIx64 " already has %d shared-memory segments; release some", session->id,
+                             TTD_SHM_MAX_SEGMENTS);
+  } else {
+    status = add_locked(session, &session->segments, segment, 0, out_id);
+    if (!status) session->segments_uid = uid;
+  }
+  pthread_mutex_unlock(&session->lock);
+  return status;
+}
+
+ttd_status_t ttd_session_segment_lookup(ttd_session *session, uint64_t id, ttd_shm_segment **out_segment) {
+  pthread_mutex_lock(&session->lock);
+  ttd_shm_segment *s = ttd_handle_map_get(&session->segments, id);
+  if (s) ttd_shm_segment_retain(s);
+  pthread_mutex_unlock(&session->lock);
+  *out_segment = s;
+  if (s) return TTD_OK;
+  return ttd_make_status(GRPC_STATUS_NOT_FOUND,
+                         "shared-memory segment 0x%016" PRIx64 " is not registered in this session", id);
+}
+
+ttd_status_t ttd_session_segment_remove(ttd_session *session, uint64_t id) {
+  pthread_mutex_lock(&session->lock);
+  ttd_shm_segment *s = ttd_handle_map_remove(&session->segments, id);
+  pthread_mutex_unlock(&session->lock);
+  if (!s) {
+    return ttd_make_status(GRPC_STATUS_NOT_FOUND,
+                           "shared-memory segment 0x%016" PRIx64 " is not registered in this session", id);
+  }
+  ttd_shm_segment_release(s);
   return TTD_OK;
 }
 
@@ -223,6 +279,8 @@ void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *ou
   memset(&session->runs, 0, sizeof(session->runs));
   ttd_handle_map programs = session->programs;
   memset(&session->programs, 0, sizeof(session->programs));
+  ttd_handle_map segments = session->segments;
+  memset(&session->segments, 0, sizeof(session->segments));
   ttd_handle_map tensors = session->tensors;
   memset(&session->tensors, 0, sizeof(session->tensors));
   session->tensor_bytes = 0;
@@ -239,6 +297,10 @@ void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *ou
     if (programs.keys[i]) ttd_program_release(programs.values[i]);
   }
   ttd_handle_map_clear(&programs);
+  for (size_t i = 0; i < segments.capacity; i++) {
+    if (segments.keys[i]) ttd_shm_segment_release(segments.values[i]);
+  }
+  ttd_handle_map_clear(&segments);
   /* Freed: what the session's account dropped by (its gradients, optimizer state and kept
    * activations included), not only the tensors it had handles to. */
   uint64_t charged_after = atomic_load(&session->quota->used);

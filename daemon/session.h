@@ -16,6 +16,7 @@
 #include "handle_map.h"
 #include "program.h"
 #include "quota.h"
+#include "shm_segment.h"
 #include "tensor.h"
 #include "tokens.h"
 
@@ -35,6 +36,8 @@ typedef struct ttd_session {
   uint64_t tensor_bytes;        /* device bytes held by this session's tensors */
   ttd_handle_map programs;      /* handle -> ttd_program* (one reference each) */
   ttd_handle_map runs;          /* handle -> ttd_run* kept for Backward (owned) */
+  ttd_handle_map segments;      /* id -> ttd_shm_segment* (one reference each) */
+  uid_t segments_uid;           /* every segment comes from this user (SO_PEERCRED) */
 } ttd_session;
 
 /* Who opens a session and what it asks for. */
@@ -93,6 +96,17 @@ ttd_status_t ttd_session_run_put_back(ttd_session *session, uint64_t handle, str
 
 /* Marks the session closed and drops every tensor. Idempotent. */
 void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *out_bytes);
+
+/* Adds a registered segment under a new id (the session takes its reference on success).
+ * FAILED_PRECONDITION when closed, RESOURCE_EXHAUSTED past TTD_SHM_MAX_SEGMENTS,
+ * PERMISSION_DENIED when uid differs from the session's earlier segments'. */
+ttd_status_t ttd_session_segment_add(ttd_session *session, ttd_shm_segment *segment, uid_t uid, uint64_t *out_id);
+
+/* A new reference to the segment under id, or NOT_FOUND. */
+ttd_status_t ttd_session_segment_lookup(ttd_session *session, uint64_t id, ttd_shm_segment **out_segment);
+
+/* Drops the session's reference (calls using it keep theirs); NOT_FOUND if unknown. */
+ttd_status_t ttd_session_segment_remove(ttd_session *session, uint64_t id);
 
 /* The message every unknown handle gets, so that all unknown handles look identical. */
 ttd_status_t ttd_session_handle_not_found(uint64_t handle);

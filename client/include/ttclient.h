@@ -80,6 +80,9 @@ typedef struct tt_connect_options {
                              * $TTD_TLS_CERT and $TTD_TLS_KEY, if set */
   const char *tls_server_name; /* name to check in the server's certificate instead of the
                              * target's host */
+  int disable_shm;          /* 1: no same-host shared-memory fast path (also TTD_SHM=0); by
+                             * default host tensors of 256 KiB or more move through shared
+                             * memory when the target is a local unix: socket */
 } tt_connect_options;
 
 /* Sets the defaults. */

@@ -14,7 +14,10 @@ static int loc_index(ttd_memloc loc) { return loc == TTD_MEM_L1 ? 1 : 0; }
 static void sim_destroy(ttd_backend *backend) {
   sim_backend *sim = sim_of(backend);
   ttd_pool_destroy(sim->pool);
-  for (int i = 0; i < sim->device_count; i++) pthread_mutex_destroy(&sim->devices[i].lock);
+  for (int i = 0; i < sim->device_count; i++) {
+    for (int k = 0; k < SIM_CACHED_BLOCKS; k++) free(sim->devices[i].cached[k]);
+    pthread_mutex_destroy(&sim->devices[i].lock);
+  }
   free(sim->devices);
   free(sim);
 }
@@ -41,6 +44,20 @@ static void unreserve(sim_device *dev, int li, uint64_t bytes) {
   pthread_mutex_unlock(&dev->lock);
 }
 
+/* A cached block of bytes..2*bytes (its size in *out_size), or NULL; lock held. */
+static void *take_cached(sim_device *dev, uint64_t bytes, uint64_t *out_size) {
+  int best = -1;
+  for (int k = 0; k < SIM_CACHED_BLOCKS; k++) {
+    uint64_t have = dev->cached_bytes[k];
+    if (dev->cached[k] && have >= bytes && have <= 2 * bytes && (best < 0 || have < dev->cached_bytes[best])) best = k;
+  }
+  if (best < 0) return NULL;
+  void *data = dev->cached[best];
+  *out_size = dev->cached_bytes[best];
+  dev->cached[best] = NULL;
+  return data;
+}
+
 static ttd_status_t sim_buffer_alloc(ttd_backend *backend, int device, ttd_memloc loc,
                                      uint64_t bytes, ttd_backend_buffer **out_buffer) {
   *out_buffer = NULL;
@@ -57,13 +74,15 @@ static ttd_status_t sim_buffer_alloc(ttd_backend *backend, int device, ttd_memlo
                            device, ttd_memloc_name(loc), bytes, free_bytes, capacity);
   }
   dev->used[li] += bytes;
+  uint64_t block = bytes;
+  void *data = bytes >= SIM_CACHE_MIN_BYTES ? take_cached(dev, bytes, &block) : NULL;
   pthread_mutex_unlock(&dev->lock);
 
   ttd_backend_buffer *buf = malloc(sizeof(*buf));
-  void *data = NULL;
   /* 64-byte alignment, like a card's DRAM pages; at least 1 byte so 0-size tensors exist. */
-  if (!buf || bytes > SIZE_MAX - 64 || posix_memalign(&data, 64, bytes ? (size_t)bytes : 1) != 0) {
+  if (!buf || bytes > SIZE_MAX - 64 || (!data && posix_memalign(&data, 64, bytes ? (size_t)bytes : 1) != 0)) {
     free(buf);
+    free(data);
     unreserve(dev, li, bytes);
     return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
                            "host memory backing simulated tt:%d %s is exhausted: could not "
@@ -73,6 +92,7 @@ static ttd_status_t sim_buffer_alloc(ttd_backend *backend, int device, ttd_memlo
   buf->device = device;
   buf->loc = loc;
   buf->bytes = bytes;
+  buf->block_bytes = block;
   buf->data = data;
   *out_buffer = buf;
   return TTD_OK;
@@ -80,8 +100,24 @@ static ttd_status_t sim_buffer_alloc(ttd_backend *backend, int device, ttd_memlo
 
 static void sim_buffer_free(ttd_backend *backend, ttd_backend_buffer *buffer) {
   if (!buffer) return;
-  unreserve(&sim_of(backend)->devices[buffer->device], loc_index(buffer->loc), buffer->bytes);
-  free(buffer->data);
+  sim_device *dev = &sim_of(backend)->devices[buffer->device];
+  void *evicted = buffer->data;
+  pthread_mutex_lock(&dev->lock);
+  dev->used[loc_index(buffer->loc)] -= buffer->bytes;
+  if (buffer->block_bytes >= SIM_CACHE_MIN_BYTES) { /* keep it, evicting the smallest block */
+    int slot = 0; /* an empty slot, else the one holding the smallest block */
+    for (int k = 0; k < SIM_CACHED_BLOCKS && dev->cached[slot]; k++) {
+      if (!dev->cached[k] || dev->cached_bytes[k] < dev->cached_bytes[slot]) slot = k;
+    }
+    void *old = dev->cached[slot];
+    if (!old || dev->cached_bytes[slot] < buffer->block_bytes) {
+      dev->cached[slot] = buffer->data;
+      dev->cached_bytes[slot] = buffer->block_bytes;
+      evicted = old;
+    }
+  }
+  pthread_mutex_unlock(&dev->lock);
+  free(evicted);
   free(buffer);
 }
 
