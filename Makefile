@@ -30,7 +30,8 @@ DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/backends/*
 CLIENT_SRC := $(wildcard client/*.c)
 # The client compiles and runs graphs in process with the daemon's own code (one piece of
 # code per piece of logic): shape inference, the program compiler and executor, the sim card.
-SHARED_DAEMON_SRC := daemon/ops.c daemon/program.c daemon/program_run.c daemon/status.c daemon/tensor.c daemon/quota.c \
+SHARED_DAEMON_SRC := daemon/ops.c daemon/program.c daemon/program_run.c daemon/status.c daemon/tensor.c daemon/quota.c daemon/wire_frame.c daemon/block_cache.c \
+  daemon/optimizer_options.c \
   daemon/backend_registry.c daemon/backends/sim/sim_backend.c daemon/backends/sim/sim_exec.c
 TEST_SRC := $(wildcard tests/*.c)
 
@@ -47,7 +48,7 @@ LIB_SO := $(BUILD)/lib/libttclient.so
 EXAMPLES := $(patsubst client/examples/%.c,$(BUILD)/bin/%,$(wildcard client/examples/*.c))
 CHECK := $(BUILD)/bin/check_ttd
 
-.PHONY: all deps test test-unit test-asan demo clean install
+.PHONY: all deps test test-unit test-asan demo clean install bench bench-deps bench-bin
 all: $(TTD) $(LIB_A) $(LIB_SO) $(EXAMPLES) $(CHECK) $(PY_GEN) $(BUILD)/bin/ttctl
 
 deps:
@@ -125,6 +126,29 @@ test: deps
 demo: deps
 	$(MAKE) all
 	scripts/demo.sh $(BUILD)
+
+# make bench (issue 6): scripts/bench/bench runs every bench program against this build's ttd
+# and writes $(BUILD)/bench/results.json. The programs are not part of `all`: they link
+# OpenBLAS (the sgemm reference, bench only), which `make test` must not need. $(LIB_A)
+# holds the kernels (ttd_k_matmul, ttd_pool) bench_matmul measures.
+BENCH_BIN := $(patsubst %,$(BUILD)/bin/bench_%,transfer rpc matmul train sessions)
+BENCH_LIB_SRC := scripts/bench/bench_common.c scripts/bench/bench_bare_grpc.c scripts/bench/bench_mlp.c
+BENCH_CFLAGS = $(filter-out -MMD -MP,$(CFLAGS)) -I. $(shell pkg-config --cflags openblas 2>/dev/null)
+BENCH_LIBS = $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+
+$(BUILD)/bin/bench_%: scripts/bench/bench_%.c $(BENCH_LIB_SRC) $(wildcard scripts/bench/*.h) $(LIB_A)
+	@mkdir -p $(dir $@)
+	@echo "  LINK    $@"
+	@$(CC) $(BENCH_CFLAGS) $(LDFLAGS) $< $(BENCH_LIB_SRC) $(LIB_A) $(BENCH_LIBS) $(GRPC_LIBS) -o $@
+
+bench-deps:
+	@scripts/install-deps.sh --bench
+
+bench-bin: $(BENCH_BIN)
+
+bench: bench-deps
+	$(MAKE) --no-print-directory all bench-bin
+	scripts/bench/bench $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

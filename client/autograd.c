@@ -245,44 +245,144 @@ static int collect(tt_tensor *t, tt_tensor ***list, int *n, int *cap) {
   return 0;
 }
 
+/* The output gradients of a Backward, inline when they fit the inline limit (with the
+ * module's queued parameter work riding along); else uploaded, and freed by the Backward
+ * itself (its free list). With TTD_INLINE=0: uploads, then a Free, as before. */
+typedef struct backward_grads {
+  uint64_t *handles;
+  tt_tensor **uploaded;             /* TTD_INLINE=0: the uploads, freed after the call */
+  Ttd__V1__InlineTensor *wires;
+  Ttd__V1__InlineTensor **wire_ptrs;
+  Ttd__V1__TensorSpec *specs;
+  int64_t (*shapes)[TT_MAX_DIMS];
+  char (*devices)[16];
+} backward_grads;
+
+static void backward_grads_free(backward_grads *g, int n) {
+  for (int i = 0; g->uploaded && i < n; i++) tt_tensor_free(g->uploaded[i]);
+  free(g->uploaded);
+  free(g->handles);
+  free(g->wires);
+  free(g->wire_ptrs);
+  free(g->specs);
+  free(g->shapes);
+  free(g->devices);
+}
+
+static tt_status backward_grads_fill(tt_run_ref *ref, backward_grads *g, Ttd__V1__BackwardRequest *req) {
+  tt_client *c = ref->client;
+  size_t n = (size_t)ref->n_outputs + 1;
+  g->handles = calloc(n, sizeof(*g->handles));
+  g->uploaded = calloc(n, sizeof(*g->uploaded));
+  g->wires = calloc(n, sizeof(*g->wires));
+  g->wire_ptrs = calloc(n, sizeof(*g->wire_ptrs));
+  g->specs = calloc(n, sizeof(*g->specs));
+  g->shapes = calloc(n, sizeof(*g->shapes));
+  g->devices = calloc(n, sizeof(*g->devices));
+  if (!g->handles || !g->uploaded || !g->wires || !g->wire_ptrs || !g->specs || !g->shapes || !g->devices) {
+    return tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  }
+  int fast = tt_inline_enabled(c);
+  uint64_t total = 0;
+  for (int i = 0; i < ref->n_outputs; i++) {
+    if (!ref->output_grads[i]) continue;
+    int ndim = tt_module_output_dims(ref->module, i, g->shapes[i]);
+    uint64_t numel = 1;
+    for (int d = 0; d < ndim; d++) numel *= (uint64_t)g->shapes[i][d];
+    total += numel * sizeof(float);
+  }
+  int inline_grads = fast && total <= TT_INLINE_MAX_BYTES;
+  tt_place place;
+  tt_place_parse(tt_module_device(ref->module), &place);
+  for (int i = 0; i < ref->n_outputs; i++) {
+    if (!ref->output_grads[i]) {
+      if (inline_grads) {
+        ttd__v1__inline_tensor__init(&g->wires[i]);
+        g->wire_ptrs[i] = &g->wires[i];
+      }
+      continue;
+    }
+    int ndim = tt_module_output_dims(ref->module, i, g->shapes[i]);
+    uint64_t numel = 1;
+    for (int d = 0; d < ndim; d++) numel *= (uint64_t)g->shapes[i][d];
+    if (inline_grads) {
+      ttd__v1__inline_tensor__init(&g->wires[i]);
+      ttd__v1__tensor_spec__init(&g->specs[i]);
+      snprintf(g->devices[i], sizeof(g->devices[i]), "tt:%d", place.device);
+      g->specs[i].dtype = TTD__V1__DTYPE__DTYPE_FLOAT32;
+      g->specs[i].n_shape = (size_t)ndim;
+      g->specs[i].shape = g->shapes[i];
+      g->specs[i].device = g->devices[i];
+      g->wires[i].spec = &g->specs[i];
+      g->wires[i].data.data = (uint8_t *)ref->output_grads[i];
+      g->wires[i].data.len = (size_t)(numel * sizeof(float));
+      g->wire_ptrs[i] = &g->wires[i];
+    } else if (fast) {
+      TT_RETURN_IF_FAILED(tt_inline_upload(c, &place, TT_FLOAT32, g->shapes[i], ndim, ref->output_grads[i],
+                                           numel * sizeof(float), &g->handles[i]));
+      req->free = g->handles; /* freed by the Backward that uses them */
+    } else {
+      tt_tensor *host = tt_tensor_from_host(c, ref->output_grads[i], TT_FLOAT32, g->shapes[i], ndim);
+      g->uploaded[i] = host ? tt_to(host, tt_module_device(ref->module)) : NULL;
+      tt_tensor_free(host);
+      if (!g->uploaded[i]) return tt_errcode(c);
+      g->handles[i] = g->uploaded[i]->handle;
+    }
+  }
+  if (inline_grads) {
+    req->inline_output_grads = g->wire_ptrs;
+    req->n_inline_output_grads = (size_t)ref->n_outputs;
+  } else {
+    req->output_grads = g->handles;
+    req->n_output_grads = (size_t)ref->n_outputs;
+    if (req->free) req->n_free = (size_t)ref->n_outputs; /* the zeros are skipped */
+  }
+  return TT_OK;
+}
+
 /* Sends each touched run's accumulated output gradients to the card and runs Backward. */
 static tt_status flush_run(tt_run_ref *ref) {
   tt_client *c = ref->client;
   if (ref->local_run) return tt_module_backward_local(ref->module, ref);
-  uint64_t *handles = calloc((size_t)ref->n_outputs + 1, sizeof(uint64_t));
-  tt_tensor **uploaded = calloc((size_t)ref->n_outputs + 1, sizeof(*uploaded));
-  tt_status st = handles && uploaded ? TT_OK : tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
-  for (int i = 0; st == TT_OK && i < ref->n_outputs; i++) {
-    if (!ref->output_grads[i]) continue;
-    int64_t shape[TT_MAX_DIMS];
-    int ndim = tt_module_output_dims(ref->module, i, shape);
-    tt_tensor *host = tt_tensor_from_host(c, ref->output_grads[i], TT_FLOAT32, shape, ndim);
-    uploaded[i] = host ? tt_to(host, tt_module_device(ref->module)) : NULL;
-    tt_tensor_free(host);
-    if (!uploaded[i]) st = tt_errcode(c);
-    else handles[i] = uploaded[i]->handle;
+  Ttd__V1__BackwardRequest req = TTD__V1__BACKWARD_REQUEST__INIT;
+  backward_grads grads;
+  memset(&grads, 0, sizeof(grads));
+  tt_param_work work;
+  memset(&work, 0, sizeof(work));
+  tt_status st = backward_grads_fill(ref, &grads, &req);
+  if (st != TT_OK && req.free) { /* uploads made before the failure: nothing will use them */
+    uint64_t made[64];
+    Ttd__V1__FreeRequest free_req = TTD__V1__FREE_REQUEST__INIT;
+    for (int i = 0; i < ref->n_outputs && free_req.n_handles < 64; i++) {
+      if (grads.handles[i]) made[free_req.n_handles++] = grads.handles[i];
+    }
+    free_req.handles = made;
+    ProtobufCMessage *out = NULL;
+    char ignored[256];
+    if (free_req.n_handles && tt_rpc_unary_quiet(c, TT_RPC_FREE, &free_req.base, &ttd__v1__free_response__descriptor, &out,
+                                                 ignored, sizeof(ignored)) == TT_OK) {
+      protobuf_c_message_free_unpacked(out, NULL);
+    }
   }
+  if (st == TT_OK && tt_inline_enabled(c)) st = tt_module_take_work(ref->module, &work, &req.before);
   if (st == TT_OK) {
-    Ttd__V1__BackwardRequest req = TTD__V1__BACKWARD_REQUEST__INIT;
     req.run = ref->run;
-    req.output_grads = handles;
-    req.n_output_grads = (size_t)ref->n_outputs;
     ProtobufCMessage *out = NULL;
     st = tt_rpc_unary(c, TT_RPC_BACKWARD, &req.base, &ttd__v1__backward_response__descriptor, &out);
     ref->run = 0; /* the daemon frees the activations after Backward, as torch frees the graph */
     tt_module_run_done(ref->module);
     if (st == TT_OK) {
       Ttd__V1__BackwardResponse *resp = (Ttd__V1__BackwardResponse *)out;
-      uint64_t grads[64];
+      uint64_t handles[64];
       int n = (int)(resp->n_parameter_grads < 64 ? resp->n_parameter_grads : 64);
-      for (int i = 0; i < n; i++) grads[i] = resp->parameter_grads[i]->handle;
-      tt_module_set_grad_handles(ref->module, grads, n);
+      for (int i = 0; i < n; i++) handles[i] = resp->parameter_grads[i]->handle;
+      tt_module_set_grad_handles(ref->module, handles, n);
       protobuf_c_message_free_unpacked(out, NULL);
+      if (tt_inline_enabled(c)) tt_module_loop_enter(ref->module);
     }
   }
-  for (int i = 0; uploaded && i < ref->n_outputs; i++) tt_tensor_free(uploaded[i]);
-  free(uploaded);
-  free(handles);
+  tt_param_work_clear(&work);
+  backward_grads_free(&grads, ref->n_outputs);
   for (int i = 0; i < ref->n_outputs; i++) {
     free(ref->output_grads[i]);
     ref->output_grads[i] = NULL;

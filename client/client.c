@@ -208,6 +208,7 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   pthread_mutex_init(&c->error_lock, NULL);
   pthread_mutex_init(&c->keepalive_lock, NULL);
   pthread_mutex_init(&c->shm_lock, NULL);
+  ttd_block_cache_init(&c->blocks);
   c->shm_fd = -1;
   pthread_condattr_t attr;
   pthread_condattr_init(&attr);
@@ -237,6 +238,9 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, .value.integer = 100},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = 100},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 2000},
+      /* Bulk downloads: a deep HTTP/2 receive window so the daemon is never stalled by flow
+       * control between 4 MiB messages. */
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, .value.integer = 16 << 20},
   };
   const char *token = options->token ? options->token : getenv("TTD_TOKEN");
   if (token && *token) {
@@ -275,6 +279,7 @@ void tt_client_release(tt_client *client) {
   pthread_mutex_destroy(&client->keepalive_lock);
   pthread_cond_destroy(&client->keepalive_cond);
   tt_shm_destroy(client);
+  ttd_block_cache_destroy(&client->blocks);
   pthread_mutex_destroy(&client->shm_lock);
   explicit_bzero(client->authorization, sizeof(client->authorization));
   free(client);

@@ -8,11 +8,14 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "../daemon/block_cache.h"
 #include "include/ttclient.h"
 #include "ttd/v1/ttd.pb-c.h"
 
 #define TT_PROTOCOL_VERSION 1
 #define TT_CHUNK_BYTES (1u << 20)
+#define TT_INLINE_MAX_BYTES ((uint64_t)4 << 20) /* what travels inline per call (daemon: TTD_INLINE_MAX_BYTES) */
+#define TT_LOOP_DEVICES 16
 
 /* Methods of ttd.v1.Device this library calls; order matches tt_rpc_paths. */
 typedef enum tt_rpc_method {
@@ -66,6 +69,7 @@ struct tt_client {
   tt_status errcode;
   char errmsg[1024];
 
+  ttd_block_cache blocks; /* large host buffers kept for reuse (without shared memory) */
   int shm_fd;              /* the side socket, or -1: no fast path */
   pthread_mutex_t shm_lock; /* guards the segments */
   tt_shm_segment *segments;
@@ -76,6 +80,11 @@ struct tt_client {
   bool stopping;
   pthread_mutex_t keepalive_lock;
   pthread_cond_t keepalive_cond;
+
+  /* Fewer round trips (inline.c, module.c); all zero until first used. */
+  int inline_mode;                             /* 0: not read yet, 1: on, 2: off (TTD_INLINE=0) */
+  atomic_int training_loops[TT_LOOP_DEVICES];  /* per device: modules in a training loop there */
+  atomic_int deferred_modules;                 /* modules holding a queued tt_step / tt_zero_grad */
 };
 
 /* Where a tensor lives. */
@@ -99,13 +108,17 @@ struct tt_tensor {
   tt_place place;
   char device_name[24];
   void *data;       /* host tensors */
-  uint64_t shm_segment; /* host data in this shared-memory segment (offset 0), or 0: malloc'd */
+  uint64_t shm_segment; /* host data in this shared-memory segment (offset 0), or 0 */
+  size_t host_block;    /* else: the size of the block cache's block behind data */
   uint64_t handle;  /* device tensors */
   tt_autograd_node *grad_fn; /* host tensors made by tracked ops (autograd.c) */
   float *grad;               /* during tt_backward only */
   tt_run_ref *run;           /* device outputs of a training forward */
   int output_index;
   int borrowed;              /* a view of a daemon-owned tensor (.grad): free does not Free it */
+  int param;                 /* a module's parameter: reading it sends queued parameter work first */
+  void *host_copy;           /* device tensors: their bytes on the host (inline.c). With handle 0 the
+                              * tensor is deferred: it travels inline or is uploaded when needed */
 };
 
 /* A daemon run kept for Backward, shared by the outputs of one training forward. */
@@ -148,6 +161,54 @@ void tt_module_release_local(struct tt_module *module, tt_run_ref *ref);
 /* Records the parameter gradient handles Backward returned (module.c). */
 void tt_module_set_grad_handles(struct tt_module *module, const uint64_t *handles, int n);
 
+/* ---- fewer round trips (inline.c, module.c) ---- */
+
+/* Whether inline transfers, deferred uploads and queued parameter work are on for client:
+ * yes unless TTD_INLINE=0 (then every call goes out as it did before them). */
+int tt_inline_enabled(tt_client *client);
+
+/* Whether a host -> device tt_to of nbytes to place should be deferred: small, DRAM, and a
+ * module on that device is in a training loop (a Backward in training mode reached it there). */
+int tt_inline_defer_wanted(tt_client *client, const tt_place *place, uint64_t nbytes);
+
+/* A deferred device tensor: src's bytes (converted to dtype) kept on the host, no handle. */
+tt_tensor *tt_inline_defer(tt_tensor *src, const tt_place *place, tt_dtype dtype);
+
+/* Gives a deferred tensor its handle (an Upload of its bytes); OK for any other tensor. */
+tt_status tt_tensor_materialize(tt_tensor *tensor);
+
+/* A host tensor (dtype) from a device tensor's host copy. */
+tt_tensor *tt_inline_to_host(tt_tensor *src, tt_dtype dtype);
+
+/* Fills wire and spec (and device, 16 bytes) to send tensor's host copy inline. */
+void tt_inline_fill(Ttd__V1__InlineTensor *wire, Ttd__V1__TensorSpec *spec, char *device, const tt_tensor *tensor);
+
+/* Uploads bytes of dtype and shape to place as a new tensor; *out_handle its handle. */
+tt_status tt_inline_upload(tt_client *client, const tt_place *place, tt_dtype dtype, const int64_t *shape, int ndim,
+                           const void *data, uint64_t nbytes, uint64_t *out_handle);
+
+/* tt_step and tt_zero_grad of a module on a card are queued on the module and ride on its
+ * next Execute or Backward (ParameterWork before). This moves them into work (which owns the
+ * storage; release it with tt_param_work_clear) and sets *out_work to its message, or NULL
+ * when nothing is queued. */
+typedef struct tt_param_work {
+  Ttd__V1__ParameterWork work;
+  Ttd__V1__OptimizerStepRequest step;
+  Ttd__V1__ZeroGradRequest zero;
+  Ttd__V1__SgdOptions sgd;
+  Ttd__V1__AdamOptions adam;
+  uint64_t *handles;
+} tt_param_work;
+tt_status tt_module_take_work(struct tt_module *module, tt_param_work *work, Ttd__V1__ParameterWork **out_work);
+void tt_param_work_clear(tt_param_work *work);
+
+/* Sends queued parameter work of client's modules as OptimizerStep / ZeroGrad calls before
+ * tensor (a parameter or a .grad) is read or moved; OK at once for other tensors. */
+tt_status tt_deferred_flush_for(const tt_tensor *tensor);
+
+/* A backward of module on a card succeeded: in training mode it is in a training loop now. */
+void tt_module_loop_enter(struct tt_module *module);
+
 #define TT_RETURN_IF_FAILED(expr)      \
   do {                                 \
     tt_status tt_status_tmp_ = (expr); \
@@ -189,8 +250,8 @@ void tt_shm_destroy(tt_client *client);
 
 /* Host data for a tensor of bytes (shared memory when large and available); NULL if out
  * of memory. Freed with tt_host_free. */
-void *tt_host_alloc(tt_client *client, uint64_t bytes, uint64_t *out_segment);
-void tt_host_free(tt_client *client, void *data, uint64_t segment);
+void *tt_host_alloc(tt_client *client, uint64_t bytes, uint64_t *out_segment, size_t *out_block);
+void tt_host_free(tt_client *client, void *data, uint64_t segment, size_t block);
 
 /* A host tensor whose bytes are not initialised (they are about to be overwritten). */
 tt_tensor *tt_tensor_host_uninit(tt_client *client, tt_dtype dtype, const int64_t *shape, int ndim);

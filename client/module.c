@@ -1,12 +1,27 @@
 /* Modules: a compiled graph and its parameters, on "cpu" (in process, on a local simulated
- * card running the same kernels) or on a card of the daemon (Compile and Execute RPCs). */
+ * card running the same kernels) or on a card of the daemon (Compile and Execute RPCs).
+ *
+ * Round trips: on a card, tt_step and tt_zero_grad are queued on the module and ride on its
+ * next Execute or Backward (ParameterWork before), small inputs deferred by tt_to travel
+ * inline with Execute and small outputs come back inline, so a training step of the seed
+ * flow is two calls: Execute and Backward. Anything that reads a parameter or a .grad sends
+ * the queued work first. TTD_INLINE=0 turns all of it off. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../daemon/optimizer_options.h"
 #include "../daemon/program_run.h"
 #include "client_internal.h"
+
+/* What tt_step / tt_zero_grad queued: the step first, then the zeroing. */
+typedef struct deferred_work {
+  int step, zero;
+  int adam;
+  Ttd__V1__SgdOptions sgd;
+  Ttd__V1__AdamOptions adam_options;
+} deferred_work;
 
 struct tt_module {
   atomic_int refs;          /* the user's, plus one per pending run's outputs */
@@ -22,7 +37,135 @@ struct tt_module {
   uint64_t *grad_handles;   /* per parameter: its .grad on the daemon (0: none yet) */
   int pending_runs;         /* training forwards not yet backpropagated or released */
   tt_tensor **host_grads;   /* on "cpu": each parameter's .grad (NULL: none yet) */
+  deferred_work deferred;   /* guarded by deferred_lock */
+  int queued;               /* in deferred_list (guarded by deferred_lock) */
+  struct tt_module *next_queued;
+  int loop_device;          /* trained on this card (a Backward reached it since tt_module_to): counted in
+                             * client->training_loops[]; -1 otherwise */
 };
+
+/* Modules with queued parameter work, of every client: a flush before a parameter or a .grad
+ * is read finds them here. */
+static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
+static tt_module *deferred_list;
+
+static void unqueue_locked(tt_module *m) {
+  if (!m->queued) return;
+  for (tt_module **at = &deferred_list; *at; at = &(*at)->next_queued) {
+    if (*at == m) {
+      *at = m->next_queued;
+      break;
+    }
+  }
+  m->queued = 0;
+  m->next_queued = NULL;
+  atomic_fetch_sub(&m->client->deferred_modules, 1);
+}
+
+static void queue_locked(tt_module *m) {
+  if (m->queued) return;
+  m->queued = 1;
+  m->next_queued = deferred_list;
+  deferred_list = m;
+  atomic_fetch_add(&m->client->deferred_modules, 1);
+}
+
+static void loop_leave(tt_module *m) {
+  if (m->loop_device < 0) return;
+  atomic_fetch_sub(&m->client->training_loops[m->loop_device], 1);
+  m->loop_device = -1;
+}
+
+void tt_module_loop_enter(tt_module *m) {
+  if (m->loop_device >= 0 || !m->training || m->place.is_host || m->place.device >= TT_LOOP_DEVICES) return;
+  m->loop_device = m->place.device;
+  atomic_fetch_add(&m->client->training_loops[m->loop_device], 1);
+}
+
+void tt_param_work_clear(tt_param_work *w) {
+  free(w->handles);
+  memset(w, 0, sizeof(*w));
+}
+
+tt_status tt_module_take_work(tt_module *m, tt_param_work *w, Ttd__V1__ParameterWork **out_work) {
+  memset(w, 0, sizeof(*w));
+  *out_work = NULL;
+  pthread_mutex_lock(&deferred_lock);
+  deferred_work d = m->deferred;
+  memset(&m->deferred, 0, sizeof(m->deferred));
+  unqueue_locked(m);
+  pthread_mutex_unlock(&deferred_lock);
+  if (!d.step && !d.zero) return TT_OK;
+  w->handles = calloc((size_t)m->n_params + 1, sizeof(uint64_t));
+  if (!w->handles) return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  for (int i = 0; i < m->n_params; i++) w->handles[i] = m->params[i]->handle;
+  ttd__v1__parameter_work__init(&w->work);
+  if (d.step) {
+    ttd__v1__optimizer_step_request__init(&w->step);
+    w->step.parameters = w->handles;
+    w->step.n_parameters = (size_t)m->n_params;
+    if (d.adam) {
+      w->adam = d.adam_options;
+      w->step.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_ADAM;
+      w->step.adam = &w->adam;
+    } else {
+      w->sgd = d.sgd;
+      w->step.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD;
+      w->step.sgd = &w->sgd;
+    }
+    w->work.step = &w->step;
+  }
+  if (d.zero) {
+    ttd__v1__zero_grad_request__init(&w->zero);
+    w->zero.parameters = w->handles;
+    w->zero.n_parameters = (size_t)m->n_params;
+    w->work.zero_grad = &w->zero;
+  }
+  *out_work = &w->work;
+  return TT_OK;
+}
+
+/* Sends m's queued work as OptimizerStep and ZeroGrad calls. */
+static tt_status flush_module(tt_module *m) {
+  tt_param_work w;
+  Ttd__V1__ParameterWork *work = NULL;
+  TT_RETURN_IF_FAILED(tt_module_take_work(m, &w, &work));
+  if (!work) return TT_OK;
+  ProtobufCMessage *out = NULL;
+  tt_status st = TT_OK;
+  if (work->step) {
+    st = tt_rpc_unary(m->client, TT_RPC_OPTIMIZER_STEP, &work->step->base, &ttd__v1__optimizer_step_response__descriptor, &out);
+    if (st == TT_OK) protobuf_c_message_free_unpacked(out, NULL);
+  }
+  if (st == TT_OK && work->zero_grad) {
+    st = tt_rpc_unary(m->client, TT_RPC_ZERO_GRAD, &work->zero_grad->base, &ttd__v1__zero_grad_response__descriptor, &out);
+    if (st == TT_OK) protobuf_c_message_free_unpacked(out, NULL);
+  }
+  tt_param_work_clear(&w);
+  return st;
+}
+
+tt_status tt_deferred_flush_for(const tt_tensor *t) {
+  tt_client *c = t->client;
+  if ((!t->param && !t->borrowed) || atomic_load(&c->deferred_modules) == 0) return TT_OK;
+  tt_module *mods[64];
+  int n = 0;
+  tt_status st = TT_OK;
+  do {
+    n = 0;
+    pthread_mutex_lock(&deferred_lock);
+    for (tt_module *m = deferred_list; m && n < 64; m = m->next_queued) {
+      if (m->client == c) mods[n++] = tt_module_retain(m);
+    }
+    pthread_mutex_unlock(&deferred_lock);
+    for (int i = 0; i < n; i++) {
+      tt_status one = flush_module(mods[i]);
+      if (st == TT_OK) st = one;
+      tt_module_free(mods[i]);
+    }
+  } while (n == 64);
+  return st;
+}
 
 void tt_module_run_done(tt_module *m) { m->pending_runs--; }
 
@@ -154,6 +297,7 @@ tt_module *tt_compile(tt_client *client, const tt_graph *graph) {
   m->client = client;
   m->place.is_host = 1;
   m->training = 1;
+  m->loop_device = -1;
   strcpy(m->device_name, "cpu");
   m->graph = graph_copy(graph);
   if (!m->graph) {
@@ -185,6 +329,7 @@ tt_module *tt_compile(tt_client *client, const tt_graph *graph) {
       tt_module_free(m);
       return NULL;
     }
+    m->params[p - 1]->param = 1;
   }
   return m;
 }
@@ -196,6 +341,10 @@ tt_module *tt_module_retain(tt_module *m) {
 
 void tt_module_free(tt_module *m) {
   if (!m || atomic_fetch_sub(&m->refs, 1) != 1) return;
+  pthread_mutex_lock(&deferred_lock);
+  unqueue_locked(m); /* queued work dies with the parameters */
+  pthread_mutex_unlock(&deferred_lock);
+  loop_leave(m);
   if (m->grad_handles) release_grads(m);
   for (int i = 0; m->params && i < m->n_params; i++) tt_tensor_free(m->params[i]);
   free(m->params);
@@ -205,6 +354,22 @@ void tt_module_free(tt_module *m) {
   ttd_program_release(m->local);
   if (m->graph) ttd__v1__graph__free_unpacked(m->graph, NULL);
   free(m);
+}
+
+/* A tensor becoming one of m's parameters: on a card it needs its handle now (a deferred
+ * tt_to is uploaded) and no host copy (optimizers write parameters in place). */
+static tt_tensor *place_param(tt_tensor *t) {
+  if (!t) return NULL;
+  if (!t->place.is_host && tt_tensor_materialize(t) != TT_OK) {
+    tt_tensor_free(t);
+    return NULL;
+  }
+  if (!t->place.is_host && atomic_load(&t->refs) == 1) {
+    free(t->host_copy);
+    t->host_copy = NULL;
+  }
+  t->param = 1;
+  return t;
 }
 
 tt_status tt_module_to(tt_module *m, const char *device) {
@@ -219,10 +384,11 @@ tt_status tt_module_to(tt_module *m, const char *device) {
     return tt_client_fail(m->client, TT_INVALID_ARGUMENT, "module device '%s' is not valid; use cpu, tt or tt:N",
                           device ? device : "(null)");
   }
+  TT_RETURN_IF_FAILED(flush_module(m));
   tt_tensor **moved = calloc((size_t)m->n_params + 1, sizeof(*moved));
   if (!moved) return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
   for (int i = 0; i < m->n_params; i++) {
-    moved[i] = tt_to(m->params[i], device);
+    moved[i] = place_param(tt_to(m->params[i], device));
     if (!moved[i]) {
       for (int k = 0; k < i; k++) tt_tensor_free(moved[k]);
       free(moved);
@@ -237,6 +403,7 @@ tt_status tt_module_to(tt_module *m, const char *device) {
     tt_tensor_free(m->host_grads[i]);
     m->host_grads[i] = NULL;
   }
+  loop_leave(m);
   m->place = place;
   tt_place_format(&place, m->device_name, sizeof(m->device_name));
   return TT_OK;
@@ -415,27 +582,80 @@ static tt_status ensure_program(tt_module *m) {
   return TT_OK;
 }
 
+/* Bytes of all of m's outputs. */
+static uint64_t outputs_nbytes(const tt_module *m) {
+  uint64_t total = 0;
+  for (int o = 0; o < m->local->n_outputs; o++) {
+    const ttd_value_type *t = &m->local->values[m->local->outputs[o]].type;
+    total += (uint64_t)ttd_kshape_numel(&t->shape) * ttd_dtype_size(t->dtype);
+  }
+  return total;
+}
+
+/* Execute's inputs: handles, or deferred tensors sent inline (uploaded instead when together
+ * they would pass the inline limit). in[i] is 0 for inline input i; wires/specs/devices hold
+ * the inline ones in order. */
+static tt_status execute_inputs(tt_module *m, tt_tensor *const *inputs, int n, uint64_t *in, Ttd__V1__InlineTensor *wires,
+                                Ttd__V1__InlineTensor **wire_ptrs, Ttd__V1__TensorSpec *specs, char (*devices)[16],
+                                size_t *out_n_inline) {
+  *out_n_inline = 0;
+  uint64_t inline_bytes = 0;
+  for (int i = 0; i < n; i++) {
+    if (!inputs[i]->handle) inline_bytes += inputs[i]->nbytes;
+  }
+  for (int i = 0; i < n; i++) {
+    tt_tensor *t = inputs[i];
+    if (!t->handle && inline_bytes > TT_INLINE_MAX_BYTES) TT_RETURN_IF_FAILED(tt_tensor_materialize(t));
+    in[i] = t->handle;
+    if (in[i]) continue;
+    size_t k = (*out_n_inline)++;
+    tt_inline_fill(&wires[k], &specs[k], devices[k], t);
+    wire_ptrs[k] = &wires[k];
+  }
+  return TT_OK;
+}
+
 static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_inputs, tt_tensor **outputs) {
   TT_RETURN_IF_FAILED(ensure_program(m));
-  uint64_t *in = calloc((size_t)n_inputs + 1, sizeof(uint64_t)), *par = calloc((size_t)m->n_params + 1, sizeof(uint64_t));
-  if (!in || !par) {
-    free(in);
-    free(par);
-    return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
-  }
-  for (int i = 0; i < n_inputs; i++) in[i] = inputs[i]->handle;
-  for (int i = 0; i < m->n_params; i++) par[i] = m->params[i]->handle;
+  size_t n = (size_t)n_inputs + 1;
+  uint64_t *in = calloc(n, sizeof(uint64_t)), *par = calloc((size_t)m->n_params + 1, sizeof(uint64_t));
+  Ttd__V1__InlineTensor *wires = calloc(n, sizeof(*wires)), **wire_ptrs = calloc(n, sizeof(*wire_ptrs));
+  Ttd__V1__TensorSpec *specs = calloc(n, sizeof(*specs));
+  char(*devices)[16] = calloc(n, sizeof(*devices));
+  tt_param_work work_storage;
+  memset(&work_storage, 0, sizeof(work_storage));
   Ttd__V1__ExecuteRequest req = TTD__V1__EXECUTE_REQUEST__INIT;
-  req.program = m->program;
-  req.inputs = in;
-  req.n_inputs = (size_t)n_inputs;
-  req.parameters = par;
-  req.n_parameters = (size_t)m->n_params;
-  req.keep_for_backward = m->training;
+  tt_status st = in && par && wires && wire_ptrs && specs && devices
+                     ? TT_OK
+                     : tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  if (st == TT_OK) st = execute_inputs(m, inputs, n_inputs, in, wires, wire_ptrs, specs, devices, &req.n_inline_inputs);
+  int inline_outputs = tt_inline_enabled(m->client) && outputs_nbytes(m) <= TT_INLINE_MAX_BYTES;
+  if (st == TT_OK && tt_inline_enabled(m->client)) st = tt_module_take_work(m, &work_storage, &req.before);
   ProtobufCMessage *out = NULL;
-  tt_status st = tt_rpc_unary(m->client, TT_RPC_EXECUTE, &req.base, &ttd__v1__execute_response__descriptor, &out);
+  if (st == TT_OK) {
+    for (int i = 0; i < m->n_params; i++) par[i] = m->params[i]->handle;
+    req.program = m->program;
+    req.inputs = in;
+    req.n_inputs = (size_t)n_inputs;
+    req.parameters = par;
+    req.n_parameters = (size_t)m->n_params;
+    req.keep_for_backward = m->training;
+    req.inline_inputs = wire_ptrs;
+    /* Outputs of a module in training, or trained on this card, come back as bytes only (the
+     * loss runs on the CPU and backward needs the run, not them); else as handles too. */
+    if (inline_outputs) {
+      req.output_mode = m->training || m->loop_device >= 0 ? TTD__V1__OUTPUT_MODE__OUTPUT_MODE_INLINE
+                                                           : TTD__V1__OUTPUT_MODE__OUTPUT_MODE_HANDLES_AND_INLINE;
+    }
+    st = tt_rpc_unary(m->client, TT_RPC_EXECUTE, &req.base, &ttd__v1__execute_response__descriptor, &out);
+  }
+  tt_param_work_clear(&work_storage);
   free(in);
   free(par);
+  free(wires);
+  free(wire_ptrs);
+  free(specs);
+  free(devices);
   if (st != TT_OK) return st;
   Ttd__V1__ExecuteResponse *resp = (Ttd__V1__ExecuteResponse *)out;
   tt_run_ref *ref = resp->run ? new_run_ref(m, (int)resp->n_outputs, resp->run, NULL) : NULL;
@@ -455,6 +675,14 @@ static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_in
         t->output_index = (int)o;
       }
       outputs[o] = t;
+      if (o < resp->n_output_data) { /* its bytes came along: tt_to(.., "cpu") needs no Download */
+        if (resp->output_data[o].len != t->nbytes || !(t->host_copy = malloc(t->nbytes ? (size_t)t->nbytes : 1))) {
+          st = tt_client_fail(m->client, TT_INTERNAL, "ttd returned %zu bytes for output %zu of %llu bytes",
+                              resp->output_data[o].len, o, (unsigned long long)t->nbytes);
+        } else {
+          memcpy(t->host_copy, resp->output_data[o].data, (size_t)t->nbytes);
+        }
+      }
     } else {
       tt_tensor_free(t);
       st = TT_RESOURCE_EXHAUSTED;
@@ -519,6 +747,7 @@ static tt_status host_update(tt_optimizer *o, int i, float *param, const float *
  * its .grad come down, are updated, and the parameter goes back into the same handle. */
 static tt_status host_step(tt_optimizer *o) {
   tt_module *m = o->module;
+  if (!m->place.is_host) TT_RETURN_IF_FAILED(flush_module(m));
   for (int i = 0; i < m->n_params; i++) {
     tt_tensor *param = m->params[i];
     if (param->dtype != TT_FLOAT32) {
@@ -594,6 +823,51 @@ void tt_optimizer_free(tt_optimizer *o) {
   free(o);
 }
 
+/* Queues a tt_step (step 1) or tt_zero_grad (step 0) of a module on a card; it rides on the
+ * module's next Execute or Backward. What the daemon would refuse about a step (its options,
+ * a parameter's dtype) is refused now. Work that cannot follow what is queued (a second step,
+ * a step after a zeroing) sends what is queued first. */
+static tt_status defer(tt_optimizer *o, int step) {
+  tt_module *m = o->module;
+  if (step) {
+    Ttd__V1__OptimizerStepRequest req = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
+    if (o->adam) {
+      req.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_ADAM;
+      req.adam = &o->adam_options;
+    } else {
+      req.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD;
+      req.sgd = &o->sgd;
+    }
+    ttd_optimizer_call oc;
+    ttd_status_t s = ttd_optimizer_options_from_proto(&req, &oc);
+    for (int i = 0; !s && i < m->n_params; i++) s = ttd_optimizer_check_dtype((ttd_dtype)m->params[i]->dtype);
+    if (s) {
+      tt_status st = tt_client_fail(m->client, (tt_status)ttd_status_code(s), "%s", ttd_status_message(s));
+      ttd_status_free(s);
+      return st;
+    }
+  }
+  for (;;) {
+    pthread_mutex_lock(&deferred_lock);
+    deferred_work *d = &m->deferred;
+    if (!step || (!d->step && !d->zero)) {
+      if (step) {
+        d->step = 1;
+        d->adam = o->adam;
+        d->sgd = o->sgd;
+        d->adam_options = o->adam_options;
+      } else {
+        d->zero = 1;
+      }
+      queue_locked(m);
+      pthread_mutex_unlock(&deferred_lock);
+      return TT_OK;
+    }
+    pthread_mutex_unlock(&deferred_lock);
+    TT_RETURN_IF_FAILED(flush_module(m));
+  }
+}
+
 static tt_status param_rpc(tt_optimizer *o, int step) {
   tt_module *m = o->module;
   if (step && (o->on_cpu || m->place.is_host)) return host_step(o);
@@ -603,6 +877,7 @@ static tt_status param_rpc(tt_optimizer *o, int step) {
     }
     return TT_OK;
   }
+  if (tt_inline_enabled(m->client)) return defer(o, step);
   uint64_t *handles = calloc((size_t)m->n_params + 1, sizeof(uint64_t));
   if (!handles) return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
   for (int i = 0; i < m->n_params; i++) handles[i] = m->params[i]->handle;
@@ -668,12 +943,13 @@ tt_status tt_module_load(tt_module *m, const char *path) {
       st = tt_client_fail(m->client, TT_INVALID_ARGUMENT, "checkpoint %s: parameter '%s' has another dtype or shape than the module's",
                           path, name);
     } else {
-      loaded[i] = tt_to(host, m->device_name);
+      loaded[i] = place_param(tt_to(host, m->device_name));
       if (!loaded[i]) st = tt_errcode(m->client);
     }
     tt_tensor_free(host);
   }
   tt_safetensors_close(file);
+  if (st == TT_OK) st = flush_module(m); /* queued work applies to the parameters it was queued for */
   if (st == TT_OK) {
     release_grads(m);
     for (int i = 0; i < m->n_params; i++) {

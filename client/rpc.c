@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../daemon/wire_frame.h"
 #include "client_internal.h"
 
 typedef struct rpc {
@@ -168,8 +169,10 @@ tt_status tt_rpc_unary(tt_client *client, tt_rpc_method method, const ProtobufCM
   return st;
 }
 
-static int send_message(rpc *r, const ProtobufCMessage *msg) {
-  grpc_byte_buffer *bb = pack(msg);
+static void keep_memory(void *p) { (void)p; } /* the caller's memory: nothing to release */
+
+/* Sends bb (taking it) and waits for the send to complete. */
+static int send_buffer(rpc *r, grpc_byte_buffer *bb) {
   grpc_op op;
   op_init(&op, GRPC_OP_SEND_MESSAGE);
   op.data.send_message.send_message = bb;
@@ -192,12 +195,14 @@ tt_status tt_rpc_upload(tt_client *client, const Ttd__V1__UploadHeader *header, 
   uint64_t sent = 0;
   /* Stop early when a send fails: the daemon has ended the call and its status says why. */
   do {
+    /* Hand framed (wire_frame.h): the data field is a slice over the caller's memory, which
+     * outlives the call; no protobuf-c copy. */
     Ttd__V1__UploadRequest req = TTD__V1__UPLOAD_REQUEST__INIT;
     if (sent == 0) req.header = (Ttd__V1__UploadHeader *)header;
     uint64_t n = bytes - sent < TT_CHUNK_BYTES ? bytes - sent : TT_CHUNK_BYTES;
-    req.data.data = (uint8_t *)data + sent;
-    req.data.len = (size_t)n;
-    ok = ok && send_message(&r, &req.base);
+    if (!ok) break;
+    grpc_slice chunk = n ? grpc_slice_new((uint8_t *)data + sent, (size_t)n, keep_memory) : grpc_empty_slice();
+    ok = send_buffer(&r, ttd_wire_frame(sent == 0 ? &req.base : NULL, 2, chunk));
     sent += n;
   } while (ok && sent < bytes);
   grpc_byte_buffer *response_bb = NULL;
@@ -223,6 +228,34 @@ tt_status tt_rpc_upload(tt_client *client, const Ttd__V1__UploadHeader *header, 
   return st;
 }
 
+/* A DownloadResponse walked in place: total_bytes (field 2) checked, data (field 3) copied
+ * once, from the received slices into the destination. */
+typedef struct download_walk {
+  unsigned char *dst;
+  uint64_t bytes, received, total;
+  char *err;
+  size_t err_len;
+} download_walk;
+
+static int download_number(void *ctx, uint32_t field, uint64_t value) {
+  if (field == 2) ((download_walk *)ctx)->total = value;
+  return 0;
+}
+
+static int download_bytes(void *ctx, uint32_t field, const uint8_t *data, size_t len, uint64_t at, uint64_t total) {
+  download_walk *w = ctx;
+  (void)at;
+  (void)total;
+  if (field != 3 || len == 0) return 0;
+  if (len > w->bytes - w->received) {
+    snprintf(w->err, w->err_len, "Download sent more than the %" PRIu64 " bytes it announced", w->bytes);
+    return 1;
+  }
+  memcpy(w->dst + w->received, data, len);
+  w->received += len;
+  return 0;
+}
+
 tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, void *dst, uint64_t bytes,
                           uint64_t shm_segment) {
   if (client->closed) return tt_client_fail(client, TT_FAILED_PRECONDITION, CLOSED_MESSAGE);
@@ -231,6 +264,7 @@ tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, v
   Ttd__V1__DownloadRequest req = TTD__V1__DOWNLOAD_REQUEST__INIT;
   req.handle = handle;
   req.target_dtype = (Ttd__V1__DType)target;
+  req.chunk_bytes = 4u << 20; /* the most the daemon sends per message: fewer, larger messages */
   Ttd__V1__ShmRange shm = TTD__V1__SHM_RANGE__INIT;
   if (shm_segment) { /* same host: the daemon writes into dst's segment, sends no data */
     shm.segment = shm_segment;
@@ -242,38 +276,36 @@ tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, v
   add_request_ops(&r, ops, request_bb);
   int ok = rpc_batch(&r, ops, 4);
   grpc_byte_buffer_destroy(request_bb);
-  uint64_t received = 0;
   char err[sizeof(client->errmsg)];
   err[0] = '\0';
   tt_status local = TT_OK;
-  while (ok) {
+  download_walk w = {.dst = dst, .bytes = bytes, .err = err, .err_len = sizeof(err)};
+  for (int first = 1; ok; first = 0) {
     grpc_byte_buffer *bb = NULL;
     op_init(&ops[0], GRPC_OP_RECV_MESSAGE);
     ops[0].data.recv_message.recv_message = &bb;
     if (!rpc_batch(&r, ops, 1) || !bb) break;
-    Ttd__V1__DownloadResponse *msg = (Ttd__V1__DownloadResponse *)unpack(&ttd__v1__download_response__descriptor, bb);
+    static const ttd_wire_visitor visitor = {download_number, download_bytes};
+    w.total = 0; /* proto3: an absent field is 0 */
+    int rc = ttd_wire_walk(bb, &visitor, &w); /* the data goes straight into dst: one copy */
     grpc_byte_buffer_destroy(bb);
-    if (!msg) {
+    if (rc == -1) {
       local = TT_INTERNAL;
       snprintf(err, sizeof(err), "ttd sent a Download message that is not a ttd.v1.DownloadResponse");
-    } else if (received == 0 && msg->total_bytes != bytes) {
+    } else if (rc) {
       local = TT_INTERNAL;
-      snprintf(err, sizeof(err), "Download announced %" PRIu64 " bytes, expected %" PRIu64, msg->total_bytes, bytes);
-    } else if (msg->data.len > bytes - received) {
+    } else if (first && w.total != bytes) {
       local = TT_INTERNAL;
-      snprintf(err, sizeof(err), "Download sent more than the %" PRIu64 " bytes it announced", bytes);
-    } else if (msg->data.len) {
-      memcpy((char *)dst + received, msg->data.data, msg->data.len);
-      received += msg->data.len;
-    } else if (shm_segment) {
-      received = bytes; /* announced, and already in the segment */
+      snprintf(err, sizeof(err), "Download announced %" PRIu64 " bytes, expected %" PRIu64, w.total, bytes);
+    } else if (first && shm_segment) {
+      w.received = bytes; /* announced, and already in the segment */
     }
-    if (msg) protobuf_c_message_free_unpacked(&msg->base, NULL);
     if (local != TT_OK) {
       grpc_call_cancel(r.call, NULL);
       break;
     }
   }
+  uint64_t received = w.received;
   char status_err[sizeof(client->errmsg)];
   tt_status st = rpc_status(&r, status_err, sizeof(status_err));
   rpc_end(&r);

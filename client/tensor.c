@@ -47,16 +47,17 @@ tt_status tt_tensor_describe(tt_client *client, tt_tensor *tensor, tt_dtype dtyp
   return TT_OK;
 }
 
-void *tt_host_alloc(tt_client *client, uint64_t bytes, uint64_t *out_segment) {
+void *tt_host_alloc(tt_client *client, uint64_t bytes, uint64_t *out_segment, size_t *out_block) {
   *out_segment = 0;
+  *out_block = 0;
   if (bytes > SIZE_MAX) return NULL;
   void *data = tt_shm_alloc(client, bytes, out_segment);
-  return data ? data : malloc(bytes ? (size_t)bytes : 1);
+  return data ? data : ttd_block_cache_alloc(&client->blocks, (size_t)bytes, out_block);
 }
 
-void tt_host_free(tt_client *client, void *data, uint64_t segment) {
+void tt_host_free(tt_client *client, void *data, uint64_t segment, size_t block) {
   if (segment) tt_shm_free(client, data);
-  else free(data);
+  else ttd_block_cache_free(&client->blocks, data, block);
 }
 
 tt_tensor *tt_tensor_host_uninit(tt_client *client, tt_dtype dtype, const int64_t *shape, int ndim) {
@@ -68,7 +69,7 @@ tt_tensor *tt_tensor_host_uninit(tt_client *client, tt_dtype dtype, const int64_
     tt_tensor_free(t);
     return NULL;
   }
-  if (!(t->data = tt_host_alloc(client, t->nbytes, &t->shm_segment))) {
+  if (!(t->data = tt_host_alloc(client, t->nbytes, &t->shm_segment, &t->host_block))) {
     tt_client_fail(client, TT_RESOURCE_EXHAUSTED, "out of host memory for a %" PRIu64 "-byte tensor", t->nbytes);
     tt_tensor_free(t);
     return NULL;
@@ -126,8 +127,9 @@ void tt_tensor_free(tt_tensor *tensor) {
   tt_autograd_node_free(tensor->grad_fn);
   tt_run_ref_release(tensor->run);
   free(tensor->grad);
+  free(tensor->host_copy);
   if (tensor->place.is_host) {
-    tt_host_free(tensor->client, tensor->data, tensor->shm_segment);
+    tt_host_free(tensor->client, tensor->data, tensor->shm_segment, tensor->host_block);
   } else if (tensor->handle && !tensor->borrowed) {
     Ttd__V1__FreeRequest req = TTD__V1__FREE_REQUEST__INIT;
     req.n_handles = 1;
@@ -152,4 +154,7 @@ uint64_t tt_tensor_nbytes(const tt_tensor *tensor) { return tensor->nbytes; }
 const char *tt_tensor_device(const tt_tensor *tensor) { return tensor->device_name; }
 int tt_tensor_is_host(const tt_tensor *tensor) { return tensor->place.is_host; }
 void *tt_tensor_data(tt_tensor *tensor) { return tensor->place.is_host ? tensor->data : NULL; }
-uint64_t tt_tensor_handle(const tt_tensor *tensor) { return tensor->place.is_host ? 0 : tensor->handle; }
+uint64_t tt_tensor_handle(const tt_tensor *tensor) {
+  if (!tensor->place.is_host) tt_tensor_materialize((tt_tensor *)tensor); /* a deferred tensor gets its handle */
+  return tensor->place.is_host ? 0 : tensor->handle;
+}

@@ -69,6 +69,8 @@ static tt_tensor *upload(tt_tensor *src, const tt_place *place, tt_dtype dtype) 
 }
 
 static tt_tensor *download(tt_tensor *src, tt_dtype dtype) {
+  if (src->host_copy) return tt_inline_to_host(src, dtype); /* inline.c: its bytes are here already */
+  if (tt_deferred_flush_for(src) != TT_OK) return NULL;      /* a parameter or .grad: queued work first */
   tt_tensor *t = tt_tensor_host_uninit(src->client, dtype, src->shape, src->ndim);
   if (!t) return NULL;
   if (tt_rpc_download(src->client, src->handle, dtype, t->data, t->nbytes, t->shm_segment) != TT_OK) {
@@ -79,6 +81,7 @@ static tt_tensor *download(tt_tensor *src, tt_dtype dtype) {
 }
 
 static tt_tensor *move(tt_tensor *src, const tt_place *place) {
+  if (tt_tensor_materialize(src) != TT_OK || tt_deferred_flush_for(src) != TT_OK) return NULL; /* inline.c, module.c */
   tt_tensor *t = like(src, place, src->dtype);
   if (!t) return NULL;
   char device[16];
@@ -115,6 +118,9 @@ tt_tensor *tt_to_dtype(tt_tensor *tensor, const char *device, tt_dtype dtype) {
     return tensor;
   }
   if (tensor->place.is_host && place.is_host) return host_to_host(tensor, dtype);
+  if (tensor->place.is_host && tt_inline_defer_wanted(client, &place, tensor->numel * tt_dtype_size(dtype))) {
+    return tt_inline_defer(tensor, &place, dtype); /* inline.c: travels with the next Execute */
+  }
   if (tensor->place.is_host) return upload(tensor, &place, dtype);
   if (place.is_host) {
     tt_tensor *host = download(tensor, dtype);

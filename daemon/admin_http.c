@@ -85,10 +85,10 @@ char *ttd_admin_render_metrics(ttd_core *core) {
   put(&t, "# HELP ttd_rpc_in_flight RPCs arrived and not yet answered (the queue depth).\n"
           "# TYPE ttd_rpc_in_flight gauge\nttd_rpc_in_flight %lld\n",
       (long long)atomic_load(&mt->in_flight));
-  put(&t, "# HELP ttd_bytes_to_device_total Tensor bytes received from clients (uploads).\n"
+  put(&t, "# HELP ttd_bytes_to_device_total Tensor bytes received from clients (uploads, inline tensors).\n"
           "# TYPE ttd_bytes_to_device_total counter\nttd_bytes_to_device_total %llu\n",
       (unsigned long long)atomic_load(&mt->bytes_to_device));
-  put(&t, "# HELP ttd_bytes_to_host_total Tensor bytes sent to clients (downloads).\n"
+  put(&t, "# HELP ttd_bytes_to_host_total Tensor bytes sent to clients (downloads, inline outputs).\n"
           "# TYPE ttd_bytes_to_host_total counter\nttd_bytes_to_host_total %llu\n",
       (unsigned long long)atomic_load(&mt->bytes_to_host));
   put(&t, "# HELP ttd_rpc_total RPCs answered, by method and status code.\n# TYPE ttd_rpc_total counter\n");

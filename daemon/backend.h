@@ -91,6 +91,11 @@ typedef struct ttd_backend_vtable {
                                const void *src, uint64_t bytes);
   ttd_status_t (*buffer_read)(ttd_backend *backend, ttd_backend_buffer *src, uint64_t offset,
                               void *dst, uint64_t bytes);
+  /* Optional (NULL entry allowed): the host address of bytes [offset, offset + bytes) when
+   * the card's memory is mapped into the host (the simulated card), else NULL, and then
+   * callers use buffer_read. Valid while the buffer exists: lets Download send tensor
+   * memory without a copy. */
+  const void *(*buffer_host_view)(ttd_backend *backend, ttd_backend_buffer *buffer, uint64_t offset, uint64_t bytes);
   /* Sets every byte of the buffer to zero on the device (fresh allocations must not show
    * another session's old data). */
   ttd_status_t (*buffer_zero)(ttd_backend *backend, ttd_backend_buffer *buffer);

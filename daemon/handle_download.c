@@ -5,6 +5,7 @@
 
 #include "handlers.h"
 #include "tensor_proto.h"
+#include "wire_frame.h"
 
 #define DEFAULT_CHUNK_BYTES (1u << 20)
 #define MAX_CHUNK_BYTES (4u << 20)
@@ -17,7 +18,6 @@ typedef struct download_state {
   uint64_t sent;
   size_t chunk;         /* bytes per message, a multiple of out_size */
   unsigned char *raw;   /* device bytes before conversion */
-  unsigned char *out;   /* bytes of the message */
   Ttd__V1__DownloadResponse message;
   bool shm;             /* written to shared memory: one message without data */
 } download_state;
@@ -75,9 +75,7 @@ ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request)
   chunk -= chunk % st->out_size;
   st->chunk = chunk ? chunk : st->out_size;
   size_t first = st->total < st->chunk ? (size_t)st->total : st->chunk;
-  st->out = malloc(first ? first : 1);
-  if (source != st->target) st->raw = malloc(first / st->out_size * st->in_size + 1);
-  if (!st->out || (source != st->target && !st->raw)) {
+  if (source != st->target && !(st->raw = malloc(first / st->out_size * st->in_size + 1))) {
     return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   }
   ttd__v1__download_response__init(&st->message);
@@ -88,25 +86,41 @@ ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request)
   return TTD_OK;
 }
 
-ttd_status_t ttd_download_next(ttd_call *call, const ProtobufCMessage **out_message, bool *out_last) {
+static void release_tensor(void *tensor) { ttd_tensor_release(tensor); }
+
+ttd_status_t ttd_download_next(ttd_call *call, grpc_byte_buffer **out_message, bool *out_last) {
   download_state *st = call->stream;
-  if (st->shm) { /* the bytes are in the client's segment already */
-    *out_message = &st->message.base;
+  *out_message = NULL;
+  if (st->shm) { /* the bytes are in the client's segment already: info only */
+    size_t len = ttd__v1__download_response__get_packed_size(&st->message);
+    grpc_slice slice = grpc_slice_malloc(len);
+    ttd__v1__download_response__pack(&st->message, GRPC_SLICE_START_PTR(slice));
+    *out_message = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
     *out_last = true;
     return TTD_OK;
   }
   uint64_t left = st->total - st->sent;
   size_t n = left < st->chunk ? (size_t)left : st->chunk;
-  TTD_RETURN_IF_ERROR(read_chunk(st, st->out, n));
-  if (st->sent > 0) { /* the info and total travel in the first message only */
-    st->message.tensor = NULL;
-    st->message.total_bytes = 0;
+  ttd_backend *backend = st->tensor->backend;
+  const void *view = st->target == st->tensor->spec.dtype && backend->vtable->buffer_host_view
+                         ? backend->vtable->buffer_host_view(backend, st->tensor->buffer, st->sent, n)
+                         : NULL;
+  grpc_slice data;
+  if (view) { /* zero copy: the slice points at the tensor and holds a reference to it */
+    data = grpc_slice_new_with_user_data((void *)view, n, release_tensor, ttd_tensor_retain(st->tensor));
+  } else {
+    data = grpc_slice_malloc(n);
+    ttd_status_t status = read_chunk(st, GRPC_SLICE_START_PTR(data), n);
+    if (status) {
+      grpc_slice_unref(data);
+      return status;
+    }
   }
-  st->message.data.data = st->out;
-  st->message.data.len = n;
+  /* The info and total travel in the first message only, ahead of the data field. */
+  *out_message = ttd_wire_frame(st->sent == 0 ? &st->message.base : NULL, 3, data);
   st->sent += n;
   atomic_fetch_add_explicit(&call->core->metrics.bytes_to_host, n, memory_order_relaxed);
-  *out_message = &st->message.base;
   *out_last = st->sent == st->total;
   return TTD_OK;
 }
@@ -116,7 +130,6 @@ void ttd_download_done(ttd_call *call) {
   if (!st) return;
   ttd_tensor_release(st->tensor);
   free(st->raw);
-  free(st->out);
   free(st);
   call->stream = NULL;
 }

@@ -1,7 +1,12 @@
-/* Execute: a program forward on this session's tensors; outputs become new tensors. */
+/* Execute: a program forward on this session's tensors; outputs become new tensors. Small
+ * inputs may travel inline and outputs come back inline when asked (inline_tensor.h);
+ * queued parameter work runs first and frees ride along (parameter_work.h). */
+#include <inttypes.h>
 #include <stdlib.h>
 
 #include "handlers.h"
+#include "inline_tensor.h"
+#include "parameter_work.h"
 #include "program_run.h"
 #include "tensor_proto.h"
 #include "ttd/v1/ttd.pb-c.h"
@@ -22,26 +27,108 @@ static void release_all(ttd_tensor **tensors, size_t n) {
 int ttd_device_of_execute(ttd_call *call, const ProtobufCMessage *request) {
   const Ttd__V1__ExecuteRequest *req = (const Ttd__V1__ExecuteRequest *)request;
   int device = ttd_session_device_of(call->session, req->parameters, req->n_parameters);
-  return device >= 0 ? device : ttd_session_device_of(call->session, req->inputs, req->n_inputs);
+  if (device < 0) device = ttd_session_device_of(call->session, req->inputs, req->n_inputs);
+  if (device < 0 && req->n_inline_inputs && req->inline_inputs[0]->spec) {
+    ttd_status_free(ttd_core_parse_device(call->core, req->inline_inputs[0]->spec->device, &device));
+  }
+  return device;
 }
 
-ttd_status_t ttd_handle_execute(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
-  const Ttd__V1__ExecuteRequest *req = (const Ttd__V1__ExecuteRequest *)request;
-  Ttd__V1__ExecuteResponse *resp = ttd_call_alloc(call, sizeof(*resp));
-  TTD_CHECK_ALLOC(resp);
-  ttd__v1__execute_response__init(resp);
+/* The program's inputs in order: handles looked up, inline ones checked (not yet made: the
+ * k-th 0 of req->inputs takes inline input k; specs[i] set where inputs[i] stays NULL). */
+static ttd_status_t gather_inputs(ttd_call *call, const ttd_program *p, const Ttd__V1__ExecuteRequest *req,
+                                  int *device, ttd_tensor **inputs, ttd_tensor_spec *specs) {
+  size_t n_inline = req->n_inline_inputs;
+  if (n_inline == 0) {
+    for (size_t i = 0; i < req->n_inputs; i++) {
+      TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->inputs[i], &inputs[i]));
+    }
+    return TTD_OK;
+  }
+  size_t zeros = 0;
+  for (size_t i = 0; i < req->n_inputs; i++) zeros += req->inputs[i] == 0;
+  if (req->n_inputs != 0 && req->n_inputs != (size_t)p->n_inputs) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "the program takes %d inputs, got %zu in inputs; list one handle per input (0 where it travels "
+                           "inline) or leave inputs empty when all travel inline",
+                           p->n_inputs, req->n_inputs);
+  }
+  if (req->n_inputs == 0 ? n_inline != (size_t)p->n_inputs : n_inline != zeros) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "%zu inline inputs given for %zu inputs marked inline (a 0 in inputs, or all %d inputs when "
+                           "inputs is empty); give one inline input per 0",
+                           n_inline, req->n_inputs == 0 ? (size_t)p->n_inputs : zeros, p->n_inputs);
+  }
+  for (size_t i = 0; i < req->n_inputs; i++) {
+    if (req->inputs[i]) TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->inputs[i], &inputs[i]));
+  }
+  if (*device < 0) {
+    for (int i = 0; i < p->n_inputs && *device < 0; i++) {
+      if (inputs[i]) *device = inputs[i]->spec.device;
+    }
+  }
+  if (*device < 0 && req->inline_inputs[0]->spec) {
+    TTD_RETURN_IF_ERROR(ttd_core_parse_device(call->core, req->inline_inputs[0]->spec->device, device));
+  }
+  if (*device < 0) *device = 0;
+  uint64_t total = 0;
+  for (size_t i = 0, k = 0; i < (size_t)p->n_inputs; i++) {
+    if (inputs[i]) continue;
+    const ttd_program_value *want = &p->values[i];
+    TTD_RETURN_IF_ERROR(ttd_inline_check(call->core, req->inline_inputs[k], &want->type, "inline input", (int)i,
+                                         want->name, *device, &specs[i]));
+    total += specs[i].nbytes;
+    k++;
+  }
+  return ttd_inline_check_total(total, "inline inputs", "upload larger tensors and pass their handles");
+}
+
+/* The output mode, checked: inline outputs must fit the inline limit. */
+static ttd_status_t check_output_mode(const ttd_program *p, int mode) {
+  if (mode != TTD__V1__OUTPUT_MODE__OUTPUT_MODE_HANDLES && mode != TTD__V1__OUTPUT_MODE__OUTPUT_MODE_INLINE &&
+      mode != TTD__V1__OUTPUT_MODE__OUTPUT_MODE_HANDLES_AND_INLINE) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "output_mode %d is unknown; use OUTPUT_MODE_HANDLES, OUTPUT_MODE_INLINE or "
+                           "OUTPUT_MODE_HANDLES_AND_INLINE",
+                           mode);
+  }
+  if (mode == TTD__V1__OUTPUT_MODE__OUTPUT_MODE_HANDLES) return TTD_OK;
+  uint64_t total = 0;
+  for (int i = 0; i < p->n_outputs; i++) total += ttd_value_type_nbytes(&p->values[p->outputs[i]].type);
+  return ttd_inline_check_total(total, "the program's outputs", "ask for OUTPUT_MODE_HANDLES and download them");
+}
+
+static ttd_status_t execute(ttd_call *call, const Ttd__V1__ExecuteRequest *req, Ttd__V1__ExecuteResponse *resp) {
+  TTD_RETURN_IF_ERROR(ttd_parameter_work_run(call, req->before, "queued before this Execute", NULL, 0));
   ttd_program *program = NULL;
   TTD_RETURN_IF_ERROR(ttd_session_program_lookup(call->session, req->program, &program));
-  ttd_tensor **inputs = NULL, **params = NULL;
+  int n_in = program->n_inputs > (int)req->n_inputs ? program->n_inputs : (int)req->n_inputs;
+  ttd_tensor **inputs = calloc((size_t)n_in + 1, sizeof(*inputs)), **params = NULL;
+  ttd_tensor_spec *specs = calloc((size_t)n_in + 1, sizeof(*specs));
   ttd_run *run = NULL;
-  ttd_status_t status = lookup_all(call->session, req->inputs, req->n_inputs, &inputs);
+  int mode = (int)req->output_mode;
+  ttd_status_t status = inputs && specs ? TTD_OK : ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  int device = ttd_session_device_of(call->session, req->parameters, req->n_parameters);
+  if (!status) status = gather_inputs(call, program, req, &device, inputs, specs);
   if (!status) status = lookup_all(call->session, req->parameters, req->n_parameters, &params);
+  if (!status) status = check_output_mode(program, mode);
+  for (size_t i = 0, k = 0; !status && req->n_inline_inputs && i < (size_t)program->n_inputs; i++) {
+    if (inputs[i]) continue;
+    status = ttd_inline_create(call, &specs[i], &req->inline_inputs[k++]->data, &inputs[i]);
+  }
+  int n_inputs = req->n_inline_inputs ? program->n_inputs : (int)req->n_inputs;
   if (!status) {
-    status = ttd_run_forward(call->core->backend, call->session->quota, program, inputs, (int)req->n_inputs, params, (int)req->n_parameters, &run);
+    status = ttd_run_forward(call->core->backend, call->session->quota, program, inputs, n_inputs, params,
+                             (int)req->n_parameters, &run);
   }
   if (!status) {
     resp->n_outputs = (size_t)program->n_outputs;
     resp->outputs = ttd_call_alloc(call, sizeof(*resp->outputs) * (size_t)program->n_outputs);
+    if (mode != TTD__V1__OUTPUT_MODE__OUTPUT_MODE_HANDLES) {
+      resp->n_output_data = (size_t)program->n_outputs;
+      resp->output_data = ttd_call_alloc(call, sizeof(*resp->output_data) * (size_t)(program->n_outputs + 1));
+      if (!resp->output_data) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+    }
     if (!resp->outputs) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   }
   uint64_t *added = calloc((size_t)program->n_outputs + 1, sizeof(uint64_t));
@@ -50,11 +137,14 @@ ttd_status_t ttd_handle_execute(ttd_call *call, const ProtobufCMessage *request,
   for (int i = 0; !status && i < program->n_outputs; i++) {
     ttd_tensor *t = run->values[program->outputs[i]];
     uint64_t handle = 0;
-    status = ttd_session_tensor_add(call->session, t, &handle);
-    if (status) break;
-    added[n_added++] = handle;
+    if (mode != TTD__V1__OUTPUT_MODE__OUTPUT_MODE_INLINE) {
+      status = ttd_session_tensor_add(call->session, t, &handle);
+      if (status) break;
+      added[n_added++] = handle;
+    }
+    if (mode != TTD__V1__OUTPUT_MODE__OUTPUT_MODE_HANDLES) status = ttd_inline_read(call, t, &resp->output_data[i]);
     resp->outputs[i] = ttd_tensor_info_to_proto(call, handle, &t->spec);
-    if (!resp->outputs[i]) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+    if (!status && !resp->outputs[i]) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   }
   if (!status && req->keep_for_backward) {
     status = ttd_session_run_add(call->session, run, &resp->run); /* the session owns it now, even on error */
@@ -65,10 +155,21 @@ ttd_status_t ttd_handle_execute(ttd_call *call, const ProtobufCMessage *request,
     ttd_status_free(ttd_session_tensors_free(call->session, added, (size_t)n_added, &n, &bytes));
   }
   free(added);
-  ttd_run_free(run);
-  release_all(inputs, req->n_inputs);
+  ttd_run_free(run); /* and with it the tensors made of inline inputs, unless the run is kept */
+  release_all(inputs, (size_t)n_in);
   release_all(params, req->n_parameters);
+  free(specs);
   ttd_program_release(program);
+  return status;
+}
+
+ttd_status_t ttd_handle_execute(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
+  const Ttd__V1__ExecuteRequest *req = (const Ttd__V1__ExecuteRequest *)request;
+  Ttd__V1__ExecuteResponse *resp = ttd_call_alloc(call, sizeof(*resp));
+  ttd_status_t status = resp ? TTD_OK : ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  if (resp) ttd__v1__execute_response__init(resp);
+  if (!status) status = execute(call, req, resp);
+  ttd_free_riding_along(call, req->free, req->n_free);
   if (!status) *out_response = &resp->base;
   return status;
 }

@@ -1,9 +1,12 @@
 /* Backward, ReleaseRun, ZeroGrad and OptimizerStep: training on device-resident
- * parameters, which never leave the device. */
+ * parameters, which never leave the device. Backward takes output gradients inline too,
+ * and runs queued parameter work before and after it (parameter_work.h). */
 #include <inttypes.h>
 #include <stdlib.h>
 
 #include "handlers.h"
+#include "inline_tensor.h"
+#include "parameter_work.h"
 #include "program_run.h"
 #include "tensor_proto.h"
 #include "ttd/v1/ttd.pb-c.h"
@@ -31,14 +34,6 @@ static ttd_status_t grad_handle(ttd_session *session, ttd_tensor *param, uint64_
   return TTD_OK;
 }
 
-static ttd_status_t lookup_grads(ttd_session *session, const uint64_t *handles, size_t n, ttd_tensor **out) {
-  for (size_t i = 0; i < n; i++) {
-    if (handles[i] == 0) continue;
-    TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(session, handles[i], &out[i]));
-  }
-  return TTD_OK;
-}
-
 int ttd_device_of_backward(ttd_call *call, const ProtobufCMessage *request) {
   const Ttd__V1__BackwardRequest *req = (const Ttd__V1__BackwardRequest *)request;
   int device = ttd_session_run_device(call->session, req->run);
@@ -56,27 +51,71 @@ int ttd_device_of_parameters(ttd_call *call, const ProtobufCMessage *request) {
   return ttd_session_device_of(call->session, req->parameters, req->n_parameters);
 }
 
-ttd_status_t ttd_handle_backward(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
-  const Ttd__V1__BackwardRequest *req = (const Ttd__V1__BackwardRequest *)request;
-  Ttd__V1__BackwardResponse *resp = ttd_call_alloc(call, sizeof(*resp));
-  TTD_CHECK_ALLOC(resp);
-  ttd__v1__backward_response__init(resp);
+/* The output gradients of a Backward: by handle (looked up) or inline (checked, then made
+ * on the run's device and charged to the session). out_grads has one slot per output. */
+static ttd_status_t gather_output_grads(ttd_call *call, const ttd_run *run, const Ttd__V1__BackwardRequest *req,
+                                        ttd_tensor **out_grads) {
+  const ttd_program *p = run->program;
+  size_t n_inline = req->n_inline_output_grads;
+  if (n_inline == 0 && req->n_output_grads != (size_t)p->n_outputs) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "the program has %d outputs, got %zu output gradients (use handle 0 for none)", p->n_outputs,
+                           req->n_output_grads);
+  }
+  if (n_inline && (n_inline != (size_t)p->n_outputs || (req->n_output_grads && req->n_output_grads != (size_t)p->n_outputs))) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "the program has %d outputs, got %zu inline output gradients and %zu handles; give one entry "
+                           "per output (an entry without a spec for none) and leave output_grads empty or one per output",
+                           p->n_outputs, n_inline, req->n_output_grads);
+  }
+  ttd_tensor_spec *specs = calloc((size_t)p->n_outputs + 1, sizeof(*specs));
+  if (!specs) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  ttd_status_t status = TTD_OK;
+  uint64_t total = 0;
+  for (int i = 0; !status && i < p->n_outputs; i++) {
+    uint64_t handle = i < (int)req->n_output_grads ? req->output_grads[i] : 0;
+    const Ttd__V1__InlineTensor *wire = n_inline ? req->inline_output_grads[i] : NULL;
+    const ttd_program_value *out = &p->values[p->outputs[i]];
+    if (handle && wire && wire->spec) {
+      status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                               "output %d ('%.128s') has a gradient by handle and one inline; give one", i, out->name);
+    } else if (wire && wire->spec) {
+      ttd_value_type want = out->type;
+      want.dtype = TTD_DTYPE_FLOAT32; /* gradients are float32 */
+      status = ttd_inline_check(call->core, wire, &want, "inline gradient of output", i, out->name, run->device, &specs[i]);
+      total += specs[i].nbytes;
+    }
+  }
+  if (!status) {
+    status = ttd_inline_check_total(total, "inline output gradients", "upload larger ones and pass their handles");
+  }
+  for (int i = 0; !status && i < p->n_outputs; i++) {
+    uint64_t handle = i < (int)req->n_output_grads ? req->output_grads[i] : 0;
+    if (handle) status = ttd_session_tensor_lookup(call->session, handle, &out_grads[i]);
+  }
+  for (int i = 0; !status && n_inline && i < p->n_outputs; i++) {
+    if (req->inline_output_grads[i]->spec) {
+      status = ttd_inline_create(call, &specs[i], &req->inline_output_grads[i]->data, &out_grads[i]);
+    }
+  }
+  free(specs);
+  return status;
+}
+
+static ttd_status_t backward(ttd_call *call, const Ttd__V1__BackwardRequest *req, Ttd__V1__BackwardResponse *resp) {
   ttd_run *run = NULL;
   TTD_RETURN_IF_ERROR(ttd_session_run_take(call->session, req->run, &run));
   const ttd_program *p = run->program;
-  ttd_status_t status = TTD_OK;
-  if (req->n_output_grads != (size_t)p->n_outputs) {
-    status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                             "the program has %d outputs, got %zu output gradients (use handle 0 for none)", p->n_outputs,
-                             req->n_output_grads);
-  }
+  /* Queued work first; if it fails the run goes as with any failed Backward. */
+  ttd_status_t status = ttd_parameter_work_run(call, req->before, "queued before this Backward", NULL, 0);
   ttd_tensor **out_grads = calloc((size_t)p->n_outputs + 1, sizeof(*out_grads));
   ttd_tensor **param_grads = calloc((size_t)p->n_params + 1, sizeof(*param_grads));
   ttd_tensor **input_grads = calloc((size_t)p->n_inputs + 1, sizeof(*input_grads));
-  if (!status && (!out_grads || !param_grads || !input_grads)) {
+  ttd_tensor **reached = calloc((size_t)p->n_params + 1, sizeof(*reached));
+  if (!status && (!out_grads || !param_grads || !input_grads || !reached)) {
     status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   }
-  if (!status) status = lookup_grads(call->session, req->output_grads, req->n_output_grads, out_grads);
+  if (!status) status = gather_output_grads(call, run, req, out_grads);
   if (!status) status = ttd_run_backward(run, call->core->backend, out_grads, param_grads, req->input_grads ? input_grads : NULL);
   if (!status) {
     resp->n_parameter_grads = (size_t)p->n_params;
@@ -89,7 +128,10 @@ ttd_status_t ttd_handle_backward(ttd_call *call, const ProtobufCMessage *request
     ttd_tensor_spec spec = param->spec;
     spec.dtype = TTD_DTYPE_FLOAT32; /* gradients are float32, also of bfloat16 parameters */
     ttd_tensor_spec_finish(&spec);
-    if (param_grads[i]) status = grad_handle(call->session, param, &handle);
+    if (param_grads[i]) {
+      status = grad_handle(call->session, param, &handle);
+      reached[i] = param;
+    }
     resp->parameter_grads[i] = ttd_tensor_info_to_proto(call, handle, &spec);
     if (!resp->parameter_grads[i]) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   }
@@ -105,12 +147,14 @@ ttd_status_t ttd_handle_backward(ttd_call *call, const ProtobufCMessage *request
       if (!resp->input_grads[i]) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
     }
   }
+  if (!status) status = ttd_parameter_work_run(call, req->after, "after this Backward", reached, (size_t)p->n_params);
   for (int i = 0; out_grads && i < p->n_outputs; i++) ttd_tensor_release(out_grads[i]);
   for (int i = 0; param_grads && i < p->n_params; i++) ttd_tensor_release(param_grads[i]);
   for (int i = 0; input_grads && i < p->n_inputs; i++) ttd_tensor_release(input_grads[i]);
   free(out_grads);
   free(param_grads);
   free(input_grads);
+  free(reached);
   if (req->keep_run) {
     ttd_status_t put = ttd_session_run_put_back(call->session, req->run, run);
     if (!status) status = put;
@@ -118,6 +162,16 @@ ttd_status_t ttd_handle_backward(ttd_call *call, const ProtobufCMessage *request
   } else {
     ttd_run_free(run); /* activations go now, as torch frees the graph after backward */
   }
+  return status;
+}
+
+ttd_status_t ttd_handle_backward(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
+  const Ttd__V1__BackwardRequest *req = (const Ttd__V1__BackwardRequest *)request;
+  Ttd__V1__BackwardResponse *resp = ttd_call_alloc(call, sizeof(*resp));
+  ttd_status_t status = resp ? TTD_OK : ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  if (resp) ttd__v1__backward_response__init(resp);
+  if (!status) status = backward(call, req, resp);
+  ttd_free_riding_along(call, req->free, req->n_free);
   if (!status) *out_response = &resp->base;
   return status;
 }
@@ -139,71 +193,9 @@ ttd_status_t ttd_handle_zero_grad(ttd_call *call, const ProtobufCMessage *reques
   Ttd__V1__ZeroGradResponse *resp = ttd_call_alloc(call, sizeof(*resp));
   TTD_CHECK_ALLOC(resp);
   ttd__v1__zero_grad_response__init(resp);
-  ttd_backend *backend = call->core->backend;
-  for (size_t i = 0; i < req->n_parameters; i++) {
-    ttd_tensor *param = NULL;
-    TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->parameters[i], &param));
-    ttd_status_t status = TTD_OK;
-    pthread_mutex_lock(&param->train_lock);
-    if (param->grad) {
-      status = backend->vtable->buffer_zero(backend, param->grad->buffer);
-      resp->zeroed++;
-    }
-    pthread_mutex_unlock(&param->train_lock);
-    ttd_tensor_release(param);
-    TTD_RETURN_IF_ERROR(status);
-  }
+  TTD_RETURN_IF_ERROR(ttd_zero_grad_handles(call, req, &resp->zeroed));
   *out_response = &resp->base;
   return TTD_OK;
-}
-
-/* A zeroed float32 tensor shaped like t (optimizer state is float32 for any parameter). */
-static ttd_status_t zeroed_like(ttd_backend *backend, const ttd_tensor *t, ttd_tensor **out) {
-  if (*out) return TTD_OK;
-  ttd_tensor_spec spec = t->spec;
-  spec.dtype = TTD_DTYPE_FLOAT32;
-  TTD_RETURN_IF_ERROR(ttd_tensor_spec_finish(&spec));
-  return ttd_tensor_create_zeroed(backend, t->quota, &spec, out); /* charged like the parameter */
-}
-
-/* One parameter's step: its state is made on first use and lives with the parameter. */
-static ttd_status_t step_param(ttd_backend *backend, ttd_tensor *param, ttd_optimizer_call *oc, int *out_updated) {
-  *out_updated = 0;
-  if (param->spec.dtype != TTD_DTYPE_FLOAT32 && param->spec.dtype != TTD_DTYPE_BFLOAT16) {
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "OptimizerStep updates float32 or bfloat16 parameters, got %s",
-                           ttd_dtype_name(param->spec.dtype));
-  }
-  ttd_status_t status = TTD_OK;
-  ttd_tensor *wide = NULL; /* a bfloat16 parameter is updated in float32, then rounded back */
-  pthread_mutex_lock(&param->train_lock);
-  if (param->grad) {
-    int need_state = oc->adam ? 2 : (oc->sgd.momentum != 0.0f ? 1 : 0);
-    for (int k = 0; k < need_state && !status; k++) status = zeroed_like(backend, param, &param->opt_state[k]);
-    if (!status && param->spec.dtype == TTD_DTYPE_BFLOAT16) {
-      status = zeroed_like(backend, param, &wide);
-      if (!status) {
-        status = backend->vtable->buffer_convert(backend, param->buffer, TTD_DTYPE_BFLOAT16, wide->buffer,
-                                                 TTD_DTYPE_FLOAT32, param->spec.numel);
-      }
-    }
-    if (!status) {
-      oc->step = ++param->opt_step;
-      oc->param = wide ? wide->buffer : param->buffer;
-      oc->grad = param->grad->buffer;
-      oc->state[0] = param->opt_state[0] ? param->opt_state[0]->buffer : NULL;
-      oc->state[1] = param->opt_state[1] ? param->opt_state[1]->buffer : NULL;
-      oc->n = (int64_t)param->spec.numel;
-      status = backend->vtable->optimizer_step(backend, param->spec.device, oc);
-      if (!status && wide) {
-        status = backend->vtable->buffer_convert(backend, wide->buffer, TTD_DTYPE_FLOAT32, param->buffer,
-                                                 TTD_DTYPE_BFLOAT16, param->spec.numel);
-      }
-      *out_updated = 1;
-    }
-  }
-  pthread_mutex_unlock(&param->train_lock);
-  ttd_tensor_release(wide);
-  return status;
 }
 
 ttd_status_t ttd_handle_optimizer_step(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
@@ -211,36 +203,7 @@ ttd_status_t ttd_handle_optimizer_step(ttd_call *call, const ProtobufCMessage *r
   Ttd__V1__OptimizerStepResponse *resp = ttd_call_alloc(call, sizeof(*resp));
   TTD_CHECK_ALLOC(resp);
   ttd__v1__optimizer_step_response__init(resp);
-  ttd_optimizer_call oc = {0};
-  if (req->optimizer_case == TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD) {
-    const Ttd__V1__SgdOptions *o = req->sgd;
-    oc.sgd = (ttd_sgd_params){o->lr, o->momentum, o->dampening, o->weight_decay, o->nesterov};
-    if (o->nesterov && (o->momentum <= 0.0f || o->dampening != 0.0f)) {
-      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "Nesterov momentum needs momentum > 0 and dampening 0");
-    }
-  } else if (req->optimizer_case == TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_ADAM) {
-    const Ttd__V1__AdamOptions *o = req->adam;
-    oc.adam = 1;
-    oc.adam_params = (ttd_adam_params){o->lr, o->beta1 ? o->beta1 : 0.9f, o->beta2 ? o->beta2 : 0.999f,
-                                       o->eps ? o->eps : 1e-8f, o->weight_decay, o->decoupled};
-    if (oc.adam_params.beta1 >= 1.0f || oc.adam_params.beta2 >= 1.0f || oc.adam_params.beta1 < 0.0f ||
-        oc.adam_params.beta2 < 0.0f) {
-      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "Adam betas must lie in [0, 1)");
-    }
-  } else {
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "OptimizerStep needs an optimizer: set sgd or adam");
-  }
-  float lr = oc.adam ? oc.adam_params.lr : oc.sgd.lr;
-  if (!(lr >= 0.0f)) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "learning rate must be >= 0, got %g", (double)lr);
-  for (size_t i = 0; i < req->n_parameters; i++) {
-    ttd_tensor *param = NULL;
-    TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->parameters[i], &param));
-    int updated = 0;
-    ttd_status_t status = step_param(call->core->backend, param, &oc, &updated);
-    ttd_tensor_release(param);
-    TTD_RETURN_IF_ERROR(status);
-    resp->updated += (uint64_t)updated;
-  }
+  TTD_RETURN_IF_ERROR(ttd_optimizer_step_handles(call, req, &resp->updated));
   *out_response = &resp->base;
   return TTD_OK;
 }

@@ -8,6 +8,7 @@
 
 #include "handlers.h"
 #include "tensor_proto.h"
+#include "wire_frame.h"
 
 typedef struct upload_state {
   ttd_tensor *tensor;     /* one reference */
@@ -21,6 +22,7 @@ typedef struct upload_state {
   size_t carry_len;
   unsigned char *scratch; /* converted elements */
   size_t scratch_cap;
+  bool from_shm;          /* every byte came from shared memory with the header */
 } upload_state;
 
 static void state_free(ttd_call *call) {
@@ -116,37 +118,105 @@ static ttd_status_t consume(ttd_call *call, upload_state *st, const unsigned cha
   return write_converted(st, data, (size_t)len);
 }
 
-ttd_status_t ttd_upload_message(ttd_call *call, const ProtobufCMessage *message) {
-  const Ttd__V1__UploadRequest *req = (const Ttd__V1__UploadRequest *)message;
-  upload_state *st = call->stream;
-  if (!st) {
-    if (!req->header) {
-      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                             "the first Upload message must carry a header naming the target tensor");
+/* Starts the stream from its header; shared memory moves every byte at once. */
+static ttd_status_t take_header(ttd_call *call, const Ttd__V1__UploadHeader *header) {
+  upload_state *st = calloc(1, sizeof(*st));
+  if (!st) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  call->stream = st;
+  TTD_RETURN_IF_ERROR(begin(call, header, st));
+  if (!header->shm) return TTD_OK;
+  st->from_shm = true;
+  const Ttd__V1__ShmRange *r = header->shm;
+  ttd_shm_segment *segment = NULL;
+  TTD_RETURN_IF_ERROR(ttd_session_segment_lookup(call->session, r->segment, &segment));
+  ttd_status_t status = ttd_shm_segment_check_range(segment, r->offset, r->length, st->expected);
+  if (!status) status = consume(call, st, segment->addr + r->offset, r->length);
+  ttd_shm_segment_release(segment); /* held until the copy is done: a release meanwhile waits */
+  return status;
+}
+
+/* One UploadRequest walked in place (wire_frame.h): the header (field 1) is small and
+ * unpacked; the data (field 2) goes from the received slices to the device in one copy. */
+typedef struct upload_walk {
+  ttd_call *call;
+  uint8_t *header;          /* gathered header bytes */
+  uint64_t header_len;
+  bool header_seen, data_seen;
+  ttd_status_t status;
+} upload_walk;
+
+static int on_number(void *ctx, uint32_t field, uint64_t value) {
+  (void)ctx;
+  (void)field;
+  (void)value;
+  return 0; /* UploadRequest has no number fields: unknown ones are skipped, as protobuf does */
+}
+
+static int on_bytes(void *ctx, uint32_t field, const uint8_t *data, size_t len, uint64_t at, uint64_t total) {
+  upload_walk *w = ctx;
+  ttd_call *call = w->call;
+  if (field == 1) { /* header */
+    if (w->data_seen || call->stream || (at == 0 && w->header_seen)) {
+      w->status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                                  "only the first Upload message may carry a header, ahead of its data");
+      return 1;
     }
-    st = calloc(1, sizeof(*st));
-    if (!st) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
-    call->stream = st;
-    TTD_RETURN_IF_ERROR(begin(call, req->header, st));
-  } else if (req->header) {
+    if (at == 0) {
+      w->header_seen = true;
+      w->header = malloc(total ? total : 1);
+      w->header_len = total;
+      if (!w->header) {
+        w->status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+        return 1;
+      }
+    }
+    ttd_wire_gather(w->header, data, len, at);
+    if (at + len < total) return 0;
+    Ttd__V1__UploadHeader *header = ttd__v1__upload_header__unpack(NULL, w->header_len, w->header);
+    if (!header) {
+      w->status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                                  "the Upload header is not a valid ttd.v1.UploadHeader message");
+      return 1;
+    }
+    w->status = take_header(call, header);
+    ttd__v1__upload_header__free_unpacked(header, NULL);
+    return w->status ? 1 : 0;
+  }
+  if (field == 2) { /* data */
+    w->data_seen = true;
+    upload_state *st = call->stream;
+    if (!st) {
+      w->status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                                  "the first Upload message must carry a header naming the target tensor");
+      return 1;
+    }
+    if (len && st->from_shm) {
+      w->status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                                  "an Upload from shared memory carries no data in its messages; send the header alone");
+      return 1;
+    }
+    w->status = consume(call, st, data, len);
+    return w->status ? 1 : 0;
+  }
+  return 0;
+}
+
+ttd_status_t ttd_upload_message(ttd_call *call, grpc_byte_buffer *message) {
+  static const ttd_wire_visitor visitor = {on_number, on_bytes};
+  upload_walk w = {.call = call};
+  int rc = ttd_wire_walk(message, &visitor, &w);
+  free(w.header);
+  if (w.status) return w.status;
+  if (rc) {
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                           "only the first Upload message may carry a header (got one after %" PRIu64 " bytes)",
-                           st->received);
+                           "an Upload message is not a valid ttd.v1.UploadRequest (truncated or garbage bytes); "
+                           "send messages generated from proto/ttd/v1/ttd.proto");
   }
-  if (req->header && req->header->shm) {
-    if (req->data.len) {
-      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                             "an Upload from shared memory carries no data in its messages; send the header alone");
-    }
-    const Ttd__V1__ShmRange *r = req->header->shm;
-    ttd_shm_segment *segment = NULL;
-    TTD_RETURN_IF_ERROR(ttd_session_segment_lookup(call->session, r->segment, &segment));
-    ttd_status_t status = ttd_shm_segment_check_range(segment, r->offset, r->length, st->expected);
-    if (!status) status = consume(call, st, segment->addr + r->offset, r->length);
-    ttd_shm_segment_release(segment); /* held until the copy is done: a release meanwhile waits */
-    return status;
+  if (!call->stream) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "the first Upload message must carry a header naming the target tensor");
   }
-  return consume(call, st, req->data.data, req->data.len);
+  return TTD_OK;
 }
 
 ttd_status_t ttd_upload_end(ttd_call *call, ProtobufCMessage **out_response) {

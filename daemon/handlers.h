@@ -35,12 +35,12 @@ int ttd_device_of_parameters(ttd_call *call, const ProtobufCMessage *request);
 
 ttd_status_t ttd_handle_free(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 
-ttd_status_t ttd_upload_message(ttd_call *call, const ProtobufCMessage *message);
+ttd_status_t ttd_upload_message(ttd_call *call, grpc_byte_buffer *message);
 ttd_status_t ttd_upload_end(ttd_call *call, ProtobufCMessage **out_response);
 void ttd_upload_abort(ttd_call *call);
 
 ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request);
-ttd_status_t ttd_download_next(ttd_call *call, const ProtobufCMessage **out_message, bool *out_last);
+ttd_status_t ttd_download_next(ttd_call *call, grpc_byte_buffer **out_message, bool *out_last);
 void ttd_download_done(ttd_call *call);
 
 #endif

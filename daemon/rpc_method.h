@@ -28,17 +28,19 @@ struct ttd_method {
   int (*device_of)(ttd_call *call, const ProtobufCMessage *request);
   ttd_status_t (*unary)(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 
-  /* CLIENT_STREAM: each message in order, then the end of the stream; abort is called
-   * instead of end when the stream breaks or a message fails, and must undo everything. */
-  ttd_status_t (*stream_message)(ttd_call *call, const ProtobufCMessage *message);
+  /* CLIENT_STREAM: each message in order, as received (bulk handlers walk it with
+   * wire_frame.h rather than copy it through protobuf-c), then the end of the stream;
+   * abort is called instead of end when the stream breaks or a message fails, and must
+   * undo everything. */
+  ttd_status_t (*stream_message)(ttd_call *call, grpc_byte_buffer *message);
   ttd_status_t (*stream_end)(ttd_call *call, ProtobufCMessage **out_response);
   void (*stream_abort)(ttd_call *call);
 
-  /* SERVER_STREAM: begin with the request, then next until it sets *out_last. The
-   * message may point into the stream state; it is packed before next is called again.
-   * done always runs at the end, success or not. */
+  /* SERVER_STREAM: begin with the request, then next until it sets *out_last; next makes
+   * each message ready to send (the server owns it from there: wire_frame.h builds bulk
+   * ones over tensor memory). done always runs at the end, success or not. */
   ttd_status_t (*stream_begin)(ttd_call *call, const ProtobufCMessage *request);
-  ttd_status_t (*stream_next)(ttd_call *call, const ProtobufCMessage **out_message, bool *out_last);
+  ttd_status_t (*stream_next)(ttd_call *call, grpc_byte_buffer **out_message, bool *out_last);
   void (*stream_done)(ttd_call *call);
 };
 

@@ -415,15 +415,10 @@ static void on_stream_received(ttd_call *c, bool ok) {
     finish(c, out, status);
     return;
   }
-  ProtobufCMessage *message = NULL;
-  ttd_status_t status = unpack_message(c, c->received, m->request, false, &message);
+  if (c->session) ttd_session_touch(c->session, ttd_now_ms());
+  ttd_status_t status = m->stream_message(c, c->received);
   grpc_byte_buffer_destroy(c->received);
   c->received = NULL;
-  if (!status) {
-    if (c->session) ttd_session_touch(c->session, ttd_now_ms());
-    status = m->stream_message(c, message);
-  }
-  if (message) protobuf_c_message_free_unpacked(message, NULL);
   if (status) {
     m->stream_abort(c);
     finish(c, NULL, status);
@@ -438,11 +433,13 @@ static void on_stream_received(ttd_call *c, bool ok) {
 
 static void send_stream_message(ttd_call *c) {
   const ttd_method *m = c->method;
-  const ProtobufCMessage *message = NULL;
-  bool last = false;
-  ttd_status_t status = m->stream_next(c, &message, &last);
   grpc_byte_buffer *out = NULL;
-  if (!status) status = pack_message(message, &out);
+  bool last = false;
+  ttd_status_t status = m->stream_next(c, &out, &last);
+  if (status && out) {
+    grpc_byte_buffer_destroy(out);
+    out = NULL;
+  }
   if (status || last) {
     m->stream_done(c);
     finish(c, out, status);

@@ -1,5 +1,6 @@
 #include "dtype.h"
 
+#include <stdint.h>
 #include <string.h>
 
 size_t ttd_dtype_size(ttd_dtype dtype) {
@@ -35,14 +36,28 @@ static void f32_from_bf16_n(float *restrict dst, const uint16_t *restrict src, s
   for (size_t i = 0; i < n; i++) dst[i] = ttd_f32_from_bf16(src[i]);
 }
 
+/* Converts n elements from src to dst, both aligned for their types. */
+static void convert_aligned(void *dst, ttd_dtype to, const void *src, size_t n) {
+  if (to == TTD_DTYPE_BFLOAT16) bf16_from_f32_n(dst, src, n);
+  else f32_from_bf16_n(dst, src, n);
+}
+
 int ttd_dtype_convert(void *dst, ttd_dtype to, const void *src, ttd_dtype from, size_t n) {
   if (!ttd_dtype_convertible(from, to)) return -1;
+  size_t in_size = ttd_dtype_size(from), out_size = ttd_dtype_size(to);
   if (from == to) {
-    if (n) memcpy(dst, src, n * ttd_dtype_size(from));
-  } else if (to == TTD_DTYPE_BFLOAT16) {
-    bf16_from_f32_n(dst, src, n);
-  } else {
-    f32_from_bf16_n(dst, src, n);
+    if (n) memcpy(dst, src, n * in_size);
+  } else if ((uintptr_t)src % in_size == 0 && (uintptr_t)dst % out_size == 0) {
+    convert_aligned(dst, to, src, n);
+  } else { /* bytes straight off the wire may sit anywhere: go through aligned bounce buffers */
+    _Alignas(64) unsigned char in[4096 * 4], out[4096 * 4];
+    for (size_t done = 0; done < n;) {
+      size_t k = n - done < 4096 ? n - done : 4096;
+      memcpy(in, (const unsigned char *)src + done * in_size, k * in_size);
+      convert_aligned(out, to, in, k);
+      memcpy((unsigned char *)dst + done * out_size, out, k * out_size);
+      done += k;
+    }
   }
   return 0;
 }

@@ -12,6 +12,10 @@ PACKAGES=(
   libsystemd-dev systemd libssl-dev openssl
 )
 
+# --bench: also what `make bench` needs (OpenBLAS for the sgemm reference, PyTorch for the
+# training-step reference); neither is needed to build, test or run ttd.
+if [ "${1:-}" = "--bench" ]; then PACKAGES+=(libopenblas-dev python3-torch); fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)

@@ -302,6 +302,28 @@ START_TEST(test_convert_refused) {
 }
 END_TEST
 
+/* Bytes off the wire may start at any address: misaligned source and destination convert
+ * exactly like aligned ones, across the bounce buffers' 4096-element boundary. */
+START_TEST(test_convert_misaligned) {
+  enum { N = 10000 };
+  static float src[N];
+  static unsigned char raw_in[N * 4 + 3], raw_out[N * 4 + 3];
+  static uint16_t want[N], got[N];
+  for (int i = 0; i < N; i++) src[i] = (float)i * 1.0001f - 5000.5f;
+  ck_assert_int_eq(ttd_dtype_convert(want, TTD_DTYPE_BFLOAT16, src, TTD_DTYPE_FLOAT32, N), 0);
+  memcpy(raw_in + 1, src, sizeof(src));
+  ck_assert_int_eq(ttd_dtype_convert(raw_out + 3, TTD_DTYPE_BFLOAT16, raw_in + 1, TTD_DTYPE_FLOAT32, N), 0);
+  memcpy(got, raw_out + 3, sizeof(got));
+  ck_assert_int_eq(memcmp(got, want, sizeof(want)), 0);
+  static float back_want[N], back_got[N];
+  ck_assert_int_eq(ttd_dtype_convert(back_want, TTD_DTYPE_FLOAT32, want, TTD_DTYPE_BFLOAT16, N), 0);
+  memcpy(raw_in + 1, want, sizeof(want));
+  ck_assert_int_eq(ttd_dtype_convert(raw_out + 2, TTD_DTYPE_FLOAT32, raw_in + 1, TTD_DTYPE_BFLOAT16, N), 0);
+  memcpy(back_got, raw_out + 2, sizeof(back_got));
+  ck_assert_int_eq(memcmp(back_got, back_want, sizeof(back_want)), 0);
+}
+END_TEST
+
 Suite *dtype_suite(void) {
   Suite *s = suite_create("dtype");
   TCase *tc = tcase_create("basics");
@@ -330,6 +352,7 @@ Suite *dtype_suite(void) {
   tcase_add_test(tc, test_convert_f32_to_bf16);
   tcase_add_test(tc, test_convert_bf16_to_f32);
   tcase_add_test(tc, test_convert_refused);
+  tcase_add_test(tc, test_convert_misaligned);
   suite_add_tcase(s, tc);
   return s;
 }

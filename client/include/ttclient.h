@@ -177,6 +177,11 @@ void tt_tensor_free(tt_tensor *tensor);
 /* Returns a tensor on device, torch's .to(): "cpu", "tt" (tt:0 DRAM), "tt:N", "tt:N/dram",
  * "tt:N/l1". To the place the tensor already is: the same tensor, with one more reference.
  * Device to device stays on the daemon (Move, no host trip). The source is untouched.
+ * Fewer round trips: to the DRAM of a card where a module is in a training loop (it has been
+ * backpropagated there), a tensor of at most 4 MiB is deferred: it keeps its bytes on the
+ * host and travels inline with the Execute that uses it, or is uploaded when a handle is
+ * needed (tt_tensor_handle, a move); it holds no device memory until then. Outputs that a
+ * forward returned inline come back to "cpu" with no call. TTD_INLINE=0 turns this off.
  * NULL on error: tt_last_error(tt_tensor_client(tensor)). */
 tt_tensor *tt_to(tt_tensor *tensor, const char *device);
 
@@ -196,7 +201,8 @@ const char *tt_tensor_device(const tt_tensor *tensor);
 int tt_tensor_is_host(const tt_tensor *tensor);
 /* Host data (numel * dtype size bytes), writable; NULL for a device tensor. */
 void *tt_tensor_data(tt_tensor *tensor);
-/* The daemon's handle of a device tensor; 0 for a host tensor. */
+/* The daemon's handle of a device tensor (a deferred one is uploaded first: 0 if that
+ * fails); 0 for a host tensor. */
 uint64_t tt_tensor_handle(const tt_tensor *tensor);
 
 /* Bytes per element of dtype; 0 if unknown. */
@@ -312,6 +318,11 @@ tt_tensor *tt_param_grad(tt_module *module, const char *name);
 typedef struct tt_optimizer tt_optimizer;
 tt_optimizer *tt_sgd(tt_module *module, float lr, float momentum, float weight_decay, int nesterov);
 tt_optimizer *tt_adam(tt_module *module, float lr, float weight_decay, int decoupled); /* decoupled: AdamW */
+/* On a card, tt_step and tt_zero_grad are queued on the module and ride on its next forward
+ * or backward (or go out first when a parameter or .grad is read), with the same results as
+ * separate calls: a training step is two calls. What the daemon would refuse about a step
+ * (its options, a parameter's dtype) is refused here; a failure on the device (e.g. the quota,
+ * for optimizer state) is reported by the call it rode on. TTD_INLINE=0: sent at once. */
 tt_status tt_step(tt_optimizer *optimizer);      /* one update from the current .grad */
 tt_status tt_zero_grad(tt_optimizer *optimizer); /* .grad = 0 */
 void tt_optimizer_free(tt_optimizer *optimizer); /* accepts NULL */

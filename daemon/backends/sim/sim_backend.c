@@ -15,7 +15,7 @@ static void sim_destroy(ttd_backend *backend) {
   sim_backend *sim = sim_of(backend);
   ttd_pool_destroy(sim->pool);
   for (int i = 0; i < sim->device_count; i++) {
-    for (int k = 0; k < SIM_CACHED_BLOCKS; k++) free(sim->devices[i].cached[k]);
+    ttd_block_cache_destroy(&sim->devices[i].blocks);
     pthread_mutex_destroy(&sim->devices[i].lock);
   }
   free(sim->devices);
@@ -44,20 +44,6 @@ static void unreserve(sim_device *dev, int li, uint64_t bytes) {
   pthread_mutex_unlock(&dev->lock);
 }
 
-/* A cached block of bytes..2*bytes (its size in *out_size), or NULL; lock held. */
-static void *take_cached(sim_device *dev, uint64_t bytes, uint64_t *out_size) {
-  int best = -1;
-  for (int k = 0; k < SIM_CACHED_BLOCKS; k++) {
-    uint64_t have = dev->cached_bytes[k];
-    if (dev->cached[k] && have >= bytes && have <= 2 * bytes && (best < 0 || have < dev->cached_bytes[best])) best = k;
-  }
-  if (best < 0) return NULL;
-  void *data = dev->cached[best];
-  *out_size = dev->cached_bytes[best];
-  dev->cached[best] = NULL;
-  return data;
-}
-
 static ttd_status_t sim_buffer_alloc(ttd_backend *backend, int device, ttd_memloc loc,
                                      uint64_t bytes, ttd_backend_buffer **out_buffer) {
   *out_buffer = NULL;
@@ -74,15 +60,14 @@ static ttd_status_t sim_buffer_alloc(ttd_backend *backend, int device, ttd_memlo
                            device, ttd_memloc_name(loc), bytes, free_bytes, capacity);
   }
   dev->used[li] += bytes;
-  uint64_t block = bytes;
-  void *data = bytes >= SIM_CACHE_MIN_BYTES ? take_cached(dev, bytes, &block) : NULL;
   pthread_mutex_unlock(&dev->lock);
 
   ttd_backend_buffer *buf = malloc(sizeof(*buf));
-  /* 64-byte alignment, like a card's DRAM pages; at least 1 byte so 0-size tensors exist. */
-  if (!buf || bytes > SIZE_MAX - 64 || (!data && posix_memalign(&data, 64, bytes ? (size_t)bytes : 1) != 0)) {
+  size_t block = 0;
+  /* 64-byte alignment, like a card's DRAM pages. */
+  void *data = buf && bytes <= SIZE_MAX - 64 ? ttd_block_cache_alloc(&dev->blocks, (size_t)bytes, &block) : NULL;
+  if (!data) {
     free(buf);
-    free(data);
     unreserve(dev, li, bytes);
     return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
                            "host memory backing simulated tt:%d %s is exhausted: could not "
@@ -101,24 +86,15 @@ static ttd_status_t sim_buffer_alloc(ttd_backend *backend, int device, ttd_memlo
 static void sim_buffer_free(ttd_backend *backend, ttd_backend_buffer *buffer) {
   if (!buffer) return;
   sim_device *dev = &sim_of(backend)->devices[buffer->device];
-  void *evicted = buffer->data;
-  pthread_mutex_lock(&dev->lock);
-  dev->used[loc_index(buffer->loc)] -= buffer->bytes;
-  if (buffer->block_bytes >= SIM_CACHE_MIN_BYTES) { /* keep it, evicting the smallest block */
-    int slot = 0; /* an empty slot, else the one holding the smallest block */
-    for (int k = 0; k < SIM_CACHED_BLOCKS && dev->cached[slot]; k++) {
-      if (!dev->cached[k] || dev->cached_bytes[k] < dev->cached_bytes[slot]) slot = k;
-    }
-    void *old = dev->cached[slot];
-    if (!old || dev->cached_bytes[slot] < buffer->block_bytes) {
-      dev->cached[slot] = buffer->data;
-      dev->cached_bytes[slot] = buffer->block_bytes;
-      evicted = old;
-    }
-  }
-  pthread_mutex_unlock(&dev->lock);
-  free(evicted);
+  unreserve(dev, loc_index(buffer->loc), buffer->bytes);
+  ttd_block_cache_free(&dev->blocks, buffer->data, (size_t)buffer->block_bytes);
   free(buffer);
+}
+
+static const void *sim_buffer_host_view(ttd_backend *backend, ttd_backend_buffer *buffer, uint64_t offset,
+                                        uint64_t bytes) {
+  (void)backend;
+  return offset <= buffer->bytes && bytes <= buffer->bytes - offset ? buffer->data + offset : NULL;
 }
 
 static ttd_status_t sim_buffer_write(ttd_backend *backend, ttd_backend_buffer *dst,
@@ -170,6 +146,7 @@ static const ttd_backend_vtable sim_vtable = {
     .buffer_free = sim_buffer_free,
     .buffer_write = sim_buffer_write,
     .buffer_read = sim_buffer_read,
+    .buffer_host_view = sim_buffer_host_view,
     .buffer_zero = sim_buffer_zero,
     .buffer_copy = sim_buffer_copy,
     .run_node = ttd_sim_run_node,
@@ -204,6 +181,7 @@ ttd_status_t ttd_sim_backend_create(const ttd_backend_options *options, ttd_back
   }
   for (int i = 0; i < options->devices; i++) {
     pthread_mutex_init(&devices[i].lock, NULL);
+    ttd_block_cache_init(&devices[i].blocks);
     devices[i].capacity[0] = options->dram_bytes;
     devices[i].capacity[1] = options->l1_bytes;
   }

@@ -6,19 +6,14 @@
 #include <pthread.h>
 
 #include "../../../kernels/thread_pool.h"
+#include "../../block_cache.h"
 #include "sim_backend.h"
-
-/* Freed large blocks kept for the next buffer of a similar size: a card's DRAM stays
- * mapped, and host memory freed and refaulted per transfer would cost more than the copy. */
-#define SIM_CACHED_BLOCKS 8
-#define SIM_CACHE_MIN_BYTES (1u << 20)
 
 typedef struct sim_device {
   pthread_mutex_t lock;
   uint64_t capacity[TTD_MEM_COUNT];
   uint64_t used[TTD_MEM_COUNT];
-  void *cached[SIM_CACHED_BLOCKS]; /* guarded by lock */
-  uint64_t cached_bytes[SIM_CACHED_BLOCKS];
+  ttd_block_cache blocks; /* a card's DRAM stays mapped: freed blocks serve the next buffers */
 } sim_device;
 
 typedef struct sim_backend {

@@ -1,0 +1,105 @@
+/* Fewer round trips, the tensor side: device tensors whose bytes the host keeps. A small
+ * host -> device tt_to during a training loop is deferred (the tensor keeps its bytes and no
+ * handle: its first use sends it inline with Execute, or uploads it when a handle is needed),
+ * and the outputs a forward returned inline come back to the host with no Download. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/dtype.h"
+#include "client_internal.h"
+
+/* Serialises materialising deferred tensors, so that a tensor shared by threads is
+ * uploaded once. */
+static pthread_mutex_t materialize_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int tt_inline_enabled(tt_client *c) {
+  if (c->inline_mode == 0) {
+    const char *env = getenv("TTD_INLINE");
+    c->inline_mode = env && strcmp(env, "0") == 0 ? 2 : 1;
+  }
+  return c->inline_mode == 1;
+}
+
+int tt_inline_defer_wanted(tt_client *c, const tt_place *place, uint64_t nbytes) {
+  if (place->is_host || place->l1 || place->device < 0 || place->device >= TT_LOOP_DEVICES) return 0;
+  if (nbytes > TT_INLINE_MAX_BYTES || !tt_inline_enabled(c)) return 0;
+  return atomic_load_explicit(&c->training_loops[place->device], memory_order_relaxed) > 0;
+}
+
+tt_tensor *tt_inline_defer(tt_tensor *src, const tt_place *place, tt_dtype dtype) {
+  tt_tensor *t = tt_tensor_alloc(src->client);
+  if (!t) return NULL;
+  if (tt_tensor_describe(src->client, t, dtype, src->shape, src->ndim) != TT_OK) {
+    tt_tensor_free(t);
+    return NULL;
+  }
+  t->place = *place;
+  tt_place_format(place, t->device_name, sizeof(t->device_name));
+  t->host_copy = malloc(t->nbytes ? (size_t)t->nbytes : 1);
+  if (!t->host_copy) {
+    tt_client_fail(src->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+    tt_tensor_free(t);
+    return NULL;
+  }
+  if (dtype == src->dtype) memcpy(t->host_copy, src->data, (size_t)t->nbytes);
+  else ttd_dtype_convert(t->host_copy, (ttd_dtype)dtype, src->data, (ttd_dtype)src->dtype, (size_t)src->numel);
+  return t;
+}
+
+tt_status tt_inline_upload(tt_client *c, const tt_place *place, tt_dtype dtype, const int64_t *shape, int ndim,
+                           const void *data, uint64_t nbytes, uint64_t *out_handle) {
+  *out_handle = 0;
+  char device[16];
+  snprintf(device, sizeof(device), "tt:%d", place->device);
+  Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
+  spec.dtype = (Ttd__V1__DType)dtype;
+  spec.n_shape = (size_t)ndim;
+  spec.shape = (int64_t *)shape;
+  spec.device = device;
+  spec.location = place->l1 ? TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_L1 : TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_DRAM;
+  Ttd__V1__UploadHeader header = TTD__V1__UPLOAD_HEADER__INIT;
+  header.target_case = TTD__V1__UPLOAD_HEADER__TARGET_SPEC;
+  header.spec = &spec;
+  header.source_dtype = (Ttd__V1__DType)dtype;
+  Ttd__V1__UploadResponse *resp = NULL;
+  TT_RETURN_IF_FAILED(tt_rpc_upload(c, &header, data, nbytes, &resp));
+  *out_handle = resp->tensor ? resp->tensor->handle : 0;
+  protobuf_c_message_free_unpacked(&resp->base, NULL);
+  return *out_handle ? TT_OK : tt_client_fail(c, TT_INTERNAL, "ttd answered Upload without a tensor");
+}
+
+tt_status tt_tensor_materialize(tt_tensor *t) {
+  if (t->place.is_host || !t->host_copy) return TT_OK;
+  pthread_mutex_lock(&materialize_lock);
+  tt_status st = TT_OK;
+  if (!t->handle) {
+    uint64_t handle = 0;
+    st = tt_inline_upload(t->client, &t->place, t->dtype, t->shape, t->ndim, t->host_copy, t->nbytes, &handle);
+    t->handle = handle; /* the host copy stays: the device bytes never change */
+  }
+  pthread_mutex_unlock(&materialize_lock);
+  return st;
+}
+
+tt_tensor *tt_inline_to_host(tt_tensor *src, tt_dtype dtype) {
+  tt_tensor *t = tt_tensor_from_host(src->client, NULL, dtype, src->shape, src->ndim);
+  if (!t) return NULL;
+  if (dtype == src->dtype) memcpy(t->data, src->host_copy, (size_t)t->nbytes);
+  else ttd_dtype_convert(t->data, (ttd_dtype)dtype, src->host_copy, (ttd_dtype)src->dtype, (size_t)src->numel);
+  return t;
+}
+
+void tt_inline_fill(Ttd__V1__InlineTensor *wire, Ttd__V1__TensorSpec *spec, char *device, const tt_tensor *t) {
+  ttd__v1__inline_tensor__init(wire);
+  ttd__v1__tensor_spec__init(spec);
+  snprintf(device, 16, "tt:%d", t->place.device);
+  spec->dtype = (Ttd__V1__DType)t->dtype;
+  spec->n_shape = (size_t)t->ndim;
+  spec->shape = (int64_t *)t->shape;
+  spec->device = device;
+  wire->spec = spec;
+  wire->data.data = t->host_copy;
+  wire->data.len = (size_t)t->nbytes;
+}

@@ -1,0 +1,107 @@
+/* bench_matmul: the card's matmul kernel (ttd_k_matmul on a ttd_pool) against OpenBLAS
+ * cblas_sgemm, in GFLOP/s, C[M,N] = A[M,K] B[K,N] row-major on both sides, on one thread
+ * and on every core (a pool of nproc threads; openblas_set_num_threads(nproc)).
+ *   bench_matmul
+ * records matmul_512_{1t,all}, matmul_64x784x512_{1t,all} (the MLP's batch-64 layer) and
+ * matmul_1024_{1t,all}. Each repetition runs a shape for about 0.2 s; ours and OpenBLAS
+ * alternate; results are medians. OpenBLAS is linked into this bench only. */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench_common.h"
+#include "kernels/kernels.h"
+
+#define REP_SECONDS 0.2
+
+typedef struct shape {
+  const char *name;
+  int64_t m, n, k;
+} shape;
+
+typedef struct problem {
+  const shape *s;
+  const float *a, *b;
+  float *c;
+  ttd_pool *pool; /* ours; NULL means OpenBLAS */
+} problem;
+
+static void run_once(const problem *p) {
+  const shape *s = p->s;
+  if (p->pool) {
+    ttd_k_matmul(p->pool, p->a, p->b, p->c, 1, s->m, s->n, s->k, 0, 0, 0, 0);
+  } else {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)s->m, (int)s->n, (int)s->k, 1.0f, p->a, (int)s->k, p->b,
+                (int)s->n, 0.0f, p->c, (int)s->n);
+  }
+}
+
+/* GFLOP/s of `iters` back-to-back runs. */
+static double gflops(const problem *p, int iters) {
+  double t0 = bench_now();
+  for (int i = 0; i < iters; i++) run_once(p);
+  double t = bench_now() - t0;
+  return 2.0 * (double)p->s->m * (double)p->s->n * (double)p->s->k * iters / t * 1e-9;
+}
+
+/* Iterations that take about REP_SECONDS, from a timed first run. */
+static int calibrate(const problem *p) {
+  double t0 = bench_now();
+  run_once(p);
+  double t = bench_now() - t0;
+  int iters = (int)(REP_SECONDS / (t > 1e-6 ? t : 1e-6));
+  return iters < 1 ? 1 : iters > 100000 ? 100000 : iters;
+}
+
+static float max_diff(const float *x, const float *y, int64_t n) {
+  float d = 0;
+  for (int64_t i = 0; i < n; i++) d = fmaxf(d, fabsf(x[i] - y[i]));
+  return d;
+}
+
+int main(void) {
+  static const shape shapes[] = {
+      {"matmul_512", 512, 512, 512},
+      {"matmul_64x784x512", 64, 512, 784},
+      {"matmul_1024", 1024, 1024, 1024},
+  };
+  int reps = bench_reps(9);
+  int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores < 1) cores = 1;
+  unsigned long long rng = 7;
+  for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+    const shape *s = &shapes[si];
+    float *a = malloc(sizeof(float) * (size_t)(s->m * s->k)), *b = malloc(sizeof(float) * (size_t)(s->k * s->n));
+    float *c1 = malloc(sizeof(float) * (size_t)(s->m * s->n)), *c2 = malloc(sizeof(float) * (size_t)(s->m * s->n));
+    if (!a || !b || !c1 || !c2) bench_die("allocating matrices", "out of memory");
+    bench_fill_random(a, (size_t)(s->m * s->k), &rng);
+    bench_fill_random(b, (size_t)(s->k * s->n), &rng);
+    for (int all = 0; all <= 1; all++) {
+      int threads = all ? cores : 1;
+      ttd_pool *pool = ttd_pool_create(threads);
+      if (!pool) bench_die("ttd_pool_create", "out of memory");
+      openblas_set_num_threads(threads);
+      problem ours = {s, a, b, c1, pool}, blas = {s, a, b, c2, NULL};
+      run_once(&ours);
+      run_once(&blas);
+      float diff = max_diff(c1, c2, s->m * s->n);
+      if (!(diff <= 1e-3f * (float)s->k)) bench_die(s->name, "ttd_k_matmul and cblas_sgemm disagree");
+      int it_ours = calibrate(&ours), it_blas = calibrate(&blas);
+      double *g = calloc((size_t)reps, sizeof(double)), *gr = calloc((size_t)reps, sizeof(double));
+      for (int r = 0; r < reps; r++) {
+        g[r] = gflops(&ours, it_ours);
+        gr[r] = gflops(&blas, it_blas);
+      }
+      char name[64];
+      snprintf(name, sizeof(name), "%s_%s", s->name, all ? "all" : "1t");
+      bench_record(name, bench_median(g, reps), bench_median(gr, reps), "GFLOP/s", "higher");
+      free(g), free(gr);
+      ttd_pool_destroy(pool);
+    }
+    free(a), free(b), free(c1), free(c2);
+  }
+  return 0;
+}

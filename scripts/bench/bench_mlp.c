@@ -1,0 +1,72 @@
+/* The mlp training step, as train_run in client/examples/train_common.h does it. */
+#include "bench_mlp.h"
+
+#include <stdlib.h>
+
+#include "bench_common.h"
+
+#define BATCHES 4
+
+struct bench_mlp {
+  tt_client *client;
+  tt_module *module;
+  tt_optimizer *opt;
+  int batch, next;
+  float *x[BATCHES];
+  int32_t *y[BATCHES];
+};
+
+static void die(bench_mlp *m, const char *what) { bench_die(what, tt_last_error(m->client)); }
+
+bench_mlp *bench_mlp_create(const char *target, const tt_connect_options *options, int batch) {
+  bench_mlp *m = calloc(1, sizeof(*m));
+  if (!m) bench_die("bench_mlp_create", "out of memory");
+  m->batch = batch;
+  unsigned long long rng = 1234;
+  for (int i = 0; i < BATCHES; i++) {
+    m->x[i] = malloc(sizeof(float) * (size_t)batch * 784);
+    m->y[i] = malloc(sizeof(int32_t) * (size_t)batch);
+    if (!m->x[i] || !m->y[i]) bench_die("bench_mlp_create", "out of memory");
+    bench_fill_random(m->x[i], (size_t)batch * 784, &rng);
+    for (int k = 0; k < batch; k++) {
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      m->y[i][k] = (int32_t)((rng >> 33) % 10);
+    }
+  }
+  if (tt_connect(target, options, &m->client) != TT_OK) die(m, "tt_connect");
+  int64_t xs[2] = {batch, 784};
+  tt_graph *g = tt_graph_create(m->client, 1);
+  tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
+  tt_graph_output(g, tt_nn_linear(g, tt_relu(g, tt_nn_linear(g, x, 512, 1)), 10, 1));
+  m->module = tt_compile(m->client, g);
+  tt_graph_free(g);
+  if (!m->module || tt_module_to(m->module, "tt") != TT_OK) die(m, "putting the MLP on the card");
+  m->opt = tt_sgd(m->module, 0.1f, 0.0f, 0.0f, 0);
+  if (!m->opt) die(m, "tt_sgd");
+  return m;
+}
+
+void bench_mlp_step(bench_mlp *m) {
+  int i = m->next;
+  m->next = (m->next + 1) % BATCHES;
+  int64_t xs[2] = {m->batch, 784}, ys[1] = {m->batch};
+  tt_tensor *xh = tt_tensor_from_host(m->client, m->x[i], TT_FLOAT32, xs, 2);
+  tt_tensor *xd = xh ? tt_to(xh, tt_module_device(m->module)) : NULL, *out = NULL, *out_cpu = NULL, *loss = NULL;
+  tt_tensor *labels = NULL;
+  int ok = xd && tt_forward(m->module, &xd, 1, &out) == TT_OK && (out_cpu = tt_to(out, "cpu")) &&
+           (labels = tt_tensor_from_host(m->client, m->y[i], TT_INT32, ys, 1)) &&
+           (loss = tt_cross_entropy(out_cpu, labels)) && tt_zero_grad(m->opt) == TT_OK && tt_backward(loss) == TT_OK &&
+           tt_step(m->opt) == TT_OK;
+  if (!ok) die(m, "training step");
+  tt_tensor *done[] = {labels, loss, out_cpu, out, xd, xh};
+  for (size_t k = 0; k < sizeof(done) / sizeof(done[0]); k++) tt_tensor_free(done[k]);
+}
+
+void bench_mlp_destroy(bench_mlp *m) {
+  if (!m) return;
+  tt_optimizer_free(m->opt);
+  tt_module_free(m->module);
+  tt_disconnect(m->client);
+  for (int i = 0; i < BATCHES; i++) free(m->x[i]), free(m->y[i]);
+  free(m);
+}

@@ -1,0 +1,22 @@
+/* The training step the train and sessions benches time: the 784-512-10 ReLU MLP on the
+ * card, cross-entropy on the CPU, SGD (lr 0.1) on the device, made through the public API
+ * exactly as client/examples/train_common.h makes one step of mlp, on synthetic data (a few
+ * fixed random batches, used in turn). */
+#ifndef TTD_BENCH_MLP_H
+#define TTD_BENCH_MLP_H
+
+#include "ttclient.h"
+
+typedef struct bench_mlp bench_mlp;
+
+/* Connects to target (options may be NULL), builds the MLP for `batch` and puts it on "tt".
+ * Exits via bench_die on error. */
+bench_mlp *bench_mlp_create(const char *target, const tt_connect_options *options, int batch);
+
+/* One training step; exits via bench_die on error. */
+void bench_mlp_step(bench_mlp *m);
+
+/* Frees the model, disconnects. Accepts NULL. */
+void bench_mlp_destroy(bench_mlp *m);
+
+#endif

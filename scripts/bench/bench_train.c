@@ -1,0 +1,202 @@
+/* bench_train: one training step of the 784-512-10 MLP through ttd (bench_mlp.h) against the
+ * same step in PyTorch on the CPU in process (scripts/bench/torch_step.py), and the number of
+ * gRPC calls a step makes.
+ *   bench_train --target ADDR --admin HOST:PORT --python /usr/bin/python3 --torch-step PATH
+ * records mlp_train_step_b64 and mlp_train_step_b256 (ms per step: the median over
+ * repetitions of a repetition's mean; PyTorch's is the faster of 1 and 2 threads, and its
+ * repetitions alternate with ours through `torch_step.py --serve`) and round_trips_per_step (calls per step, counted by
+ * the daemon: the sum of ttd_rpc_duration_seconds_count over methods on the admin endpoint's
+ * /metrics, before and after a run of steps, from a client without background KeepAlive;
+ * the reference is the goal, 2). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench_common.h"
+#include "bench_mlp.h"
+
+#define WARMUP_STEPS 10
+#define COUNTED_STEPS 50
+#define MAX_METHODS 64
+
+typedef struct counts {
+  int n;
+  char method[MAX_METHODS][48];
+  double count[MAX_METHODS];
+} counts;
+
+/* GET /metrics from host:port into a new string (NULL on error). */
+static char *http_get_metrics(const char *admin) {
+  char host[64];
+  const char *colon = strrchr(admin, ':');
+  if (!colon || (size_t)(colon - admin) >= sizeof(host)) return NULL;
+  memcpy(host, admin, (size_t)(colon - admin));
+  host[colon - admin] = 0;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) return NULL;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return NULL;
+  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+    close(fd);
+    return NULL;
+  }
+  const char req[] = "GET /metrics HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  if (write(fd, req, sizeof(req) - 1) != (ssize_t)(sizeof(req) - 1)) {
+    close(fd);
+    return NULL;
+  }
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  for (ssize_t r; buf && (r = read(fd, buf + len, cap - len - 1)) > 0;) {
+    len += (size_t)r;
+    if (len + 1 == cap) {
+      char *bigger = realloc(buf, cap *= 2);
+      if (!bigger) free(buf);
+      buf = bigger;
+    }
+  }
+  close(fd);
+  if (buf) buf[len] = 0;
+  return buf;
+}
+
+/* The per-method call counts the daemon reports. */
+static void scrape(const char *admin, counts *out) {
+  memset(out, 0, sizeof(*out));
+  char *text = http_get_metrics(admin);
+  if (!text) bench_die("reading /metrics", admin);
+  static const char key[] = "ttd_rpc_duration_seconds_count{method=\"";
+  for (char *line = strstr(text, key); line && out->n < MAX_METHODS; line = strstr(line + 1, key)) {
+    char *name = line + sizeof(key) - 1, *end = strchr(name, '"');
+    if (!end || end - name >= 48) continue;
+    memcpy(out->method[out->n], name, (size_t)(end - name));
+    out->count[out->n++] = strtod(strchr(end, ' ') ? strchr(end, ' ') : end, NULL);
+  }
+  free(text);
+  if (out->n == 0) bench_die("reading /metrics", "no ttd_rpc_duration_seconds_count lines");
+}
+
+static double calls_per_step(const char *target, const char *admin) {
+  tt_connect_options o;
+  tt_connect_options_init(&o);
+  o.client_name = "bench_round_trips";
+  o.disable_keepalive = 1; /* only the step's own calls */
+  bench_mlp *m = bench_mlp_create(target, &o, 64);
+  for (int i = 0; i < WARMUP_STEPS; i++) bench_mlp_step(m);
+  counts before, after;
+  scrape(admin, &before);
+  for (int i = 0; i < COUNTED_STEPS; i++) bench_mlp_step(m);
+  scrape(admin, &after);
+  bench_mlp_destroy(m);
+  double total = 0;
+  char detail[512] = "";
+  for (int i = 0; i < after.n; i++) {
+    double b = 0;
+    for (int k = 0; k < before.n; k++)
+      if (!strcmp(before.method[k], after.method[i])) b = before.count[k];
+    double d = after.count[i] - b;
+    if (d <= 0) continue;
+    total += d;
+    size_t len = strlen(detail);
+    snprintf(detail + len, sizeof(detail) - len, " %s %.2f", after.method[i], d / COUNTED_STEPS);
+  }
+  bench_log("calls per step:%s", detail);
+  return total / COUNTED_STEPS;
+}
+
+/* torch_step.py --serve as a child: a line "BATCH THREADS STEPS" in, ms per step out. */
+typedef struct torch_ref {
+  pid_t pid;
+  FILE *in, *out;
+} torch_ref;
+
+static void torch_start(torch_ref *t, const char *python, const char *script) {
+  int to[2], from[2];
+  if (pipe(to) || pipe(from)) bench_die("pipe", strerror(errno));
+  fflush(NULL);
+  t->pid = fork();
+  if (t->pid < 0) bench_die("fork", strerror(errno));
+  if (t->pid == 0) {
+    dup2(to[0], 0);
+    dup2(from[1], 1);
+    close(to[0]), close(to[1]), close(from[0]), close(from[1]);
+    execl(python, python, script, "--serve", (char *)NULL);
+    fprintf(stderr, "bench_train: cannot run %s: %s\n", python, strerror(errno));
+    _exit(127);
+  }
+  close(to[0]);
+  close(from[1]);
+  t->in = fdopen(to[1], "w");
+  t->out = fdopen(from[0], "r");
+  if (!t->in || !t->out) bench_die("fdopen", strerror(errno));
+}
+
+static double torch_rep(torch_ref *t, int batch, int threads, int steps) {
+  double ms = 0;
+  if (fprintf(t->in, "%d %d %d\n", batch, threads, steps) < 0 || fflush(t->in) != 0 || fscanf(t->out, "%lf", &ms) != 1 ||
+      !(ms > 0))
+    bench_die("torch_step.py", "no time came back (is python3-torch installed? see above)");
+  return ms;
+}
+
+static void torch_stop(torch_ref *t) {
+  fclose(t->in);
+  fclose(t->out);
+  waitpid(t->pid, NULL, 0);
+}
+
+/* Ours and PyTorch (1 and 2 threads) in turn, `reps` repetitions of `steps` steps each. */
+static void train_step(const char *target, torch_ref *torch, int batch, int steps, int reps) {
+  tt_connect_options o;
+  tt_connect_options_init(&o);
+  o.client_name = "bench_train";
+  bench_mlp *m = bench_mlp_create(target, &o, batch);
+  for (int i = 0; i < WARMUP_STEPS; i++) bench_mlp_step(m);
+  double *ms = calloc((size_t)reps, sizeof(double)), *t1 = calloc((size_t)reps, sizeof(double));
+  double *t2 = calloc((size_t)reps, sizeof(double));
+  for (int r = 0; r < reps; r++) {
+    double t0 = bench_now();
+    for (int i = 0; i < steps; i++) bench_mlp_step(m);
+    ms[r] = (bench_now() - t0) * 1e3 / steps;
+    t1[r] = torch_rep(torch, batch, 1, steps);
+    t2[r] = torch_rep(torch, batch, 2, steps);
+    usleep(20000); /* let PyTorch's OpenMP workers stop spinning before our next repetition */
+  }
+  bench_mlp_destroy(m);
+  double ref1 = bench_median(t1, reps), ref2 = bench_median(t2, reps);
+  bench_log("PyTorch at batch %d: %.3f ms/step on 1 thread, %.3f on 2", batch, ref1, ref2);
+  char name[64];
+  snprintf(name, sizeof(name), "mlp_train_step_b%d", batch);
+  bench_record(name, bench_median(ms, reps), ref1 < ref2 ? ref1 : ref2, "ms", "lower");
+  free(ms), free(t1), free(t2);
+}
+
+int main(int argc, char **argv) {
+  const char *target = NULL, *admin = NULL, *python = "/usr/bin/python3", *script = "scripts/bench/torch_step.py";
+  int bad = argc % 2 == 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--target")) target = argv[i + 1];
+    else if (!strcmp(argv[i], "--admin")) admin = argv[i + 1];
+    else if (!strcmp(argv[i], "--python")) python = argv[i + 1];
+    else if (!strcmp(argv[i], "--torch-step")) script = argv[i + 1];
+    else bad = 1;
+  }
+  if (bad || !target || !admin) {
+    fprintf(stderr, "usage: bench_train --target ADDR --admin HOST:PORT [--python PY] [--torch-step PATH]\n");
+    return 2;
+  }
+  int reps = bench_reps(7);
+  torch_ref torch;
+  torch_start(&torch, python, script); /* before libttclient starts gRPC threads */
+  train_step(target, &torch, 64, 50, reps);
+  train_step(target, &torch, 256, 20, reps);
+  torch_stop(&torch);
+  bench_record("round_trips_per_step", calls_per_step(target, admin), 2, "calls", "lower");
+  return 0;
+}
