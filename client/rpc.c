@@ -264,7 +264,6 @@ tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, v
   Ttd__V1__DownloadRequest req = TTD__V1__DOWNLOAD_REQUEST__INIT;
   req.handle = handle;
   req.target_dtype = (Ttd__V1__DType)target;
-  req.chunk_bytes = 4u << 20; /* the most the daemon sends per message: fewer, larger messages */
   Ttd__V1__ShmRange shm = TTD__V1__SHM_RANGE__INIT;
   if (shm_segment) { /* same host: the daemon writes into dst's segment, sends no data */
     shm.segment = shm_segment;
