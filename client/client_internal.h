@@ -268,6 +268,10 @@ tt_status tt_tensor_describe(tt_client *client, tt_tensor *tensor, tt_dtype dtyp
 /* A new tensor struct for client with one reference and no storage. */
 tt_tensor *tt_tensor_alloc(tt_client *client);
 
+/* A new tensor struct of src's client and shape with dtype, placed at place, with no
+ * storage or handle yet; NULL (the client's last error says why) on failure. */
+tt_tensor *tt_tensor_like(const tt_tensor *src, const tt_place *place, tt_dtype dtype);
+
 /* A graph under construction (graph.c); module.c turns it into a module. */
 typedef struct tt_graph_value {
   char *name;

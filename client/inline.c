@@ -29,14 +29,8 @@ int tt_inline_defer_wanted(tt_client *c, const tt_place *place, uint64_t nbytes)
 }
 
 tt_tensor *tt_inline_defer(tt_tensor *src, const tt_place *place, tt_dtype dtype) {
-  tt_tensor *t = tt_tensor_alloc(src->client);
+  tt_tensor *t = tt_tensor_like(src, place, dtype);
   if (!t) return NULL;
-  if (tt_tensor_describe(src->client, t, dtype, src->shape, src->ndim) != TT_OK) {
-    tt_tensor_free(t);
-    return NULL;
-  }
-  t->place = *place;
-  tt_place_format(place, t->device_name, sizeof(t->device_name));
   t->host_copy = malloc(t->nbytes ? (size_t)t->nbytes : 1);
   if (!t->host_copy) {
     tt_client_fail(src->client, TT_RESOURCE_EXHAUSTED, "out of host memory");

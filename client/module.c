@@ -87,6 +87,18 @@ void tt_param_work_clear(tt_param_work *w) {
   memset(w, 0, sizeof(*w));
 }
 
+/* Points req at the optimizer's options: Adam's when adam, else SGD's. */
+static void step_options(Ttd__V1__OptimizerStepRequest *req, int adam, Ttd__V1__SgdOptions *sgd,
+                         Ttd__V1__AdamOptions *adam_options) {
+  if (adam) {
+    req->optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_ADAM;
+    req->adam = adam_options;
+  } else {
+    req->optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD;
+    req->sgd = sgd;
+  }
+}
+
 tt_status tt_module_take_work(tt_module *m, tt_param_work *w, Ttd__V1__ParameterWork **out_work) {
   memset(w, 0, sizeof(*w));
   *out_work = NULL;
@@ -104,15 +116,9 @@ tt_status tt_module_take_work(tt_module *m, tt_param_work *w, Ttd__V1__Parameter
     ttd__v1__optimizer_step_request__init(&w->step);
     w->step.parameters = w->handles;
     w->step.n_parameters = (size_t)m->n_params;
-    if (d.adam) {
-      w->adam = d.adam_options;
-      w->step.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_ADAM;
-      w->step.adam = &w->adam;
-    } else {
-      w->sgd = d.sgd;
-      w->step.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD;
-      w->step.sgd = &w->sgd;
-    }
+    w->adam = d.adam_options;
+    w->sgd = d.sgd;
+    step_options(&w->step, d.adam, &w->sgd, &w->adam);
     w->work.step = &w->step;
   }
   if (d.zero) {
@@ -831,13 +837,7 @@ static tt_status defer(tt_optimizer *o, int step) {
   tt_module *m = o->module;
   if (step) {
     Ttd__V1__OptimizerStepRequest req = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
-    if (o->adam) {
-      req.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_ADAM;
-      req.adam = &o->adam_options;
-    } else {
-      req.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD;
-      req.sgd = &o->sgd;
-    }
+    step_options(&req, o->adam, &o->sgd, &o->adam_options);
     ttd_optimizer_call oc;
     ttd_status_t s = ttd_optimizer_options_from_proto(&req, &oc);
     for (int i = 0; !s && i < m->n_params; i++) s = ttd_optimizer_check_dtype((ttd_dtype)m->params[i]->dtype);
@@ -887,13 +887,7 @@ static tt_status param_rpc(tt_optimizer *o, int step) {
     Ttd__V1__OptimizerStepRequest req = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
     req.parameters = handles;
     req.n_parameters = (size_t)m->n_params;
-    if (o->adam) {
-      req.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_ADAM;
-      req.adam = &o->adam_options;
-    } else {
-      req.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD;
-      req.sgd = &o->sgd;
-    }
+    step_options(&req, o->adam, &o->sgd, &o->adam_options);
     st = tt_rpc_unary(m->client, TT_RPC_OPTIMIZER_STEP, &req.base, &ttd__v1__optimizer_step_response__descriptor, &out);
   } else {
     Ttd__V1__ZeroGradRequest req = TTD__V1__ZERO_GRAD_REQUEST__INIT;

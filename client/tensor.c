@@ -20,6 +20,18 @@ tt_tensor *tt_tensor_alloc(tt_client *client) {
   return t;
 }
 
+tt_tensor *tt_tensor_like(const tt_tensor *src, const tt_place *place, tt_dtype dtype) {
+  tt_tensor *t = tt_tensor_alloc(src->client);
+  if (!t) return NULL;
+  if (tt_tensor_describe(src->client, t, dtype, src->shape, src->ndim) != TT_OK) {
+    tt_tensor_free(t);
+    return NULL;
+  }
+  t->place = *place;
+  tt_place_format(place, t->device_name, sizeof(t->device_name));
+  return t;
+}
+
 tt_status tt_tensor_describe(tt_client *client, tt_tensor *tensor, tt_dtype dtype, const int64_t *shape, int ndim) {
   size_t esize = tt_dtype_size(dtype);
   if (esize == 0) {

@@ -11,18 +11,6 @@ static int same_place(const tt_place *a, const tt_place *b) {
   return a->device == b->device && a->l1 == b->l1;
 }
 
-static tt_tensor *like(const tt_tensor *src, const tt_place *place, tt_dtype dtype) {
-  tt_tensor *t = tt_tensor_alloc(src->client);
-  if (!t) return NULL;
-  if (tt_tensor_describe(src->client, t, dtype, src->shape, src->ndim) != TT_OK) {
-    tt_tensor_free(t);
-    return NULL;
-  }
-  t->place = *place;
-  tt_place_format(place, t->device_name, sizeof(t->device_name));
-  return t;
-}
-
 static void wire_place(const tt_place *place, char *device, size_t len, Ttd__V1__MemoryLocation *out_location) {
   snprintf(device, len, "tt:%d", place->device);
   *out_location = place->l1 ? TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_L1 : TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_DRAM;
@@ -35,7 +23,7 @@ static tt_tensor *host_to_host(tt_tensor *src, tt_dtype dtype) {
 }
 
 static tt_tensor *upload(tt_tensor *src, const tt_place *place, tt_dtype dtype) {
-  tt_tensor *t = like(src, place, dtype);
+  tt_tensor *t = tt_tensor_like(src, place, dtype);
   if (!t) return NULL;
   char device[16];
   Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
@@ -82,7 +70,7 @@ static tt_tensor *download(tt_tensor *src, tt_dtype dtype) {
 
 static tt_tensor *move(tt_tensor *src, const tt_place *place) {
   if (tt_tensor_materialize(src) != TT_OK || tt_deferred_flush_for(src) != TT_OK) return NULL; /* inline.c, module.c */
-  tt_tensor *t = like(src, place, src->dtype);
+  tt_tensor *t = tt_tensor_like(src, place, src->dtype);
   if (!t) return NULL;
   char device[16];
   Ttd__V1__MoveRequest req = TTD__V1__MOVE_REQUEST__INIT;

@@ -98,7 +98,9 @@ static ttd_status_t check_output_mode(const ttd_program *p, int mode) {
   return ttd_inline_check_total(total, "the program's outputs", "ask for OUTPUT_MODE_HANDLES and download them");
 }
 
-static ttd_status_t execute(ttd_call *call, const Ttd__V1__ExecuteRequest *req, Ttd__V1__ExecuteResponse *resp) {
+static ttd_status_t execute(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage *response) {
+  const Ttd__V1__ExecuteRequest *req = (const Ttd__V1__ExecuteRequest *)request;
+  Ttd__V1__ExecuteResponse *resp = (Ttd__V1__ExecuteResponse *)response;
   TTD_RETURN_IF_ERROR(ttd_parameter_work_run(call, req->before, "queued before this Execute", NULL, 0));
   ttd_program *program = NULL;
   TTD_RETURN_IF_ERROR(ttd_session_program_lookup(call->session, req->program, &program));
@@ -165,11 +167,6 @@ static ttd_status_t execute(ttd_call *call, const Ttd__V1__ExecuteRequest *req, 
 
 ttd_status_t ttd_handle_execute(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
   const Ttd__V1__ExecuteRequest *req = (const Ttd__V1__ExecuteRequest *)request;
-  Ttd__V1__ExecuteResponse *resp = ttd_call_alloc(call, sizeof(*resp));
-  ttd_status_t status = resp ? TTD_OK : ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
-  if (resp) ttd__v1__execute_response__init(resp);
-  if (!status) status = execute(call, req, resp);
-  ttd_free_riding_along(call, req->free, req->n_free);
-  if (!status) *out_response = &resp->base;
-  return status;
+  return ttd_serve_freeing(call, request, &ttd__v1__execute_response__descriptor, execute, req->free, req->n_free,
+                           out_response);
 }

@@ -102,7 +102,9 @@ static ttd_status_t gather_output_grads(ttd_call *call, const ttd_run *run, cons
   return status;
 }
 
-static ttd_status_t backward(ttd_call *call, const Ttd__V1__BackwardRequest *req, Ttd__V1__BackwardResponse *resp) {
+static ttd_status_t backward(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage *response) {
+  const Ttd__V1__BackwardRequest *req = (const Ttd__V1__BackwardRequest *)request;
+  Ttd__V1__BackwardResponse *resp = (Ttd__V1__BackwardResponse *)response;
   ttd_run *run = NULL;
   TTD_RETURN_IF_ERROR(ttd_session_run_take(call->session, req->run, &run));
   const ttd_program *p = run->program;
@@ -167,13 +169,8 @@ static ttd_status_t backward(ttd_call *call, const Ttd__V1__BackwardRequest *req
 
 ttd_status_t ttd_handle_backward(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
   const Ttd__V1__BackwardRequest *req = (const Ttd__V1__BackwardRequest *)request;
-  Ttd__V1__BackwardResponse *resp = ttd_call_alloc(call, sizeof(*resp));
-  ttd_status_t status = resp ? TTD_OK : ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
-  if (resp) ttd__v1__backward_response__init(resp);
-  if (!status) status = backward(call, req, resp);
-  ttd_free_riding_along(call, req->free, req->n_free);
-  if (!status) *out_response = &resp->base;
-  return status;
+  return ttd_serve_freeing(call, request, &ttd__v1__backward_response__descriptor, backward, req->free, req->n_free,
+                           out_response);
 }
 
 ttd_status_t ttd_handle_release_run(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {

@@ -31,6 +31,12 @@ typedef struct loop_state {
   int stop_signal;
 } loop_state;
 
+/* SIGTERM or SIGINT before the loop's handlers are in place (ttd already listens by then):
+ * remembered, and the loop is skipped, so the stop is as graceful as a later one. */
+static volatile sig_atomic_t early_stop_signal;
+
+static void on_early_stop(int sig) { early_stop_signal = sig; }
+
 static void on_stop_signal(evutil_socket_t sig, short what, void *arg) {
   (void)what;
   loop_state *st = arg;
@@ -174,6 +180,8 @@ int main(int argc, char **argv) {
   }
   /* SIGHUP is handled once the loop runs; until then a reload request must not kill ttd. */
   signal(SIGHUP, SIG_IGN);
+  signal(SIGTERM, on_early_stop);
+  signal(SIGINT, on_early_stop);
   for (int i = 0; i < config.listen_count; i++) {
     if (prepare_unix_address(config.listen[i]) != 0) {
       ttd_config_clear(&config);
@@ -244,7 +252,8 @@ int main(int argc, char **argv) {
   }
   ttd_notify_ready("serving %d device%s on %s", config.devices, config.devices == 1 ? "" : "s", serving);
   ttd_notify_watchdog_timer *watchdog = ttd_notify_watchdog_timer_create(st.base);
-  event_base_dispatch(st.base);
+  if (early_stop_signal) st.stop_signal = early_stop_signal; /* asked to stop while starting */
+  else event_base_dispatch(st.base);
 
   TTD_LOG(TTD_LOG_INFO, "event=stopping signal=%d drain_ms=%lld", st.stop_signal, (long long)config.drain_timeout_ms);
   ttd_notify_stopping("draining");

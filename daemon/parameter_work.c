@@ -133,9 +133,17 @@ ttd_status_t ttd_parameter_work_run(ttd_call *call, const Ttd__V1__ParameterWork
   return TTD_OK;
 }
 
-void ttd_free_riding_along(ttd_call *call, const uint64_t *handles, size_t n) {
-  for (size_t i = 0; i < n; i++) {
+ttd_status_t ttd_serve_freeing(ttd_call *call, const ProtobufCMessage *request,
+                               const ProtobufCMessageDescriptor *response_type, ttd_freeing_work_fn work,
+                               const uint64_t *handles, size_t n, ProtobufCMessage **out_response) {
+  ProtobufCMessage *resp = ttd_call_alloc(call, response_type->sizeof_message);
+  ttd_status_t status = resp ? TTD_OK : ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  if (resp) protobuf_c_message_init(response_type, resp);
+  if (!status) status = work(call, request, resp);
+  for (size_t i = 0; i < n; i++) { /* the frees riding along, whatever the work did */
     uint64_t tensors, bytes;
     ttd_status_free(ttd_session_tensors_free(call->session, &handles[i], 1, &tensors, &bytes));
   }
+  if (!status) *out_response = resp;
+  return status;
 }

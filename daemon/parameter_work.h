@@ -26,7 +26,15 @@ ttd_status_t ttd_optimizer_step_handles(ttd_call *call, const Ttd__V1__Optimizer
 ttd_status_t ttd_parameter_work_run(ttd_call *call, const Ttd__V1__ParameterWork *work, const char *where,
                                     ttd_tensor *const *reached, size_t n_reached);
 
-/* Frees the handles a call carries in its `free` field, skipping those already gone. */
-void ttd_free_riding_along(ttd_call *call, const uint64_t *handles, size_t n);
+/* The work of a call whose request carries a `free` field (Execute, Backward): fills response. */
+typedef ttd_status_t (*ttd_freeing_work_fn)(ttd_call *call, const ProtobufCMessage *request,
+                                            ProtobufCMessage *response);
+
+/* Serves such a call: allocates a response of response_type from the call arena, runs work,
+ * then frees the n handles of the request's `free` field (skipping those already gone)
+ * whatever work returned. *out_response is set only when the call succeeds. */
+ttd_status_t ttd_serve_freeing(ttd_call *call, const ProtobufCMessage *request,
+                               const ProtobufCMessageDescriptor *response_type, ttd_freeing_work_fn work,
+                               const uint64_t *handles, size_t n, ProtobufCMessage **out_response);
 
 #endif

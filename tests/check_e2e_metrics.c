@@ -1,13 +1,9 @@
 /* The admin HTTP listener of a real ttd: /healthz, /readyz and /metrics in Prometheus text
  * format with values that follow what clients did; wrong paths and methods answered. */
-#include <arpa/inet.h>
 #include <check.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "suites.h"
 #include "ttd_harness.h"
@@ -15,53 +11,12 @@
 static ttd_proc proc;
 static int port;
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  socklen_t len = sizeof(sa);
-  getsockname(fd, (struct sockaddr *)&sa, &len);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
-static void setup(void) {
-  char admin[32];
-  port = free_port();
-  snprintf(admin, sizeof(admin), "127.0.0.1:%d", port);
-  const char *args[] = {"--admin", admin, "--devices", "2", NULL};
-  ttd_proc_start(&proc, args);
-}
+static void setup(void) { port = ttd_proc_start_admin(&proc); }
 
 static void teardown(void) { ck_assert_int_eq(ttd_proc_stop(&proc), 0); }
 
-/* One HTTP/1.0 request; returns the whole response (status line, headers, body), malloc'd. */
-static char *http(const char *method, const char *path) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  for (int i = 0; i < 100 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0; i++) usleep(10000);
-  char req[256];
-  int n = snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: localhost\r\n\r\n", method, path);
-  ck_assert_int_eq(write(fd, req, (size_t)n), n);
-  size_t cap = 1 << 16, len = 0;
-  char *buf = malloc(cap);
-  ssize_t got;
-  while ((got = read(fd, buf + len, cap - len - 1)) > 0) {
-    len += (size_t)got;
-    if (len + 1 == cap) buf = realloc(buf, cap *= 2);
-  }
-  buf[len] = '\0';
-  close(fd);
-  return buf;
-}
-
-/* The value of an exact metric line "name{labels} value"; -1 if absent. */
-static double metric(const char *body, const char *series) {
-  char needle[256];
-  snprintf(needle, sizeof(needle), "\n%s ", series);
-  const char *at = strstr(body, needle);
-  return at ? atof(at + strlen(needle)) : -1;
-}
+/* One HTTP/1.0 request to the admin listener; the whole response, malloc'd. */
+static char *http(const char *method, const char *path) { return harness_http(port, method, path); }
 
 /* /healthz and /readyz answer 200; an unknown path 404; a POST 405. */
 START_TEST(test_health_endpoints) {
@@ -96,32 +51,32 @@ START_TEST(test_metrics_follow_work) {
   char *r = http("GET", "/metrics");
   ck_assert_ptr_nonnull(strstr(r, "200 OK"));
   ck_assert_ptr_nonnull(strstr(r, "text/plain; version=0.0.4"));
-  ck_assert_double_eq(metric(r, "ttd_device_memory_used_bytes{device=\"tt:1\",location=\"l1\"}"), 1 << 20);
-  ck_assert_double_eq(metric(r, "ttd_device_memory_used_bytes{device=\"tt:0\",location=\"dram\"}"), 0);
-  ck_assert_double_eq(metric(r, "ttd_device_memory_capacity_bytes{device=\"tt:0\",location=\"dram\"}"), 12884901888.0);
-  ck_assert_double_eq(metric(r, "ttd_sessions"), 1);
-  ck_assert_double_eq(metric(r, "ttd_tensors"), 1);
-  ck_assert_double_eq(metric(r, "ttd_bytes_to_device_total"), 1 << 20);
-  ck_assert_double_eq(metric(r, "ttd_bytes_to_host_total"), 1 << 20);
-  ck_assert_double_eq(metric(r, "ttd_rpc_total{method=\"Upload\",code=\"OK\"}"), 1);
-  ck_assert_double_eq(metric(r, "ttd_rpc_total{method=\"Upload\",code=\"INVALID_ARGUMENT\"}"), 1);
-  ck_assert_double_eq(metric(r, "ttd_rpc_total{method=\"Allocate\",code=\"RESOURCE_EXHAUSTED\"}"), 1);
-  ck_assert_double_eq(metric(r, "ttd_rpc_total{method=\"OpenSession\",code=\"OK\"}"), 1);
-  ck_assert_double_eq(metric(r, "ttd_rpc_duration_seconds_count{method=\"Download\"}"), 1);
-  ck_assert_double_eq(metric(r, "ttd_rpc_duration_seconds_bucket{method=\"Download\",le=\"+Inf\"}"), 1);
-  ck_assert(metric(r, "ttd_rpc_duration_seconds_sum{method=\"Download\"}") > 0);
-  ck_assert_double_eq(metric(r, "ttd_rpc_in_flight"), 0);
-  ck_assert_double_eq(metric(r, "ttd_device_queue_depth{device=\"tt:0\"}"), 0);
-  ck_assert_double_eq(metric(r, "ttd_device_queue_depth{device=\"tt:1\"}"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_memory_used_bytes{device=\"tt:1\",location=\"l1\"}"), 1 << 20);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_memory_used_bytes{device=\"tt:0\",location=\"dram\"}"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_memory_capacity_bytes{device=\"tt:0\",location=\"dram\"}"), 12884901888.0);
+  ck_assert_double_eq(harness_metric(r, "ttd_sessions"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_tensors"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_bytes_to_device_total"), 1 << 20);
+  ck_assert_double_eq(harness_metric(r, "ttd_bytes_to_host_total"), 1 << 20);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_total{method=\"Upload\",code=\"OK\"}"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_total{method=\"Upload\",code=\"INVALID_ARGUMENT\"}"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_total{method=\"Allocate\",code=\"RESOURCE_EXHAUSTED\"}"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_total{method=\"OpenSession\",code=\"OK\"}"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_duration_seconds_count{method=\"Download\"}"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_duration_seconds_bucket{method=\"Download\",le=\"+Inf\"}"), 1);
+  ck_assert(harness_metric(r, "ttd_rpc_duration_seconds_sum{method=\"Download\"}") > 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_in_flight"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_queue_depth{device=\"tt:0\"}"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_queue_depth{device=\"tt:1\"}"), 0);
   free(r);
   tt_tensor_free(back);
   tt_tensor_free(d);
   tt_tensor_free(h);
   tt_disconnect(c);
   r = http("GET", "/metrics");
-  ck_assert_double_eq(metric(r, "ttd_sessions"), 0);
-  ck_assert_double_eq(metric(r, "ttd_device_memory_used_bytes{device=\"tt:1\",location=\"l1\"}"), 0);
-  ck_assert_double_eq(metric(r, "ttd_rpc_total{method=\"CloseSession\",code=\"OK\"}"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_sessions"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_memory_used_bytes{device=\"tt:1\",location=\"l1\"}"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_total{method=\"CloseSession\",code=\"OK\"}"), 1);
   free(r);
 }
 END_TEST

@@ -191,47 +191,11 @@ static Ttd__V1__ExecuteResponse *execute(uint64_t program, const uint64_t *in, s
 
 /* Uploads host floats (or int32) with raw calls into this test's session. */
 static uint64_t upload(const void *data, int dtype, int ndim, int64_t d0, int64_t d1, const char *device) {
-  Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
-  int64_t shape[2] = {d0, d1};
-  spec.dtype = dtype;
-  spec.n_shape = (size_t)ndim;
-  spec.shape = shape;
-  spec.device = (char *)device;
-  Ttd__V1__UploadHeader header = TTD__V1__UPLOAD_HEADER__INIT;
-  header.target_case = TTD__V1__UPLOAD_HEADER__TARGET_SPEC;
-  header.spec = &spec;
-  Ttd__V1__UploadRequest req = TTD__V1__UPLOAD_REQUEST__INIT;
-  req.header = &header;
-  req.data.data = (uint8_t *)data;
-  req.data.len = (size_t)(d0 * (ndim > 1 ? d1 : 1)) * 4;
-  size_t len = ttd__v1__upload_request__get_packed_size(&req);
-  unsigned char *msg = malloc(len);
-  ttd__v1__upload_request__pack(&req, msg);
-  const void *msgs[1] = {msg};
-  raw_result r;
-  raw_stream(proc.target, "/ttd.v1.Device/Upload", (raw_md){.session = session, .instance = instance}, msgs, &len, 1, 0, &r);
-  free(msg);
-  ck_assert_msg(r.code == 0, "upload: %s", r.details);
-  Ttd__V1__UploadResponse *resp = ttd__v1__upload_response__unpack(NULL, r.body_len, r.body);
-  uint64_t h = resp->tensor->handle;
-  ttd__v1__upload_response__free_unpacked(resp, NULL);
-  raw_result_free(&r);
-  return h;
+  return raw_upload(proc.target, (raw_md){.session = session, .instance = instance}, data, dtype, ndim, d0, d1, device);
 }
 
 static void download(uint64_t handle, float *out, size_t n) {
-  Ttd__V1__DownloadRequest req = TTD__V1__DOWNLOAD_REQUEST__INIT;
-  req.handle = handle;
-  unsigned char buf[64];
-  size_t len = ttd__v1__download_request__pack(&req, buf);
-  raw_result r;
-  raw_call(proc.target, "/ttd.v1.Device/Download", (raw_md){.session = session, .instance = instance}, buf, len, &r);
-  ck_assert_msg(r.code == 0, "download: %s", r.details);
-  Ttd__V1__DownloadResponse *resp = ttd__v1__download_response__unpack(NULL, r.body_len, r.body);
-  ck_assert_uint_eq(resp->data.len, n * 4);
-  memcpy(out, resp->data.data, n * 4);
-  ttd__v1__download_response__free_unpacked(resp, NULL);
-  raw_result_free(&r);
+  raw_download(proc.target, (raw_md){.session = session, .instance = instance}, handle, out, n);
 }
 
 static void fill(float *v, int n, unsigned seed) {

@@ -2,15 +2,11 @@
  * step (Execute and Backward, counted on the admin /metrics), the inline path gives
  * bit-identical losses and parameters to the plain one (TTD_INLINE=0, the explicit calls),
  * and bad inline data is INVALID_ARGUMENT saying what to fix, with nothing left behind. */
-#include <arpa/inet.h>
 #include <check.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "graph_builder.h"
 #include "raw_rpc.h"
@@ -22,22 +18,8 @@ static ttd_proc proc;
 static int admin_port;
 static char session[17], instance[40];
 
-static int pick_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  socklen_t len = sizeof(sa);
-  getsockname(fd, (struct sockaddr *)&sa, &len);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
 static void setup(void) {
-  char admin[32];
-  admin_port = pick_port();
-  snprintf(admin, sizeof(admin), "127.0.0.1:%d", admin_port);
-  const char *args[] = {"--admin", admin, "--devices", "2", NULL};
-  ttd_proc_start(&proc, args);
+  admin_port = ttd_proc_start_admin(&proc);
   raw_open_session(proc.target, session, instance);
 }
 
@@ -49,23 +31,9 @@ static void teardown(void) {
 
 /* ---- the admin endpoint ---- */
 
-/* GET /metrics; the body, malloc'd. */
+/* GET /metrics; the response, malloc'd. */
 static char *scrape(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)admin_port),
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  for (int i = 0; i < 100 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0; i++) usleep(10000);
-  const char req[] = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  ck_assert_int_eq(write(fd, req, sizeof(req) - 1), (ssize_t)(sizeof(req) - 1));
-  size_t cap = 1 << 16, len = 0;
-  char *buf = malloc(cap);
-  ssize_t got;
-  while ((got = read(fd, buf + len, cap - len - 1)) > 0) {
-    len += (size_t)got;
-    if (len + 1 == cap) buf = realloc(buf, cap *= 2);
-  }
-  buf[len] = '\0';
-  close(fd);
+  char *buf = harness_http(admin_port, "GET", "/metrics");
   ck_assert_ptr_nonnull(strstr(buf, "200 OK"));
   return buf;
 }
@@ -79,10 +47,10 @@ enum { N_METHODS = sizeof(methods) / sizeof(methods[0]) };
 static void rpc_counts(double *out) {
   char *body = scrape();
   for (int i = 0; i < N_METHODS; i++) {
-    char needle[128];
-    snprintf(needle, sizeof(needle), "\nttd_rpc_duration_seconds_count{method=\"%s\"} ", methods[i]);
-    const char *at = strstr(body, needle);
-    out[i] = at ? atof(at + strlen(needle)) : 0;
+    char series[128];
+    snprintf(series, sizeof(series), "ttd_rpc_duration_seconds_count{method=\"%s\"}", methods[i]);
+    double count = harness_metric(body, series);
+    out[i] = count < 0 ? 0 : count;
   }
   free(body);
 }
@@ -324,47 +292,10 @@ static ProtobufCMessage *rpc(const char *method, const ProtobufCMessage *msg, co
 
 /* A new float32 tensor on tt:0 holding n floats of data, shaped d0 (x d1). */
 static uint64_t put(const float *data, int64_t d0, int64_t d1) {
-  int64_t shape[2] = {d0, d1};
-  Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
-  spec.dtype = TTD__V1__DTYPE__DTYPE_FLOAT32;
-  spec.n_shape = d1 ? 2 : 1;
-  spec.shape = shape;
-  Ttd__V1__UploadHeader header = TTD__V1__UPLOAD_HEADER__INIT;
-  header.target_case = TTD__V1__UPLOAD_HEADER__TARGET_SPEC;
-  header.spec = &spec;
-  Ttd__V1__UploadRequest req = TTD__V1__UPLOAD_REQUEST__INIT;
-  req.header = &header;
-  req.data.data = (uint8_t *)data;
-  req.data.len = (size_t)(d0 * (d1 ? d1 : 1)) * 4;
-  size_t len = ttd__v1__upload_request__get_packed_size(&req);
-  unsigned char *msg = malloc(len);
-  ttd__v1__upload_request__pack(&req, msg);
-  const void *msgs[1] = {msg};
-  raw_result r;
-  raw_stream(proc.target, "/ttd.v1.Device/Upload", md(), msgs, &len, 1, 0, &r);
-  free(msg);
-  ck_assert_msg(r.code == 0, "upload: %s", r.details);
-  Ttd__V1__UploadResponse *resp = ttd__v1__upload_response__unpack(NULL, r.body_len, r.body);
-  uint64_t handle = resp->tensor->handle;
-  ttd__v1__upload_response__free_unpacked(resp, NULL);
-  raw_result_free(&r);
-  return handle;
+  return raw_upload(proc.target, md(), data, TTD__V1__DTYPE__DTYPE_FLOAT32, d1 ? 2 : 1, d0, d1, NULL);
 }
 
-static void get(uint64_t handle, float *out, size_t n) {
-  Ttd__V1__DownloadRequest req = TTD__V1__DOWNLOAD_REQUEST__INIT;
-  req.handle = handle;
-  unsigned char buf[64];
-  size_t len = ttd__v1__download_request__pack(&req, buf);
-  raw_result r;
-  raw_call(proc.target, "/ttd.v1.Device/Download", md(), buf, len, &r);
-  ck_assert_msg(r.code == 0, "download: %s", r.details);
-  Ttd__V1__DownloadResponse *resp = ttd__v1__download_response__unpack(NULL, r.body_len, r.body);
-  ck_assert_uint_eq(resp->data.len, n * 4);
-  memcpy(out, resp->data.data, n * 4);
-  ttd__v1__download_response__free_unpacked(resp, NULL);
-  raw_result_free(&r);
-}
+static void get(uint64_t handle, float *out, size_t n) { raw_download(proc.target, md(), handle, out, n); }
 
 /* An inline tensor: float32 of shape (d0, d1), or (d0) when d1 is 0. */
 typedef struct inline_tensor {
@@ -431,6 +362,16 @@ static void get_params(const uint64_t *handles, float *all) {
   get(handles[3], all + RH * RIN + RH + ROUT * RH, ROUT);
 }
 
+/* An Execute of the small program on its 4 parameters, keeping the run for Backward; the
+ * caller adds the input. */
+static void small_execute(Ttd__V1__ExecuteRequest *ex, uint64_t program, uint64_t *params) {
+  ttd__v1__execute_request__init(ex);
+  ex->program = program;
+  ex->parameters = params;
+  ex->n_parameters = 4;
+  ex->keep_for_backward = 1;
+}
+
 /* The same forward, backward and SGD step by handles with explicit calls and by the new
  * fields (input and output inline, the gradient inline, the step chained after the backward
  * on the parameters it reached): the same output bytes and parameter bytes. Frees riding on
@@ -451,13 +392,10 @@ START_TEST(test_raw_inline_matches_handles) {
   /* By handles. */
   uint64_t ph[4], xh = put(x, RN, RIN), gh = put(g, RN, ROUT);
   put_params(p0, ph);
-  Ttd__V1__ExecuteRequest ex = TTD__V1__EXECUTE_REQUEST__INIT;
-  ex.program = program;
+  Ttd__V1__ExecuteRequest ex;
+  small_execute(&ex, program, ph);
   ex.inputs = &xh;
   ex.n_inputs = 1;
-  ex.parameters = ph;
-  ex.n_parameters = 4;
-  ex.keep_for_backward = 1;
   Ttd__V1__ExecuteResponse *er =
       (Ttd__V1__ExecuteResponse *)rpc("Execute", &ex.base, &ttd__v1__execute_response__descriptor, 0, NULL);
   ck_assert_uint_eq(er->n_output_data, 0);
@@ -482,13 +420,9 @@ START_TEST(test_raw_inline_matches_handles) {
   put_params(p0, pi);
   inline_tensor xi, gi;
   Ttd__V1__InlineTensor *xin = inline_of(&xi, x, sizeof(x), TTD__V1__DTYPE__DTYPE_FLOAT32, RN, RIN);
-  ttd__v1__execute_request__init(&ex);
-  ex.program = program;
+  small_execute(&ex, program, pi);
   ex.inline_inputs = &xin;
   ex.n_inline_inputs = 1;
-  ex.parameters = pi;
-  ex.n_parameters = 4;
-  ex.keep_for_backward = 1;
   ex.output_mode = TTD__V1__OUTPUT_MODE__OUTPUT_MODE_INLINE;
   ex.free = &xh; /* the handle path's input, no longer needed */
   ex.n_free = 1;
@@ -549,13 +483,10 @@ START_TEST(test_bad_inline_rejected) {
   inline_tensor it;
   Ttd__V1__InlineTensor *wire;
   Ttd__V1__InlineTensor *two[2];
-  Ttd__V1__ExecuteRequest ex = TTD__V1__EXECUTE_REQUEST__INIT;
-  ex.program = program;
+  Ttd__V1__ExecuteRequest ex;
+  small_execute(&ex, program, ph);
   ex.n_inline_inputs = 1;
   ex.inline_inputs = &wire;
-  ex.parameters = ph;
-  ex.n_parameters = 4;
-  ex.keep_for_backward = 1;
   struct {
     size_t len;
     int dtype;

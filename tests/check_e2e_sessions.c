@@ -8,9 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -207,22 +204,12 @@ START_TEST(test_restart_detected) {
 }
 END_TEST
 
-static int free_tcp_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  socklen_t len = sizeof(sa);
-  getsockname(fd, (struct sockaddr *)&sa, &len);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
 /* A plain TCP listener (--listen host:port --insecure, repeatable beside the Unix socket)
  * serves the same daemon, and a NULL target means the TTD_ADDRESS environment variable
  * (TTD_INSECURE=1: plain text). */
 START_TEST(test_tcp_listener_and_env_target) {
   char tcp[32];
-  snprintf(tcp, sizeof(tcp), "127.0.0.1:%d", free_tcp_port());
+  snprintf(tcp, sizeof(tcp), "127.0.0.1:%d", harness_free_tcp_port());
   const char *args[] = {"--listen", tcp, "--insecure", NULL};
   ttd_proc_start(&proc, args);
   setenv("TTD_ADDRESS", tcp, 1);

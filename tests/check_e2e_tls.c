@@ -56,19 +56,9 @@ static void make_certs(void) {
       dir);
 }
 
-static int free_tcp_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-  socklen_t len = sizeof(sa);
-  getsockname(fd, (struct sockaddr *)&sa, &len);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
 static void setup(void) {
   make_certs();
-  snprintf(tcp, sizeof(tcp), "127.0.0.1:%d", free_tcp_port());
+  snprintf(tcp, sizeof(tcp), "127.0.0.1:%d", harness_free_tcp_port());
   ttd_token_generate(token, sizeof(token));
   char digest[80];
   ttd_token_digest_text(token, strlen(token), digest, sizeof(digest));

@@ -46,4 +46,13 @@ uint64_t raw_allocate(const char *target, const char *session_hex, int64_t n);
 /* The same with any shape (float32, tt:0 DRAM). */
 uint64_t raw_allocate_shape(const char *target, const char *session_hex, const int64_t *shape, int ndim);
 
+/* Uploads a float32 or int32 tensor (dtype, a Ttd__V1__DType) of ndim 0, 1 or 2 dims
+ * (d0 x d1; a scalar has d0 = 1) from data onto device ("tt:N", or NULL for the default),
+ * in the session md names; asserts OK and returns the handle. */
+uint64_t raw_upload(const char *target, raw_md md, const void *data, int dtype, int ndim, int64_t d0, int64_t d1,
+                    const char *device);
+
+/* Downloads a tensor of n 4-byte elements into out; asserts OK and the size. */
+void raw_download(const char *target, raw_md md, uint64_t handle, void *out, size_t n);
+
 #endif

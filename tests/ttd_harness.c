@@ -1,8 +1,10 @@
 #include "ttd_harness.h"
 
+#include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +81,15 @@ void ttd_proc_start_env(ttd_proc *proc, const char *const *extra_args, const cha
   ck_abort_msg("ttd did not answer on %s within 10 s", proc->target);
 }
 
+int ttd_proc_start_admin(ttd_proc *proc) {
+  char admin[32];
+  int port = harness_free_tcp_port();
+  snprintf(admin, sizeof(admin), "127.0.0.1:%d", port);
+  const char *args[] = {"--admin", admin, "--devices", "2", NULL};
+  ttd_proc_start(proc, args);
+  return port;
+}
+
 int ttd_proc_alive(ttd_proc *proc) {
   if (!proc->pid) return 0;
   int status;
@@ -151,4 +162,40 @@ void harness_fill_random(void *buf, size_t n, uint64_t seed) {
     memcpy(p + i, &x, 8);
   }
   for (; i < n; i++) p[i] = (unsigned char)(x >> (8 * (i & 7)));
+}
+
+int harness_free_tcp_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  socklen_t len = sizeof(sa);
+  getsockname(fd, (struct sockaddr *)&sa, &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+char *harness_http(int port, const char *method, const char *path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  for (int i = 0; i < 100 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0; i++) usleep(10000);
+  char req[256];
+  int n = snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: localhost\r\n\r\n", method, path);
+  ck_assert_int_eq(write(fd, req, (size_t)n), n);
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  ssize_t got;
+  while ((got = read(fd, buf + len, cap - len - 1)) > 0) {
+    len += (size_t)got;
+    if (len + 1 == cap) buf = realloc(buf, cap *= 2);
+  }
+  buf[len] = '\0';
+  close(fd);
+  return buf;
+}
+
+double harness_metric(const char *body, const char *series) {
+  char needle[256];
+  snprintf(needle, sizeof(needle), "\n%s ", series);
+  const char *at = strstr(body, needle);
+  return at ? atof(at + strlen(needle)) : -1;
 }

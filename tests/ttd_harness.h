@@ -23,6 +23,10 @@ void ttd_proc_start(ttd_proc *proc, const char *const *extra_args);
  * "NAME=VALUE" (may be NULL), added to the test's own environment. */
 void ttd_proc_start_env(ttd_proc *proc, const char *const *extra_args, const char *const *env);
 
+/* Starts ttd on 2 devices with its admin HTTP listener (--admin) on a free 127.0.0.1 port;
+ * returns that port. */
+int ttd_proc_start_admin(ttd_proc *proc);
+
 /* SIGTERM, waits, and returns the exit status (0 expected); removes the folder. */
 int ttd_proc_stop(ttd_proc *proc);
 
@@ -40,5 +44,16 @@ uint64_t harness_wait_used_bytes(const ttd_proc *proc, int device, int l1, uint6
 
 /* Fills buf with n deterministic pseudo-random bytes from seed. */
 void harness_fill_random(void *buf, size_t n, uint64_t seed);
+
+/* A TCP port on 127.0.0.1 that was free a moment ago (bound, read back and closed). */
+int harness_free_tcp_port(void);
+
+/* One HTTP/1.0 request to 127.0.0.1:port (retried while nothing listens yet, up to 1 s);
+ * returns the whole response (status line, headers, body), malloc'd: the caller frees it. */
+char *harness_http(int port, const char *method, const char *path);
+
+/* The value of an exact Prometheus text line "series value" in body (series with its
+ * labels, as printed); -1 if absent. */
+double harness_metric(const char *body, const char *series);
 
 #endif

@@ -178,20 +178,38 @@ static grpc_call *client_call(ref_state *s, void *method) {
                                              NULL);
 }
 
-/* Ends a client call: half-close (unless done), then the status. Returns 1 if OK. */
-static int client_finish(ref_state *s, grpc_call *call, int half_close, grpc_byte_buffer **out_reply) {
+/* Fills ops with the opening of a client call: the initial metadata and request (when
+ * request), the half-close (when half_close), and receiving the initial metadata into
+ * initial (when initial). Returns how many ops. */
+static size_t client_open_ops(grpc_op *ops, grpc_byte_buffer *request, int half_close, grpc_metadata_array *initial) {
+  size_t n = 0;
+  if (request) {
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = request;
+  }
+  if (half_close) ops[n++].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  if (initial) {
+    ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[n++].data.recv_initial_metadata.recv_initial_metadata = initial;
+  }
+  return n;
+}
+
+/* Ends a client call in one batch: the request (when request, with the initial metadata),
+ * the half-close (when half_close), the reply (when out_reply), then the status. Returns 1
+ * if OK. */
+static int client_finish(ref_state *s, grpc_call *call, grpc_byte_buffer *request, int half_close,
+                         grpc_byte_buffer **out_reply) {
   grpc_metadata_array initial, trailing;
   grpc_metadata_array_init(&initial);
   grpc_metadata_array_init(&trailing);
   grpc_status_code status = GRPC_STATUS_UNKNOWN;
   grpc_slice details = grpc_empty_slice();
-  grpc_op ops[4];
+  grpc_op ops[6];
   memset(ops, 0, sizeof(ops));
-  size_t n = 0;
-  if (half_close) ops[n++].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  size_t n = client_open_ops(ops, request, half_close, out_reply ? &initial : NULL);
   if (out_reply) {
-    ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[n++].data.recv_initial_metadata.recv_initial_metadata = &initial;
     ops[n].op = GRPC_OP_RECV_MESSAGE;
     ops[n++].data.recv_message.recv_message = out_reply;
   }
@@ -210,33 +228,10 @@ static double client_unary(ref_state *s) {
   double t0 = bench_now();
   grpc_call *call = client_call(s, s->m_echo);
   grpc_byte_buffer *req = grpc_raw_byte_buffer_create(NULL, 0), *reply = NULL;
-  grpc_metadata_array initial, trailing;
-  grpc_metadata_array_init(&initial);
-  grpc_metadata_array_init(&trailing);
-  grpc_status_code status = GRPC_STATUS_UNKNOWN;
-  grpc_slice details = grpc_empty_slice();
   /* the whole unary call in one batch */
-  grpc_op ops[6];
-  memset(ops, 0, sizeof(ops));
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = req;
-  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial;
-  ops[4].op = GRPC_OP_RECV_MESSAGE;
-  ops[4].data.recv_message.recv_message = &reply;
-  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-  ops[5].data.recv_status_on_client.trailing_metadata = &trailing;
-  ops[5].data.recv_status_on_client.status = &status;
-  ops[5].data.recv_status_on_client.status_details = &details;
-  int ok = client_batch(s, call, ops, 6) && status == GRPC_STATUS_OK && reply &&
-           grpc_byte_buffer_length(reply) == ECHO_REPLY_BYTES;
+  int ok = client_finish(s, call, req, 1, &reply) && reply && grpc_byte_buffer_length(reply) == ECHO_REPLY_BYTES;
   grpc_byte_buffer_destroy(req);
   if (reply) grpc_byte_buffer_destroy(reply);
-  grpc_slice_unref(details);
-  grpc_metadata_array_destroy(&initial);
-  grpc_metadata_array_destroy(&trailing);
   grpc_call_unref(call);
   double us = (bench_now() - t0) * 1e6;
   return ok ? us : -1;
@@ -259,7 +254,7 @@ static double client_upload(ref_state *s) {
     grpc_byte_buffer_destroy(bb);
   }
   grpc_byte_buffer *reply = NULL;
-  ok = ok && client_finish(s, call, 1, &reply);
+  ok = ok && client_finish(s, call, NULL, 1, &reply);
   if (reply) grpc_byte_buffer_destroy(reply);
   grpc_call_unref(call);
   double t = bench_now() - t0;
@@ -277,13 +272,7 @@ static double client_download(ref_state *s) {
   grpc_metadata_array_init(&initial);
   grpc_op ops[4];
   memset(ops, 0, sizeof(ops));
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = req;
-  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial;
-  int ok = client_batch(s, call, ops, 4);
+  int ok = client_batch(s, call, ops, client_open_ops(ops, req, 1, &initial));
   grpc_byte_buffer_destroy(req);
   size_t off = 0;
   grpc_op recv = {.op = GRPC_OP_RECV_MESSAGE};
@@ -295,7 +284,7 @@ static double client_download(ref_state *s) {
     copy_message(in, s->client_dst, s->bytes, &off);
     grpc_byte_buffer_destroy(in);
   }
-  ok = ok && client_finish(s, call, 0, NULL) && off == s->bytes;
+  ok = ok && client_finish(s, call, NULL, 0, NULL) && off == s->bytes;
   grpc_metadata_array_destroy(&initial);
   grpc_call_unref(call);
   double t = bench_now() - t0;
