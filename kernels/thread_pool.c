@@ -11,7 +11,12 @@
  * at a few per thread so the dynamic claiming still balances uneven work.
  *
  * A parallel_for made from inside a job (a kernel calling a kernel) runs inline on the
- * calling thread: it could never get `call_mu` otherwise. */
+ * calling thread: it could never get `call_mu` otherwise.
+ *
+ * Kernels come in quick succession (a program is a chain of them), so a worker that has just
+ * finished, and a caller waiting for helpers, spin for SPIN_NS before sleeping: the next job
+ * or the last helper usually arrives within that, and a futex wake-up costs more than the
+ * small kernels of a training step. */
 #include "thread_pool.h"
 
 #include <pthread.h>
@@ -19,9 +24,11 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #define CHUNKS_PER_THREAD 4
+#define SPIN_NS 40000
 
 struct ttd_pool {
   int threads; /* workers + the caller */
@@ -33,10 +40,10 @@ struct ttd_pool {
   pthread_mutex_t mu;     /* guards everything below but `next` */
   pthread_cond_t work_cv; /* workers: a new job or shutdown */
   pthread_cond_t done_cv; /* caller: the last ticket holder is done */
-  uint64_t generation;
-  int shutdown;
+  _Atomic uint64_t generation; /* written under mu; read unlocked only to spin */
+  atomic_int shutdown;
   int tickets; /* workers that may still join the current job */
-  int active;  /* ticket holders that have not reported back */
+  atomic_int active;  /* ticket holders that have not reported back; written under mu */
 
   /* the current job (written under mu by the caller, read under mu by workers) */
   void (*fn)(void *ctx, size_t begin, size_t end);
@@ -66,11 +73,43 @@ static void run_chunks(void (*fn)(void *, size_t, size_t), void *ctx, size_t n, 
   tls_in_job = 0;
 }
 
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Spins (without the lock) until done(pool, arg) or SPIN_NS pass. */
+static void spin(ttd_pool *pool, int (*done)(ttd_pool *, uint64_t), uint64_t arg) {
+  int64_t until = now_ns() + SPIN_NS;
+  while (!done(pool, arg)) {
+#if defined(__x86_64__) || defined(__i386__)
+    for (int i = 0; i < 32; i++) __builtin_ia32_pause();
+#endif
+    if (now_ns() > until) return;
+  }
+}
+
+static int new_job(ttd_pool *pool, uint64_t seen) {
+  return atomic_load_explicit(&pool->generation, memory_order_acquire) != seen ||
+         atomic_load_explicit(&pool->shutdown, memory_order_relaxed);
+}
+
+static int helpers_done(ttd_pool *pool, uint64_t unused) {
+  (void)unused;
+  return atomic_load_explicit(&pool->active, memory_order_acquire) == 0;
+}
+
 static void *worker_main(void *arg) {
   ttd_pool *pool = arg;
   uint64_t seen = 0;
   pthread_mutex_lock(&pool->mu);
   for (;;) {
+    if (!new_job(pool, seen)) {
+      pthread_mutex_unlock(&pool->mu);
+      spin(pool, new_job, seen);
+      pthread_mutex_lock(&pool->mu);
+    }
     while (!pool->shutdown && pool->generation == seen) pthread_cond_wait(&pool->work_cv, &pool->mu);
     if (pool->shutdown) break;
     seen = pool->generation;
@@ -191,6 +230,7 @@ void ttd_pool_parallel_for(ttd_pool *pool, size_t n, size_t grain, void (*fn)(vo
 
   run_chunks(fn, ctx, n, nchunks, &pool->next);
 
+  spin(pool, helpers_done, 0);
   pthread_mutex_lock(&pool->mu);
   while (pool->active > 0) pthread_cond_wait(&pool->done_cv, &pool->mu);
   pthread_mutex_unlock(&pool->mu);
