@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../daemon/tokens.h"
@@ -103,6 +104,16 @@ static tt_status connect_tcp(const char *ca, const char *cert, const char *key, 
   if (key) path(key_path, sizeof(key_path), key), o.tls_key_file = key_path;
   tt_client *c = NULL;
   tt_status st = tt_connect(tcp, &o, &c);
+  /* A loaded machine can fail the very first TCP connection attempt; gRPC then fails the
+   * call fast with UNAVAILABLE. One retry tells that apart from a refused handshake, which
+   * fails again. */
+  if (st == TT_UNAVAILABLE) {
+    tt_disconnect(c);
+    struct timespec pause = {0, 200000000};
+    nanosleep(&pause, NULL);
+    c = NULL;
+    st = tt_connect(tcp, &o, &c);
+  }
   if (st == TT_OK) {
     float data[1000];
     for (int i = 0; i < 1000; i++) data[i] = (float)i * 0.5f;

@@ -1,0 +1,181 @@
+/* Optimizers of modules: on the device (tt_step and tt_zero_grad are queued on the module
+ * and ride on its next Execute or Backward, or are sent as OptimizerStep and ZeroGrad calls
+ * with TTD_INLINE=0), or on the host (the CPU optimizer, the same kernels as the card). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../daemon/optimizer_options.h"
+#include "client_internal.h"
+#include "module_internal.h"
+
+struct tt_optimizer {
+  tt_module *module;
+  int adam;
+  Ttd__V1__SgdOptions sgd;
+  Ttd__V1__AdamOptions adam_options;
+  int on_cpu;          /* update on the host: gradients down, parameters back up */
+  float **state[2];    /* host optimizer state per parameter (made on first use) */
+  int64_t *steps;
+};
+
+tt_status tt_optimizer_on_cpu(tt_optimizer *o, int on_cpu) {
+  o->on_cpu = on_cpu != 0;
+  return TT_OK;
+}
+
+/* One parameter's update on the host, torch's rules (the same kernels the card runs). */
+static tt_status host_update(tt_optimizer *o, int i, float *param, const float *grad, int64_t n) {
+  for (int k = 0; k < (o->adam ? 2 : 1); k++) {
+    if (!o->state[k][i] && !(o->state[k][i] = calloc((size_t)(n ? n : 1), sizeof(float)))) {
+      return tt_client_fail(o->module->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+    }
+  }
+  int64_t step = ++o->steps[i];
+  if (o->adam) {
+    const Ttd__V1__AdamOptions *a = &o->adam_options;
+    ttd_adam_params p = {a->lr, a->beta1 ? a->beta1 : 0.9f, a->beta2 ? a->beta2 : 0.999f, a->eps ? a->eps : 1e-8f,
+                         a->weight_decay, a->decoupled};
+    ttd_k_adam_step(NULL, &p, step, param, grad, o->state[0][i], o->state[1][i], n);
+  } else {
+    ttd_sgd_params p = {o->sgd.lr, o->sgd.momentum, o->sgd.dampening, o->sgd.weight_decay, o->sgd.nesterov};
+    ttd_k_sgd_step(NULL, &p, step, param, grad, o->state[0][i], n);
+  }
+  return TT_OK;
+}
+
+/* The CPU optimizer: for a module on "cpu" in place; for one on a card, each parameter and
+ * its .grad come down, are updated, and the parameter goes back into the same handle. */
+static tt_status host_step(tt_optimizer *o) {
+  tt_module *m = o->module;
+  if (!m->place.is_host) TT_RETURN_IF_FAILED(tt_module_flush(m));
+  for (int i = 0; i < m->n_params; i++) {
+    tt_tensor *param = m->params[i];
+    if (param->dtype != TT_FLOAT32) {
+      return tt_client_fail(m->client, TT_INVALID_ARGUMENT, "the CPU optimizer updates float32 parameters");
+    }
+    if (m->place.is_host) {
+      if (m->host_grads[i]) TT_RETURN_IF_FAILED(host_update(o, i, param->data, m->host_grads[i]->data, (int64_t)param->numel));
+      continue;
+    }
+    if (!m->grad_handles[i]) continue; /* no .grad: skipped, as torch skips it */
+    tt_tensor *gd = tt_param_grad(m, tt_module_param_name(m, i));
+    tt_tensor *gh = gd ? tt_to(gd, "cpu") : NULL, *ph = gh ? tt_to(param, "cpu") : NULL;
+    tt_status st = ph ? host_update(o, i, ph->data, gh->data, (int64_t)param->numel) : tt_errcode(m->client);
+    if (st == TT_OK) {
+      Ttd__V1__UploadHeader header = TTD__V1__UPLOAD_HEADER__INIT;
+      header.target_case = TTD__V1__UPLOAD_HEADER__TARGET_HANDLE;
+      header.handle = param->handle;
+      Ttd__V1__UploadResponse *resp = NULL;
+      st = tt_rpc_upload(m->client, &header, ph->data, ph->nbytes, &resp);
+      if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
+    }
+    tt_tensor_free(ph);
+    tt_tensor_free(gh);
+    tt_tensor_free(gd);
+    TT_RETURN_IF_FAILED(st);
+  }
+  return TT_OK;
+}
+
+static tt_optimizer *optimizer_new(tt_module *m) {
+  tt_optimizer *o = calloc(1, sizeof(*o));
+  if (!o) return NULL;
+  o->module = m;
+  o->state[0] = calloc((size_t)m->n_params + 1, sizeof(float *));
+  o->state[1] = calloc((size_t)m->n_params + 1, sizeof(float *));
+  o->steps = calloc((size_t)m->n_params + 1, sizeof(int64_t));
+  if (!o->state[0] || !o->state[1] || !o->steps) {
+    tt_optimizer_free(o);
+    return NULL;
+  }
+  return o;
+}
+
+tt_optimizer *tt_sgd(tt_module *m, float lr, float momentum, float weight_decay, int nesterov) {
+  tt_optimizer *o = optimizer_new(m);
+  if (!o) return NULL;
+  ttd__v1__sgd_options__init(&o->sgd);
+  o->sgd.lr = lr;
+  o->sgd.momentum = momentum;
+  o->sgd.weight_decay = weight_decay;
+  o->sgd.nesterov = nesterov;
+  return o;
+}
+
+tt_optimizer *tt_adam(tt_module *m, float lr, float weight_decay, int decoupled) {
+  tt_optimizer *o = optimizer_new(m);
+  if (!o) return NULL;
+  o->adam = 1;
+  ttd__v1__adam_options__init(&o->adam_options);
+  o->adam_options.lr = lr;
+  o->adam_options.weight_decay = weight_decay;
+  o->adam_options.decoupled = decoupled;
+  return o;
+}
+
+void tt_optimizer_free(tt_optimizer *o) {
+  if (!o) return;
+  for (int k = 0; k < 2; k++) {
+    for (int i = 0; o->state[k] && i < o->module->n_params; i++) free(o->state[k][i]);
+    free(o->state[k]);
+  }
+  free(o->steps);
+  free(o);
+}
+
+/* Queues a tt_step (step 1) or tt_zero_grad (step 0) of a module on a card; it rides on the
+ * module's next Execute or Backward. What the daemon would refuse about a step (its options,
+ * a parameter's dtype) is refused now. Work that cannot follow what is queued (a second step,
+ * a step after a zeroing) sends what is queued first. */
+static tt_status defer(tt_optimizer *o, int step) {
+  tt_module *m = o->module;
+  if (step) {
+    Ttd__V1__OptimizerStepRequest req = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
+    tt_module_step_options(&req, o->adam, &o->sgd, &o->adam_options);
+    ttd_optimizer_call oc;
+    ttd_status_t s = ttd_optimizer_options_from_proto(&req, &oc);
+    for (int i = 0; !s && i < m->n_params; i++) s = ttd_optimizer_check_dtype((ttd_dtype)m->params[i]->dtype);
+    if (s) {
+      tt_status st = tt_client_fail(m->client, (tt_status)ttd_status_code(s), "%s", ttd_status_message(s));
+      ttd_status_free(s);
+      return st;
+    }
+  }
+  return tt_module_defer_work(m, step, o->adam, &o->sgd, &o->adam_options);
+}
+
+static tt_status param_rpc(tt_optimizer *o, int step) {
+  tt_module *m = o->module;
+  if (step && (o->on_cpu || m->place.is_host)) return host_step(o);
+  if (m->place.is_host) { /* zero_grad on the host */
+    for (int i = 0; i < m->n_params; i++) {
+      if (m->host_grads[i]) memset(m->host_grads[i]->data, 0, m->host_grads[i]->nbytes);
+    }
+    return TT_OK;
+  }
+  if (tt_inline_enabled(m->client)) return defer(o, step);
+  uint64_t *handles = calloc((size_t)m->n_params + 1, sizeof(uint64_t));
+  if (!handles) return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  for (int i = 0; i < m->n_params; i++) handles[i] = m->params[i]->handle;
+  ProtobufCMessage *out = NULL;
+  tt_status st;
+  if (step) {
+    Ttd__V1__OptimizerStepRequest req = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
+    req.parameters = handles;
+    req.n_parameters = (size_t)m->n_params;
+    tt_module_step_options(&req, o->adam, &o->sgd, &o->adam_options);
+    st = tt_rpc_unary(m->client, TT_RPC_OPTIMIZER_STEP, &req.base, &ttd__v1__optimizer_step_response__descriptor, &out);
+  } else {
+    Ttd__V1__ZeroGradRequest req = TTD__V1__ZERO_GRAD_REQUEST__INIT;
+    req.parameters = handles;
+    req.n_parameters = (size_t)m->n_params;
+    st = tt_rpc_unary(m->client, TT_RPC_ZERO_GRAD, &req.base, &ttd__v1__zero_grad_response__descriptor, &out);
+  }
+  if (st == TT_OK) protobuf_c_message_free_unpacked(out, NULL);
+  free(handles);
+  return st;
+}
+
+tt_status tt_step(tt_optimizer *o) { return param_rpc(o, 1); }
+tt_status tt_zero_grad(tt_optimizer *o) { return param_rpc(o, 0); }
+
