@@ -113,6 +113,8 @@ static tt_status open_session(tt_client *c, const tt_connect_options *options) {
   snprintf(c->instance_id, sizeof(c->instance_id), "%s", resp->instance_id);
   c->lease_ms = resp->lease_ms;
   c->quota_bytes = resp->quota_bytes;
+  c->shm_key[0] = resp->shm_key_hi;
+  c->shm_key[1] = resp->shm_key_lo;
   tt_shm_connect(c, resp->shm_socket, options);
   snprintf(c->tenant, sizeof(c->tenant), "%s", resp->tenant);
   protobuf_c_message_free_unpacked(out, NULL);

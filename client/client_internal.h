@@ -71,6 +71,7 @@ struct tt_client {
 
   ttd_block_cache blocks; /* large host buffers kept for reuse (without shared memory) */
   int shm_fd;              /* the side socket, or -1: no fast path */
+  uint64_t shm_key[2];     /* the session's key on it */
   pthread_mutex_t shm_lock; /* guards the segments */
   tt_shm_segment *segments;
   size_t n_segments, cap_segments;

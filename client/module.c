@@ -133,7 +133,11 @@ tt_status tt_deferred_flush_for(const tt_tensor *t) {
     n = 0;
     pthread_mutex_lock(&deferred_lock);
     for (tt_module *m = deferred_list; m && n < 64; m = m->next_queued) {
-      if (m->client == c) mods[n++] = tt_module_retain(m);
+      /* A module whose last reference is going (refs 0, about to unqueue itself) is skipped. */
+      int refs = atomic_load(&m->refs);
+      while (m->client == c && refs > 0 && !atomic_compare_exchange_weak(&m->refs, &refs, refs + 1)) {
+      }
+      if (m->client == c && refs > 0) mods[n++] = m;
     }
     pthread_mutex_unlock(&deferred_lock);
     for (int i = 0; i < n; i++) {

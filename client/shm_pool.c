@@ -6,6 +6,7 @@
  * already faulted in. The pool lives until the client's last reference goes. */
 #define _GNU_SOURCE /* memfd_create */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,7 +62,8 @@ static void unmap(tt_shm_segment *s) { munmap(s->addr, (size_t)s->size); }
 /* Gives a free segment back to the daemon and unmaps it; lock held. */
 static void release_segment(tt_client *c, size_t i) {
   tt_shm_segment *s = &c->segments[i];
-  ttd_shm_request req = {.magic = TTD_SHM_MAGIC, .op = TTD_SHM_RELEASE, .session_id = c->session_id, .segment_id = s->id};
+  ttd_shm_request req = {.magic = TTD_SHM_MAGIC, .op = TTD_SHM_RELEASE, .session_id = c->session_id, .segment_id = s->id,
+                         .key = {c->shm_key[0], c->shm_key[1]}};
   ttd_shm_reply reply;
   request(c, &req, -1, &reply); /* a closed session has dropped it already */
   unmap(s);
@@ -77,12 +79,16 @@ static tt_shm_segment *new_segment(tt_client *c, uint64_t size) {
     c->segments = grown;
     c->cap_segments = cap;
   }
-  int fd = memfd_create("ttd-tensor", MFD_CLOEXEC);
+  int fd = memfd_create("ttd-tensor", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return NULL;
   void *addr = MAP_FAILED;
-  if (ftruncate(fd, (off_t)size) == 0) addr = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  /* Sealed against shrinking: the daemon maps it too and takes only what cannot shrink. */
+  if (ftruncate(fd, (off_t)size) == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) == 0) {
+    addr = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
   ttd_shm_reply reply;
-  ttd_shm_request req = {.magic = TTD_SHM_MAGIC, .op = TTD_SHM_REGISTER, .session_id = c->session_id, .size = size};
+  ttd_shm_request req = {.magic = TTD_SHM_MAGIC, .op = TTD_SHM_REGISTER, .session_id = c->session_id, .size = size,
+                         .key = {c->shm_key[0], c->shm_key[1]}};
   int ok = addr != MAP_FAILED && request(c, &req, fd, &reply) == 0;
   close(fd); /* both mappings stay */
   if (!ok) {

@@ -46,6 +46,8 @@ ttd_status_t ttd_handle_open_session(ttd_call *call, const ProtobufCMessage *req
   resp->quota_bytes = quota;
   resp->tenant = ttd_call_strdup(call, session->tenant);
   resp->shm_socket = call->core->shm_socket;
+  resp->shm_key_hi = session->shm_key[0];
+  resp->shm_key_lo = session->shm_key[1];
   TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=open tenant=%s client=\"%s\" peer=%s quota=%" PRIu64, session->id,
           session->tenant, session->client_name, session->peer, quota);
   ttd_session_release(session);

@@ -137,6 +137,8 @@ static ttd_status_t backward(ttd_call *call, const ProtobufCMessage *request, Pr
     resp->parameter_grads[i] = ttd_tensor_info_to_proto(call, handle, &spec);
     if (!resp->parameter_grads[i]) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   }
+  /* The chained step before input gradients get handles: if it fails, none is left behind. */
+  if (!status) status = ttd_parameter_work_run(call, req->after, "after this Backward", reached, (size_t)p->n_params);
   if (!status && req->input_grads) {
     resp->n_input_grads = (size_t)p->n_inputs;
     resp->input_grads = ttd_call_alloc(call, sizeof(void *) * (size_t)(p->n_inputs + 1));
@@ -149,7 +151,6 @@ static ttd_status_t backward(ttd_call *call, const ProtobufCMessage *request, Pr
       if (!resp->input_grads[i]) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
     }
   }
-  if (!status) status = ttd_parameter_work_run(call, req->after, "after this Backward", reached, (size_t)p->n_params);
   for (int i = 0; out_grads && i < p->n_outputs; i++) ttd_tensor_release(out_grads[i]);
   for (int i = 0; param_grads && i < p->n_params; i++) ttd_tensor_release(param_grads[i]);
   for (int i = 0; input_grads && i < p->n_inputs; i++) ttd_tensor_release(input_grads[i]);

@@ -200,6 +200,7 @@ int main(int argc, char **argv) {
   /* The loop and the shared-memory side socket come before the server: OpenSession names
    * the side socket from its first call on. */
   struct event_base *base = event_base_new();
+  if (!status && !base) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot create the event loop");
   ttd_shm_listener *shm = NULL;
   if (!status) shm = start_shm_listener(base, core, &config);
   if (!status) status = ttd_server_start(core, (const char *const *)config.listen, config.listen_count,
@@ -209,7 +210,7 @@ int main(int argc, char **argv) {
     ttd_status_free(status);
     ttd_shm_listener_stop(shm);
     ttd_core_destroy(core);
-    event_base_free(base);
+    if (base) event_base_free(base);
     grpc_shutdown();
     ttd_config_clear(&config);
     return 1;

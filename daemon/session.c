@@ -35,6 +35,8 @@ ttd_session *ttd_session_create(uint64_t id, const ttd_session_params *params, i
   snprintf(s->tenant, sizeof(s->tenant), "%s", params->tenant ? params->tenant : "");
   snprintf(s->peer, sizeof(s->peer), "%s", params->peer ? params->peer : "");
   s->quota_asked = params->quota_asked;
+  s->shm_key[0] = ttd_random_u64();
+  s->shm_key[1] = ttd_random_u64();
   s->opened_ms = now_ms;
   atomic_init(&s->last_seen_ms, now_ms);
   pthread_mutex_init(&s->lock, NULL);
@@ -106,6 +108,11 @@ static ttd_status_t add_object(ttd_session *session, ttd_handle_map *map, void *
   return status;
 }
 
+bool ttd_session_shm_key_matches(const ttd_session *session, const uint64_t key[2]) {
+  uint64_t diff = (session->shm_key[0] ^ key[0]) | (session->shm_key[1] ^ key[1]);
+  return diff == 0;
+}
+
 ttd_status_t ttd_session_segment_add(ttd_session *session, ttd_shm_segment *segment, uid_t uid, uint64_t *out_id) {
   *out_id = 0;
   ttd_status_t status = TTD_OK;
@@ -116,13 +123,20 @@ ttd_status_t ttd_session_segment_add(ttd_session *session, ttd_shm_segment *segm
     status = ttd_make_status(GRPC_STATUS_PERMISSION_DENIED,
                              "session %016" PRIx64 " has segments of uid %u; uid %u cannot add to them", session->id,
                              (unsigned)session->segments_uid, (unsigned)uid);
+  } else if (segment->size > TTD_SHM_MAX_SESSION_BYTES - session->segments_bytes) {
+    status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                             "session %016" PRIx64 " would map more than %llu bytes of shared memory; release "
+                             "segments first", session->id, (unsigned long long)TTD_SHM_MAX_SESSION_BYTES);
   } else if (session->segments.count >= TTD_SHM_MAX_SEGMENTS) {
     status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
                              "session %016" PRIx64 " already has %d shared-memory segments; release some", session->id,
                              TTD_SHM_MAX_SEGMENTS);
   } else {
     status = add_locked(session, &session->segments, segment, 0, out_id);
-    if (!status) session->segments_uid = uid;
+    if (!status) {
+      session->segments_uid = uid;
+      session->segments_bytes += segment->size;
+    }
   }
   pthread_mutex_unlock(&session->lock);
   return status;
@@ -139,10 +153,16 @@ ttd_status_t ttd_session_segment_lookup(ttd_session *session, uint64_t id, ttd_s
                          "shared-memory segment 0x%016" PRIx64 " is not registered in this session", id);
 }
 
-ttd_status_t ttd_session_segment_remove(ttd_session *session, uint64_t id) {
+ttd_status_t ttd_session_segment_remove(ttd_session *session, uint64_t id, uid_t uid) {
   pthread_mutex_lock(&session->lock);
-  ttd_shm_segment *s = ttd_handle_map_remove(&session->segments, id);
+  bool other = session->segments.count && session->segments_uid != uid;
+  ttd_shm_segment *s = other ? NULL : ttd_handle_map_remove(&session->segments, id);
+  if (s) session->segments_bytes -= s->size;
   pthread_mutex_unlock(&session->lock);
+  if (other) {
+    return ttd_make_status(GRPC_STATUS_PERMISSION_DENIED, "the session's segments belong to uid %u, not %u",
+                           (unsigned)session->segments_uid, (unsigned)uid);
+  }
   if (!s) {
     return ttd_make_status(GRPC_STATUS_NOT_FOUND,
                            "shared-memory segment 0x%016" PRIx64 " is not registered in this session", id);

@@ -38,6 +38,8 @@ typedef struct ttd_session {
   ttd_handle_map runs;          /* handle -> ttd_run* kept for Backward (owned) */
   ttd_handle_map segments;      /* id -> ttd_shm_segment* (one reference each) */
   uid_t segments_uid;           /* every segment comes from this user (SO_PEERCRED) */
+  uint64_t segments_bytes;      /* mapped by its segments */
+  uint64_t shm_key[2];          /* random; side-socket requests must carry it */
 } ttd_session;
 
 /* Who opens a session and what it asks for. */
@@ -97,16 +99,21 @@ ttd_status_t ttd_session_run_put_back(ttd_session *session, uint64_t handle, str
 /* Marks the session closed and drops every tensor. Idempotent. */
 void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *out_bytes);
 
+/* Whether key is the session's side-socket key (constant time). */
+bool ttd_session_shm_key_matches(const ttd_session *session, const uint64_t key[2]);
+
 /* Adds a registered segment under a new id (the session takes its reference on success).
- * FAILED_PRECONDITION when closed, RESOURCE_EXHAUSTED past TTD_SHM_MAX_SEGMENTS,
- * PERMISSION_DENIED when uid differs from the session's earlier segments'. */
+ * FAILED_PRECONDITION when closed, RESOURCE_EXHAUSTED past TTD_SHM_MAX_SEGMENTS segments or
+ * TTD_SHM_MAX_SESSION_BYTES, PERMISSION_DENIED when uid differs from the session's earlier
+ * segments'. */
 ttd_status_t ttd_session_segment_add(ttd_session *session, ttd_shm_segment *segment, uid_t uid, uint64_t *out_id);
 
 /* A new reference to the segment under id, or NOT_FOUND. */
 ttd_status_t ttd_session_segment_lookup(ttd_session *session, uint64_t id, ttd_shm_segment **out_segment);
 
-/* Drops the session's reference (calls using it keep theirs); NOT_FOUND if unknown. */
-ttd_status_t ttd_session_segment_remove(ttd_session *session, uint64_t id);
+/* Drops the session's reference (calls using it keep theirs); NOT_FOUND if unknown,
+ * PERMISSION_DENIED for another uid than the segments'. */
+ttd_status_t ttd_session_segment_remove(ttd_session *session, uint64_t id, uid_t uid);
 
 /* The message every unknown handle gets, so that all unknown handles look identical. */
 ttd_status_t ttd_session_handle_not_found(uint64_t handle);

@@ -53,6 +53,13 @@ static void handle_request(connection *c, const ttd_shm_request *req, int fd, tt
     status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "not a ttd shared-memory request (bad magic)");
   } else {
     status = ttd_session_table_lookup(&c->owner->core->sessions, req->session_id, NULL, ttd_now_ms(), &session);
+    if (!status && !ttd_session_shm_key_matches(session, req->key)) {
+      ttd_session_release(session);
+      session = NULL;
+      /* the same answer as an unknown session: the id alone reveals nothing */
+      status = ttd_make_status(GRPC_STATUS_NOT_FOUND, "session %016" PRIx64 " is not open, or the key is not its "
+                               "shm_key from OpenSession", req->session_id);
+    }
   }
   if (!status && req->op == TTD_SHM_REGISTER) {
     ttd_shm_segment *segment = NULL;
@@ -67,7 +74,7 @@ static void handle_request(connection *c, const ttd_shm_request *req, int fd, tt
               " uid=%u pid=%d", session->id, reply->segment_id, req->size, (unsigned)c->peer.uid, (int)c->peer.pid);
     }
   } else if (!status && req->op == TTD_SHM_RELEASE) {
-    status = ttd_session_segment_remove(session, req->segment_id);
+    status = ttd_session_segment_remove(session, req->segment_id, c->peer.uid);
   } else if (!status) {
     status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "unknown shared-memory request %u", req->op);
   }
@@ -86,6 +93,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg) {
   struct iovec iov = {&req, sizeof(req)};
   struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof(control)};
   ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return;
   if (n <= 0) { /* the client went away */
     close_connection(c);
     return;
@@ -117,6 +125,12 @@ static void on_accept(evutil_socket_t fd, short what, void *arg) {
   ttd_shm_listener *l = arg;
   int cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (cfd < 0) return;
+  int open = 0;
+  for (connection *k = l->connections; k; k = k->next) open++;
+  if (open >= TTD_SHM_MAX_CONNECTIONS) { /* descriptors are finite: later clients use gRPC */
+    close(cfd);
+    return;
+  }
   connection *c = calloc(1, sizeof(*c));
   socklen_t len = sizeof(struct ucred);
   if (!c || getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &c->peer, &len) != 0 ||

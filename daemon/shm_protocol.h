@@ -10,6 +10,8 @@
 
 #define TTD_SHM_MAGIC 0x31535454u /* "TTS1" */
 #define TTD_SHM_MAX_SEGMENTS 1024 /* per session */
+#define TTD_SHM_MAX_SESSION_BYTES (64ull << 30) /* mapped per session, at most */
+#define TTD_SHM_MAX_CONNECTIONS 1024
 
 enum { TTD_SHM_REGISTER = 1, TTD_SHM_RELEASE = 2 };
 
@@ -19,6 +21,7 @@ typedef struct ttd_shm_request {
   uint64_t session_id;
   uint64_t segment_id; /* RELEASE: which */
   uint64_t size;       /* REGISTER: bytes to map (at most the memfd's size) */
+  uint64_t key[2];     /* the session's shm_key from OpenSession: a session id alone is not enough */
 } ttd_shm_request;
 
 typedef struct ttd_shm_reply {

@@ -1,6 +1,8 @@
+#define _GNU_SOURCE /* F_GET_SEALS, F_SEAL_SHRINK */
 #include "shm_segment.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +14,14 @@ ttd_status_t ttd_shm_segment_map(int fd, uint64_t size, ttd_shm_segment **out_se
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "the segment's fd is not a memfd or regular file");
+  }
+  /* A segment that could shrink under a mapping would fault (SIGBUS) the daemon's copy: only
+   * memfds sealed against shrinking are taken (files on disk or FUSE cannot be sealed). */
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "the segment must be a memfd sealed against shrinking: memfd_create with "
+                           "MFD_ALLOW_SEALING, then fcntl(F_ADD_SEALS, F_SEAL_SHRINK)");
   }
   if (size == 0 || (uint64_t)st.st_size < size) {
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,

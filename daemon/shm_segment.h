@@ -18,7 +18,7 @@ typedef struct ttd_shm_segment {
 } ttd_shm_segment;
 
 /* Maps size bytes of the memfd fd (shared, read-write). INVALID_ARGUMENT when fd is not a
- * regular file/memfd of at least size bytes. The fd stays the caller's. */
+ * memfd sealed with F_SEAL_SHRINK of at least size bytes. The fd stays the caller's. */
 ttd_status_t ttd_shm_segment_map(int fd, uint64_t size, ttd_shm_segment **out_segment);
 
 ttd_shm_segment *ttd_shm_segment_retain(ttd_shm_segment *segment);

@@ -10,6 +10,7 @@ typedef struct cursor {
   grpc_slice slice;
   bool have;
   size_t pos;
+  uint64_t left; /* bytes of the message not read yet */
 } cursor;
 
 /* The current slice with bytes left, advancing through the buffer; 0 at the end. */
@@ -27,6 +28,7 @@ static int current(cursor *c) {
 static int read_byte(cursor *c, uint8_t *out) {
   if (!current(c)) return -1;
   *out = GRPC_SLICE_START_PTR(c->slice)[c->pos++];
+  c->left--;
   return 0;
 }
 
@@ -47,6 +49,7 @@ static int read_varint(cursor *c, uint64_t *out) {
 int ttd_wire_walk(grpc_byte_buffer *bb, const ttd_wire_visitor *visitor, void *ctx) {
   cursor c = {0};
   if (!grpc_byte_buffer_reader_init(&c.reader, bb)) return -1;
+  c.left = grpc_byte_buffer_length(bb);
   int rc = 0;
   while (rc == 0) {
     if (!current(&c)) break; /* a clean end between fields */
@@ -56,7 +59,7 @@ int ttd_wire_walk(grpc_byte_buffer *bb, const ttd_wire_visitor *visitor, void *c
       break;
     }
     uint32_t field = (uint32_t)(key >> 3), type = (uint32_t)(key & 7);
-    if (field == 0) {
+    if (field == 0 || key >> 3 > 0x1fffffff) { /* field numbers end at 2^29 - 1 */
       rc = -1;
     } else if (type == 0) {
       uint64_t v;
@@ -75,6 +78,10 @@ int ttd_wire_walk(grpc_byte_buffer *bb, const ttd_wire_visitor *visitor, void *c
         rc = -1;
         break;
       }
+      if (total > c.left) { /* a length past the message's end: truncated or garbage */
+        rc = -1;
+        break;
+      }
       uint64_t at = 0;
       if (total == 0 && visitor->bytes) rc = visitor->bytes(ctx, field, NULL, 0, 0, 0);
       while (rc == 0 && at < total) {
@@ -86,6 +93,7 @@ int ttd_wire_walk(grpc_byte_buffer *bb, const ttd_wire_visitor *visitor, void *c
         size_t n = total - at < avail ? (size_t)(total - at) : avail;
         if (visitor->bytes) rc = visitor->bytes(ctx, field, GRPC_SLICE_START_PTR(c.slice) + c.pos, n, at, total);
         c.pos += n;
+        c.left -= n;
         at += n;
       }
     } else {

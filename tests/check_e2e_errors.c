@@ -273,6 +273,19 @@ START_TEST(test_bad_upload_streams) {
   raw_stream(proc.target, "/ttd.v1.Device/Upload", md(), garbage, glen, 1, 0, &r);
   ck_assert_int_eq(r.code, 3);
   raw_result_free(&r);
+  /* Lengths and field numbers that lie: a header "2^63 bytes long", a key whose field number
+   * overflows 32 bits into field 2 (data). Both are read as garbage, not as a huge
+   * allocation or as data. */
+  static const unsigned char huge[] = {0x0a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0x01};
+  static const unsigned char alias[] = {0x92, 0x80, 0x80, 0x80, 0x80, 0x02, 0x01, 0x00};
+  const void *liars[2] = {huge, alias};
+  size_t liar_lens[2] = {sizeof(huge), sizeof(alias)};
+  for (int i = 0; i < 2; i++) {
+    raw_stream(proc.target, "/ttd.v1.Device/Upload", md(), &liars[i], &liar_lens[i], 1, 0, &r);
+    ck_assert_msg(r.code == 3 && strstr(r.details, "not a valid ttd.v1.UploadRequest"), "%d: %d %s", i, r.code,
+                  r.details);
+    raw_result_free(&r);
+  }
 }
 END_TEST
 

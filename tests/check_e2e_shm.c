@@ -4,6 +4,7 @@
  * by TTD_SHM=0, and refuse bad segments and ranges with precise errors. */
 #define _GNU_SOURCE /* memfd_create */
 #include <check.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,29 +119,60 @@ static ttd_shm_reply side_request(int sock, ttd_shm_request req, int fd) {
   return reply;
 }
 
+/* Opens a session with raw calls and returns its id and side-socket key. */
+static void open_session_with_key(char session[17], uint64_t key[2]) {
+  Ttd__V1__OpenSessionRequest req = TTD__V1__OPEN_SESSION_REQUEST__INIT;
+  req.protocol_version = 1;
+  uint8_t buf[64];
+  raw_result r;
+  raw_call(proc.target, "/ttd.v1.Device/OpenSession", (raw_md){0}, buf, ttd__v1__open_session_request__pack(&req, buf), &r);
+  ck_assert_int_eq(r.code, 0);
+  Ttd__V1__OpenSessionResponse *resp = ttd__v1__open_session_response__unpack(NULL, r.body_len, r.body);
+  snprintf(session, 17, "%016llx", (unsigned long long)resp->session_id);
+  key[0] = resp->shm_key_hi;
+  key[1] = resp->shm_key_lo;
+  ck_assert(key[0] || key[1]);
+  ttd__v1__open_session_response__free_unpacked(resp, NULL);
+  raw_result_free(&r);
+}
+
 /* The side socket and the shm fields refuse what is wrong, precisely, and keep serving. */
 START_TEST(test_bad_segments_and_ranges) {
-  char session[17], instance[40];
-  raw_open_session(proc.target, session, instance);
+  char session[17];
+  uint64_t key[2];
+  open_session_with_key(session, key);
   uint64_t sid = strtoull(session, NULL, 16);
   int sock = side_socket();
-  int memfd = memfd_create("t", MFD_CLOEXEC);
+  /* A memfd that could shrink under the daemon's mapping is refused; a sealed one cannot. */
+  int loose = memfd_create("t", MFD_CLOEXEC);
+  ck_assert_int_eq(ftruncate(loose, 1 << 20), 0);
+  ttd_shm_reply r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 4096, {key[0], key[1]}}, loose);
+  ck_assert_int_eq(r.code, 3);
+  ck_assert_ptr_nonnull(strstr(r.message, "sealed against shrinking"));
+  close(loose);
+  int memfd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ck_assert_int_eq(ftruncate(memfd, 1 << 20), 0);
+  ck_assert_int_eq(fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  ck_assert_int_eq(ftruncate(memfd, 0), -1);
+  /* The session id alone is not enough: the key from OpenSession must come with it. */
+  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 4096, {key[0], key[1] ^ 1}}, memfd);
+  ck_assert_int_eq(r.code, 5);
+  ck_assert_ptr_nonnull(strstr(r.message, "shm_key"));
 
-  ttd_shm_reply r = side_request(sock, (ttd_shm_request){.magic = 0x1234, .op = TTD_SHM_REGISTER}, -1);
+  r = side_request(sock, (ttd_shm_request){.magic = 0x1234, .op = TTD_SHM_REGISTER, .key = {key[0], key[1]}}, -1);
   ck_assert_int_eq(r.code, 3);
   ck_assert_ptr_nonnull(strstr(r.message, "bad magic"));
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, 0x1234, 0, 4096}, memfd);
+  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, 0x1234, 0, 4096, {key[0], key[1]}}, memfd);
   ck_assert_int_eq(r.code, 5); /* no such session */
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 4096}, -1);
+  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 4096, {key[0], key[1]}}, -1);
   ck_assert_int_eq(r.code, 3);
   ck_assert_ptr_nonnull(strstr(r.message, "needs the memfd attached"));
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 2 << 20}, memfd);
+  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 2 << 20, {key[0], key[1]}}, memfd);
   ck_assert_int_eq(r.code, 3);
   ck_assert_ptr_nonnull(strstr(r.message, "ftruncate"));
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, 9, sid, 0, 0}, -1);
+  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, 9, sid, 0, 0, {key[0], key[1]}}, -1);
   ck_assert_int_eq(r.code, 3);
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 1 << 20}, memfd);
+  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 1 << 20, {key[0], key[1]}}, memfd);
   ck_assert_int_eq(r.code, 0);
   uint64_t segment = r.segment_id;
   ck_assert_uint_ne(segment, 0);
@@ -201,14 +233,14 @@ START_TEST(test_bad_segments_and_ranges) {
   raw_expect(proc.target, "/ttd.v1.Device/Download", &dl.base, (raw_md){.session = session}, 3, "lies outside");
 
   /* Released: gone for later calls; releasing twice is NOT_FOUND. */
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_RELEASE, sid, segment, 0}, -1);
+  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_RELEASE, sid, segment, 0, {key[0], key[1]}}, -1);
   ck_assert_int_eq(r.code, 0);
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_RELEASE, sid, segment, 0}, -1);
+  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_RELEASE, sid, segment, 0, {key[0], key[1]}}, -1);
   ck_assert_int_eq(r.code, 5);
   range.offset = 0;
   raw_expect(proc.target, "/ttd.v1.Device/Download", &dl.base, (raw_md){.session = session}, 5, "not registered");
   /* Another session cannot use a segment of this one. */
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 1 << 20}, memfd);
+  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 1 << 20, {key[0], key[1]}}, memfd);
   ck_assert_int_eq(r.code, 0);
   char other[17], other_instance[40];
   raw_open_session(proc.target, other, other_instance);
