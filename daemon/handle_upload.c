@@ -170,7 +170,7 @@ static int on_bytes(void *ctx, uint32_t field, const uint8_t *data, size_t len, 
         return 1;
       }
     }
-    ttd_wire_gather(w->header, data, len, at);
+    if (len) memcpy(w->header + at, data, len); /* the header may span slices */
     if (at + len < total) return 0;
     Ttd__V1__UploadHeader *header = ttd__v1__upload_header__unpack(NULL, w->header_len, w->header);
     if (!header) {

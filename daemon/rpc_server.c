@@ -223,10 +223,10 @@ static ttd_status_t pack_message(const ProtobufCMessage *msg, grpc_byte_buffer *
   return TTD_OK;
 }
 
-/* Unpacks a received byte buffer. With the arena (stream == false) the message lives with
- * the call; otherwise the caller frees it with protobuf_c_message_free_unpacked. */
+/* Unpacks a unary call's request into the call's arena: it lives with the call. (Stream
+ * messages are walked in place by their handlers: wire_frame.h.) */
 static ttd_status_t unpack_message(ttd_call *c, grpc_byte_buffer *buffer, const ProtobufCMessageDescriptor *desc,
-                                   bool use_arena, ProtobufCMessage **out) {
+                                   ProtobufCMessage **out) {
   *out = NULL;
   grpc_byte_buffer_reader reader;
   if (!grpc_byte_buffer_reader_init(&reader, buffer)) {
@@ -236,7 +236,7 @@ static ttd_status_t unpack_message(ttd_call *c, grpc_byte_buffer *buffer, const 
   grpc_slice flat = grpc_byte_buffer_reader_readall(&reader);
   grpc_byte_buffer_reader_destroy(&reader);
   size_t len = GRPC_SLICE_LENGTH(flat);
-  *out = protobuf_c_message_unpack(desc, use_arena ? &c->allocator : NULL, len, GRPC_SLICE_START_PTR(flat));
+  *out = protobuf_c_message_unpack(desc, &c->allocator, len, GRPC_SLICE_START_PTR(flat));
   grpc_slice_unref(flat);
   if (!*out) {
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
@@ -356,7 +356,7 @@ static void on_call_arrived(ttd_call *c) {
       finish(c, NULL, ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "%s needs a request message, got none", m->path));
       return;
     }
-    status = unpack_message(c, c->received, m->request, true, &request);
+    status = unpack_message(c, c->received, m->request, &request);
     grpc_byte_buffer_destroy(c->received);
     c->received = NULL;
   }

@@ -12,7 +12,6 @@ typedef struct lane {
 } lane;
 
 typedef struct device_queue {
-  ttd_scheduler *owner;
   pthread_t thread;
   bool started;
   pthread_mutex_t lock;
@@ -81,7 +80,6 @@ ttd_status_t ttd_scheduler_create(int devices, ttd_scheduler **out_scheduler) {
   s->devices = devices;
   for (int d = 0; d < devices; d++) {
     device_queue *q = &s->queues[d];
-    q->owner = s;
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->wake, NULL);
   }

@@ -2,7 +2,6 @@
 
 #include <grpc/byte_buffer_reader.h>
 #include <stdbool.h>
-#include <string.h>
 
 /* A read position over the slices of a byte buffer. */
 typedef struct cursor {
@@ -127,8 +126,4 @@ grpc_byte_buffer *ttd_wire_frame(const ProtobufCMessage *head, uint32_t field, g
   grpc_slice_unref(first);
   grpc_slice_unref(data);
   return bb;
-}
-
-void ttd_wire_gather(uint8_t *buf, const uint8_t *data, size_t len, uint64_t at) {
-  if (len) memcpy(buf + at, data, len);
 }

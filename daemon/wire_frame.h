@@ -30,8 +30,4 @@ int ttd_wire_walk(grpc_byte_buffer *bb, const ttd_wire_visitor *visitor, void *c
  * bytes holding data. Takes the caller's reference to data. */
 grpc_byte_buffer *ttd_wire_frame(const ProtobufCMessage *head, uint32_t field, grpc_slice data);
 
-/* Gathers a length-delimited field reported in parts into buf (total bytes; the caller
- * allocates it when at == 0). */
-void ttd_wire_gather(uint8_t *buf, const uint8_t *data, size_t len, uint64_t at);
-
 #endif

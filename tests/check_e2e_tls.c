@@ -3,14 +3,11 @@
  * mode 0660 with a configurable group. Certificates are made for each run with the
  * openssl command: a CA, a server certificate for 127.0.0.1 and localhost, a client
  * certificate from the CA, and a client certificate from an unrelated CA. */
-#include <arpa/inet.h>
 #include <check.h>
 #include <grp.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
