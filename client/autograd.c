@@ -319,7 +319,7 @@ static tt_status backward_grads_fill(tt_run_ref *ref, backward_grads *g, Ttd__V1
       g->wire_ptrs[i] = &g->wires[i];
     } else if (fast) {
       TT_RETURN_IF_FAILED(tt_inline_upload(c, &place, TT_FLOAT32, g->shapes[i], ndim, ref->output_grads[i],
-                                           numel * sizeof(float), &g->handles[i]));
+                                           numel * sizeof(float), 0, &g->handles[i]));
       req->free = g->handles; /* freed by the Backward that uses them */
     } else {
       tt_tensor *host = tt_tensor_from_host(c, ref->output_grads[i], TT_FLOAT32, g->shapes[i], ndim);

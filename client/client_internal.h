@@ -48,6 +48,9 @@ typedef struct tt_shm_segment {
 } tt_shm_segment;
 
 #define TT_SHM_MIN_BYTES (256u << 10) /* smaller host tensors stay in malloc memory */
+/* Deferred device tensors from this size travel by shared memory instead of inside the call:
+ * the segment is reused step after step, so a copy less and no bytes through gRPC. */
+#define TT_SHM_INLINE_MIN_BYTES (32u << 10)
 
 struct tt_client {
   atomic_int refs;      /* the user's, plus one per live tensor */
@@ -120,6 +123,7 @@ struct tt_tensor {
   int param;                 /* a module's parameter: reading it sends queued parameter work first */
   void *host_copy;           /* device tensors: their bytes on the host (inline.c). With handle 0 the
                               * tensor is deferred: it travels inline or is uploaded when needed */
+  uint64_t host_copy_segment; /* host_copy lies in this shared-memory segment (offset 0), or 0 */
 };
 
 /* A daemon run kept for Backward, shared by the outputs of one training forward. */
@@ -182,11 +186,22 @@ tt_status tt_tensor_materialize(tt_tensor *tensor);
 tt_tensor *tt_inline_to_host(tt_tensor *src, tt_dtype dtype);
 
 /* Fills wire and spec (and device, 16 bytes) to send tensor's host copy inline. */
-void tt_inline_fill(Ttd__V1__InlineTensor *wire, Ttd__V1__TensorSpec *spec, char *device, const tt_tensor *tensor);
+/* One inline tensor of a request, with the storage its message points into. */
+typedef struct tt_inline_wire {
+  Ttd__V1__InlineTensor wire;
+  Ttd__V1__TensorSpec spec;
+  Ttd__V1__ShmRange range;
+  char device[16];
+} tt_inline_wire;
+void tt_inline_fill(tt_inline_wire *w, const tt_tensor *tensor);
 
-/* Uploads bytes of dtype and shape to place as a new tensor; *out_handle its handle. */
+/* Frees a device tensor's host copy (malloc or shared memory). */
+void tt_inline_host_copy_free(tt_tensor *tensor);
+
+/* Uploads bytes of dtype and shape to place as a new tensor; *out_handle its handle. With a
+ * segment, data is that shared-memory segment's start and the daemon reads it there. */
 tt_status tt_inline_upload(tt_client *client, const tt_place *place, tt_dtype dtype, const int64_t *shape, int ndim,
-                           const void *data, uint64_t nbytes, uint64_t *out_handle);
+                           const void *data, uint64_t nbytes, uint64_t segment, uint64_t *out_handle);
 
 /* tt_step and tt_zero_grad of a module on a card are queued on the module and ride on its
  * next Execute or Backward (ParameterWork before). This moves them into work (which owns the
@@ -243,9 +258,9 @@ tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, v
 
 /* The same-host fast path (shm_pool.c). connect: after OpenSession, when the daemon named
  * a side socket and the target is local (silently none otherwise). alloc: bytes in a
- * registered segment, or NULL (use malloc) for small sizes or without the fast path. */
+ * registered segment, or NULL (use malloc) below min_bytes or without the fast path. */
 void tt_shm_connect(tt_client *client, const char *path, const tt_connect_options *options);
-void *tt_shm_alloc(tt_client *client, uint64_t bytes, uint64_t *out_segment);
+void *tt_shm_alloc(tt_client *client, uint64_t bytes, uint64_t min_bytes, uint64_t *out_segment);
 void tt_shm_free(tt_client *client, void *addr);
 void tt_shm_destroy(tt_client *client);
 

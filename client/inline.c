@@ -31,7 +31,8 @@ int tt_inline_defer_wanted(tt_client *c, const tt_place *place, uint64_t nbytes)
 tt_tensor *tt_inline_defer(tt_tensor *src, const tt_place *place, tt_dtype dtype) {
   tt_tensor *t = tt_tensor_like(src, place, dtype);
   if (!t) return NULL;
-  t->host_copy = malloc(t->nbytes ? (size_t)t->nbytes : 1);
+  t->host_copy = tt_shm_alloc(src->client, t->nbytes, TT_SHM_INLINE_MIN_BYTES, &t->host_copy_segment);
+  if (!t->host_copy) t->host_copy = malloc(t->nbytes ? (size_t)t->nbytes : 1);
   if (!t->host_copy) {
     tt_client_fail(src->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
     tt_tensor_free(t);
@@ -43,7 +44,7 @@ tt_tensor *tt_inline_defer(tt_tensor *src, const tt_place *place, tt_dtype dtype
 }
 
 tt_status tt_inline_upload(tt_client *c, const tt_place *place, tt_dtype dtype, const int64_t *shape, int ndim,
-                           const void *data, uint64_t nbytes, uint64_t *out_handle) {
+                           const void *data, uint64_t nbytes, uint64_t segment, uint64_t *out_handle) {
   *out_handle = 0;
   char device[16];
   snprintf(device, sizeof(device), "tt:%d", place->device);
@@ -57,6 +58,14 @@ tt_status tt_inline_upload(tt_client *c, const tt_place *place, tt_dtype dtype, 
   header.target_case = TTD__V1__UPLOAD_HEADER__TARGET_SPEC;
   header.spec = &spec;
   header.source_dtype = (Ttd__V1__DType)dtype;
+  Ttd__V1__ShmRange shm = TTD__V1__SHM_RANGE__INIT;
+  if (segment) { /* same host: the daemon copies straight from the segment */
+    shm.segment = segment;
+    shm.length = nbytes;
+    header.shm = &shm;
+    data = NULL;
+    nbytes = 0;
+  }
   Ttd__V1__UploadResponse *resp = NULL;
   TT_RETURN_IF_FAILED(tt_rpc_upload(c, &header, data, nbytes, &resp));
   *out_handle = resp->tensor ? resp->tensor->handle : 0;
@@ -70,7 +79,8 @@ tt_status tt_tensor_materialize(tt_tensor *t) {
   tt_status st = TT_OK;
   if (!t->handle) {
     uint64_t handle = 0;
-    st = tt_inline_upload(t->client, &t->place, t->dtype, t->shape, t->ndim, t->host_copy, t->nbytes, &handle);
+    st = tt_inline_upload(t->client, &t->place, t->dtype, t->shape, t->ndim, t->host_copy, t->nbytes,
+                          t->host_copy_segment, &handle);
     t->handle = handle; /* the host copy stays: the device bytes never change */
   }
   pthread_mutex_unlock(&materialize_lock);
@@ -85,15 +95,30 @@ tt_tensor *tt_inline_to_host(tt_tensor *src, tt_dtype dtype) {
   return t;
 }
 
-void tt_inline_fill(Ttd__V1__InlineTensor *wire, Ttd__V1__TensorSpec *spec, char *device, const tt_tensor *t) {
+void tt_inline_host_copy_free(tt_tensor *t) {
+  if (t->host_copy_segment) tt_shm_free(t->client, t->host_copy);
+  else free(t->host_copy);
+  t->host_copy = NULL;
+  t->host_copy_segment = 0;
+}
+
+void tt_inline_fill(tt_inline_wire *w, const tt_tensor *t) {
+  Ttd__V1__InlineTensor *wire = &w->wire;
   ttd__v1__inline_tensor__init(wire);
-  ttd__v1__tensor_spec__init(spec);
-  snprintf(device, 16, "tt:%d", t->place.device);
-  spec->dtype = (Ttd__V1__DType)t->dtype;
-  spec->n_shape = (size_t)t->ndim;
-  spec->shape = (int64_t *)t->shape;
-  spec->device = device;
-  wire->spec = spec;
+  ttd__v1__tensor_spec__init(&w->spec);
+  snprintf(w->device, sizeof(w->device), "tt:%d", t->place.device);
+  w->spec.dtype = (Ttd__V1__DType)t->dtype;
+  w->spec.n_shape = (size_t)t->ndim;
+  w->spec.shape = (int64_t *)t->shape;
+  w->spec.device = w->device;
+  wire->spec = &w->spec;
+  if (t->host_copy_segment) { /* the daemon reads the bytes where they are */
+    ttd__v1__shm_range__init(&w->range);
+    w->range.segment = t->host_copy_segment;
+    w->range.length = t->nbytes;
+    wire->shm = &w->range;
+    return;
+  }
   wire->data.data = t->host_copy;
   wire->data.len = (size_t)t->nbytes;
 }

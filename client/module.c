@@ -347,8 +347,7 @@ static tt_tensor *place_param(tt_tensor *t) {
     return NULL;
   }
   if (!t->place.is_host && atomic_load(&t->refs) == 1) {
-    free(t->host_copy);
-    t->host_copy = NULL;
+    tt_inline_host_copy_free(t);
   }
   t->param = 1;
   return t;
@@ -575,11 +574,10 @@ static uint64_t outputs_nbytes(const tt_module *m) {
 }
 
 /* Execute's inputs: handles, or deferred tensors sent inline (uploaded instead when together
- * they would pass the inline limit). in[i] is 0 for inline input i; wires/specs/devices hold
- * the inline ones in order. */
-static tt_status execute_inputs(tt_module *m, tt_tensor *const *inputs, int n, uint64_t *in, Ttd__V1__InlineTensor *wires,
-                                Ttd__V1__InlineTensor **wire_ptrs, Ttd__V1__TensorSpec *specs, char (*devices)[16],
-                                size_t *out_n_inline) {
+ * they would pass the inline limit). in[i] is 0 for inline input i; wires hold the inline
+ * ones in order. */
+static tt_status execute_inputs(tt_tensor *const *inputs, int n, uint64_t *in, tt_inline_wire *wires,
+                                Ttd__V1__InlineTensor **wire_ptrs, size_t *out_n_inline) {
   *out_n_inline = 0;
   uint64_t inline_bytes = 0;
   for (int i = 0; i < n; i++) {
@@ -591,8 +589,8 @@ static tt_status execute_inputs(tt_module *m, tt_tensor *const *inputs, int n, u
     in[i] = t->handle;
     if (in[i]) continue;
     size_t k = (*out_n_inline)++;
-    tt_inline_fill(&wires[k], &specs[k], devices[k], t);
-    wire_ptrs[k] = &wires[k];
+    tt_inline_fill(&wires[k], t);
+    wire_ptrs[k] = &wires[k].wire;
   }
   return TT_OK;
 }
@@ -601,16 +599,15 @@ static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_in
   TT_RETURN_IF_FAILED(ensure_program(m));
   size_t n = (size_t)n_inputs + 1;
   uint64_t *in = calloc(n, sizeof(uint64_t)), *par = calloc((size_t)m->n_params + 1, sizeof(uint64_t));
-  Ttd__V1__InlineTensor *wires = calloc(n, sizeof(*wires)), **wire_ptrs = calloc(n, sizeof(*wire_ptrs));
-  Ttd__V1__TensorSpec *specs = calloc(n, sizeof(*specs));
-  char(*devices)[16] = calloc(n, sizeof(*devices));
+  tt_inline_wire *wires = calloc(n, sizeof(*wires));
+  Ttd__V1__InlineTensor **wire_ptrs = calloc(n, sizeof(*wire_ptrs));
   tt_param_work work_storage;
   memset(&work_storage, 0, sizeof(work_storage));
   Ttd__V1__ExecuteRequest req = TTD__V1__EXECUTE_REQUEST__INIT;
-  tt_status st = in && par && wires && wire_ptrs && specs && devices
+  tt_status st = in && par && wires && wire_ptrs
                      ? TT_OK
                      : tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
-  if (st == TT_OK) st = execute_inputs(m, inputs, n_inputs, in, wires, wire_ptrs, specs, devices, &req.n_inline_inputs);
+  if (st == TT_OK) st = execute_inputs(inputs, n_inputs, in, wires, wire_ptrs, &req.n_inline_inputs);
   int inline_outputs = tt_inline_enabled(m->client) && outputs_nbytes(m) <= TT_INLINE_MAX_BYTES;
   if (st == TT_OK && tt_inline_enabled(m->client)) st = tt_module_take_work(m, &work_storage, &req.before);
   ProtobufCMessage *out = NULL;
@@ -636,8 +633,6 @@ static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_in
   free(par);
   free(wires);
   free(wire_ptrs);
-  free(specs);
-  free(devices);
   if (st != TT_OK) return st;
   Ttd__V1__ExecuteResponse *resp = (Ttd__V1__ExecuteResponse *)out;
   tt_run_ref *ref = resp->run ? new_run_ref(m, (int)resp->n_outputs, resp->run, NULL) : NULL;

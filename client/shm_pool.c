@@ -100,9 +100,9 @@ static tt_shm_segment *new_segment(tt_client *c, uint64_t size) {
   return s;
 }
 
-void *tt_shm_alloc(tt_client *c, uint64_t bytes, uint64_t *out_segment) {
+void *tt_shm_alloc(tt_client *c, uint64_t bytes, uint64_t min_bytes, uint64_t *out_segment) {
   *out_segment = 0;
-  if (c->shm_fd < 0 || bytes < TT_SHM_MIN_BYTES || c->closed) return NULL;
+  if (c->shm_fd < 0 || bytes < min_bytes || c->closed) return NULL;
   pthread_mutex_lock(&c->shm_lock);
   tt_shm_segment *best = NULL;
   for (size_t i = 0; i < c->n_segments; i++) { /* the smallest free one that fits, wasting at most half */

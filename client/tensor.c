@@ -63,7 +63,7 @@ void *tt_host_alloc(tt_client *client, uint64_t bytes, uint64_t *out_segment, si
   *out_segment = 0;
   *out_block = 0;
   if (bytes > SIZE_MAX) return NULL;
-  void *data = tt_shm_alloc(client, bytes, out_segment);
+  void *data = tt_shm_alloc(client, bytes, TT_SHM_MIN_BYTES, out_segment);
   return data ? data : ttd_block_cache_alloc(&client->blocks, (size_t)bytes, out_block);
 }
 
@@ -139,7 +139,7 @@ void tt_tensor_free(tt_tensor *tensor) {
   tt_autograd_node_free(tensor->grad_fn);
   tt_run_ref_release(tensor->run);
   free(tensor->grad);
-  free(tensor->host_copy);
+  tt_inline_host_copy_free(tensor);
   if (tensor->place.is_host) {
     tt_host_free(tensor->client, tensor->data, tensor->shm_segment, tensor->host_block);
   } else if (tensor->handle && !tensor->borrowed) {

@@ -116,6 +116,9 @@ typedef struct ttd_backend_vtable {
    * n elements, on the device. */
   ttd_status_t (*buffer_convert)(ttd_backend *backend, ttd_backend_buffer *src, int src_dtype, ttd_backend_buffer *dst,
                                  int dst_dtype, uint64_t n);
+  /* A call's turn on `device` has come and its work follows at once: the backend may wake
+   * the device's cores now rather than at the first kernel. May be NULL. */
+  void (*device_wake)(ttd_backend *backend, int device);
 } ttd_backend_vtable;
 
 /* Every backend's state struct starts with this. */

@@ -116,7 +116,7 @@ static ttd_status_t execute(ttd_call *call, const ProtobufCMessage *request, Pro
   if (!status) status = check_output_mode(program, mode);
   for (size_t i = 0, k = 0; !status && req->n_inline_inputs && i < (size_t)program->n_inputs; i++) {
     if (inputs[i]) continue;
-    status = ttd_inline_create(call, &specs[i], &req->inline_inputs[k++]->data, &inputs[i]);
+    status = ttd_inline_create(call, &specs[i], req->inline_inputs[k++], &inputs[i]);
   }
   int n_inputs = req->n_inline_inputs ? program->n_inputs : (int)req->n_inputs;
   if (!status) {

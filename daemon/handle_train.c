@@ -95,7 +95,7 @@ static ttd_status_t gather_output_grads(ttd_call *call, const ttd_run *run, cons
   }
   for (int i = 0; !status && n_inline && i < p->n_outputs; i++) {
     if (req->inline_output_grads[i]->spec) {
-      status = ttd_inline_create(call, &specs[i], &req->inline_output_grads[i]->data, &out_grads[i]);
+      status = ttd_inline_create(call, &specs[i], req->inline_output_grads[i], &out_grads[i]);
     }
   }
   free(specs);

@@ -3,6 +3,7 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "session.h"
 #include "tensor_proto.h"
 
 uint64_t ttd_value_type_nbytes(const ttd_value_type *t) {
@@ -41,12 +42,17 @@ ttd_status_t ttd_inline_check(const ttd_core *core, const Ttd__V1__InlineTensor 
                            ttd_dtype_name(want->dtype), ttd_kshape_format(&want->shape, b1, sizeof(b1)),
                            ttd_dtype_name(out_spec->dtype), ttd_kshape_format(&got, b2, sizeof(b2)));
   }
-  if ((uint64_t)wire->data.len != out_spec->nbytes) {
+  if (wire->shm && wire->data.len) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "%s %d ('%.128s') has both data and a shared-memory range; send one of them", what, index, name);
+  }
+  uint64_t have = wire->shm ? wire->shm->length : (uint64_t)wire->data.len;
+  if (have != out_spec->nbytes) {
     char b1[128];
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                           "%s %d ('%.128s') has %zu bytes of data; %s %s needs exactly %" PRIu64, what, index, name,
-                           wire->data.len, ttd_dtype_name(want->dtype), ttd_kshape_format(&want->shape, b1, sizeof(b1)),
-                           out_spec->nbytes);
+                           "%s %d ('%.128s') has %" PRIu64 " bytes of %s; %s %s needs exactly %" PRIu64, what, index, name,
+                           have, wire->shm ? "shared memory" : "data", ttd_dtype_name(want->dtype),
+                           ttd_kshape_format(&want->shape, b1, sizeof(b1)), out_spec->nbytes);
   }
   return TTD_OK;
 }
@@ -58,12 +64,24 @@ ttd_status_t ttd_inline_check_total(uint64_t total, const char *what, const char
                          TTD_INLINE_MAX_BYTES, instead);
 }
 
-ttd_status_t ttd_inline_create(ttd_call *call, const ttd_tensor_spec *spec, const ProtobufCBinaryData *data,
+ttd_status_t ttd_inline_create(ttd_call *call, const ttd_tensor_spec *spec, const Ttd__V1__InlineTensor *wire,
                                ttd_tensor **out_tensor) {
   ttd_backend *backend = call->core->backend;
-  TTD_RETURN_IF_ERROR(ttd_tensor_create(backend, call->session->quota, spec, out_tensor));
-  ttd_status_t status = spec->nbytes ? backend->vtable->buffer_write(backend, (*out_tensor)->buffer, 0, data->data, spec->nbytes)
-                                     : TTD_OK;
+  *out_tensor = NULL;
+  const void *bytes = wire->data.data;
+  ttd_shm_segment *segment = NULL; /* held until the copy is done: a release meanwhile waits */
+  if (wire->shm) {
+    TTD_RETURN_IF_ERROR(ttd_session_segment_lookup(call->session, wire->shm->segment, &segment));
+    ttd_status_t status = ttd_shm_segment_check_range(segment, wire->shm->offset, wire->shm->length, spec->nbytes);
+    if (status) {
+      ttd_shm_segment_release(segment);
+      return status;
+    }
+    bytes = segment->addr + wire->shm->offset;
+  }
+  ttd_status_t status = ttd_tensor_create(backend, call->session->quota, spec, out_tensor);
+  if (!status && spec->nbytes) status = backend->vtable->buffer_write(backend, (*out_tensor)->buffer, 0, bytes, spec->nbytes);
+  ttd_shm_segment_release(segment);
   if (status) {
     ttd_tensor_release(*out_tensor);
     *out_tensor = NULL;

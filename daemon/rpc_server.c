@@ -311,6 +311,8 @@ static bool session_closed(ttd_session *session) {
 /* A device call's turn has come (on the device's executor thread). */
 static void run_scheduled(ttd_job *job) {
   ttd_call *c = (ttd_call *)((char *)job - offsetof(ttd_call, job));
+  ttd_backend *backend = c->core->backend;
+  if (backend->vtable->device_wake) backend->vtable->device_wake(backend, job->device);
   ttd_log_set_call(c->request_id, c->session ? c->session->id : 0);
   ttd_status_t refused = TTD_OK;
   if (atomic_load(&c->server->cancelling)) {

@@ -98,6 +98,7 @@ ttd_status_t ttd_scheduler_create(int devices, ttd_scheduler **out_scheduler) {
 void ttd_scheduler_submit(ttd_scheduler *scheduler, int device, ttd_job *job) {
   device_queue *q = &scheduler->queues[device];
   job->next = NULL;
+  job->device = device;
   pthread_mutex_lock(&q->lock);
   lane *l = q->first;
   while (l && l->key != job->key) l = l->next;

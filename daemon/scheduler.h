@@ -22,6 +22,7 @@ struct ttd_job {
   ttd_job *next;          /* the scheduler's */
   uint64_t key;           /* jobs of one key run in order; keys take turns */
   void (*run)(ttd_job *job);
+  int device;             /* set by ttd_scheduler_submit */
 };
 
 typedef struct ttd_scheduler ttd_scheduler;

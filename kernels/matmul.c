@@ -112,6 +112,40 @@ static micro_kernel_fn pick_micro_kernel(void) {
   return micro_kernel_generic;
 }
 
+typedef float v4f __attribute__((vector_size(4 * sizeof(float))));
+typedef int32_t v4i __attribute__((vector_size(4 * sizeof(int32_t))));
+
+/* Four rows r of 4 floats each (r at src + r*ld_src, contiguous) written transposed: column q
+ * goes to dst + q*ld_dst. Eight shuffles instead of 16 scalar loads and stores. */
+static inline void transpose4(const float *src, int64_t ld_src, float *dst, int64_t ld_dst) {
+  v4f r[4], t[4];
+  for (int q = 0; q < 4; q++) memcpy(&r[q], src + q * ld_src, sizeof(v4f));
+  t[0] = __builtin_shuffle(r[0], r[1], (v4i){0, 4, 1, 5});
+  t[1] = __builtin_shuffle(r[0], r[1], (v4i){2, 6, 3, 7});
+  t[2] = __builtin_shuffle(r[2], r[3], (v4i){0, 4, 1, 5});
+  t[3] = __builtin_shuffle(r[2], r[3], (v4i){2, 6, 3, 7});
+  v4f c[4] = {__builtin_shuffle(t[0], t[2], (v4i){0, 1, 4, 5}), __builtin_shuffle(t[0], t[2], (v4i){2, 3, 6, 7}),
+              __builtin_shuffle(t[1], t[3], (v4i){0, 1, 4, 5}), __builtin_shuffle(t[1], t[3], (v4i){2, 3, 6, 7})};
+  for (int q = 0; q < 4; q++) memcpy(dst + q * ld_dst, &c[q], sizeof(v4f));
+}
+
+/* dst[p*ld_dst + i] = src[i*ld_src + p] for i < rows, p < len: rows contiguous along p are
+ * interleaved into a panel, four rows and four steps at a time where they fit. */
+static void interleave_rows(const float *restrict src, int64_t ld_src, int64_t rows, int64_t len, float *restrict dst,
+                            int64_t ld_dst) {
+  int64_t rows4 = rows & ~(int64_t)3, len4 = len & ~(int64_t)3;
+  for (int64_t i = 0; i < rows4; i += 4) {
+    const float *s = src + i * ld_src;
+    for (int64_t p = 0; p < len4; p += 4) transpose4(s + p, ld_src, dst + p * ld_dst + i, ld_dst);
+    for (int64_t q = 0; q < 4; q++)
+      for (int64_t p = len4; p < len; p++) dst[p * ld_dst + i + q] = s[q * ld_src + p];
+  }
+  for (int64_t i = rows4; i < rows; i++) {
+    const float *s = src + i * ld_src;
+    for (int64_t p = 0; p < len; p++) dst[p * ld_dst + i] = s[p];
+  }
+}
+
 /* Packs rows [0, mc) x cols [0, kc) of the strided A block at `a` into MR-row micro-panels:
  * panel r holds out[r*kc*MR + p*MR + i] = A(r*MR + i, p), zero past row mc. */
 static void pack_a(const float *restrict a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float *restrict out) {
@@ -119,7 +153,9 @@ static void pack_a(const float *restrict a, int64_t rs, int64_t cs, int64_t mc, 
     float *restrict panel = out + (r0 / MR) * kc * MR;
     int64_t rows = mc - r0 < MR ? mc - r0 : MR;
     if (rows < MR) memset(panel, 0, (size_t)(kc * MR) * sizeof(float));
-    if (cs == 1 || rs != 1) { /* rows of A contiguous along p (or neither stride 1) */
+    if (cs == 1) { /* rows of A contiguous along p */
+      interleave_rows(a + r0 * rs, rs, rows, kc, panel, MR);
+    } else if (rs != 1) { /* neither stride 1 */
       for (int64_t i = 0; i < rows; i++) {
         const float *src = a + (r0 + i) * rs;
         for (int64_t p = 0; p < kc; p++) panel[p * MR + i] = src[p * cs];
@@ -145,6 +181,8 @@ static void pack_b(const float *restrict b, int64_t rs, int64_t cs, int64_t kc, 
         const float *src = b + p * rs + s0;
         for (int64_t j = 0; j < cols; j++) panel[p * NR + j] = src[j];
       }
+    } else if (rs == 1) { /* columns contiguous: B is transposed in memory (a linear's weight) */
+      interleave_rows(b + s0 * cs, cs, cols, kc, panel, NR);
     } else {
       for (int64_t j = 0; j < cols; j++) {
         const float *src = b + (s0 + j) * cs;

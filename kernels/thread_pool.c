@@ -41,6 +41,7 @@ struct ttd_pool {
   pthread_cond_t work_cv; /* workers: a new job or shutdown */
   pthread_cond_t done_cv; /* caller: the last ticket holder is done */
   _Atomic uint64_t generation; /* written under mu; read unlocked only to spin */
+  _Atomic uint64_t pokes;      /* ttd_pool_wake calls; written under mu */
   atomic_int shutdown;
   int tickets; /* workers that may still join the current job */
   atomic_int active;  /* ticket holders that have not reported back; written under mu */
@@ -90,6 +91,11 @@ static void spin(ttd_pool *pool, int (*done)(ttd_pool *, uint64_t), uint64_t arg
   }
 }
 
+/* Workers sleeping since `seen_pokes` should wake and spin. */
+static int poked(ttd_pool *pool, uint64_t seen_pokes) {
+  return atomic_load_explicit(&pool->pokes, memory_order_relaxed) != seen_pokes;
+}
+
 static int new_job(ttd_pool *pool, uint64_t seen) {
   return atomic_load_explicit(&pool->generation, memory_order_acquire) != seen ||
          atomic_load_explicit(&pool->shutdown, memory_order_relaxed);
@@ -102,7 +108,7 @@ static int helpers_done(ttd_pool *pool, uint64_t unused) {
 
 static void *worker_main(void *arg) {
   ttd_pool *pool = arg;
-  uint64_t seen = 0;
+  uint64_t seen = 0, seen_pokes = 0;
   pthread_mutex_lock(&pool->mu);
   for (;;) {
     if (!new_job(pool, seen)) {
@@ -110,8 +116,12 @@ static void *worker_main(void *arg) {
       spin(pool, new_job, seen);
       pthread_mutex_lock(&pool->mu);
     }
-    while (!pool->shutdown && pool->generation == seen) pthread_cond_wait(&pool->work_cv, &pool->mu);
+    seen_pokes = pool->pokes;
+    while (!pool->shutdown && pool->generation == seen && !poked(pool, seen_pokes)) {
+      pthread_cond_wait(&pool->work_cv, &pool->mu);
+    }
     if (pool->shutdown) break;
+    if (pool->generation == seen) continue; /* poked: spin again, a job is coming */
     seen = pool->generation;
     if (pool->tickets == 0) continue; /* enough workers joined this job */
     pool->tickets--;
@@ -200,6 +210,14 @@ void ttd_pool_destroy(ttd_pool *pool) {
 
 int ttd_pool_threads(const ttd_pool *pool) { return pool ? pool->threads : 1; }
 
+void ttd_pool_wake(ttd_pool *pool) {
+  if (!pool || pool->nworkers == 0) return;
+  pthread_mutex_lock(&pool->mu);
+  atomic_fetch_add_explicit(&pool->pokes, 1, memory_order_relaxed);
+  pthread_cond_broadcast(&pool->work_cv);
+  pthread_mutex_unlock(&pool->mu);
+}
+
 void ttd_pool_parallel_for(ttd_pool *pool, size_t n, size_t grain, void (*fn)(void *ctx, size_t begin, size_t end),
                            void *ctx) {
   if (n == 0) return;
@@ -230,6 +248,12 @@ void ttd_pool_parallel_for(ttd_pool *pool, size_t n, size_t grain, void (*fn)(vo
 
   run_chunks(fn, ctx, n, nchunks, &pool->next);
 
+  /* Every chunk is claimed: tickets no worker took yet are withdrawn, so a worker still waking
+   * up is not waited for. */
+  pthread_mutex_lock(&pool->mu);
+  pool->active -= pool->tickets;
+  pool->tickets = 0;
+  pthread_mutex_unlock(&pool->mu);
   spin(pool, helpers_done, 0);
   pthread_mutex_lock(&pool->mu);
   while (pool->active > 0) pthread_cond_wait(&pool->done_cv, &pool->mu);

@@ -14,6 +14,10 @@ ttd_pool *ttd_pool_create(int threads);
 void ttd_pool_destroy(ttd_pool *pool); /* accepts NULL */
 int ttd_pool_threads(const ttd_pool *pool); /* 1 for NULL */
 
+/* Work is coming: sleeping workers wake now and spin a while for it, so that the next
+ * parallel_for does not wait for a wake-up. Accepts NULL. */
+void ttd_pool_wake(ttd_pool *pool);
+
 void ttd_pool_parallel_for(ttd_pool *pool, size_t n, size_t grain, void (*fn)(void *ctx, size_t begin, size_t end),
                            void *ctx);
 

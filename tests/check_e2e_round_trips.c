@@ -25,6 +25,7 @@ static void setup(void) {
 
 static void teardown(void) {
   unsetenv("TTD_INLINE");
+  unsetenv("TTD_SHM");
   ck_assert_msg(ttd_proc_alive(&proc), "ttd died; see %s", proc.log_path);
   ck_assert_int_eq(ttd_proc_stop(&proc), 0);
 }
@@ -71,7 +72,7 @@ static double delta_total(const double *before, const double *after) {
 
 /* ---- the seed flow through the public API ---- */
 
-enum { B = 16, IN = 64, H = 32, OUT = 10 };
+enum { B = 16, IN = 512, H = 32, OUT = 10 }; /* x: 32 KiB, inline by shared memory */
 
 static tt_module *model(tt_client *c, uint64_t seed) {
   tt_graph *g = tt_graph_create(c, seed);
@@ -200,26 +201,37 @@ static size_t train(int adam, int zero_first, float *losses, int steps, unsigned
 
 /* The inline path (inputs and outputs inline, step and zero_grad riding along) gives the
  * same bits as the plain path of explicit calls: every loss, every parameter after the
- * steps, an eval forward; for SGD (Nesterov, weight decay) and AdamW, in both step orders. */
+ * steps, an eval forward; for SGD (Nesterov, weight decay) and AdamW, in both step orders.
+ * The 32 KiB input goes inline by shared memory, or (TTD_SHM=0) as bytes in the call. */
 START_TEST(test_inline_path_is_bit_identical) {
   enum { STEPS = 8 };
-  static unsigned char params[2][(IN * H + H + H * OUT + OUT) * 4];
-  float losses[2][STEPS], eval[2][B * OUT];
+  static const char *const ways[] = {"inline by shared memory", "plain", "inline in the call"};
+  static unsigned char params[3][(IN * H + H + H * OUT + OUT) * 4];
+  float losses[3][STEPS], eval[3][B * OUT];
   for (int adam = 0; adam < 2; adam++) {
-    for (int plain = 0; plain < 2; plain++) {
-      if (plain) setenv("TTD_INLINE", "0", 1);
+    for (int way = 0; way < 3; way++) {
+      if (way == 1) setenv("TTD_INLINE", "0", 1);
       else unsetenv("TTD_INLINE");
-      size_t n = train(adam, adam, losses[plain], STEPS, params[plain], eval[plain]);
+      if (way == 2) setenv("TTD_SHM", "0", 1);
+      else unsetenv("TTD_SHM");
+      int registered = harness_log_count(&proc, "event=shm-register");
+      size_t n = train(adam, adam, losses[way], STEPS, params[way], eval[way]);
       ck_assert_uint_eq(n, sizeof(params[0]));
+      int used_shm = harness_log_count(&proc, "event=shm-register") > registered;
+      ck_assert_msg(used_shm == (way == 0), "%s: shared memory %sused", ways[way], used_shm ? "" : "not ");
     }
     unsetenv("TTD_INLINE");
-    for (int s = 0; s < STEPS; s++) {
-      ck_assert_msg(memcmp(&losses[0][s], &losses[1][s], 4) == 0, "%s step %d: loss %.9g inline, %.9g plain",
-                    adam ? "adamw" : "sgd", s, losses[0][s], losses[1][s]);
+    unsetenv("TTD_SHM");
+    for (int way = 1; way < 3; way++) {
+      for (int s = 0; s < STEPS; s++) {
+        ck_assert_msg(memcmp(&losses[0][s], &losses[way][s], 4) == 0, "%s step %d: loss %.9g %s, %.9g %s",
+                      adam ? "adamw" : "sgd", s, losses[0][s], ways[0], losses[way][s], ways[way]);
+      }
+      ck_assert_msg(memcmp(params[0], params[way], sizeof(params[0])) == 0, "parameters differ after %d steps: %s, %s",
+                    STEPS, ways[0], ways[way]);
+      ck_assert_msg(memcmp(eval[0], eval[way], sizeof(eval[0])) == 0, "eval outputs differ: %s, %s", ways[0], ways[way]);
     }
     ck_assert_msg(losses[0][STEPS - 1] < losses[0][0], "the loss did not fall");
-    ck_assert_msg(memcmp(params[0], params[1], sizeof(params[0])) == 0, "parameters differ after %d steps", STEPS);
-    ck_assert_msg(memcmp(eval[0], eval[1], sizeof(eval[0])) == 0, "eval outputs differ");
   }
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 0);
 }
@@ -529,16 +541,10 @@ START_TEST(test_bad_inline_rejected) {
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), base);
 
   /* More than 4 MiB inline in, or asked to come back inline. */
-  graph_builder b;
-  gb_init(&b);
-  gb_value(&b, 0, "big", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 1100, 1000, 0, 0);
-  gb_node(&b, "r", "relu", "big", NULL, NULL);
-  gb_output(&b, "r");
-  Ttd__V1__CompileResponse *c = gb_compile(&b, proc.target, session, 0, NULL);
   size_t big_len = 1100 * 1000 * 4;
   float *big = calloc(1100 * 1000, sizeof(float));
   Ttd__V1__ExecuteRequest bx = TTD__V1__EXECUTE_REQUEST__INIT;
-  bx.program = c->program;
+  bx.program = gb_compile_relu(proc.target, session, 2, 1100, 1000);
   wire = inline_of(&it, big, big_len, 1, 1100, 1000);
   bx.inline_inputs = &wire;
   bx.n_inline_inputs = 1;
@@ -555,7 +561,6 @@ START_TEST(test_bad_inline_rejected) {
   rpc("Execute", &bx.base, NULL, 3, "the program's outputs add up to 4400000 bytes; at most 4194304 (4 MiB) travel inline: "
                                     "ask for OUTPUT_MODE_HANDLES");
   free(big);
-  ttd__v1__compile_response__free_unpacked(c, NULL);
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), base); /* the failed call still freed big_handle */
 
   /* Inline output gradients. */

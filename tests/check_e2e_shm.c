@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../daemon/shm_protocol.h"
+#include "graph_builder.h"
 #include "raw_rpc.h"
 #include "suites.h"
 #include "ttd/v1/ttd.pb-c.h"
@@ -27,16 +28,6 @@ static void teardown(void) {
   unsetenv("TTD_SHM");
   ck_assert_uint_eq(harness_wait_used_bytes(&proc, 0, 0, 0, 2000), 0);
   ck_assert_int_eq(ttd_proc_stop(&proc), 0);
-}
-
-static int log_count(const char *needle) {
-  char cmd[512];
-  snprintf(cmd, sizeof(cmd), "grep -c '%s' '%s'", needle, proc.log_path);
-  FILE *p = popen(cmd, "r");
-  int n = 0;
-  if (fscanf(p, "%d", &n) != 1) n = 0;
-  pclose(p);
-  return n;
 }
 
 /* Uploads n floats (as dtype on the device) and downloads them back as float32. */
@@ -62,12 +53,12 @@ START_TEST(test_same_bytes_as_grpc) {
   tt_client *fast = harness_connect(&proc, 0);
   float *f32 = round_trip(fast, data, n, TT_FLOAT32);
   float *bf16 = round_trip(fast, data, n, TT_BFLOAT16);
-  int registered = log_count("event=shm-register");
+  int registered = harness_log_count(&proc, "event=shm-register");
   ck_assert_int_ge(registered, 2); /* the fast path was used */
   /* Twice more: segments are reused, not registered again. */
   free(round_trip(fast, data, n, TT_FLOAT32));
   free(round_trip(fast, data, n, TT_FLOAT32));
-  ck_assert_int_eq(log_count("event=shm-register"), registered);
+  ck_assert_int_eq(harness_log_count(&proc, "event=shm-register"), registered);
   tt_disconnect(fast);
 
   setenv("TTD_SHM", "0", 1);
@@ -75,7 +66,7 @@ START_TEST(test_same_bytes_as_grpc) {
   float *f32_plain = round_trip(plain, data, n, TT_FLOAT32);
   float *bf16_plain = round_trip(plain, data, n, TT_BFLOAT16);
   tt_disconnect(plain);
-  ck_assert_int_eq(log_count("event=shm-register"), registered); /* off means off */
+  ck_assert_int_eq(harness_log_count(&proc, "event=shm-register"), registered); /* off means off */
   ck_assert_int_eq(memcmp(f32, data, (size_t)n * sizeof(float)), 0);
   ck_assert_int_eq(memcmp(f32_plain, data, (size_t)n * sizeof(float)), 0);
   ck_assert_int_eq(memcmp(bf16, bf16_plain, (size_t)n * sizeof(float)), 0);
@@ -231,6 +222,48 @@ START_TEST(test_bad_segments_and_ranges) {
   for (int i = 0; i < 1000; i++) ck_assert_float_eq(mem[2048 + i], (float)i * 0.25f);
   range.offset = (1 << 20) - 100;
   raw_expect(proc.target, "/ttd.v1.Device/Download", &dl.base, (raw_md){.session = session}, 3, "lies outside");
+
+  /* An Execute input inline by shared memory: relu of 1000 floats at offset 0. */
+  for (int i = 0; i < 1000; i++) mem[i] = (float)(i - 500);
+  Ttd__V1__InlineTensor wire = TTD__V1__INLINE_TENSOR__INIT, *wires[1] = {&wire};
+  Ttd__V1__ShmRange in_range = TTD__V1__SHM_RANGE__INIT;
+  wire.spec = &spec;
+  wire.shm = &in_range;
+  Ttd__V1__ExecuteRequest ex = TTD__V1__EXECUTE_REQUEST__INIT;
+  ex.program = gb_compile_relu(proc.target, session, 1, 1000, 0);
+  ex.inline_inputs = wires;
+  ex.n_inline_inputs = 1;
+  ex.output_mode = TTD__V1__OUTPUT_MODE__OUTPUT_MODE_INLINE;
+  uint64_t used = harness_used_bytes(&proc, 0, 0);
+  in_range.segment = segment;
+  in_range.length = 4000;
+  uint8_t exbuf[512];
+  size_t exlen = ttd__v1__execute_request__pack(&ex, exbuf);
+  raw_call(proc.target, "/ttd.v1.Device/Execute", (raw_md){.session = session}, exbuf, exlen, &res);
+  ck_assert_msg(res.code == 0, "%s", res.details);
+  Ttd__V1__ExecuteResponse *er = ttd__v1__execute_response__unpack(NULL, res.body_len, res.body);
+  ck_assert_uint_eq(er->n_output_data, 1);
+  ck_assert_uint_eq(er->output_data[0].len, 4000);
+  const float *relu = (const float *)er->output_data[0].data;
+  for (int i = 0; i < 1000; i++) ck_assert_float_eq(relu[i], i > 500 ? (float)(i - 500) : 0.0f);
+  ttd__v1__execute_response__free_unpacked(er, NULL);
+  raw_result_free(&res);
+  struct { uint64_t seg, off, len; int with_data; int code; const char *needle; } bad[] = {
+      {segment ^ 1, 0, 4000, 0, 5, "not registered in this session"},
+      {segment, 0, 3996, 0, 3, "has 3996 bytes of shared memory; float32 [1000] needs exactly 4000"},
+      {segment, (1 << 20) - 3000, 4000, 0, 3, "lies outside the 1048576-byte segment"},
+      {segment, UINT64_MAX - 10, 4000, 0, 3, "lies outside"},
+      {segment, 0, 4000, 1, 3, "has both data and a shared-memory range; send one of them"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    in_range.segment = bad[i].seg;
+    in_range.offset = bad[i].off;
+    in_range.length = bad[i].len;
+    wire.data.data = bad[i].with_data ? (uint8_t *)mem : NULL;
+    wire.data.len = bad[i].with_data ? 4000 : 0;
+    raw_expect(proc.target, "/ttd.v1.Device/Execute", &ex.base, (raw_md){.session = session}, bad[i].code, bad[i].needle);
+  }
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), used); /* nothing left behind */
 
   /* Released: gone for later calls; releasing twice is NOT_FOUND. */
   r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_RELEASE, sid, segment, 0, {key[0], key[1]}}, -1);

@@ -86,6 +86,49 @@ START_TEST(test_pool_null_runs_inline) {
 }
 END_TEST
 
+/* ttd_pool_wake between jobs (from the caller and from another thread, with the workers
+ * asleep, spinning or busy) never loses, repeats or blocks work; NULL is accepted. */
+typedef struct waker {
+  ttd_pool *pool;
+  atomic_int stop;
+} waker;
+
+static void *wake_often(void *arg) {
+  waker *w = arg;
+  while (!atomic_load(&w->stop)) {
+    ttd_pool_wake(w->pool);
+    usleep(50);
+  }
+  return NULL;
+}
+
+START_TEST(test_pool_wake_keeps_jobs_whole) {
+  ttd_pool_wake(NULL);
+  ttd_pool *pool = ttd_pool_create(3);
+  ck_assert_ptr_nonnull(pool);
+  waker w = {.pool = pool};
+  atomic_init(&w.stop, 0);
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, wake_often, &w), 0);
+  enum { N = 1000 };
+  atomic_int *hits = kt_alloc(N * sizeof(atomic_int));
+  for (int round = 0; round < 300; round++) {
+    if (round % 50 == 0) usleep(2000); /* workers fall asleep now and then */
+    if (round % 3 == 0) ttd_pool_wake(pool);
+    for (size_t i = 0; i < N; i++) atomic_init(&hits[i], 0);
+    cover_ctx c = {.hits = hits};
+    atomic_init(&c.min_chunk, SIZE_MAX);
+    atomic_init(&c.calls, 0);
+    ttd_pool_parallel_for(pool, N, 1 + (size_t)round % 7, cover_fn, &c);
+    for (size_t i = 0; i < N; i++)
+      if (atomic_load(&hits[i]) != 1) ck_abort_msg("round %d: index %zu hit %d times", round, i, atomic_load(&hits[i]));
+  }
+  atomic_store(&w.stop, 1);
+  pthread_join(t, NULL);
+  ttd_pool_destroy(pool);
+}
+END_TEST
+
 /* threads <= 0 gives one thread per online core; an explicit count is kept. */
 START_TEST(test_pool_thread_count) {
   long online = sysconf(_SC_NPROCESSORS_ONLN);
@@ -249,6 +292,7 @@ Suite *thread_pool_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_pool_covers_each_index_once);
   tcase_add_test(tc, test_pool_null_runs_inline);
+  tcase_add_test(tc, test_pool_wake_keeps_jobs_whole);
   tcase_add_test(tc, test_pool_thread_count);
   tcase_add_test(tc, test_pool_concurrent_callers_serialise);
   tcase_add_test(tc, test_pool_nested_call_runs_inline);

@@ -79,3 +79,15 @@ Ttd__V1__CompileResponse *gb_compile(graph_builder *b, const char *target, const
   raw_result_free(&r);
   return resp;
 }
+
+uint64_t gb_compile_relu(const char *target, const char *session, int ndim, int64_t d0, int64_t d1) {
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, ndim, d0, d1, 0, 0);
+  gb_node(&b, "r", "relu", "x", NULL, NULL);
+  gb_output(&b, "r");
+  Ttd__V1__CompileResponse *c = gb_compile(&b, target, session, 0, NULL);
+  uint64_t program = c->program;
+  ttd__v1__compile_response__free_unpacked(c, NULL);
+  return program;
+}

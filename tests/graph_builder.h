@@ -40,4 +40,8 @@ void gb_output(graph_builder *b, const char *name);
 Ttd__V1__CompileResponse *gb_compile(graph_builder *b, const char *target, const char *session, int want_code,
                                      const char *needle);
 
+/* Compiles y = relu(x) for a float32 input x of ndim (1 or 2) dims d0 x d1 in session;
+ * asserts OK and returns the program handle. */
+uint64_t gb_compile_relu(const char *target, const char *session, int ndim, int64_t d0, int64_t d1);
+
 #endif

@@ -193,6 +193,16 @@ char *harness_http(int port, const char *method, const char *path) {
   return buf;
 }
 
+int harness_log_count(const ttd_proc *proc, const char *needle) {
+  FILE *f = fopen(proc->log_path, "r");
+  if (!f) return 0;
+  int n = 0;
+  char line[4096];
+  while (fgets(line, sizeof(line), f)) n += strstr(line, needle) != NULL;
+  fclose(f);
+  return n;
+}
+
 double harness_metric(const char *body, const char *series) {
   char needle[256];
   snprintf(needle, sizeof(needle), "\n%s ", series);

@@ -56,4 +56,7 @@ char *harness_http(int port, const char *method, const char *path);
  * labels, as printed); -1 if absent. */
 double harness_metric(const char *body, const char *series);
 
+/* Lines of proc's log that contain needle (a fixed string). */
+int harness_log_count(const ttd_proc *proc, const char *needle);
+
 #endif

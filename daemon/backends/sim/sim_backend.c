@@ -138,6 +138,11 @@ static ttd_status_t sim_buffer_convert(ttd_backend *backend, ttd_backend_buffer 
   return TTD_OK;
 }
 
+static void sim_device_wake(ttd_backend *backend, int device) {
+  (void)device; /* the simulated cards share one pool of host threads */
+  ttd_pool_wake(((sim_backend *)backend)->pool);
+}
+
 static const ttd_backend_vtable sim_vtable = {
     .destroy = sim_destroy,
     .device_count = sim_device_count,
@@ -154,6 +159,7 @@ static const ttd_backend_vtable sim_vtable = {
     .buffer_accumulate = ttd_sim_buffer_accumulate,
     .optimizer_step = ttd_sim_optimizer_step,
     .buffer_convert = sim_buffer_convert,
+    .device_wake = sim_device_wake,
 };
 
 ttd_status_t ttd_sim_backend_create(const ttd_backend_options *options, ttd_backend **out_backend) {
