@@ -104,6 +104,11 @@ void ttd_k_l1_loss_backward(ttd_pool *pool, const float *a, const float *b, int6
  * matrix to every problem. C is dense [batch, m, n]. */
 void ttd_k_matmul(ttd_pool *pool, const float *a, const float *b, float *c, int64_t batch, int64_t m, int64_t n,
                   int64_t k, int trans_a, int trans_b, int64_t a_batch_stride, int64_t b_batch_stride);
+/* The same, then bias[n] (or NULL) added to every row of C: a fused epilogue, the same bits
+ * as adding it after the product. */
+void ttd_k_matmul_bias(ttd_pool *pool, const float *a, const float *b, const float *bias, float *c, int64_t batch,
+                       int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
+                       int64_t b_batch_stride);
 /* da and/or db for the same problem from dc [batch, m, n]; with a zero batch stride the
  * gradient is summed over the batch. */
 void ttd_k_matmul_backward(ttd_pool *pool, const float *a, const float *b, const float *dc, int64_t batch, int64_t m,

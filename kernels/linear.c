@@ -6,20 +6,10 @@
 enum { BIAS_COLS = 256 }; /* columns per dbias task */
 
 typedef struct bias_job {
-  const float *bias, *dy;
-  float *y, *dbias;
+  const float *dy;
+  float *dbias;
   int64_t rows, cols;
 } bias_job;
-
-/* y[r, :] += bias for rows [begin, end). */
-static void add_bias_rows(void *ctx, size_t begin, size_t end) {
-  const bias_job *j = ctx;
-  for (size_t r = begin; r < end; r++) {
-    float *restrict y = j->y + (int64_t)r * j->cols;
-    const float *restrict bias = j->bias;
-    for (int64_t c = 0; c < j->cols; c++) y[c] += bias[c];
-  }
-}
 
 /* dbias[c] = sum over rows of dy[:, c] for the column blocks [begin, end), in double. */
 static void sum_columns(void *ctx, size_t begin, size_t end) {
@@ -38,12 +28,7 @@ static void sum_columns(void *ctx, size_t begin, size_t end) {
 
 void ttd_k_linear(ttd_pool *pool, const float *x, const float *w, const float *bias, int64_t n, int64_t in, int64_t out,
                   float *y) {
-  ttd_k_matmul(pool, x, w, y, 1, n, out, in, 0, 1, 0, 0);
-  if (bias && n > 0 && out > 0) {
-    bias_job j = {.bias = bias, .y = y, .rows = n, .cols = out};
-    size_t grain = (size_t)(out >= 16384 ? 1 : 16384 / out);
-    ttd_pool_parallel_for(pool, (size_t)n, grain, add_bias_rows, &j);
-  }
+  ttd_k_matmul_bias(pool, x, w, bias, y, 1, n, out, in, 0, 1, 0, 0); /* bias in the epilogue */
 }
 
 void ttd_k_linear_backward(ttd_pool *pool, const float *x, const float *w, const float *dy, int64_t n, int64_t in,

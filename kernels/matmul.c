@@ -40,6 +40,7 @@ typedef struct gemm_problem {
   int64_t b_rs, b_cs, b_bs;
   float *c; /* C(q,i,j) = c[q*c_bs + i*ldc + j]; c_bs 0: all q summed into one C */
   int64_t ldc, c_bs;
+  const float *col_bias; /* or NULL: C(q,i,j) += col_bias[j] once the sum is complete */
   int64_t mc, nc, m_tiles, n_tiles, outputs; /* tiling, filled by gemm_run */
   micro_kernel_fn kernel;
 } gemm_problem;
@@ -176,7 +177,9 @@ static void pack_b(const float *restrict b, int64_t rs, int64_t cs, int64_t kc, 
     float *restrict panel = out + (s0 / NR) * kc * NR;
     int64_t cols = nc - s0 < NR ? nc - s0 : NR;
     if (cols < NR) memset(panel, 0, (size_t)(kc * NR) * sizeof(float));
-    if (cs == 1) { /* rows of B contiguous along j */
+    if (cs == 1 && cols == NR) { /* rows of B contiguous along j: a fixed-size copy per row */
+      for (int64_t p = 0; p < kc; p++) memcpy(panel + p * NR, b + p * rs + s0, NR * sizeof(float));
+    } else if (cs == 1) {
       for (int64_t p = 0; p < kc; p++) {
         const float *src = b + p * rs + s0;
         for (int64_t j = 0; j < cols; j++) panel[p * NR + j] = src[j];
@@ -209,6 +212,16 @@ static void tile_unpacked(const gemm_problem *g, int64_t q0, int64_t q1, int64_t
 
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
+/* The epilogue of a finished tile, while it is still in cache: its columns' bias, if any. */
+static void add_col_bias(const gemm_problem *g, float *c, int64_t i0, int64_t mc, int64_t j0, int64_t nc) {
+  if (!g->col_bias) return;
+  for (int64_t i = i0; i < i0 + mc; i++) {
+    float *restrict row = c + i * g->ldc + j0;
+    const float *restrict bias = g->col_bias + j0;
+    for (int64_t j = 0; j < nc; j++) row[j] += bias[j];
+  }
+}
+
 /* Tasks [begin, end): task t is output o = t / (m_tiles * n_tiles) and one C tile of it. */
 static void gemm_tasks(void *ctx, size_t begin, size_t end) {
   const gemm_problem *g = ctx;
@@ -229,10 +242,12 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
 
     if (g->k == 0) {
       for (int64_t i = i0; i < i0 + mc; i++) memset(c + i * g->ldc + j0, 0, (size_t)nc * sizeof(float));
+      add_col_bias(g, c, i0, mc, j0, nc);
       continue;
     }
     if (!buf) {
       tile_unpacked(g, q0, q1, i0, i0 + mc, j0, j0 + nc, c);
+      add_col_bias(g, c, i0, mc, j0, nc);
       continue;
     }
     int first = 1;
@@ -253,6 +268,7 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
         first = 0;
       }
     }
+    add_col_bias(g, c, i0, mc, j0, nc);
   }
   free(buf);
 }
@@ -306,10 +322,19 @@ static void op_strides(int trans, int64_t rows, int64_t cols, int64_t *rs, int64
 
 void ttd_k_matmul(ttd_pool *pool, const float *a, const float *b, float *c, int64_t batch, int64_t m, int64_t n,
                   int64_t k, int trans_a, int trans_b, int64_t a_batch_stride, int64_t b_batch_stride) {
+  ttd_k_matmul_bias(pool, a, b, NULL, c, batch, m, n, k, trans_a, trans_b, a_batch_stride, b_batch_stride);
+}
+
+void ttd_k_matmul_bias(ttd_pool *pool, const float *a, const float *b, const float *bias, float *c, int64_t batch,
+                       int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
+                       int64_t b_batch_stride) {
   int64_t a_rs, a_cs, b_rs, b_cs;
   op_strides(trans_a, m, k, &a_rs, &a_cs);
   op_strides(trans_b, k, n, &b_rs, &b_cs);
-  gemm(pool, batch, m, n, k, a, a_rs, a_cs, a_batch_stride, b, b_rs, b_cs, b_batch_stride, c, n, m * n);
+  gemm_problem g = {.batch = batch, .m = m, .n = n, .k = k, .a = a, .a_rs = a_rs, .a_cs = a_cs, .a_bs = a_batch_stride};
+  g.b = b, g.b_rs = b_rs, g.b_cs = b_cs, g.b_bs = b_batch_stride;
+  g.c = c, g.ldc = n, g.c_bs = m * n, g.col_bias = bias;
+  gemm_run(pool, &g);
 }
 
 /* With A' = op(A) [m,k], B' = op(B) [k,n] and dC [m,n] per problem:

@@ -87,6 +87,14 @@ START_TEST(test_matmul_empty) {
   float da[4] = {NAN, NAN, NAN, NAN};
   ttd_k_matmul_backward(NULL, a, b, c, 0, 2, 3, 2, 0, 0, 0, 6, da, NULL);
   for (int i = 0; i < 4; i++) KT_CHECK_EACH(da[i] == 0.0f, "da[%d] = %g", i, (double)da[i]);
+  /* a linear of no input features is its bias, on every path of the tiling */
+  ttd_pool *pool = ttd_pool_create(2);
+  for (int p = 0; p < 2; p++) {
+    for (int i = 0; i < 12; i++) c[i] = NAN;
+    ttd_k_linear(p ? pool : NULL, a, b, b, 4, 0, 3, c);
+    for (int i = 0; i < 12; i++) KT_CHECK_EACH(c[i] == b[i % 3], "pool %d: y[%d] = %g", p, i, (double)c[i]);
+  }
+  ttd_pool_destroy(pool);
 }
 END_TEST
 
