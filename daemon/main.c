@@ -18,6 +18,7 @@
 #include "config.h"
 #include "core.h"
 #include "admin_http.h"
+#include "idle_trim.h"
 #include "log.h"
 #include "rpc_server.h"
 #include "service_notify.h"
@@ -253,6 +254,7 @@ int main(int argc, char **argv) {
   }
   ttd_notify_ready("serving %d device%s on %s", config.devices, config.devices == 1 ? "" : "s", serving);
   ttd_notify_watchdog_timer *watchdog = ttd_notify_watchdog_timer_create(st.base);
+  ttd_idle_trim *trim = ttd_idle_trim_create(st.base, &core->metrics);
   if (early_stop_signal) st.stop_signal = early_stop_signal; /* asked to stop while starting */
   else event_base_dispatch(st.base);
 
@@ -265,6 +267,7 @@ int main(int argc, char **argv) {
   TTD_LOG(TTD_LOG_DEBUG, "event=server-stopped");
   ttd_core_destroy(core);
   ttd_notify_watchdog_timer_free(watchdog);
+  ttd_idle_trim_free(trim);
   event_free(sweep);
   event_free(sigint);
   event_free(sighup);

@@ -8,6 +8,7 @@ void ttd_metrics_record(ttd_metrics *metrics, int m, grpc_status_code code, int6
   ttd_method_metrics *mm = &metrics->methods[m];
   unsigned c = (unsigned)code < TTD_METRICS_CODES ? (unsigned)code : GRPC_STATUS_UNKNOWN;
   atomic_fetch_add_explicit(&mm->by_code[c], 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&metrics->calls_total, 1, memory_order_relaxed);
   double seconds = (double)duration_ns / 1e9;
   int b = 0;
   while (b < TTD_LATENCY_BUCKETS && seconds > ttd_latency_bounds[b]) b++;

@@ -24,6 +24,7 @@ typedef struct ttd_metrics {
   ttd_method_metrics methods[TTD_METRICS_MAX_METHODS];
   atomic_ullong bytes_to_device, bytes_to_host;
   atomic_llong in_flight;
+  atomic_ullong calls_total; /* every finished RPC, whatever its method */
 } ttd_metrics;
 
 /* Upper bounds of the latency buckets, in seconds. */

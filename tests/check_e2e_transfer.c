@@ -2,11 +2,15 @@
  * device-to-device and DRAM <-> L1 moves, torch .to() semantics, memory accounting. */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../kernels/dtype.h"
+#include "raw_rpc.h"
 #include "suites.h"
+#include "ttd/v1/ttd.pb-c.h"
 #include "ttd_harness.h"
 
 static ttd_proc proc;
@@ -227,6 +231,47 @@ START_TEST(test_empty_on_device) {
 }
 END_TEST
 
+/* The daemon's resident memory in KiB (VmRSS), or -1. */
+static long daemon_rss_kib(void) {
+  char path[64], line[256];
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)proc.pid);
+  FILE *f = fopen(path, "r");
+  long kib = -1;
+  while (f && fgets(line, sizeof(line), f)) {
+    if (strncmp(line, "VmRSS:", 6) == 0) kib = atol(line + 6);
+  }
+  if (f) fclose(f);
+  return kib;
+}
+
+/* Once calls stop, the heap a burst left behind goes back to the system (idle_trim.h):
+ * 240 MiB of tensors below the block cache's size, allocated and freed, leave the daemon's
+ * RSS within a few seconds of quiet. */
+START_TEST(test_idle_daemon_gives_memory_back) {
+  enum { N = 300, ELEMS = 200 * 1024 }; /* 800 KiB each */
+  char session[17], instance[40];
+  raw_open_session(proc.target, session, instance);
+  long before = daemon_rss_kib();
+  static uint64_t handles[N];
+  for (int i = 0; i < N; i++) handles[i] = raw_allocate(proc.target, session, ELEMS);
+  long peak = daemon_rss_kib();
+  ck_assert_msg(peak - before > 200 * 1024, "allocating 240 MiB grew RSS by %ld KiB only", peak - before);
+  Ttd__V1__FreeRequest fr = TTD__V1__FREE_REQUEST__INIT;
+  fr.n_handles = N;
+  fr.handles = handles;
+  raw_expect(proc.target, "/ttd.v1.Device/Free", &fr.base, (raw_md){.session = session, .instance = instance}, 0, NULL);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 0);
+  long now = peak;
+  for (int waited = 0; waited < 10000 && now - before > 50 * 1024; waited += 200) {
+    struct timespec ts = {0, 200 * 1000000};
+    nanosleep(&ts, NULL);
+    now = daemon_rss_kib();
+  }
+  ck_assert_msg(now - before <= 50 * 1024, "RSS %ld KiB before, %ld at the peak, still %ld after 10 s idle", before, peak,
+                now);
+}
+END_TEST
+
 Suite *e2e_transfer_suite(void) {
   Suite *s = suite_create("e2e_transfer");
   TCase *tc = tcase_create("transfer");
@@ -243,6 +288,7 @@ Suite *e2e_transfer_suite(void) {
   tcase_add_test(tc, test_moves);
   tcase_add_test(tc, test_to_same_place);
   tcase_add_test(tc, test_empty_on_device);
+  tcase_add_test(tc, test_idle_daemon_gives_memory_back);
   suite_add_tcase(s, tc);
   return s;
 }
