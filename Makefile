@@ -11,6 +11,12 @@ ifeq ($(SAN),1)
   OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
   SAN_LDFLAGS := -fsanitize=address,undefined
 endif
+# FUZZ=1 (set by `make fuzz` with CC=clang): every object carries libFuzzer's coverage
+# instrumentation besides ASan and UBSan; harnesses link -fsanitize=fuzzer.
+ifeq ($(FUZZ),1)
+  OPT := -O1 -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  SAN_LDFLAGS := -fsanitize=address,undefined
+endif
 
 CFLAGS := -std=gnu11 $(OPT) -g -fPIC -Wall -Wextra -Wno-unused-parameter -DNOMINMAX -MMD -MP \
   -I$(BUILD)/gen -Iclient/include $(shell pkg-config --cflags $(PKGS) check 2>/dev/null)
@@ -48,8 +54,17 @@ LIB_SO := $(BUILD)/lib/libttclient.so
 EXAMPLES := $(patsubst client/examples/%.c,$(BUILD)/bin/%,$(wildcard client/examples/*.c))
 CHECK := $(BUILD)/bin/check_ttd
 
-.PHONY: all deps test test-unit test-asan demo clean install bench bench-deps bench-bin
-all: $(TTD) $(LIB_A) $(LIB_SO) $(EXAMPLES) $(CHECK) $(PY_GEN) $(BUILD)/bin/ttctl
+# Fuzz harnesses (tests/fuzz/fuzz_NAME.c, each an LLVMFuzzerTestOneInput) and their seed
+# corpora (tests/fuzz/corpus/NAME/). They link the daemon with tests/fuzz/fuzz_random.c in
+# place of daemon/random.c: deterministic handles, so that every input replays exactly.
+FUZZ_HARNESSES := rpc upload compile config tokens
+FUZZ_SUPPORT_OBJ := $(call obj,tests/fuzz/fuzz_core.c tests/fuzz/fuzz_random.c tests/fuzz/fuzz_proto_mutate.c)
+FUZZ_DAEMON_OBJ := $(filter-out $(BUILD)/obj/daemon/random.o,$(DAEMON_OBJ))
+FUZZ_REPLAY := $(patsubst %,$(BUILD)/bin/fuzz_replay_%,$(FUZZ_HARNESSES))
+.SECONDARY: $(call obj,$(wildcard tests/fuzz/*.c)) # kept, though only pattern rules name them
+
+.PHONY: all deps test test-unit test-asan demo clean install bench bench-deps bench-bin fuzz fuzz-deps fuzz-bin fuzz-replay fuzz-corpus
+all: $(TTD) $(LIB_A) $(LIB_SO) $(EXAMPLES) $(CHECK) $(PY_GEN) $(BUILD)/bin/ttctl $(FUZZ_REPLAY)
 
 deps:
 	@scripts/install-deps.sh
@@ -111,6 +126,7 @@ TEST_ENV = TTD_BIN=$(abspath $(BUILD))/bin/ttd TTD_PY_GEN=$(abspath $(BUILD))/py
 
 test-unit: all
 	$(TEST_ENV) $(CHECK)
+	$(MAKE) --no-print-directory fuzz-replay
 
 test-asan:
 	$(MAKE) BUILD=$(BUILD)/asan SAN=1 all
@@ -122,6 +138,7 @@ test: deps
 	$(MAKE) all
 	$(MAKE) test-unit
 	$(MAKE) test-asan
+	$(MAKE) --no-print-directory faults-short
 
 demo: deps
 	$(MAKE) all
@@ -150,6 +167,42 @@ bench: bench-deps
 	$(MAKE) --no-print-directory all bench-bin
 	scripts/bench/bench $(BUILD)
 
+# The corpus replay of `make test`: each harness built with $(CC) and a main that runs every
+# file of tests/fuzz/corpus/NAME through it once (in the ASan/UBSan build under test-asan).
+# A crash, a sanitizer report or an accounting leak fails it.
+$(BUILD)/bin/fuzz_replay_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/obj/tests/fuzz/replay_main.o $(FUZZ_SUPPORT_OBJ) $(FUZZ_DAEMON_OBJ)
+	@mkdir -p $(dir $@)
+	@echo "  LINK    $@"
+	@$(CC) $(LDFLAGS) $^ $(GRPC_LIBS) $(EVENT_LIBS) $(SYSTEMD_LIBS) -o $@
+
+fuzz-replay: $(FUZZ_REPLAY)
+	@for h in $(FUZZ_HARNESSES); do $(BUILD)/bin/fuzz_replay_$$h tests/fuzz/corpus/$$h || exit 1; done
+
+# Rewrites the seed-* files of tests/fuzz/corpus/ (crash-* regression inputs stay).
+fuzz-corpus: $(PY_GEN)
+	PYTHONPATH=$(BUILD)/py tests/fuzz/make_corpus.py tests/fuzz/corpus
+
+# make fuzz (issue 7): the harnesses built with clang's libFuzzer, ASan and UBSan into
+# $(BUILD)/fuzz, each run for FUZZ_SECONDS from its seed corpus; execs and crashes per
+# harness go to $(BUILD)/fuzz/summary.txt, crashing inputs to $(BUILD)/fuzz/artifacts/.
+# Needs clang and libFuzzer (scripts/install-deps.sh --fuzz), which `make test` does not.
+FUZZ_SECONDS ?= 60
+FUZZ_DIR := $(BUILD)/fuzz
+
+$(BUILD)/bin/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(FUZZ_SUPPORT_OBJ) $(FUZZ_DAEMON_OBJ)
+	@mkdir -p $(dir $@)
+	@echo "  LINK    $@"
+	@$(CC) -fsanitize=fuzzer $(LDFLAGS) $^ $(GRPC_LIBS) $(EVENT_LIBS) $(SYSTEMD_LIBS) -o $@
+
+fuzz-bin: $(patsubst %,$(BUILD)/bin/fuzz_%,$(FUZZ_HARNESSES))
+
+fuzz-deps:
+	@scripts/install-deps.sh --fuzz
+
+fuzz: fuzz-deps
+	$(MAKE) --no-print-directory BUILD=$(FUZZ_DIR) CC=clang FUZZ=1 fuzz-bin
+	tests/fuzz/run_fuzz.sh $(FUZZ_DIR) $(FUZZ_SECONDS) $(FUZZ_HARNESSES)
+
 clean:
 	rm -rf $(BUILD)
 
@@ -175,3 +228,51 @@ install: $(TTD) $(LIB_A) $(LIB_SO)
 	if [ ! -e $(DESTDIR)/etc/ttd/ttd.conf ]; then install -D -m 0644 scripts/ttd.conf $(DESTDIR)/etc/ttd/ttd.conf; fi
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# scripts/faults and scripts/soak (issue 7): the fault and soak drivers, built from
+# scripts/faults-src/ with libttclient, the daemon's token helpers (for the --tokens file)
+# and the bench's statistics and MLP step. `make faults-short` is the short fault suite
+# for CI (under a minute); `make faults` the full run, `make soak SOAK_SECONDS=N` the soak.
+FAULTS_SRC := $(wildcard scripts/faults-src/ft_*.c scripts/faults-src/fc_*.c scripts/faults-src/faults_*.c) \
+  scripts/bench/bench_common.c scripts/bench/bench_mlp.c
+FAULTS_CFLAGS = $(filter-out -MMD -MP,$(CFLAGS)) -I. -Iscripts/faults-src
+
+$(BUILD)/bin/ttd_faults: $(FAULTS_SRC) $(wildcard scripts/faults-src/*.h scripts/bench/*.h) $(TTCTL_DAEMON_OBJ) $(LIB_A)
+	@mkdir -p $(dir $@)
+	@echo "  LINK    $@"
+	@$(CC) $(FAULTS_CFLAGS) $(LDFLAGS) $(FAULTS_SRC) $(TTCTL_DAEMON_OBJ) $(LIB_A) $(GRPC_LIBS) -o $@
+
+.PHONY: faults-bin faults-short faults
+faults-bin: $(TTD) $(BUILD)/bin/ttd_faults
+
+faults-short: faults-bin
+	scripts/faults --short $(BUILD)
+
+faults: faults-bin
+	scripts/faults $(BUILD)
+
+SOAK_SRC := $(wildcard scripts/soak-src/*.c) scripts/faults-src/ft_daemon.c scripts/faults-src/ft_metrics.c \
+  scripts/faults-src/ft_proc.c scripts/bench/bench_common.c scripts/bench/bench_mlp.c
+
+$(BUILD)/bin/ttd_soak: $(SOAK_SRC) $(wildcard scripts/soak-src/*.h scripts/faults-src/*.h scripts/bench/*.h) $(LIB_A)
+	@mkdir -p $(dir $@)
+	@echo "  LINK    $@"
+	@$(CC) $(FAULTS_CFLAGS) -Iscripts/soak-src $(LDFLAGS) $(SOAK_SRC) $(LIB_A) $(GRPC_LIBS) -o $@
+
+.PHONY: soak-bin
+soak-bin: $(TTD) $(BUILD)/bin/ttd_soak
+
+SOAK_SECONDS ?= 120
+.PHONY: soak
+soak: soak-bin
+	scripts/soak $(SOAK_SECONDS) $(BUILD)
+
+# make valgrind (issue 7): the end-to-end suites with every ttd they start under memcheck
+# (scripts/valgrind-e2e --client puts the test process under it too); BUILD/valgrind/
+# summary.txt gets the processes, errors and definitely lost bytes. Long (tens of minutes):
+# not part of `make test`.
+.PHONY: valgrind
+valgrind:
+	@scripts/install-deps.sh --valgrind
+	$(MAKE) --no-print-directory all
+	scripts/valgrind-e2e $(BUILD)

@@ -62,6 +62,11 @@ ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request)
   call->stream = st;
   TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->handle, &st->tensor));
   ttd_dtype source = st->tensor->spec.dtype;
+  if (req->target_dtype && ttd_dtype_size((ttd_dtype)req->target_dtype) == 0) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "target_dtype %d is not a dtype; use DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_INT32, or leave "
+                           "it unspecified for the tensor's own", (int)req->target_dtype);
+  }
   st->target = req->target_dtype ? (ttd_dtype)req->target_dtype : source;
   if (!ttd_dtype_convertible(source, st->target)) {
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot download a %s tensor as %s; ask for %s%s",

@@ -21,7 +21,7 @@ ttd_status_t ttd_handle_open_session(ttd_call *call, const ProtobufCMessage *req
     pthread_rwlock_unlock(&call->core->reload_lock);
     return status;
   }
-  char *peer = grpc_call_get_peer(call->call);
+  char *peer = call->call ? grpc_call_get_peer(call->call) : NULL; /* none for a call run in process */
   ttd_session_params params = {.client_name = req->client_name,
                                .tenant = call->principal.tenant,
                                .peer = peer,

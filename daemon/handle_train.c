@@ -108,8 +108,10 @@ static ttd_status_t backward(ttd_call *call, const ProtobufCMessage *request, Pr
   ttd_run *run = NULL;
   TTD_RETURN_IF_ERROR(ttd_session_run_take(call->session, req->run, &run));
   const ttd_program *p = run->program;
-  /* Queued work first; if it fails the run goes as with any failed Backward. */
-  ttd_status_t status = ttd_parameter_work_run(call, req->before, "queued before this Backward", NULL, 0);
+  /* Queued work first, the chained work checked before any gradient accumulates; if either
+   * fails the run goes as with any failed Backward. */
+  ttd_status_t status = ttd_parameter_work_check(req->after, "after this Backward");
+  if (!status) status = ttd_parameter_work_run(call, req->before, "queued before this Backward", NULL, 0);
   ttd_tensor **out_grads = calloc((size_t)p->n_outputs + 1, sizeof(*out_grads));
   ttd_tensor **param_grads = calloc((size_t)p->n_params + 1, sizeof(*param_grads));
   ttd_tensor **input_grads = calloc((size_t)p->n_inputs + 1, sizeof(*input_grads));

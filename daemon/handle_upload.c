@@ -36,6 +36,11 @@ static void state_free(ttd_call *call) {
 
 static ttd_status_t begin(ttd_call *call, const Ttd__V1__UploadHeader *header, upload_state *st) {
   ttd_dtype tensor_dtype;
+  if (header->source_dtype && ttd_dtype_size((ttd_dtype)header->source_dtype) == 0) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "source_dtype %d is not a dtype; use DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_INT32, or leave "
+                           "it unspecified for the tensor's own", (int)header->source_dtype);
+  }
   if (header->target_case == TTD__V1__UPLOAD_HEADER__TARGET_SPEC) {
     ttd_tensor_spec spec;
     TTD_RETURN_IF_ERROR(ttd_tensor_spec_from_proto(call->core, header->spec, &spec));
@@ -57,10 +62,9 @@ static ttd_status_t begin(ttd_call *call, const Ttd__V1__UploadHeader *header, u
   st->expected = st->tensor->spec.numel * ttd_dtype_size(st->source_dtype);
   return TTD_OK;
 not_convertible:
-  return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                         "cannot upload %s bytes into a %s tensor; send %s (or float32 for bfloat16)",
+  return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot upload %s bytes into a %s tensor; send %s%s",
                          ttd_dtype_name((ttd_dtype)header->source_dtype), ttd_dtype_name(tensor_dtype),
-                         ttd_dtype_name(tensor_dtype));
+                         ttd_dtype_name(tensor_dtype), tensor_dtype == TTD_DTYPE_BFLOAT16 ? " or float32" : "");
 }
 
 static ttd_status_t write_device(upload_state *st, const void *src, uint64_t bytes) {
@@ -104,13 +108,17 @@ static ttd_status_t write_converted(upload_state *st, const unsigned char *data,
   return TTD_OK;
 }
 
+/* INVALID_ARGUMENT if `more` bytes would run past the tensor's end. */
+static ttd_status_t check_room(const upload_state *st, uint64_t more) {
+  if (more <= st->expected - st->received) return TTD_OK;
+  return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                         "upload runs past the tensor's end: it holds %" PRIu64 " %s bytes, the stream sent %" PRIu64,
+                         st->expected, ttd_dtype_name(st->source_dtype), st->received + more);
+}
+
 /* The next len source bytes of the tensor, from a message or a shared-memory range. */
 static ttd_status_t consume(ttd_call *call, upload_state *st, const unsigned char *data, uint64_t len) {
-  if (len > st->expected - st->received) {
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                           "upload runs past the tensor's end: it holds %" PRIu64 " %s bytes, the stream sent %" PRIu64,
-                           st->expected, ttd_dtype_name(st->source_dtype), st->received + len);
-  }
+  TTD_RETURN_IF_ERROR(check_room(st, len));
   st->received += len;
   atomic_fetch_add_explicit(&call->core->metrics.bytes_to_device, len, memory_order_relaxed);
   if (len == 0) return TTD_OK;
@@ -195,7 +203,8 @@ static int on_bytes(void *ctx, uint32_t field, const uint8_t *data, size_t len, 
                                   "an Upload from shared memory carries no data in its messages; send the header alone");
       return 1;
     }
-    w->status = consume(call, st, data, len);
+    if (at == 0) w->status = check_room(st, total); /* the whole field, before its first slice */
+    if (!w->status) w->status = consume(call, st, data, len);
     return w->status ? 1 : 0;
   }
   return 0;

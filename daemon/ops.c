@@ -89,7 +89,12 @@ static ttd_status_t need_all_float(const Ttd__V1__Node *node, const ttd_value_ty
   return TTD_OK;
 }
 
-static int norm_axis(int64_t axis, int ndim) { return (int)(axis < 0 ? axis + ndim : axis); }
+/* A negative axis counts from the end. Past +-TTD_KMAX_DIMS it is -1, out of range for every
+ * caller, rather than wrapped by the cast to int (2^32 is not axis 0). */
+static int norm_axis(int64_t axis, int ndim) {
+  if (axis < -TTD_KMAX_DIMS || axis > TTD_KMAX_DIMS) return -1;
+  return (int)(axis < 0 ? axis + ndim : axis);
+}
 
 static void set_float(ttd_value_type *out, const ttd_kshape *shape) {
   out->dtype = TTD_DTYPE_FLOAT32;
@@ -354,6 +359,11 @@ static ttd_status_t attr_pair(const Ttd__V1__Node *node, const char *name, int64
   if (count < 0) v[0] = v[1] = def;
   else if (count == 1) v[1] = v[0];
   else if (count != 2) return bad(node, "attribute '%s' needs 1 or 2 values", name);
+  for (int i = 0; i < 2; i++) { /* kernels, strides and paddings of images: no sum of them may overflow */
+    if (v[i] < 0 || v[i] > INT32_MAX) {
+      return bad(node, "attribute '%s' is %lld; it must lie in [0, %d]", name, (long long)v[i], INT32_MAX);
+    }
+  }
   out[0] = v[0];
   out[1] = v[1];
   return TTD_OK;
@@ -370,6 +380,10 @@ static ttd_status_t infer_conv2d(const Ttd__V1__Node *node, const ttd_value_type
   }
   if (n == 3 && (in[2]->shape.ndim != 1 || in[2]->shape.d[0] != ws->d[0])) {
     return bad(node, "bias must be [%lld]", (long long)ws->d[0]);
+  }
+  if (ws->d[0] < 1 || ws->d[1] < 1) {
+    return bad(node, "weight %s has no channels: it needs at least 1 input and 1 output channel",
+               ttd_kshape_format(ws, b2, sizeof(b2)));
   }
   TTD_RETURN_IF_ERROR(attr_pair(node, "stride", 1, a->stride, 0));
   TTD_RETURN_IF_ERROR(attr_pair(node, "padding", 0, a->padding, 0));

@@ -22,8 +22,19 @@ ttd_status_t ttd_optimizer_options_from_proto(const Ttd__V1__OptimizerStepReques
   } else {
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "OptimizerStep needs an optimizer: set sgd or adam");
   }
-  float lr = out->adam ? out->adam_params.lr : out->sgd.lr;
-  if (!(lr >= 0.0f)) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "learning rate must be >= 0, got %g", (double)lr);
+  /* torch.optim refuses the same: each of these >= 0 (NaN too). */
+  const struct { const char *name; float value; } checks[] = {
+      {"learning rate", out->adam ? out->adam_params.lr : out->sgd.lr},
+      {"momentum", out->adam ? 0.0f : out->sgd.momentum},
+      {"weight decay", out->adam ? out->adam_params.weight_decay : out->sgd.weight_decay},
+      {"Adam eps", out->adam ? out->adam_params.eps : 0.0f},
+  };
+  for (size_t i = 0; i < sizeof(checks) / sizeof(checks[0]); i++) {
+    if (!(checks[i].value >= 0.0f)) {
+      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "%s must be >= 0, got %g", checks[i].name,
+                             (double)checks[i].value);
+    }
+  }
   return TTD_OK;
 }
 

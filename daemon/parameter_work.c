@@ -60,6 +60,7 @@ static ttd_status_t step_one(ttd_backend *backend, ttd_tensor *param, ttd_optimi
 
 ttd_status_t ttd_zero_grad_handles(ttd_call *call, const Ttd__V1__ZeroGradRequest *req, uint64_t *out_zeroed) {
   *out_zeroed = 0;
+  TTD_RETURN_IF_ERROR(ttd_handles_check_distinct(req->parameters, req->n_parameters));
   for (size_t i = 0; i < req->n_parameters; i++) {
     ttd_tensor *param = NULL;
     TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->parameters[i], &param));
@@ -74,6 +75,7 @@ ttd_status_t ttd_optimizer_step_handles(ttd_call *call, const Ttd__V1__Optimizer
   *out_updated = 0;
   ttd_optimizer_call oc;
   TTD_RETURN_IF_ERROR(ttd_optimizer_options_from_proto(req, &oc));
+  TTD_RETURN_IF_ERROR(ttd_handles_check_distinct(req->parameters, req->n_parameters)); /* one step each */
   for (size_t i = 0; i < req->n_parameters; i++) {
     ttd_tensor *param = NULL;
     TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->parameters[i], &param));
@@ -111,6 +113,21 @@ static ttd_status_t explain(ttd_status_t status, const char *what, const char *w
       ttd_make_status(ttd_status_code(status), "%s %s failed: %s", what, where, ttd_status_message(status));
   ttd_status_free(status);
   return wrapped;
+}
+
+ttd_status_t ttd_parameter_work_check(const Ttd__V1__ParameterWork *work, const char *where) {
+  if (!work) return TTD_OK;
+  if (work->step) {
+    ttd_optimizer_call oc;
+    ttd_status_t status = ttd_optimizer_options_from_proto(work->step, &oc);
+    if (!status) status = ttd_handles_check_distinct(work->step->parameters, work->step->n_parameters);
+    TTD_RETURN_IF_ERROR(explain(status, "OptimizerStep", where));
+  }
+  if (work->zero_grad) {
+    const Ttd__V1__ZeroGradRequest *z = work->zero_grad;
+    TTD_RETURN_IF_ERROR(explain(ttd_handles_check_distinct(z->parameters, z->n_parameters), "ZeroGrad", where));
+  }
+  return TTD_OK;
 }
 
 ttd_status_t ttd_parameter_work_run(ttd_call *call, const Ttd__V1__ParameterWork *work, const char *where,

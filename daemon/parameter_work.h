@@ -19,6 +19,11 @@ ttd_status_t ttd_zero_grad_handles(ttd_call *call, const Ttd__V1__ZeroGradReques
  * Parameters without a .grad are skipped, as torch skips them. */
 ttd_status_t ttd_optimizer_step_handles(ttd_call *call, const Ttd__V1__OptimizerStepRequest *req, uint64_t *out_updated);
 
+/* What can be told of work (NULL: nothing) before it runs: its optimizer options and that
+ * no parameter is listed twice. Backward checks its after-work so, before the backward
+ * accumulates any gradient. */
+ttd_status_t ttd_parameter_work_check(const Ttd__V1__ParameterWork *work, const char *where);
+
 /* Runs work (NULL: nothing): its step, then its zero_grad. where names the moment for
  * messages ("before this Execute"); a failure keeps its code and says which part failed.
  * reached (n_reached tensors, may be NULL) stands for an empty parameter list: Backward's

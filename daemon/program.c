@@ -68,8 +68,13 @@ static ttd_status_t invalid(const char *fmt, const char *name, const char *detai
   return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, fmt, name, detail);
 }
 
-static ttd_status_t read_value_spec(const Ttd__V1__ValueSpec *spec, const char *what, ttd_program_value *out) {
-  if (!spec->name || !spec->name[0]) return invalid("a graph %s%s has no name", what, "");
+static ttd_status_t read_value_spec(const Ttd__V1__ValueSpec *spec, const char *what, size_t index,
+                                    ttd_program_value *out) {
+  if (!spec->name || !spec->name[0]) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "graph %s %zu has no name; give each input and parameter a name for nodes to read it by",
+                           what, index);
+  }
   ttd_tensor_spec ts = {.dtype = (ttd_dtype)spec->dtype, .ndim = (int)spec->n_shape};
   if (spec->n_shape > TTD_MAX_DIMS) return invalid("%s '%.128s' has more than 8 dims", what, spec->name);
   for (size_t i = 0; i < spec->n_shape; i++) ts.shape[i] = spec->shape[i];
@@ -85,6 +90,21 @@ static ttd_status_t read_value_spec(const Ttd__V1__ValueSpec *spec, const char *
   out->type.shape.ndim = ts.ndim;
   memcpy(out->type.shape.d, ts.shape, sizeof(int64_t) * (size_t)ts.ndim);
   return TTD_OK;
+}
+
+/* A node's inferred output must be a tensor a device could hold: at most 2^63 elements and
+ * bytes, as any tensor (so later sizes computed from it cannot overflow). */
+static ttd_status_t check_output_size(const Ttd__V1__Node *node, const ttd_value_type *type) {
+  ttd_tensor_spec ts = {.dtype = type->dtype, .ndim = type->shape.ndim};
+  memcpy(ts.shape, type->shape.d, sizeof(int64_t) * (size_t)ts.ndim);
+  ttd_status_t s = ttd_tensor_spec_finish(&ts);
+  if (!s) return TTD_OK;
+  char shape[192];
+  ttd_status_t named = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "node '%.128s' (%.32s): its output %s: %s", node->name,
+                                       node->op, ttd_kshape_format(&type->shape, shape, sizeof(shape)),
+                                       ttd_status_message(s));
+  ttd_status_free(s);
+  return named;
 }
 
 /* Orders nodes so every node comes after the nodes it reads (Kahn). order[i] = graph
@@ -196,18 +216,23 @@ ttd_status_t ttd_program_compile(const Ttd__V1__Graph *g, ttd_program **out_prog
   for (size_t i = 0; i < n_values && !status; i++) {
     const char *name;
     if (i < g->n_inputs) {
-      status = read_value_spec(g->inputs[i], "input", &p->values[i]);
+      status = read_value_spec(g->inputs[i], "input", i, &p->values[i]);
       p->values[i].kind = TTD_VALUE_INPUT;
     } else if (i < g->n_inputs + g->n_parameters) {
-      status = read_value_spec(g->parameters[i - g->n_inputs], "parameter", &p->values[i]);
+      status = read_value_spec(g->parameters[i - g->n_inputs], "parameter", i - g->n_inputs, &p->values[i]);
       p->values[i].kind = TTD_VALUE_PARAM;
       if (!status && p->values[i].type.dtype == TTD_DTYPE_INT32) {
         status = invalid("parameter '%.128s' is int32%s; parameters must be float32 or bfloat16", p->values[i].name, "");
       }
     } else {
       const Ttd__V1__Node *node = g->nodes[i - g->n_inputs - g->n_parameters];
-      if (!node->name || !node->name[0]) status = invalid("a node has no name%s%s", "", "");
-      else if (!(p->values[i].name = strdup(node->name))) goto oom;
+      if (!node->name || !node->name[0]) {
+        status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                                 "node %zu (%.32s) has no name; name every node: its output is the value named after it",
+                                 i - g->n_inputs - g->n_parameters, node->op);
+      } else if (!(p->values[i].name = strdup(node->name))) {
+        goto oom;
+      }
       p->values[i].kind = TTD_VALUE_NODE;
     }
     p->n_values = (int)i + 1;
@@ -266,19 +291,22 @@ ttd_status_t ttd_program_compile(const Ttd__V1__Graph *g, ttd_program **out_prog
       grad = grad || src->requires_grad;
     }
     status = ttd_op_infer(pn->op, node, in_types, pn->n_inputs, &pn->attrs, &p->values[pn->value].type);
+    if (!status) status = check_output_size(node, &p->values[pn->value].type);
     p->values[pn->value].requires_grad = grad && p->values[pn->value].type.dtype != TTD_DTYPE_INT32;
   }
   if (status) goto fail;
+  unsigned char *listed = calloc(n_values ? n_values : 1, 1); /* outputs seen, by value: linear in outputs */
+  if (!listed) goto oom;
   for (size_t i = 0; i < g->n_outputs && !status; i++) {
     int v = name_map_find(&names, g->outputs[i], -1);
     if (v < 0) {
       status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "output '%.128s' names no value of the graph", g->outputs[i]);
-    }
-    for (size_t k = 0; k < i && !status; k++) {
-      if (p->outputs[k] == v) status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "output '%.128s' is listed twice", g->outputs[i]);
+    } else if (listed[v]++) {
+      status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "output '%.128s' is listed twice", g->outputs[i]);
     }
     p->outputs[i] = v;
   }
+  free(listed);
   if (status) goto fail;
   name_map_free(&names);
   free(order);

@@ -52,7 +52,18 @@ typedef struct ttd_call {
   grpc_metadata initial_md;     /* ttd-request-id */
   ttd_arena_block *arena;
   ProtobufCAllocator allocator; /* allocates from the arena */
+  ttd_session_stream session_stream; /* a stream's place in its session: cancelled at close */
 } ttd_call;
+
+/* Readies a zeroed call of method on core: the arena allocator for protobuf-c, empty
+ * request metadata and status details. The transport fills in the rest (rpc_server.c for
+ * gRPC calls; the fuzz harnesses in process). */
+void ttd_call_init(ttd_call *call, ttd_core *core, const ttd_method *method);
+
+/* Releases what the call holds, its grpc_call aside: the received and sending buffers,
+ * the status details, the request metadata array, the session reference and the arena
+ * (every request and response unpacked or built in it). */
+void ttd_call_deinit(ttd_call *call);
 
 /* Zeroed memory that lives until the call ends; NULL if out of memory. */
 void *ttd_call_alloc(ttd_call *call, size_t bytes);

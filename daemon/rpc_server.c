@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <grp.h>
-#include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <inttypes.h>
@@ -16,7 +15,7 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "rpc_method.h"
+#include "rpc_dispatch.h"
 
 /* Largest message the server accepts: upload chunks are 1 MiB by default, 4 MiB at most. */
 #define TTD_MAX_RECEIVE_BYTES (8 * 1024 * 1024)
@@ -39,57 +38,6 @@ struct ttd_server {
   atomic_bool cancelling; /* the drain timeout passed: queued device work is not run */
 };
 
-/* ---- arena ---- */
-
-struct ttd_arena_block {
-  ttd_arena_block *next;
-  size_t used, size;
-  _Alignas(16) unsigned char data[];
-};
-
-void *ttd_call_alloc(ttd_call *call, size_t bytes) {
-  bytes = (bytes + 15) & ~(size_t)15;
-  ttd_arena_block *b = call->arena;
-  if (!b || b->size - b->used < bytes) {
-    size_t size = bytes > 4096 ? bytes : 4096;
-    b = malloc(sizeof(*b) + size);
-    if (!b) return NULL;
-    b->size = size;
-    b->used = 0;
-    b->next = call->arena;
-    call->arena = b;
-  }
-  void *p = b->data + b->used;
-  b->used += bytes;
-  memset(p, 0, bytes);
-  return p;
-}
-
-char *ttd_call_strdup(ttd_call *call, const char *s) {
-  size_t n = strlen(s) + 1;
-  char *copy = ttd_call_alloc(call, n);
-  if (copy) memcpy(copy, s, n);
-  return copy;
-}
-
-static void *arena_pb_alloc(void *data, size_t size) { return ttd_call_alloc(data, size); }
-static void arena_pb_free(void *data, void *p) {
-  (void)data;
-  (void)p;
-}
-
-const char *ttd_call_metadata(const ttd_call *call, const char *key, size_t *out_len) {
-  for (size_t i = 0; i < call->request_metadata.count; i++) {
-    const grpc_metadata *md = &call->request_metadata.metadata[i];
-    if (grpc_slice_str_cmp(md->key, key) == 0) {
-      *out_len = GRPC_SLICE_LENGTH(md->value);
-      return (const char *)GRPC_SLICE_START_PTR(md->value);
-    }
-  }
-  *out_len = 0;
-  return NULL;
-}
-
 /* ---- call lifecycle ---- */
 
 /* Calls of methods not in the table arrive here and are answered UNIMPLEMENTED. */
@@ -99,13 +47,9 @@ static ttd_status_t request_call(ttd_server *server, const ttd_method *method, v
   ttd_call *c = calloc(1, sizeof(*c));
   if (!c) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
   atomic_fetch_add(&server->live_calls, 1);
+  ttd_call_init(c, server->core, method);
   c->state = TTD_CALL_REQUESTED;
-  c->method = method;
   c->server = server;
-  c->core = server->core;
-  c->status_details = grpc_empty_slice();
-  c->allocator = (ProtobufCAllocator){arena_pb_alloc, arena_pb_free, c};
-  grpc_metadata_array_init(&c->request_metadata);
   grpc_call_error err;
   if (method == &unknown_method) {
     grpc_call_details_init(&c->details);
@@ -127,18 +71,10 @@ static ttd_status_t request_call(ttd_server *server, const ttd_method *method, v
 }
 
 static void call_destroy(ttd_call *c) {
-  if (c->received) grpc_byte_buffer_destroy(c->received);
-  if (c->sending) grpc_byte_buffer_destroy(c->sending);
-  grpc_slice_unref(c->status_details);
-  grpc_metadata_array_destroy(&c->request_metadata);
+  if (c->session) ttd_session_stream_remove(c->session, &c->session_stream);
+  ttd_call_deinit(c);
   if (c->method == &unknown_method) grpc_call_details_destroy(&c->details);
   if (c->call) grpc_call_unref(c->call);
-  ttd_session_release(c->session);
-  while (c->arena) {
-    ttd_arena_block *next = c->arena->next;
-    free(c->arena);
-    c->arena = next;
-  }
   atomic_fetch_sub(&c->server->live_calls, 1);
   free(c);
 }
@@ -223,74 +159,6 @@ static ttd_status_t pack_message(const ProtobufCMessage *msg, grpc_byte_buffer *
   return TTD_OK;
 }
 
-/* Unpacks a unary call's request into the call's arena: it lives with the call. (Stream
- * messages are walked in place by their handlers: wire_frame.h.) */
-static ttd_status_t unpack_message(ttd_call *c, grpc_byte_buffer *buffer, const ProtobufCMessageDescriptor *desc,
-                                   ProtobufCMessage **out) {
-  *out = NULL;
-  grpc_byte_buffer_reader reader;
-  if (!grpc_byte_buffer_reader_init(&reader, buffer)) {
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "request of %s could not be read (bad compression?)",
-                           c->method->path);
-  }
-  grpc_slice flat = grpc_byte_buffer_reader_readall(&reader);
-  grpc_byte_buffer_reader_destroy(&reader);
-  size_t len = GRPC_SLICE_LENGTH(flat);
-  *out = protobuf_c_message_unpack(desc, &c->allocator, len, GRPC_SLICE_START_PTR(flat));
-  grpc_slice_unref(flat);
-  if (!*out) {
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                           "request is not a valid %s message (%zu bytes could not be decoded); "
-                           "send a message generated from proto/ttd/v1/ttd.proto",
-                           desc->name, len);
-  }
-  return TTD_OK;
-}
-
-static int hexval(char ch) {
-  if (ch >= '0' && ch <= '9') return ch - '0';
-  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-  return -1;
-}
-
-static int parse_hex64(const char *s, size_t len, uint64_t *out) {
-  if (len == 0 || len > 16) return -1;
-  uint64_t v = 0;
-  for (size_t i = 0; i < len; i++) {
-    int d = hexval(s[i]);
-    if (d < 0) return -1;
-    v = (v << 4) | (uint64_t)d;
-  }
-  *out = v;
-  return 0;
-}
-
-/* Resolves the ttd-session (and ttd-instance) metadata into c->session. */
-static ttd_status_t attach_session(ttd_call *c) {
-  size_t len;
-  const char *instance = ttd_call_metadata(c, "ttd-instance", &len);
-  if (instance && (len != strlen(c->core->instance_id) || memcmp(instance, c->core->instance_id, len) != 0)) {
-    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
-                           "daemon restarted, tensors are gone: this call names daemon instance %.*s, "
-                           "the running one is %s; reconnect and upload again",
-                           (int)(len > 32 ? 32 : len), instance, c->core->instance_id);
-  }
-  const char *value = ttd_call_metadata(c, "ttd-session", &len);
-  if (!value) {
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                           "%s needs a session: call OpenSession and send its id in 'ttd-session' metadata",
-                           c->method->path);
-  }
-  uint64_t id;
-  if (parse_hex64(value, len, &id) != 0) {
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                           "'ttd-session' metadata must be the 16 hex digits OpenSession returned, got '%.*s'",
-                           (int)(len > 32 ? 32 : len), value);
-  }
-  return ttd_session_table_lookup(&c->core->sessions, id, c->principal.tenant, ttd_now_ms(), &c->session);
-}
-
 static void send_stream_message(ttd_call *c);
 
 static void run_unary(ttd_call *c, const ProtobufCMessage *request) {
@@ -336,33 +204,30 @@ static void run_scheduled(ttd_job *job) {
   ttd_log_set_call(0, 0);
 }
 
+/* Closing a session ends its streams: one stalled on its client would hold its tensor. */
+static void cancel_stream(ttd_session_stream *stream) {
+  ttd_call *c = (ttd_call *)((char *)stream - offsetof(ttd_call, session_stream));
+  grpc_call_cancel_with_status(c->call, GRPC_STATUS_FAILED_PRECONDITION,
+                               "the session was closed (by its client, an admin or its lease) during this stream",
+                               NULL);
+}
+
+/* Registers a stream with its session; false, the call answered, if the session closed. */
+static bool watch_stream(ttd_call *c) {
+  if (!c->session) return true;
+  c->session_stream.cancel = cancel_stream;
+  if (ttd_session_stream_add(c->session, &c->session_stream)) return true;
+  c->session_stream.cancel = NULL;
+  finish(c, NULL, ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION, "session %016" PRIx64 " was closed; open a new session",
+                                  c->session->id));
+  return false;
+}
+
 /* A call of this method has arrived. */
 static void on_call_arrived(ttd_call *c) {
   const ttd_method *m = c->method;
   ProtobufCMessage *request = NULL;
-  /* Who is calling comes first: nothing of an unauthenticated caller's request is parsed. */
-  size_t len;
-  const char *authorization = ttd_call_metadata(c, "authorization", &len);
-  ttd_status_t status = ttd_auth_check(&c->core->auth, authorization, len, &c->principal);
-  if (!status && m->needs_admin && !c->principal.admin) {
-    status = ttd_make_status(GRPC_STATUS_PERMISSION_DENIED,
-                             "%s is for administrators; tenant %s is not one (mark it 'admin' in the tokens file)",
-                             m->path, c->principal.tenant);
-  }
-  if (status) {
-    finish(c, NULL, status);
-    return;
-  }
-  if (m->kind != TTD_METHOD_CLIENT_STREAM) {
-    if (!c->received) {
-      finish(c, NULL, ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "%s needs a request message, got none", m->path));
-      return;
-    }
-    status = unpack_message(c, c->received, m->request, &request);
-    grpc_byte_buffer_destroy(c->received);
-    c->received = NULL;
-  }
-  if (!status && m->needs_session) status = attach_session(c);
+  ttd_status_t status = ttd_dispatch_prepare(c, &request);
   if (c->session) ttd_log_set_call(c->request_id, c->session->id);
   if (status) {
     finish(c, NULL, status);
@@ -382,6 +247,7 @@ static void on_call_arrived(ttd_call *c) {
       run_unary(c, request);
       return;
     case TTD_METHOD_CLIENT_STREAM: {
+      if (!watch_stream(c)) return;
       grpc_op op;
       memset(&op, 0, sizeof(op));
       op.op = GRPC_OP_RECV_MESSAGE;
@@ -391,6 +257,7 @@ static void on_call_arrived(ttd_call *c) {
       return;
     }
     case TTD_METHOD_SERVER_STREAM:
+      if (!watch_stream(c)) return;
       status = m->stream_begin(c, request);
       if (status) {
         m->stream_done(c);

@@ -206,6 +206,23 @@ int ttd_session_run_device(ttd_session *session, uint64_t handle) {
   return device;
 }
 
+ttd_status_t ttd_handles_check_distinct(const uint64_t *handles, size_t count) {
+  if (count < 2) return TTD_OK;
+  ttd_handle_map seen = {0};
+  ttd_status_t status = TTD_OK;
+  for (size_t i = 0; i < count && !status; i++) {
+    int rc = handles[i] ? ttd_handle_map_put(&seen, handles[i], (void *)1) : 0;
+    if (rc == -1) {
+      status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                               "handle 0x%016" PRIx64 " is listed twice (at %zu); list each once", handles[i], i);
+    } else if (rc) {
+      status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+    }
+  }
+  ttd_handle_map_clear(&seen);
+  return status;
+}
+
 ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *handles, size_t count,
                                       uint64_t *out_tensors, uint64_t *out_bytes) {
   *out_tensors = 0;
@@ -213,24 +230,13 @@ ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *hand
   if (count == 0) {
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "Free needs at least one handle");
   }
-  ttd_handle_map seen = {0};
+  TTD_RETURN_IF_ERROR(ttd_handles_check_distinct(handles, count));
   ttd_status_t status = TTD_OK;
   ttd_tensor **doomed = malloc(count * sizeof(*doomed));
   if (!doomed) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   pthread_mutex_lock(&session->lock);
   for (size_t i = 0; i < count && !status; i++) {
-    if (!ttd_handle_map_get(&session->tensors, handles[i])) {
-      status = ttd_session_handle_not_found(handles[i]);
-    } else {
-      int rc = ttd_handle_map_put(&seen, handles[i], (void *)1);
-      if (rc == -1) {
-        status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                                 "handle 0x%016" PRIx64 " is listed twice (at %zu); list each once",
-                                 handles[i], i);
-      } else if (rc) {
-        status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
-      }
-    }
+    if (!ttd_handle_map_get(&session->tensors, handles[i])) status = ttd_session_handle_not_found(handles[i]);
   }
   if (!status) {
     for (size_t i = 0; i < count; i++) {
@@ -244,7 +250,6 @@ ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *hand
   if (!status) {
     for (size_t i = 0; i < count; i++) ttd_tensor_release(doomed[i]);
   }
-  ttd_handle_map_clear(&seen);
   free(doomed);
   return status;
 }
@@ -292,6 +297,30 @@ ttd_status_t ttd_session_run_put_back(ttd_session *session, uint64_t handle, ttd
   return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION, "session closed during Backward; the run is released");
 }
 
+bool ttd_session_stream_add(ttd_session *session, ttd_session_stream *stream) {
+  pthread_mutex_lock(&session->lock);
+  bool open = !session->closed;
+  if (open) {
+    stream->prev = NULL;
+    stream->next = session->streams;
+    if (session->streams) session->streams->prev = stream;
+    session->streams = stream;
+  }
+  pthread_mutex_unlock(&session->lock);
+  return open;
+}
+
+void ttd_session_stream_remove(ttd_session *session, ttd_session_stream *stream) {
+  if (!stream->cancel) return;
+  pthread_mutex_lock(&session->lock);
+  if (stream->prev) stream->prev->next = stream->next;
+  else if (session->streams == stream) session->streams = stream->next;
+  if (stream->next) stream->next->prev = stream->prev;
+  stream->prev = stream->next = NULL;
+  stream->cancel = NULL;
+  pthread_mutex_unlock(&session->lock);
+}
+
 void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *out_bytes) {
   uint64_t charged_before = atomic_load(&session->quota->used);
   pthread_mutex_lock(&session->lock);
@@ -304,6 +333,9 @@ void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *ou
   ttd_handle_map tensors = session->tensors;
   memset(&session->tensors, 0, sizeof(session->tensors));
   session->tensor_bytes = 0;
+  /* A stream stalled on its client holds its tensor until it ends: end it now (once). Each
+   * one unregisters under this lock before its call goes, so it is alive here. */
+  for (ttd_session_stream *st = session->closed ? NULL : session->streams; st; st = st->next) st->cancel(st);
   session->closed = true;
   pthread_mutex_unlock(&session->lock);
   for (size_t i = 0; i < tensors.capacity; i++) {

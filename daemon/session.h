@@ -20,6 +20,15 @@
 #include "tensor.h"
 #include "tokens.h"
 
+/* A stream of the session that may wait on its client without end: a client that stops
+ * reading a Download or sending an Upload, its connection open. Closing the session
+ * cancels it, so that the tensor the stream holds goes with the session. */
+typedef struct ttd_session_stream {
+  struct ttd_session_stream *prev, *next;
+  /* Called once, under the session's lock: must not block, nor take that lock. */
+  void (*cancel)(struct ttd_session_stream *stream);
+} ttd_session_stream;
+
 typedef struct ttd_session {
   atomic_int refs;
   uint64_t id;
@@ -40,6 +49,7 @@ typedef struct ttd_session {
   uid_t segments_uid;           /* every segment comes from this user (SO_PEERCRED) */
   uint64_t segments_bytes;      /* mapped by its segments */
   uint64_t shm_key[2];          /* random; side-socket requests must carry it */
+  ttd_session_stream *streams;  /* open streams, cancelled at close */
 } ttd_session;
 
 /* Who opens a session and what it asks for. */
@@ -74,6 +84,10 @@ int ttd_session_device_of(ttd_session *session, const uint64_t *handles, size_t 
 /* The device of the session's kept run under handle, or -1. */
 int ttd_session_run_device(ttd_session *session, uint64_t handle);
 
+/* INVALID_ARGUMENT naming the first handle listed twice (0 aside: never a handle), else OK.
+ * Linear in count. */
+ttd_status_t ttd_handles_check_distinct(const uint64_t *handles, size_t count);
+
 /* Frees the listed handles, all or nothing: NOT_FOUND if any is unknown, INVALID_ARGUMENT
  * if the list is empty or names a handle twice. */
 ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *handles, size_t count,
@@ -96,7 +110,14 @@ ttd_status_t ttd_session_run_take(ttd_session *session, uint64_t handle, struct 
 /* Puts a taken run back under its handle (Backward with keep_run). */
 ttd_status_t ttd_session_run_put_back(ttd_session *session, uint64_t handle, struct ttd_run *run);
 
-/* Marks the session closed and drops every tensor. Idempotent. */
+/* Registers stream (its cancel set, its links unused) to be cancelled when the session
+ * closes. false, with nothing registered, if the session is closed already. */
+bool ttd_session_stream_add(ttd_session *session, ttd_session_stream *stream);
+
+/* Unregisters stream before it ends; a no-op for one never registered (cancel NULL). */
+void ttd_session_stream_remove(ttd_session *session, ttd_session_stream *stream);
+
+/* Marks the session closed, cancels its streams and drops every tensor. Idempotent. */
 void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *out_bytes);
 
 /* Whether key is the session's side-socket key (constant time). */

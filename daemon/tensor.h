@@ -40,7 +40,8 @@ typedef struct ttd_tensor {
 } ttd_tensor;
 
 /* Fills numel and nbytes from dtype and shape. INVALID_ARGUMENT for an invalid dtype,
- * too many dims, a negative dim or a product that overflows 64 bits. */
+ * too many dims, a negative dim, or nonzero dims whose product passes 2^63 elements or
+ * bytes (also when another dim is 0: strides of an empty tensor must fit as well). */
 ttd_status_t ttd_tensor_spec_finish(ttd_tensor_spec *spec);
 
 /* Allocates device memory for spec (already finished and validated), charged to quota

@@ -114,19 +114,19 @@ static micro_kernel_fn pick_micro_kernel(void) {
 }
 
 typedef float v4f __attribute__((vector_size(4 * sizeof(float))));
-typedef int32_t v4i __attribute__((vector_size(4 * sizeof(int32_t))));
 
 /* Four rows r of 4 floats each (r at src + r*ld_src, contiguous) written transposed: column q
- * goes to dst + q*ld_dst. Eight shuffles instead of 16 scalar loads and stores. */
+ * goes to dst + q*ld_dst. Eight shuffles instead of 16 scalar loads and stores (GCC 12 and
+ * clang both have __builtin_shufflevector). */
 static inline void transpose4(const float *src, int64_t ld_src, float *dst, int64_t ld_dst) {
   v4f r[4], t[4];
   for (int q = 0; q < 4; q++) memcpy(&r[q], src + q * ld_src, sizeof(v4f));
-  t[0] = __builtin_shuffle(r[0], r[1], (v4i){0, 4, 1, 5});
-  t[1] = __builtin_shuffle(r[0], r[1], (v4i){2, 6, 3, 7});
-  t[2] = __builtin_shuffle(r[2], r[3], (v4i){0, 4, 1, 5});
-  t[3] = __builtin_shuffle(r[2], r[3], (v4i){2, 6, 3, 7});
-  v4f c[4] = {__builtin_shuffle(t[0], t[2], (v4i){0, 1, 4, 5}), __builtin_shuffle(t[0], t[2], (v4i){2, 3, 6, 7}),
-              __builtin_shuffle(t[1], t[3], (v4i){0, 1, 4, 5}), __builtin_shuffle(t[1], t[3], (v4i){2, 3, 6, 7})};
+  t[0] = __builtin_shufflevector(r[0], r[1], 0, 4, 1, 5);
+  t[1] = __builtin_shufflevector(r[0], r[1], 2, 6, 3, 7);
+  t[2] = __builtin_shufflevector(r[2], r[3], 0, 4, 1, 5);
+  t[3] = __builtin_shufflevector(r[2], r[3], 2, 6, 3, 7);
+  v4f c[4] = {__builtin_shufflevector(t[0], t[2], 0, 1, 4, 5), __builtin_shufflevector(t[0], t[2], 2, 3, 6, 7),
+              __builtin_shufflevector(t[1], t[3], 0, 1, 4, 5), __builtin_shufflevector(t[1], t[3], 2, 3, 6, 7)};
   for (int q = 0; q < 4; q++) memcpy(dst + q * ld_dst, &c[q], sizeof(v4f));
 }
 

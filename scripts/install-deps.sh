@@ -15,6 +15,11 @@ PACKAGES=(
 # --bench: also what `make bench` needs (OpenBLAS for the sgemm reference, PyTorch for the
 # training-step reference); neither is needed to build, test or run ttd.
 if [ "${1:-}" = "--bench" ]; then PACKAGES+=(libopenblas-dev python3-torch); fi
+# --fuzz: also what `make fuzz` needs (clang and its libFuzzer runtime); the corpus replay of
+# `make test` builds with gcc and needs neither.
+if [ "${1:-}" = "--fuzz" ]; then PACKAGES+=(clang libclang-rt-14-dev); fi
+# --valgrind: also what `make valgrind` needs.
+if [ "${1:-}" = "--valgrind" ]; then PACKAGES+=(valgrind); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

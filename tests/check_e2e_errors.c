@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "raw_rpc.h"
@@ -65,10 +64,7 @@ END_TEST
 /* Garbage on the socket itself (not HTTP/2) is dropped and the daemon keeps serving. */
 START_TEST(test_garbage_on_socket) {
   for (int i = 0; i < 5; i++) {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%.100s", proc.target + 5);
-    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    int fd = harness_unix_connect(proc.target + 5, SOCK_STREAM);
     unsigned char junk[4096];
     harness_fill_random(junk, sizeof(junk), (uint64_t)i);
     ck_assert_int_gt(write(fd, junk, (size_t)(i + 1) * 800), 0);

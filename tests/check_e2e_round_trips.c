@@ -286,20 +286,9 @@ static raw_md md(void) { return (raw_md){.session = session, .instance = instanc
  * unpacked response when OK (free with protobuf_c_message_free_unpacked), else NULL. */
 static ProtobufCMessage *rpc(const char *method, const ProtobufCMessage *msg, const ProtobufCMessageDescriptor *resp_type,
                              int want_code, const char *needle) {
-  size_t len = protobuf_c_message_get_packed_size(msg);
-  unsigned char *buf = malloc(len ? len : 1);
-  protobuf_c_message_pack(msg, buf);
   char path[64];
   snprintf(path, sizeof(path), "/ttd.v1.Device/%s", method);
-  raw_result r;
-  raw_call(proc.target, path, md(), buf, len, &r);
-  free(buf);
-  ck_assert_msg(r.code == want_code, "%s: expected code %d, got %d: %s", method, want_code, r.code, r.details);
-  if (needle) ck_assert_msg(strstr(r.details, needle) != NULL, "%s: message '%s' lacks '%s'", method, r.details, needle);
-  ProtobufCMessage *resp = r.code == 0 ? protobuf_c_message_unpack(resp_type, NULL, r.body_len, r.body) : NULL;
-  if (r.code == 0) ck_assert_ptr_nonnull(resp);
-  raw_result_free(&r);
-  return resp;
+  return raw_unary(proc.target, path, msg, md(), resp_type, want_code, needle);
 }
 
 /* A new float32 tensor on tt:0 holding n floats of data, shaped d0 (x d1). */

@@ -21,32 +21,16 @@ static char tokens_path[128];
 static char alice[64], bob[64], ops[64], carol[64];
 static char alice_auth[80], bob_auth[80], ops_auth[80];
 
-/* Writes the tokens file: each tenant line is NAME DIGEST-OF-TOKEN OPTIONS. */
-static void write_tokens(const char *const *names, const char *const *tokens, const char *const *opts, int n) {
-  FILE *f = fopen(tokens_path, "w");
-  ck_assert_ptr_nonnull(f);
-  fprintf(f, "# test tenants\n\n");
-  for (int i = 0; i < n; i++) {
-    char digest[80];
-    ttd_token_digest_text(tokens[i], strlen(tokens[i]), digest, sizeof(digest));
-    fprintf(f, "%s  %s %s  # tenant %d\n", names[i], digest, opts[i], i);
-  }
-  fclose(f);
-}
-
 static void setup(void) {
   snprintf(tokens_path, sizeof(tokens_path), "/tmp/ttd-tokens-%d", (int)getpid());
-  ttd_token_generate(alice, sizeof(alice));
-  ttd_token_generate(bob, sizeof(bob));
-  ttd_token_generate(ops, sizeof(ops));
+  harness_token(alice, sizeof(alice), alice_auth, sizeof(alice_auth));
+  harness_token(bob, sizeof(bob), bob_auth, sizeof(bob_auth));
+  harness_token(ops, sizeof(ops), ops_auth, sizeof(ops_auth));
   ttd_token_generate(carol, sizeof(carol));
-  snprintf(alice_auth, sizeof(alice_auth), "Bearer %s", alice);
-  snprintf(bob_auth, sizeof(bob_auth), "Bearer %s", bob);
-  snprintf(ops_auth, sizeof(ops_auth), "Bearer %s", ops);
   const char *names[] = {"alice", "bob", "ops"};
   const char *toks[] = {alice, bob, ops};
   const char *opts[] = {"quota=512K", "", "admin"};
-  write_tokens(names, toks, opts, 3);
+  harness_write_tokens(tokens_path, names, toks, opts, 3);
   const char *args[] = {"--tokens", tokens_path, "--quota", "1M", "--dram", "8M", NULL};
   ttd_proc_start(&proc, args);
   setenv("TTD_TOKEN", ops, 1); /* the harness's own sessions (memory checks) are the admin's */
@@ -371,7 +355,7 @@ START_TEST(test_sighup_reload) {
   const char *names[] = {"alice", "carol", "ops"};
   const char *toks[] = {alice, carol, ops};
   const char *opts[] = {"quota=128K", "", "admin"};
-  write_tokens(names, toks, opts, 3);
+  harness_write_tokens(tokens_path, names, toks, opts, 3);
   hup_and_wait("event=reloaded");
 
   /* bob's open session is refused from now on; carol gets in. */

@@ -44,6 +44,7 @@ int main(void) {
   srunner_add_suite(sr, e2e_service_suite());
   srunner_add_suite(sr, e2e_ttctl_suite());
   srunner_add_suite(sr, e2e_round_trips_suite());
+  srunner_add_suite(sr, e2e_bad_inputs_suite());
   srunner_add_suite(sr, safetensors_suite());
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

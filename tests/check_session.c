@@ -349,6 +349,36 @@ START_TEST(test_closed_refuses_add) {
 }
 END_TEST
 
+/* Streams registered with a session (a Download or Upload that may stall on its client)
+ * are each cancelled once when it closes; a removed one is not; a closed session takes
+ * none. */
+typedef struct counted_stream {
+  ttd_session_stream link;
+  int cancels;
+} counted_stream;
+
+static void count_cancel(ttd_session_stream *stream) { ((counted_stream *)stream)->cancels++; }
+
+START_TEST(test_close_cancels_streams) {
+  ttd_session *session = ttd_session_create(7, &(ttd_session_params){.client_name = "t"}, 0);
+  counted_stream streams[3] = {{.link.cancel = count_cancel}, {.link.cancel = count_cancel},
+                               {.link.cancel = count_cancel}};
+  for (int i = 0; i < 3; i++) ck_assert(ttd_session_stream_add(session, &streams[i].link));
+  ttd_session_stream_remove(session, &streams[1].link); /* ended before the close */
+  ck_assert_ptr_null(streams[1].link.cancel);
+  ttd_session_close(session, NULL, NULL);
+  ttd_session_close(session, NULL, NULL); /* idempotent: nothing cancelled twice */
+  ck_assert_int_eq(streams[0].cancels, 1);
+  ck_assert_int_eq(streams[1].cancels, 0);
+  ck_assert_int_eq(streams[2].cancels, 1);
+  for (int i = 0; i < 3; i++) ttd_session_stream_remove(session, &streams[i].link);
+  counted_stream late = {.link.cancel = count_cancel};
+  ck_assert(!ttd_session_stream_add(session, &late.link));
+  ck_assert_int_eq(late.cancels, 0);
+  ttd_session_release(session);
+}
+END_TEST
+
 /* A tensor referenced elsewhere keeps its memory after free or close until released. */
 START_TEST(test_refcount_keeps_memory) {
   ttd_session *session = ttd_session_create(1, &(ttd_session_params){.client_name = "t"}, 0);
@@ -725,6 +755,7 @@ Suite *session_suite(void) {
   tcase_add_test(tc, test_free_empty_and_duplicates);
   tcase_add_test(tc, test_close_frees_memory);
   tcase_add_test(tc, test_closed_refuses_add);
+  tcase_add_test(tc, test_close_cancels_streams);
   tcase_add_test(tc, test_refcount_keeps_memory);
   tcase_add_test(tc, test_release_last_reference);
   tcase_add_test(tc, test_session_fields_and_touch);

@@ -8,8 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 
 #include "ttd/v1/ttd.pb-c.h"
+#include "ttd_harness.h"
 
 typedef struct raw_call_ctx {
   grpc_channel *channel;
@@ -161,20 +165,19 @@ void raw_result_free(raw_result *result) {
 }
 
 void raw_open_session(const char *target, char session_hex[17], char instance[40]) {
+  raw_open_session_as(target, NULL, session_hex, instance);
+}
+
+void raw_open_session_as(const char *target, const char *authorization, char session_hex[17], char instance[40]) {
   Ttd__V1__OpenSessionRequest req = TTD__V1__OPEN_SESSION_REQUEST__INIT;
   req.client_name = "raw";
   req.protocol_version = 1;
-  unsigned char buf[256];
-  size_t len = ttd__v1__open_session_request__pack(&req, buf);
-  raw_result r;
-  raw_call(target, "/ttd.v1.Device/OpenSession", (raw_md){0}, buf, len, &r);
-  ck_assert_msg(r.code == 0, "OpenSession: %d %s", r.code, r.details);
-  Ttd__V1__OpenSessionResponse *resp = ttd__v1__open_session_response__unpack(NULL, r.body_len, r.body);
-  ck_assert_ptr_nonnull(resp);
+  raw_md md = {.authorization = authorization};
+  Ttd__V1__OpenSessionResponse *resp = (Ttd__V1__OpenSessionResponse *)raw_unary(
+      target, "/ttd.v1.Device/OpenSession", &req.base, md, &ttd__v1__open_session_response__descriptor, 0, NULL);
   snprintf(session_hex, 17, "%016llx", (unsigned long long)resp->session_id);
   snprintf(instance, 40, "%s", resp->instance_id);
   ttd__v1__open_session_response__free_unpacked(resp, NULL);
-  raw_result_free(&r);
 }
 
 uint64_t raw_allocate(const char *target, const char *session_hex, int64_t n) {
@@ -201,8 +204,8 @@ uint64_t raw_allocate_shape(const char *target, const char *session_hex, const i
   return h;
 }
 
-void raw_expect(const char *target, const char *method, const ProtobufCMessage *msg, raw_md md, int code,
-                const char *needle) {
+ProtobufCMessage *raw_unary(const char *target, const char *method, const ProtobufCMessage *msg, raw_md md,
+                            const ProtobufCMessageDescriptor *resp_type, int code, const char *needle) {
   unsigned char *buf = malloc(protobuf_c_message_get_packed_size(msg) + 1);
   size_t len = protobuf_c_message_pack(msg, buf);
   raw_result r;
@@ -210,7 +213,97 @@ void raw_expect(const char *target, const char *method, const ProtobufCMessage *
   free(buf);
   ck_assert_msg(r.code == code, "%s: expected code %d, got %d (%s)", method, code, r.code, r.details);
   if (needle) ck_assert_msg(strstr(r.details, needle) != NULL, "%s: message '%s' lacks '%s'", method, r.details, needle);
+  ProtobufCMessage *resp = NULL;
+  if (r.code == 0 && resp_type) {
+    resp = protobuf_c_message_unpack(resp_type, NULL, r.body_len, r.body);
+    ck_assert_msg(resp != NULL, "%s: the response is not a %s", method, resp_type->name);
+  }
   raw_result_free(&r);
+  return resp;
+}
+
+void raw_expect(const char *target, const char *method, const ProtobufCMessage *msg, raw_md md, int code,
+                const char *needle) {
+  raw_unary(target, method, msg, md, NULL, code, needle);
+}
+
+/* ---- HTTP/2 by hand ---- */
+
+/* A frame header: 24-bit length, type, flags, stream id. */
+static size_t h2_frame(unsigned char *out, size_t len, int type, int flags, uint32_t stream) {
+  unsigned char h[9] = {(unsigned char)(len >> 16), (unsigned char)(len >> 8), (unsigned char)len, (unsigned char)type,
+                        (unsigned char)flags, (unsigned char)(stream >> 24), (unsigned char)(stream >> 16),
+                        (unsigned char)(stream >> 8), (unsigned char)stream};
+  memcpy(out, h, 9);
+  return 9;
+}
+
+/* An HPACK literal header field without indexing, new name, no Huffman (RFC 7541 6.2.2);
+ * name and value shorter than 127 bytes. */
+static size_t hpack_literal(unsigned char *out, const char *name, const char *value) {
+  size_t n = strlen(name), v = strlen(value), at = 0;
+  ck_assert(n < 127 && v < 127);
+  out[at++] = 0x00;
+  out[at++] = (unsigned char)n;
+  memcpy(out + at, name, n);
+  at += n;
+  out[at++] = (unsigned char)v;
+  memcpy(out + at, value, v);
+  return at + v;
+}
+
+void raw_h2_cut(const char *target, const char *method, raw_md md, const void *const *messages, const size_t *lens,
+                int n, size_t keep) {
+  ck_assert(strncmp(target, "unix:", 5) == 0 && n > 0);
+  /* The gRPC frames: a 5-byte prefix promising each whole message, then what goes out of it. */
+  size_t total = 0;
+  for (int i = 0; i < n; i++) total += 5 + lens[i];
+  ck_assert_uint_le(total, 65535);
+  unsigned char *payload = malloc(total), *buf = malloc(1024 + total + 9 * (total / 16384 + 1));
+  size_t plen = 0, at = 0;
+  for (int i = 0; i < n; i++) {
+    size_t len = lens[i], sent = i == n - 1 && keep ? keep : len;
+    unsigned char prefix[5] = {0, (unsigned char)(len >> 24), (unsigned char)(len >> 16), (unsigned char)(len >> 8),
+                               (unsigned char)len};
+    memcpy(payload + plen, prefix, 5);
+    memcpy(payload + plen + 5, messages[i], sent);
+    plen += 5 + sent;
+  }
+  static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  memcpy(buf, preface, sizeof(preface) - 1);
+  at += sizeof(preface) - 1;
+  at += h2_frame(buf + at, 0, 0x4 /* SETTINGS */, 0, 0);
+  unsigned char block[768];
+  size_t b = 0;
+  const char *fields[][2] = {{":method", "POST"},        {":scheme", "http"}, {":path", method},
+                             {":authority", "localhost"}, {"content-type", "application/grpc"}, {"te", "trailers"},
+                             {"ttd-session", md.session}, {"ttd-instance", md.instance},
+                             {"authorization", md.authorization}};
+  for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+    if (fields[i][1]) b += hpack_literal(block + b, fields[i][0], fields[i][1]);
+  }
+  at += h2_frame(buf + at, b, 0x1 /* HEADERS */, 0x4 /* END_HEADERS */, 1);
+  memcpy(buf + at, block, b);
+  at += b;
+  for (size_t done = 0; done < plen;) { /* DATA frames of at most 16 KiB, none ending the stream */
+    size_t chunk = plen - done < 16384 ? plen - done : 16384;
+    at += h2_frame(buf + at, chunk, 0x0 /* DATA */, 0, 1);
+    memcpy(buf + at, payload + done, chunk);
+    at += chunk;
+    done += chunk;
+  }
+  free(payload);
+  int fd = harness_unix_connect(target + 5, SOCK_STREAM);
+  ck_assert_int_eq(write(fd, buf, at), (ssize_t)at);
+  free(buf);
+  shutdown(fd, SHUT_WR);
+  /* Read what the daemon says (its SETTINGS, perhaps data or a GOAWAY) until it closes. */
+  struct timeval tv = {0, 200000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  unsigned char sink[4096];
+  for (int i = 0; i < 10 && read(fd, sink, sizeof(sink)) > 0; i++) {
+  }
+  close(fd);
 }
 
 uint64_t raw_upload(const char *target, raw_md md, const void *data, int dtype, int ndim, int64_t d0, int64_t d1,

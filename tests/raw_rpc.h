@@ -36,9 +36,25 @@ void raw_result_free(raw_result *result);
 /* Opens a session with raw calls; fills the 16-hex-digit id and the instance id. */
 void raw_open_session(const char *target, char session_hex[17], char instance[40]);
 
+/* The same with "authorization" metadata (a daemon with --tokens), or NULL for none. */
+void raw_open_session_as(const char *target, const char *authorization, char session_hex[17], char instance[40]);
+
 /* Packs msg, calls method and asserts the status code and (if needle) a part of the message. */
 void raw_expect(const char *target, const char *method, const ProtobufCMessage *msg, raw_md md, int code,
                 const char *needle);
+
+/* The same, and returns the response unpacked as resp_type when the code is OK (free it with
+ * protobuf_c_message_free_unpacked), else NULL; resp_type NULL: never unpacked. */
+ProtobufCMessage *raw_unary(const char *target, const char *method, const ProtobufCMessage *msg, raw_md md,
+                            const ProtobufCMessageDescriptor *resp_type, int code, const char *needle);
+
+/* HTTP/2 spoken by hand on a "unix:" target, below gRPC: the client preface, SETTINGS, a
+ * HEADERS frame opening a call of method with md, then DATA frames holding n messages, gRPC
+ * framed, of which the last is cut after keep bytes (0: sent whole); then the connection
+ * closes: a call cut in the middle of a message, or a client that hangs up. At most 64 KiB
+ * in all (HTTP/2's first window). Returns once the daemon closed its side or 2 s passed. */
+void raw_h2_cut(const char *target, const char *method, raw_md md, const void *const *messages, const size_t *lens,
+                int n, size_t keep);
 
 /* Allocates n float32 elements on tt:0 DRAM in the session; returns the handle. */
 uint64_t raw_allocate(const char *target, const char *session_hex, int64_t n);

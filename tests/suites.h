@@ -46,6 +46,7 @@ Suite *e2e_shm_suite(void);
 Suite *e2e_service_suite(void);
 Suite *e2e_ttctl_suite(void);
 Suite *e2e_round_trips_suite(void);
+Suite *e2e_bad_inputs_suite(void);
 Suite *safetensors_suite(void);
 
 #endif

@@ -16,9 +16,37 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../daemon/tokens.h"
+
 static void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
+}
+
+int harness_unix_connect(const char *path, int type) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+  int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+  ck_assert_msg(fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect %s: %s", path, strerror(errno));
+  return fd;
+}
+
+void harness_token(char *token, size_t size, char *auth, size_t auth_size) {
+  ttd_token_generate(token, size);
+  snprintf(auth, auth_size, "Bearer %s", token);
+}
+
+void harness_write_tokens(const char *path, const char *const *names, const char *const *tokens,
+                          const char *const *opts, int n) {
+  FILE *f = fopen(path, "w");
+  ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+  fprintf(f, "# test tenants\n\n");
+  for (int i = 0; i < n; i++) {
+    char digest[80];
+    ttd_token_digest_text(tokens[i], strlen(tokens[i]), digest, sizeof(digest));
+    fprintf(f, "%s  %s %s  # tenant %d\n", names[i], digest, opts[i], i);
+  }
+  fclose(f);
 }
 
 static int socket_answers(const char *path) {

@@ -59,4 +59,17 @@ double harness_metric(const char *body, const char *series);
 /* Lines of proc's log that contain needle (a fixed string). */
 int harness_log_count(const ttd_proc *proc, const char *needle);
 
+/* A socket of type (SOCK_STREAM for a "unix:" target's path, SOCK_SEQPACKET for the
+ * shared-memory side socket) connected to the Unix socket at path; fails the test if it
+ * cannot connect. The caller closes it. */
+int harness_unix_connect(const char *path, int type);
+
+/* A fresh random token into token, and its "Bearer TOKEN" authorization value into auth. */
+void harness_token(char *token, size_t size, char *auth, size_t auth_size);
+
+/* Writes a --tokens file at path: one tenant a line, NAME DIGEST-OF-TOKEN OPTIONS (opts[i]:
+ * "", "admin", "quota=512K", ...), with a comment and a blank line as a real file has. */
+void harness_write_tokens(const char *path, const char *const *names, const char *const *tokens,
+                          const char *const *opts, int n);
+
 #endif

@@ -9,6 +9,7 @@
 
 struct bench_mlp {
   tt_client *client;
+  int owns_client;
   tt_module *module;
   tt_optimizer *opt;
   int batch, next;
@@ -19,8 +20,18 @@ struct bench_mlp {
 static void die(bench_mlp *m, const char *what) { bench_die(what, tt_last_error(m->client)); }
 
 bench_mlp *bench_mlp_create(const char *target, const tt_connect_options *options, int batch) {
+  tt_client *client = NULL;
+  if (tt_connect(target, options, &client) != TT_OK) bench_die("tt_connect", tt_last_error(client));
+  bench_mlp *m = bench_mlp_create_on(client, batch);
+  if (!m) bench_die("putting the MLP on the card", tt_last_error(client));
+  m->owns_client = 1;
+  return m;
+}
+
+bench_mlp *bench_mlp_create_on(tt_client *client, int batch) {
   bench_mlp *m = calloc(1, sizeof(*m));
   if (!m) bench_die("bench_mlp_create", "out of memory");
+  m->client = client;
   m->batch = batch;
   unsigned long long rng = 1234;
   for (int i = 0; i < BATCHES; i++) {
@@ -33,20 +44,25 @@ bench_mlp *bench_mlp_create(const char *target, const tt_connect_options *option
       m->y[i][k] = (int32_t)((rng >> 33) % 10);
     }
   }
-  if (tt_connect(target, options, &m->client) != TT_OK) die(m, "tt_connect");
   int64_t xs[2] = {batch, 784};
   tt_graph *g = tt_graph_create(m->client, 1);
   tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
   tt_graph_output(g, tt_nn_linear(g, tt_relu(g, tt_nn_linear(g, x, 512, 1)), 10, 1));
   m->module = tt_compile(m->client, g);
   tt_graph_free(g);
-  if (!m->module || tt_module_to(m->module, "tt") != TT_OK) die(m, "putting the MLP on the card");
-  m->opt = tt_sgd(m->module, 0.1f, 0.0f, 0.0f, 0);
-  if (!m->opt) die(m, "tt_sgd");
+  if (m->module && tt_module_to(m->module, "tt") == TT_OK) m->opt = tt_sgd(m->module, 0.1f, 0.0f, 0.0f, 0);
+  if (!m->opt) {
+    bench_mlp_destroy(m);
+    return NULL;
+  }
   return m;
 }
 
 void bench_mlp_step(bench_mlp *m) {
+  if (bench_mlp_try_step(m, NULL) != TT_OK) die(m, "training step");
+}
+
+tt_status bench_mlp_try_step(bench_mlp *m, float *out_loss) {
   int i = m->next;
   m->next = (m->next + 1) % BATCHES;
   int64_t xs[2] = {m->batch, 784}, ys[1] = {m->batch};
@@ -57,16 +73,17 @@ void bench_mlp_step(bench_mlp *m) {
            (labels = tt_tensor_from_host(m->client, m->y[i], TT_INT32, ys, 1)) &&
            (loss = tt_cross_entropy(out_cpu, labels)) && tt_zero_grad(m->opt) == TT_OK && tt_backward(loss) == TT_OK &&
            tt_step(m->opt) == TT_OK;
-  if (!ok) die(m, "training step");
+  if (ok && out_loss) *out_loss = tt_tensor_item(loss);
   tt_tensor *done[] = {labels, loss, out_cpu, out, xd, xh};
   for (size_t k = 0; k < sizeof(done) / sizeof(done[0]); k++) tt_tensor_free(done[k]);
+  return ok ? TT_OK : tt_errcode(m->client);
 }
 
 void bench_mlp_destroy(bench_mlp *m) {
   if (!m) return;
   tt_optimizer_free(m->opt);
   tt_module_free(m->module);
-  tt_disconnect(m->client);
+  if (m->owns_client) tt_disconnect(m->client);
   for (int i = 0; i < BATCHES; i++) free(m->x[i]), free(m->y[i]);
   free(m);
 }

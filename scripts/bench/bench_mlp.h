@@ -13,10 +13,18 @@ typedef struct bench_mlp bench_mlp;
  * Exits via bench_die on error. */
 bench_mlp *bench_mlp_create(const char *target, const tt_connect_options *options, int batch);
 
+/* The same on a client the caller keeps (it must outlive the model; the fault and soak
+ * clients reconnect on their own). NULL on error: tt_last_error(client) says why. */
+bench_mlp *bench_mlp_create_on(tt_client *client, int batch);
+
 /* One training step; exits via bench_die on error. */
 void bench_mlp_step(bench_mlp *m);
 
-/* Frees the model, disconnects. Accepts NULL. */
+/* One training step; its loss into *out_loss (may be NULL). On error the code, and
+ * tt_last_error of the model's client says why. */
+tt_status bench_mlp_try_step(bench_mlp *m, float *out_loss);
+
+/* Frees the model, and disconnects a client bench_mlp_create made. Accepts NULL. */
 void bench_mlp_destroy(bench_mlp *m);
 
 #endif
