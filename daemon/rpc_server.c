@@ -241,7 +241,7 @@ static void on_call_arrived(ttd_call *c) {
         c->request = request;
         c->job.key = c->session ? c->session->id : 0;
         c->job.run = run_scheduled;
-        ttd_scheduler_run_or_submit(c->core->scheduler, device, &c->job); /* at once on an idle device */
+        ttd_scheduler_submit(c->core->scheduler, device, &c->job);
         return;
       }
       run_unary(c, request);

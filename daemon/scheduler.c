@@ -18,7 +18,6 @@ typedef struct device_queue {
   pthread_cond_t wake;
   lane *first, *last; /* lanes with work, in turn order */
   size_t queued;
-  bool busy;          /* a job runs: on the executor, or on the thread that brought it */
   bool has_last_key;
   uint64_t last_key;  /* the key served most recently */
   bool stopping;
@@ -63,18 +62,12 @@ static void *executor_main(void *arg) {
   device_queue *q = arg;
   pthread_mutex_lock(&q->lock);
   for (;;) {
-    while ((!q->first || q->busy) && !q->stopping) pthread_cond_wait(&q->wake, &q->lock);
-    if (q->busy) { /* stopping while a caller runs a job: wait for it, then drain */
-      pthread_cond_wait(&q->wake, &q->lock);
-      continue;
-    }
+    while (!q->first && !q->stopping) pthread_cond_wait(&q->wake, &q->lock);
     if (!q->first) break; /* stopping, and nothing left */
     ttd_job *job = take_next(q);
-    q->busy = true;
     pthread_mutex_unlock(&q->lock);
     job->run(job);
     pthread_mutex_lock(&q->lock);
-    q->busy = false;
   }
   pthread_mutex_unlock(&q->lock);
   return NULL;
@@ -127,28 +120,6 @@ void ttd_scheduler_submit(ttd_scheduler *scheduler, int device, ttd_job *job) {
   q->queued++;
   pthread_cond_signal(&q->wake);
   pthread_mutex_unlock(&q->lock);
-}
-
-int ttd_scheduler_run_or_submit(ttd_scheduler *scheduler, int device, ttd_job *job) {
-  device_queue *q = &scheduler->queues[device];
-  pthread_mutex_lock(&q->lock);
-  if (q->busy || q->first || q->stopping) {
-    pthread_mutex_unlock(&q->lock);
-    ttd_scheduler_submit(scheduler, device, job);
-    return 0;
-  }
-  q->busy = true;
-  q->has_last_key = true;
-  q->last_key = job->key;
-  pthread_mutex_unlock(&q->lock);
-  job->next = NULL;
-  job->device = device;
-  job->run(job);
-  pthread_mutex_lock(&q->lock);
-  q->busy = false;
-  if (q->first || q->stopping) pthread_cond_signal(&q->wake); /* what queued meanwhile is the executor's */
-  pthread_mutex_unlock(&q->lock);
-  return 1;
 }
 
 size_t ttd_scheduler_queued(ttd_scheduler *scheduler, int device) {

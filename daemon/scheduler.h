@@ -7,10 +7,8 @@
  * queued (in particular, behind at most one program of a session with a long queue), and
  * one session's jobs still run in the order it sent them.
  *
- * RPC worker threads only enqueue while the device is busy, so they stay free for transfers
- * and other calls while programs run; on an idle device a job may run at once on the thread
- * that brings it (ttd_scheduler_run_or_submit), saving the hand-over to the executor. Either
- * way one job at a time runs per device. Thread-safe. */
+ * RPC worker threads only enqueue, so they stay free for transfers and other calls while
+ * programs run. Thread-safe. */
 #ifndef TTD_SCHEDULER_H
 #define TTD_SCHEDULER_H
 
@@ -35,12 +33,6 @@ ttd_status_t ttd_scheduler_create(int devices, ttd_scheduler **out_scheduler);
 /* Queues job on device (0 <= device < devices). job->run is called on the device's
  * executor thread; the job's memory must stay valid until then. */
 void ttd_scheduler_submit(ttd_scheduler *scheduler, int device, ttd_job *job);
-
-/* On an idle device (nothing running, nothing queued) runs job on the calling thread and
- * returns 1; the device counts as busy meanwhile, so jobs submitted in the meantime queue
- * and the executor takes them up after it. Otherwise queues it as ttd_scheduler_submit
- * does and returns 0. */
-int ttd_scheduler_run_or_submit(ttd_scheduler *scheduler, int device, ttd_job *job);
 
 /* Jobs waiting on device, the running one not included. */
 size_t ttd_scheduler_queued(ttd_scheduler *scheduler, int device);

@@ -153,47 +153,6 @@ START_TEST(test_destroy_runs_queued_jobs) {
 }
 END_TEST
 
-/* On an idle device run_or_submit runs the job on the caller; while it runs there, other
- * jobs queue (run_or_submit too) and the executor takes them up afterwards, round-robin. */
-typedef struct inline_run {
-  ttd_scheduler *s;
-  test_job *job;
-  int ran_here;
-  pthread_t thread;
-} inline_run;
-
-static void *run_inline(void *arg) {
-  inline_run *r = arg;
-  r->ran_here = ttd_scheduler_run_or_submit(r->s, 0, &r->job->job);
-  return NULL;
-}
-
-START_TEST(test_run_or_submit) {
-  reset();
-  ttd_scheduler *s = NULL;
-  ck_assert_ptr_null(ttd_scheduler_create(1, &s));
-  test_job j[4];
-  init_job(&j[0], "A0", 1, 0);
-  ck_assert_int_eq(ttd_scheduler_run_or_submit(s, 0, &j[0].job), 1); /* idle: ran here, done on return */
-  ck_assert_int_eq(finished, 1);
-  init_job(&j[1], "A1", 1, 1);
-  inline_run r = {.s = s, .job = &j[1]};
-  ck_assert_int_eq(pthread_create(&r.thread, NULL, run_inline, &r), 0);
-  wait_started(2);
-  init_job(&j[2], "A2", 1, 0);
-  init_job(&j[3], "B1", 2, 0);
-  ttd_scheduler_submit(s, 0, &j[2].job);
-  ck_assert_int_eq(ttd_scheduler_run_or_submit(s, 0, &j[3].job), 0); /* busy: queued */
-  ck_assert_uint_eq(ttd_scheduler_queued(s, 0), 2);
-  open_gate_and_wait(4);
-  pthread_join(r.thread, NULL);
-  ck_assert_int_eq(r.ran_here, 1);
-  ck_assert_str_eq(order, "A0 A1 B1 A2 ");
-  ck_assert_uint_eq(ttd_scheduler_queued(s, 0), 0);
-  ttd_scheduler_destroy(s);
-}
-END_TEST
-
 Suite *scheduler_suite(void) {
   Suite *s = suite_create("scheduler");
   TCase *tc = tcase_create("scheduler");
@@ -201,7 +160,6 @@ Suite *scheduler_suite(void) {
   tcase_add_test(tc, test_round_robin_three_keys);
   tcase_add_test(tc, test_devices_are_independent);
   tcase_add_test(tc, test_destroy_runs_queued_jobs);
-  tcase_add_test(tc, test_run_or_submit);
   suite_add_tcase(s, tc);
   return s;
 }
