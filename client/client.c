@@ -234,6 +234,9 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
 
   grpc_init();
   c->grpc_initialized = true;
+  const char *connect_env = getenv("TTD_CONNECT_TIMEOUT_MS");
+  long connect_ms = connect_env ? strtol(connect_env, NULL, 10) : 0;
+  if (connect_ms <= 0 || connect_ms > 600000) connect_ms = 2000;
   grpc_arg args[] = {
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = 8 * 1024 * 1024},
       /* A restarted local daemon is back within a second: retry the connection quickly. The
@@ -241,9 +244,9 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
        * SETTINGS frame): 2 s, for a TLS link across a slow network or a daemon busy starting
        * (at 100 ms, a loaded host failed connections that were fine), yet short enough that
        * an attempt that hangs is retried soon (at 10 s, one reconnect in a 64-client soak
-       * took 10 s). */
+       * took 10 s). TTD_CONNECT_TIMEOUT_MS sets another (a daemon under valgrind). */
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, .value.integer = 100},
-      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = 2000},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = (int)connect_ms},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 2000},
       /* Bulk downloads: a deep HTTP/2 receive window so the daemon is never stalled by flow
        * control between 4 MiB messages. */
