@@ -98,7 +98,9 @@ void ttd_proc_start_env(ttd_proc *proc, const char *const *extra_args, const cha
   }
   proc->pid = pid;
   for (int waited = 0; waited < 10000; waited += 10) {
-    if (socket_answers(proc->target + 5)) return;
+    /* Every listener is bound once the daemon logged event=ready (a TCP one may come
+     * after the Unix socket already answers). */
+    if (socket_answers(proc->target + 5) && harness_log_count(proc, "event=ready") > 0) return;
     int status;
     if (waitpid(pid, &status, WNOHANG) == pid) {
       proc->pid = 0;
