@@ -533,6 +533,7 @@ Suite *e2e_modules_suite(void) {
   TCase *two = tcase_create("two_processes");
   tcase_add_checked_fixture(two, setup, teardown);
   tcase_set_timeout(two, 300);
+  tcase_set_tags(two, "long_training"); /* two whole epochs: hours under valgrind, which skips the tag */
   tcase_add_test(two, test_two_training_processes);
   suite_add_tcase(s, two);
   return s;
