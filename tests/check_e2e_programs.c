@@ -273,6 +273,30 @@ START_TEST(test_execute_mlp_matches_reference) {
 }
 END_TEST
 
+/* A linear with no input features (x [2, 0], w [4, 0]) gives its bias on every row: the rows
+ * come from x's leading dims, not from its 0 elements over 0 features (it left y unwritten,
+ * and an inline output returned old device memory). */
+START_TEST(test_linear_without_features) {
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 2, 0, 0, 0);
+  gb_value(&b, 1, "w", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 4, 0, 0, 0);
+  gb_value(&b, 1, "b", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, 4, 0, 0, 0);
+  gb_node(&b, "y", "linear", "x", "w", "b");
+  gb_output(&b, "y");
+  Ttd__V1__CompileResponse *c = compile(&b, 0, NULL);
+  float bias[4] = {1.5f, -2.0f, 3.0f, 0.25f}, y[8];
+  uint64_t x = upload(bias, TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 2, 0, NULL);
+  uint64_t params[2] = {upload(bias, TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 4, 0, NULL),
+                        upload(bias, TTD__V1__DTYPE__DTYPE_FLOAT32, 1, 4, 1, NULL)};
+  Ttd__V1__ExecuteResponse *r = execute(c->program, &x, 1, params, 2, 0, NULL);
+  download(r->outputs[0]->handle, y, 8);
+  for (int i = 0; i < 8; i++) ck_assert_float_eq(y[i], bias[i % 4]);
+  ttd__v1__execute_response__free_unpacked(r, NULL);
+  ttd__v1__compile_response__free_unpacked(c, NULL);
+}
+END_TEST
+
 static int want_input_grads;
 
 static Ttd__V1__BackwardResponse *backward(uint64_t run, const uint64_t *grads, size_t n, int keep, int want_code,
@@ -601,6 +625,7 @@ Suite *e2e_programs_suite(void) {
   tcase_add_test(tc, test_optimizer_steps_match_host_reference);
   tcase_add_test(tc, test_run_lifecycle_and_memory);
   tcase_add_test(tc, test_input_grads_and_foreign_operands);
+  tcase_add_test(tc, test_linear_without_features);
   suite_add_tcase(s, tc);
   return s;
 }

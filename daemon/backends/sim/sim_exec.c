@@ -52,11 +52,19 @@ static ttd_pool2d_params pool_params_of(const ttd_node_call *call) {
   return p;
 }
 
+/* Rows of a last-axis op on s: the product of the leading dims (not numel / last dim, which
+ * says 0 rows when the last dim is 0). */
+static int64_t leading_rows(const ttd_kshape *s) {
+  int64_t rows = 1;
+  for (int i = 0; i + 1 < s->ndim; i++) rows *= s->d[i];
+  return rows;
+}
+
 /* Rows and columns of a last-axis op (softmax, layer_norm). */
 static void rows_cols(const ttd_node_call *call, int64_t *rows, int64_t *cols) {
   const ttd_kshape *s0 = call->input_shapes[0];
   *cols = s0->d[s0->ndim - 1];
-  *rows = ttd_kshape_numel(call->output_shape) / (*cols ? *cols : 1);
+  *rows = leading_rows(s0);
 }
 
 ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_call *call) {
@@ -75,7 +83,7 @@ ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_c
     }
     case TTD_OP_LINEAR: {
       int64_t in = s0->d[s0->ndim - 1], out = os->d[os->ndim - 1];
-      ttd_k_linear(pool, F(0), F(1), call->inputs[2] ? F(2) : NULL, ttd_kshape_numel(s0) / (in ? in : 1), in, out, OUT);
+      ttd_k_linear(pool, F(0), F(1), call->inputs[2] ? F(2) : NULL, leading_rows(s0), in, out, OUT);
       return TTD_OK;
     }
     case TTD_OP_ADD: case TTD_OP_SUB: case TTD_OP_MUL: case TTD_OP_DIV:
@@ -167,7 +175,7 @@ ttd_status_t ttd_sim_run_node_backward(ttd_backend *backend, int device, const t
     }
     case TTD_OP_LINEAR: {
       int64_t in = s0->d[s0->ndim - 1], out = os->d[os->ndim - 1];
-      ttd_k_linear_backward(pool, F(0), F(1), DY, ttd_kshape_numel(s0) / (in ? in : 1), in, out, DIN(0), DIN(1), DIN(2));
+      ttd_k_linear_backward(pool, F(0), F(1), DY, leading_rows(s0), in, out, DIN(0), DIN(1), DIN(2));
       return TTD_OK;
     }
     case TTD_OP_ADD: case TTD_OP_SUB: case TTD_OP_MUL: case TTD_OP_DIV:
