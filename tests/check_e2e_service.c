@@ -555,6 +555,7 @@ Suite *e2e_service_suite(void) {
   tcase_add_test(packaging, test_make_install);
   tcase_add_test(packaging, test_sample_config);
   tcase_set_timeout(packaging, 300);
+  tcase_set_tags(packaging, "packaging"); /* builds and installs; valgrind-e2e skips it */
   suite_add_tcase(s, packaging);
   return s;
 }
