@@ -50,6 +50,11 @@ static int parse_hex64(const char *s, size_t len, uint64_t *out) {
 static ttd_status_t attach_session(ttd_call *c) {
   size_t len;
   const char *instance = ttd_call_metadata(c, "ttd-instance", &len);
+  if (instance && len == 0) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "'ttd-instance' metadata is empty; send the instance id OpenSession returned, or "
+                           "leave it out");
+  }
   if (instance && (len != strlen(c->core->instance_id) || memcmp(instance, c->core->instance_id, len) != 0)) {
     return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
                            "daemon restarted, tensors are gone: this call names daemon instance %.*s, "

@@ -143,8 +143,8 @@ START_TEST(test_capacity_exhaustion) {
 }
 END_TEST
 
-/* Session metadata: missing or malformed is INVALID_ARGUMENT, unknown is NOT_FOUND, another
- * daemon instance is FAILED_PRECONDITION "daemon restarted". */
+/* Session metadata: missing or malformed is INVALID_ARGUMENT (an empty instance too), unknown
+ * is NOT_FOUND, another daemon instance is FAILED_PRECONDITION "daemon restarted". */
 START_TEST(test_session_metadata) {
   Ttd__V1__KeepAliveRequest req = TTD__V1__KEEP_ALIVE_REQUEST__INIT;
   raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){0}, 3, "needs a session");
@@ -152,6 +152,8 @@ START_TEST(test_session_metadata) {
   raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){.session = "0123456789abcdef0", .instance = NULL}, 3, "16 hex digits");
   raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){.session = "00000000000000aa", .instance = NULL}, 5, "is not open");
   raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){.session = session, .instance = "0000000000000000"}, 9, "daemon restarted");
+  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, (raw_md){.session = session, .instance = ""}, 3,
+             "'ttd-instance' metadata is empty");
   raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &req.base, md(), 0, NULL);
 }
 END_TEST
