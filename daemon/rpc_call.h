@@ -14,6 +14,7 @@
 #include "core.h"
 #include "scheduler.h"
 #include "session.h"
+#include "work_queue.h"
 
 typedef struct ttd_method ttd_method;
 typedef struct ttd_server ttd_server;
@@ -53,6 +54,8 @@ typedef struct ttd_call {
   ttd_arena_block *arena;
   ProtobufCAllocator allocator; /* allocates from the arena */
   ttd_session_stream session_stream; /* a stream's place in its session: cancelled at close */
+  ttd_work heavy_work;          /* a heavy method's event waits for a work-queue thread as this */
+  bool heavy_ok;                /* ... with its completion's success */
 } ttd_call;
 
 /* Readies a zeroed call of method on core: the arena allocator for protobuf-c, empty

@@ -20,6 +20,9 @@ struct ttd_method {
   const ProtobufCMessageDescriptor *request;
   bool needs_session;
   bool needs_admin;  /* only tenants marked admin may call it */
+  /* Its events may take long (tensor bytes copied, a graph compiled, tensors freed): they
+   * run on the server's work queue, not on the completion-queue poller (rpc_server.h). */
+  bool heavy;
 
   /* UNARY: the response is allocated from the call arena (ttd_call_alloc). */
   /* With device_of, the call is device work: it waits its session's turn in the device's

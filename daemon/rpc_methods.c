@@ -4,6 +4,10 @@
 
 #define UNARY(name, req, session, fn) \
   {.path = "/ttd.v1.Device/" name, .kind = TTD_METHOD_UNARY, .request = &req, .needs_session = session, .unary = fn}
+/* Copies tensor bytes, compiles or frees tensors: run on the server's work queue. */
+#define HEAVY(name, req, fn) \
+  {.path = "/ttd.v1.Device/" name, .kind = TTD_METHOD_UNARY, .request = &req, .needs_session = true, .unary = fn, \
+   .heavy = true}
 /* Device work: queued per device, sessions served round-robin (scheduler.h). */
 #define DEVICE_WORK(name, req, fn, device)                                                                  \
   {.path = "/ttd.v1.Device/" name, .kind = TTD_METHOD_UNARY, .request = &req, .needs_session = true, .unary = fn, \
@@ -12,13 +16,14 @@
 const ttd_method ttd_methods[] = {
     UNARY("OpenSession", ttd__v1__open_session_request__descriptor, false, ttd_handle_open_session),
     UNARY("KeepAlive", ttd__v1__keep_alive_request__descriptor, true, ttd_handle_keep_alive),
-    UNARY("CloseSession", ttd__v1__close_session_request__descriptor, true, ttd_handle_close_session),
+    HEAVY("CloseSession", ttd__v1__close_session_request__descriptor, ttd_handle_close_session),
     UNARY("ListDevices", ttd__v1__list_devices_request__descriptor, false, ttd_handle_list_devices),
-    UNARY("Allocate", ttd__v1__allocate_request__descriptor, true, ttd_handle_allocate),
+    HEAVY("Allocate", ttd__v1__allocate_request__descriptor, ttd_handle_allocate),
     {.path = "/ttd.v1.Device/Upload",
      .kind = TTD_METHOD_CLIENT_STREAM,
      .request = &ttd__v1__upload_request__descriptor,
      .needs_session = true,
+     .heavy = true,
      .stream_message = ttd_upload_message,
      .stream_end = ttd_upload_end,
      .stream_abort = ttd_upload_abort},
@@ -26,12 +31,13 @@ const ttd_method ttd_methods[] = {
      .kind = TTD_METHOD_SERVER_STREAM,
      .request = &ttd__v1__download_request__descriptor,
      .needs_session = true,
+     .heavy = true,
      .stream_begin = ttd_download_begin,
      .stream_next = ttd_download_next,
      .stream_done = ttd_download_done},
-    UNARY("Move", ttd__v1__move_request__descriptor, true, ttd_handle_move),
-    UNARY("Free", ttd__v1__free_request__descriptor, true, ttd_handle_free),
-    UNARY("Compile", ttd__v1__compile_request__descriptor, true, ttd_handle_compile),
+    HEAVY("Move", ttd__v1__move_request__descriptor, ttd_handle_move),
+    HEAVY("Free", ttd__v1__free_request__descriptor, ttd_handle_free),
+    HEAVY("Compile", ttd__v1__compile_request__descriptor, ttd_handle_compile),
     DEVICE_WORK("Execute", ttd__v1__execute_request__descriptor, ttd_handle_execute, ttd_device_of_execute),
     DEVICE_WORK("Backward", ttd__v1__backward_request__descriptor, ttd_handle_backward, ttd_device_of_backward),
     UNARY("ReleaseRun", ttd__v1__release_run_request__descriptor, true, ttd_handle_release_run),
@@ -41,7 +47,7 @@ const ttd_method ttd_methods[] = {
     {.path = "/ttd.v1.Device/ListSessions", .kind = TTD_METHOD_UNARY, .request = &ttd__v1__list_sessions_request__descriptor,
      .needs_admin = true, .unary = ttd_handle_list_sessions},
     {.path = "/ttd.v1.Device/KillSession", .kind = TTD_METHOD_UNARY, .request = &ttd__v1__kill_session_request__descriptor,
-     .needs_admin = true, .unary = ttd_handle_kill_session},
+     .needs_admin = true, .heavy = true, .unary = ttd_handle_kill_session},
 };
 
 const size_t ttd_method_count = sizeof(ttd_methods) / sizeof(ttd_methods[0]);

@@ -16,6 +16,7 @@
 
 #include "log.h"
 #include "rpc_dispatch.h"
+#include "work_queue.h"
 
 /* Largest message the server accepts: upload chunks are 1 MiB by default, 4 MiB at most. */
 #define TTD_MAX_RECEIVE_BYTES (8 * 1024 * 1024)
@@ -27,8 +28,9 @@ struct ttd_server {
   grpc_server *server;
   grpc_completion_queue *cq;
   void **registered; /* per method */
-  pthread_t *threads;
-  int thread_count;
+  pthread_t poller;     /* the one thread draining cq */
+  int thread_count;     /* 1 once the poller runs */
+  ttd_work_queue *heavy; /* runs the events of methods marked heavy; NULL: the poller does */
   int shutdown_tag; /* its address is the tag of grpc_server_shutdown_and_notify */
   pthread_mutex_t lock;
   pthread_cond_t shutdown_done_cond;
@@ -374,7 +376,16 @@ static void on_call_event(ttd_call *c, bool ok) {
   }
 }
 
-static void *worker_main(void *arg) {
+/* An event of a heavy method's call, on a work-queue thread. */
+static void run_heavy_event(ttd_work *work) {
+  ttd_call *c = (ttd_call *)((char *)work - offsetof(ttd_call, heavy_work));
+  on_call_event(c, c->heavy_ok);
+  ttd_log_set_call(0, 0);
+}
+
+/* The one thread that polls the completion queue. Light calls are answered here; events of
+ * heavy calls (a call has one event at a time) go to the work queue, finishing aside. */
+static void *poller_main(void *arg) {
   ttd_server *server = arg;
   for (;;) {
     grpc_event ev = grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
@@ -387,7 +398,14 @@ static void *worker_main(void *arg) {
       pthread_mutex_unlock(&server->lock);
       continue;
     }
-    on_call_event(ev.tag, ev.success != 0);
+    ttd_call *c = ev.tag;
+    if (server->heavy && c->method->heavy && c->state != TTD_CALL_FINISHING) {
+      c->heavy_ok = ev.success != 0;
+      c->heavy_work.run = run_heavy_event;
+      ttd_work_queue_submit(server->heavy, &c->heavy_work);
+      continue;
+    }
+    on_call_event(c, ev.success != 0);
     ttd_log_set_call(0, 0);
   }
 }
@@ -476,7 +494,6 @@ static ttd_status_t bind_address(ttd_server *server, const char *address) {
 
 static void server_free(ttd_server *server) {
   free(server->registered);
-  free(server->threads);
   pthread_mutex_destroy(&server->lock);
   pthread_cond_destroy(&server->shutdown_done_cond);
   free(server);
@@ -489,10 +506,9 @@ ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int 
   if (!server) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
   server->core = core;
   server->registered = calloc(ttd_method_count, sizeof(void *));
-  server->threads = calloc((size_t)threads, sizeof(pthread_t));
   pthread_mutex_init(&server->lock, NULL);
   pthread_cond_init(&server->shutdown_done_cond, NULL);
-  if (!server->registered || !server->threads) {
+  if (!server->registered) {
     server_free(server);
     return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
   }
@@ -535,21 +551,20 @@ ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int 
     }
   }
   if (!status) status = request_call(server, &unknown_method, NULL);
+  /* The poller, then threads-1 for heavy calls (none: the poller runs them too). */
+  if (!status && threads > 1) status = ttd_work_queue_start(threads - 1, &server->heavy);
   server->thread_count = 0;
-  for (int i = 0; i < threads; i++) {
-    if (pthread_create(&server->threads[i], NULL, worker_main, server) != 0) break;
-    server->thread_count++;
-  }
+  if (!status && pthread_create(&server->poller, NULL, poller_main, server) == 0) server->thread_count = 1;
   *out_server = server;
   if (status || server->thread_count == 0) {
     ttd_server_stop(server, 0);
     *out_server = NULL;
-    return status ? status : ttd_make_status(GRPC_STATUS_INTERNAL, "could not start worker threads");
+    return status ? status : ttd_make_status(GRPC_STATUS_INTERNAL, "could not start the completion-queue poller thread");
   }
   return TTD_OK;
 }
 
-/* With no worker thread (start failed), the caller drains the queue until shutdown is done. */
+/* With no poller thread (start failed), the caller drains the queue until shutdown is done. */
 static void pump_until_shutdown(ttd_server *server) {
   while (!server->shutdown_done) {
     grpc_event ev = grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
@@ -589,7 +604,7 @@ void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
     pthread_mutex_unlock(&server->lock);
   }
   /* Device work still queued in the scheduler holds its calls: the executors run it and the
-   * workers complete its batches, so wait until every call context is gone. */
+   * poller completes its batches, so wait until every call context is gone. */
   for (int waited_ms = 0; atomic_load(&server->live_calls) > 0 && server->thread_count > 0; waited_ms++) {
     if (waited_ms % 1000 == 999) {
       TTD_LOG(TTD_LOG_INFO, "event=drain-wait calls=%ld", atomic_load(&server->live_calls));
@@ -599,7 +614,8 @@ void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
   }
   grpc_server_destroy(server->server);
   grpc_completion_queue_shutdown(server->cq);
-  for (int i = 0; i < server->thread_count; i++) pthread_join(server->threads[i], NULL);
+  if (server->thread_count) pthread_join(server->poller, NULL);
+  ttd_work_queue_stop(server->heavy); /* idle: every call is gone */
   if (server->thread_count == 0) {
     while (grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
            GRPC_QUEUE_SHUTDOWN) {

@@ -7,7 +7,7 @@
  * queued (in particular, behind at most one program of a session with a long queue), and
  * one session's jobs still run in the order it sent them.
  *
- * RPC worker threads only enqueue, so they stay free for transfers and other calls while
+ * RPC threads only enqueue, so they stay free for transfers and other calls while
  * programs run. Thread-safe. */
 #ifndef TTD_SCHEDULER_H
 #define TTD_SCHEDULER_H
