@@ -238,6 +238,7 @@ ttd_status_t ttd_program_compile(const Ttd__V1__Graph *g, ttd_program **out_prog
     p->n_values = (int)i + 1;
     if (status) break;
     p->values[i].requires_grad = p->values[i].kind != TTD_VALUE_NODE && p->values[i].type.dtype != TTD_DTYPE_INT32;
+    p->values[i].param_grad = p->values[i].kind == TTD_VALUE_PARAM && p->values[i].type.dtype != TTD_DTYPE_INT32;
     name = p->values[i].name;
     if (name_map_find(&names, name, (int)i) >= 0) {
       status = invalid("the name '%.128s' is used twice%s; inputs, parameters and nodes share one namespace", name, "");
@@ -283,16 +284,18 @@ ttd_status_t ttd_program_compile(const Ttd__V1__Graph *g, ttd_program **out_prog
     pn->n_inputs = (int)node->n_inputs;
     pn->value = first_node_value + (int)i;
     const ttd_value_type *in_types[TTD_MAX_NODE_INPUTS];
-    bool grad = false;
+    bool grad = false, param_grad = false;
     for (int k = 0; k < pn->n_inputs; k++) {
       pn->inputs[k] = name_map_find(&names, node->inputs[k], -1);
       in_types[k] = &p->values[pn->inputs[k]].type;
       const ttd_program_value *src = &p->values[pn->inputs[k]];
       grad = grad || src->requires_grad;
+      param_grad = param_grad || src->param_grad;
     }
     status = ttd_op_infer(pn->op, node, in_types, pn->n_inputs, &pn->attrs, &p->values[pn->value].type);
     if (!status) status = check_output_size(node, &p->values[pn->value].type);
     p->values[pn->value].requires_grad = grad && p->values[pn->value].type.dtype != TTD_DTYPE_INT32;
+    p->values[pn->value].param_grad = param_grad && p->values[pn->value].type.dtype != TTD_DTYPE_INT32;
   }
   if (status) goto fail;
   unsigned char *listed = calloc(n_values ? n_values : 1, 1); /* outputs seen, by value: linear in outputs */

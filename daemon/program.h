@@ -20,6 +20,8 @@ typedef struct ttd_program_value {
   ttd_value_kind kind;
   ttd_value_type type;
   bool requires_grad; /* float and reached from a parameter or a float input */
+  bool param_grad;    /* float and reached from a parameter: a Backward that returns no input
+                       * gradients computes only these (a batch's dx is never wanted) */
 } ttd_program_value;
 
 typedef struct ttd_program_node {

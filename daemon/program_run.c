@@ -131,7 +131,13 @@ static ttd_status_t add_grad(ttd_backend *backend, ttd_tensor **grads, int v, tt
   return status;
 }
 
-static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd_tensor **grads) {
+/* Whether the backward computes v's gradient: with input gradients wanted, every float value
+ * reached from a parameter or a float input; without, only those reached from a parameter. */
+static bool grad_needed(const ttd_program_value *v, bool input_grads) {
+  return input_grads ? v->requires_grad : v->param_grad;
+}
+
+static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd_tensor **grads, bool input_grads) {
   const ttd_program *program = run->program;
   const ttd_program_node *node = &program->nodes[i];
   ttd_node_call call = {.node = node,
@@ -144,7 +150,7 @@ static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd
     const ttd_program_value *in = &program->values[node->inputs[k]];
     call.inputs[k] = run->values[node->inputs[k]]->buffer;
     call.input_shapes[k] = &in->type.shape;
-    if (in->requires_grad) {
+    if (grad_needed(in, input_grads)) {
       status = make_tensor(backend, run, TTD_DTYPE_FLOAT32, &in->type.shape, &contrib[k]);
       if (!status) call.input_grads[k] = contrib[k]->buffer;
     }
@@ -195,7 +201,10 @@ ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *co
     else ttd_tensor_release(copy);
   }
   for (int i = program->n_nodes - 1; i >= 0 && !status; i--) {
-    if (grads[program->nodes[i].value]) status = node_backward(backend, run, i, grads);
+    int v = program->nodes[i].value;
+    if (grads[v] && grad_needed(&program->values[v], out_input_grads != NULL)) {
+      status = node_backward(backend, run, i, grads, out_input_grads != NULL);
+    }
   }
   for (int i = 0; i < program->n_params && !status; i++) {
     ttd_tensor *g = grads[ttd_program_param_value(program, i)];

@@ -6,13 +6,15 @@
  * reduces the gradient of a broadcast operand.
  *
  * The GEMM is blocked the usual way (Goto / BLIS): the work is cut into tiles of C, one
- * task each; a task walks K in blocks of KC, packs its A block into MR-row micro-panels and
- * its B block into NR-column micro-panels (zero padded), and runs an MR x NR register-blocked
- * micro-kernel over them. Tasks are split over the pool.
+ * task each; a task walks K in blocks of at most KC, packs its A block into MR-row
+ * micro-panels and its B block into NR-column micro-panels (zero padded), and runs an
+ * MR x NR register-blocked micro-kernel over them. Tasks are split over the pool. When C is
+ * cut along N and A is small (a training batch: 64 x 784), A is packed once for every task,
+ * in parallel, instead of once per task.
  *
  * Each C element is summed in the same order whatever the tile sizes or the thread count
- * (K blocks of fixed size, in order; inside a block one accumulator per element), so results
- * do not depend on the pool. */
+ * (K blocks whose size depends only on K, in order; inside a block one accumulator per
+ * element), so results do not depend on the pool. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,9 +24,10 @@
 enum {
   MR = 6,       /* micro-tile rows */
   NR = 16,      /* micro-tile columns */
-  KC = 256,     /* K block: an NR-column B micro-panel (16 KiB) stays in L1 */
+  KC = 256,     /* largest K block: an NR-column B micro-panel (16 KiB) stays in L1 */
   MC_MAX = 288, /* rows of C per task (A block: 288 KiB, in L2; amortises packing B) */
   NC_MAX = 512, /* columns of C per task */
+  SHARED_A_MAX = 1 << 20, /* floats: A packed once for all tasks up to 4 MiB */
 };
 
 /* C[mr x nr] (=, or += when accumulate) the product of an MR-row A micro-panel and an
@@ -41,7 +44,8 @@ typedef struct gemm_problem {
   float *c; /* C(q,i,j) = c[q*c_bs + i*ldc + j]; c_bs 0: all q summed into one C */
   int64_t ldc, c_bs;
   const float *col_bias; /* or NULL: C(q,i,j) += col_bias[j] once the sum is complete */
-  int64_t mc, nc, m_tiles, n_tiles, outputs; /* tiling, filled by gemm_run */
+  int64_t kc, mc, nc, m_tiles, n_tiles, outputs; /* blocking and tiling, filled by gemm_run */
+  float *a_packed; /* or NULL: A packed for all tasks, K block p0 at a_packed + p0 * round_up(m, MR) */
   micro_kernel_fn kernel;
 } gemm_problem;
 
@@ -130,8 +134,20 @@ static inline void transpose4(const float *src, int64_t ld_src, float *dst, int6
   for (int q = 0; q < 4; q++) memcpy(dst + q * ld_dst, &c[q], sizeof(v4f));
 }
 
+/* The same for two rows of 4 floats: column q (2 floats) goes to dst + q*ld_dst. */
+static inline void transpose2(const float *src, int64_t ld_src, float *dst, int64_t ld_dst) {
+  v4f r0, r1;
+  memcpy(&r0, src, sizeof(v4f));
+  memcpy(&r1, src + ld_src, sizeof(v4f));
+  v4f lo = __builtin_shufflevector(r0, r1, 0, 4, 1, 5), hi = __builtin_shufflevector(r0, r1, 2, 6, 3, 7);
+  memcpy(dst, &lo, 2 * sizeof(float));
+  memcpy(dst + ld_dst, (float *)&lo + 2, 2 * sizeof(float));
+  memcpy(dst + 2 * ld_dst, &hi, 2 * sizeof(float));
+  memcpy(dst + 3 * ld_dst, (float *)&hi + 2, 2 * sizeof(float));
+}
+
 /* dst[p*ld_dst + i] = src[i*ld_src + p] for i < rows, p < len: rows contiguous along p are
- * interleaved into a panel, four rows and four steps at a time where they fit. */
+ * interleaved into a panel, four (then two) rows and four steps at a time where they fit. */
 static void interleave_rows(const float *restrict src, int64_t ld_src, int64_t rows, int64_t len, float *restrict dst,
                             int64_t ld_dst) {
   int64_t rows4 = rows & ~(int64_t)3, len4 = len & ~(int64_t)3;
@@ -141,7 +157,17 @@ static void interleave_rows(const float *restrict src, int64_t ld_src, int64_t r
     for (int64_t q = 0; q < 4; q++)
       for (int64_t p = len4; p < len; p++) dst[p * ld_dst + i + q] = s[q * ld_src + p];
   }
-  for (int64_t i = rows4; i < rows; i++) {
+  int64_t i = rows4;
+  if (rows - i >= 2) {
+    const float *s = src + i * ld_src;
+    for (int64_t p = 0; p < len4; p += 4) transpose2(s + p, ld_src, dst + p * ld_dst + i, ld_dst);
+    for (int64_t p = len4; p < len; p++) {
+      dst[p * ld_dst + i] = s[p];
+      dst[p * ld_dst + i + 1] = s[ld_src + p];
+    }
+    i += 2;
+  }
+  for (; i < rows; i++) {
     const float *s = src + i * ld_src;
     for (int64_t p = 0; p < len; p++) dst[p * ld_dst + i] = s[p];
   }
@@ -225,8 +251,9 @@ static void add_col_bias(const gemm_problem *g, float *c, int64_t i0, int64_t mc
 /* Tasks [begin, end): task t is output o = t / (m_tiles * n_tiles) and one C tile of it. */
 static void gemm_tasks(void *ctx, size_t begin, size_t end) {
   const gemm_problem *g = ctx;
-  int64_t kc_max = g->k < KC ? g->k : KC;
-  size_t a_len = (size_t)(round_up(g->mc, MR) * kc_max), b_len = (size_t)(round_up(g->nc, NR) * kc_max);
+  int64_t kc_max = g->k < g->kc ? g->k : g->kc;
+  size_t a_len = g->a_packed ? 0 : (size_t)(round_up(g->mc, MR) * kc_max);
+  size_t b_len = (size_t)(round_up(g->nc, NR) * kc_max);
   size_t bytes = (a_len + b_len) * sizeof(float);
   float *buf = bytes ? aligned_alloc(64, round_up((int64_t)bytes, 64)) : NULL;
   float *ap = buf, *bp = buf ? buf + a_len : NULL;
@@ -254,10 +281,11 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
     for (int64_t q = q0; q < q1; q++) {
       const float *a = g->a + q * g->a_bs + i0 * g->a_rs;
       const float *b = g->b + q * g->b_bs + j0 * g->b_cs;
-      for (int64_t p0 = 0; p0 < g->k; p0 += KC) {
-        int64_t kc = g->k - p0 < KC ? g->k - p0 : KC;
+      for (int64_t p0 = 0; p0 < g->k; p0 += g->kc) {
+        int64_t kc = g->k - p0 < g->kc ? g->k - p0 : g->kc;
         pack_b(b + p0 * g->b_rs, g->b_rs, g->b_cs, kc, nc, bp);
-        pack_a(a + p0 * g->a_cs, g->a_rs, g->a_cs, mc, kc, ap);
+        if (g->a_packed) ap = g->a_packed + p0 * round_up(g->m, MR) + i0 * kc;
+        else pack_a(a + p0 * g->a_cs, g->a_rs, g->a_cs, mc, kc, ap);
         for (int64_t jr = 0; jr < nc; jr += NR) {
           int64_t nr = nc - jr < NR ? nc - jr : NR;
           for (int64_t ir = 0; ir < mc; ir += MR) {
@@ -273,8 +301,21 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
   free(buf);
 }
 
-/* Picks the tiling (more, smaller tiles when there are fewer than two per thread) and runs
- * the tasks over the pool. */
+/* Units [begin, end) of packing A for all tasks: unit u is K block u / panels, MR-row panel
+ * u % panels. */
+static void pack_a_units(void *ctx, size_t begin, size_t end) {
+  const gemm_problem *g = ctx;
+  int64_t m_pad = round_up(g->m, MR), panels = m_pad / MR;
+  for (size_t u = begin; u < end; u++) {
+    int64_t p0 = (int64_t)u / panels * g->kc, r0 = (int64_t)u % panels * MR;
+    int64_t kc = g->k - p0 < g->kc ? g->k - p0 : g->kc;
+    int64_t rows = g->m - r0 < MR ? g->m - r0 : MR;
+    pack_a(g->a + p0 * g->a_cs + r0 * g->a_rs, g->a_rs, g->a_cs, rows, kc, g->a_packed + p0 * m_pad + r0 * kc);
+  }
+}
+
+/* Picks the blocking and the tiling (more, smaller tiles when there are fewer than two per
+ * thread), packs A once when the tiles would each pack it, and runs the tasks over the pool. */
 static void gemm_run(ttd_pool *pool, gemm_problem *g) {
   if (g->m <= 0 || g->n <= 0) return;
   if (g->batch <= 0) { /* no problems: nothing to write, or a zero sum */
@@ -283,6 +324,8 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
     g->k = 0;
   }
   g->outputs = g->c_bs ? g->batch : 1;
+  int64_t k_blocks = (g->k + KC - 1) / KC;
+  g->kc = k_blocks ? round_up((g->k + k_blocks - 1) / k_blocks, 8) : KC; /* even blocks: no 16-step tail */
   g->m_tiles = (g->m + MC_MAX - 1) / MC_MAX;
   g->n_tiles = (g->n + NC_MAX - 1) / NC_MAX;
   g->mc = round_up((g->m + g->m_tiles - 1) / g->m_tiles, MR);
@@ -299,7 +342,17 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
     g->n_tiles = (g->n + g->nc - 1) / g->nc;
   }
   g->kernel = pick_micro_kernel();
+  int64_t a_floats = round_up(g->m, MR) * g->k;
+  if (g->batch == 1 && g->n_tiles > 1 && g->k > 0 && a_floats <= SHARED_A_MAX) {
+    g->a_packed = aligned_alloc(64, (size_t)round_up(a_floats * (int64_t)sizeof(float), 64));
+    if (g->a_packed) {
+      size_t units = (size_t)(round_up(g->m, MR) / MR * ((g->k + g->kc - 1) / g->kc));
+      ttd_pool_parallel_for(pool, units, 4, pack_a_units, g);
+    }
+  }
   ttd_pool_parallel_for(pool, (size_t)(g->outputs * g->m_tiles * g->n_tiles), 1, gemm_tasks, g);
+  free(g->a_packed);
+  g->a_packed = NULL;
 }
 
 /* C(q) (=, or summed over q when c_bs is 0) A(q) B(q) with the strides as described on

@@ -149,6 +149,65 @@ START_TEST(test_mlp_gradients) {
 }
 END_TEST
 
+/* A Backward that asks for no input gradients computes only what leads to a parameter: the
+ * values reached from inputs alone (x, relu(x)) are marked so, and the parameters'
+ * gradients are bit-identical to those of a Backward that also returns dx. */
+START_TEST(test_backward_without_input_grads) {
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "x", F32, 2, 8, 20, 0, 0);
+  gb_value(&b, 0, "y", I32, 1, 8, 0, 0, 0);
+  gb_value(&b, 1, "w1", F32, 2, 5, 20, 0, 0);
+  gb_value(&b, 1, "b1", F32, 1, 5, 0, 0, 0);
+  gb_node(&b, "xr", "relu", "x", NULL, NULL);
+  gb_node(&b, "logits", "linear", "xr", "w1", "b1");
+  gb_node(&b, "loss", "cross_entropy", "logits", "y", NULL);
+  b.outputs[b.graph.n_outputs++] = "loss";
+  harness h;
+  harness_setup(&h, &b, 0.5f, 5);
+  const ttd_program *p = h.program;
+  struct { const char *name; bool requires, param; } want[] = {
+      {"x", true, false}, {"y", false, false}, {"w1", true, true}, {"b1", true, true},
+      {"xr", true, false}, {"logits", true, true}, {"loss", true, true}};
+  for (size_t w = 0; w < sizeof(want) / sizeof(want[0]); w++) {
+    int v = 0;
+    while (v < p->n_values && strcmp(p->values[v].name, want[w].name) != 0) v++;
+    ck_assert_int_lt(v, p->n_values);
+    ck_assert_msg(p->values[v].requires_grad == want[w].requires && p->values[v].param_grad == want[w].param,
+                  "%s: requires_grad %d param_grad %d", want[w].name, p->values[v].requires_grad, p->values[v].param_grad);
+  }
+  ttd_tensor_spec one = {.dtype = TTD_DTYPE_FLOAT32, .ndim = 0};
+  ttd_tensor_spec_finish(&one);
+  ttd_tensor *dloss = NULL;
+  ck_assert_ptr_null(ttd_tensor_create(h.backend, NULL, &one, &dloss));
+  write_at(h.backend, dloss, 0, 1.0f);
+  float got[2][5 * 20 + 5];
+  for (int with_inputs = 0; with_inputs < 2; with_inputs++) {
+    ttd_run *run = NULL;
+    ck_assert_ptr_null(ttd_run_forward(h.backend, NULL, h.program, h.inputs, p->n_inputs, h.params, p->n_params, &run));
+    ttd_tensor *out_grads[1] = {dloss}, *param_grads[MAXV] = {0}, *input_grads[MAXV] = {0};
+    ck_assert_ptr_null(ttd_run_backward(run, h.backend, out_grads, param_grads, with_inputs ? input_grads : NULL));
+    ttd_run_free(run);
+    h.backend->vtable->buffer_read(h.backend, param_grads[0]->buffer, 0, got[with_inputs], 5 * 20 * 4);
+    h.backend->vtable->buffer_read(h.backend, param_grads[1]->buffer, 0, got[with_inputs] + 100, 5 * 4);
+    for (int k = 0; k < 2; k++) ttd_tensor_release(param_grads[k]);
+    /* The parameters' .grad accumulate: start the second run from zero. */
+    for (int k = 0; k < 2; k++) {
+      ttd_tensor_release(h.params[k]->grad);
+      h.params[k]->grad = NULL;
+    }
+    if (with_inputs) {
+      ck_assert_ptr_nonnull(input_grads[0]); /* dx, asked for */
+      ck_assert_ptr_null(input_grads[1]);    /* the int32 labels have none */
+      ttd_tensor_release(input_grads[0]);
+    }
+  }
+  ck_assert_int_eq(memcmp(got[0], got[1], sizeof(got[0])), 0);
+  ttd_tensor_release(dloss);
+  harness_teardown(&h);
+}
+END_TEST
+
 /* LeNet-5 (conv 5x5 pad 2, tanh, avg pool, conv 5x5, tanh, max pool, flatten, three linear
  * layers, cross-entropy) on 28x28 images: every parameter's gradient matches. */
 START_TEST(test_lenet_gradients) {
@@ -303,6 +362,7 @@ Suite *program_grad_suite(void) {
   TCase *tc = tcase_create("whole_program");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_mlp_gradients);
+  tcase_add_test(tc, test_backward_without_input_grads);
   tcase_add_test(tc, test_lenet_gradients);
   tcase_add_test(tc, test_transformer_block_gradients);
   tcase_add_test(tc, test_bfloat16_storage_matches_float32);
