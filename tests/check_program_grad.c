@@ -77,17 +77,23 @@ static void write_at(ttd_backend *backend, ttd_tensor *t, uint64_t i, float v) {
   backend->vtable->buffer_write(backend, t->buffer, i * 4, &v, 4);
 }
 
+/* d loss / d loss: a float32 scalar 1. */
+static ttd_tensor *unit_loss_grad(ttd_backend *backend) {
+  ttd_tensor_spec one = {.dtype = TTD_DTYPE_FLOAT32, .ndim = 0};
+  ttd_tensor_spec_finish(&one);
+  ttd_tensor *dloss = NULL;
+  ck_assert_ptr_null(ttd_tensor_create(backend, NULL, &one, &dloss));
+  write_at(backend, dloss, 0, 1.0f);
+  return dloss;
+}
+
 /* Backward once, then compares `samples` elements of every parameter's gradient with
  * central differences of the loss (float32 forward, step eps). */
 static void check_gradients(harness *h, int samples, float eps, double rtol, double atol) {
   ttd_run *run = NULL;
   ck_assert_ptr_null(ttd_run_forward(h->backend, NULL, h->program, h->inputs, h->program->n_inputs, h->params,
                                      h->program->n_params, &run));
-  ttd_tensor_spec one = {.dtype = TTD_DTYPE_FLOAT32, .ndim = 0};
-  ttd_tensor_spec_finish(&one);
-  ttd_tensor *dloss = NULL;
-  ck_assert_ptr_null(ttd_tensor_create(h->backend, NULL, &one, &dloss));
-  write_at(h->backend, dloss, 0, 1.0f);
+  ttd_tensor *dloss = unit_loss_grad(h->backend);
   ttd_tensor *out_grads[1] = {dloss}, *param_grads[MAXV] = {0};
   ttd_status_t s = ttd_run_backward(run, h->backend, out_grads, param_grads, NULL);
   ck_assert_msg(s == NULL, "backward: %s", ttd_status_message(s));
@@ -176,11 +182,7 @@ START_TEST(test_backward_without_input_grads) {
     ck_assert_msg(p->values[v].requires_grad == want[w].requires && p->values[v].param_grad == want[w].param,
                   "%s: requires_grad %d param_grad %d", want[w].name, p->values[v].requires_grad, p->values[v].param_grad);
   }
-  ttd_tensor_spec one = {.dtype = TTD_DTYPE_FLOAT32, .ndim = 0};
-  ttd_tensor_spec_finish(&one);
-  ttd_tensor *dloss = NULL;
-  ck_assert_ptr_null(ttd_tensor_create(h.backend, NULL, &one, &dloss));
-  write_at(h.backend, dloss, 0, 1.0f);
+  ttd_tensor *dloss = unit_loss_grad(h.backend);
   float got[2][5 * 20 + 5];
   for (int with_inputs = 0; with_inputs < 2; with_inputs++) {
     ttd_run *run = NULL;
