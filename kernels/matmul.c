@@ -35,6 +35,10 @@ enum {
 typedef void (*micro_kernel_fn)(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,
                                 int64_t ldc, int64_t mr, int64_t nr, int accumulate);
 
+/* Sixteen rows contiguous along p (row j at src + j*ld_src), p in [0, len), interleaved into
+ * an NR = 16 column panel: dst[p*16 + j] = src[j*ld_src + p]. */
+typedef void (*interleave16_fn)(const float *restrict src, int64_t ld_src, int64_t len, float *restrict dst);
+
 typedef struct gemm_problem {
   int64_t batch, m, n, k;
   const float *a; /* A(q,i,p) = a[q*a_bs + i*a_rs + p*a_cs] */
@@ -47,6 +51,7 @@ typedef struct gemm_problem {
   int64_t kc, mc, nc, m_tiles, n_tiles, outputs; /* blocking and tiling, filled by gemm_run */
   float *a_packed; /* or NULL: A packed for all tasks, K block p0 at a_packed + p0 * round_up(m, MR) */
   micro_kernel_fn kernel;
+  interleave16_fn interleave16; /* or NULL: interleave_rows */
 } gemm_problem;
 
 /* clang-format off */
@@ -173,6 +178,54 @@ static void interleave_rows(const float *restrict src, int64_t ld_src, int64_t r
   }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+typedef float v16f __attribute__((vector_size(16 * sizeof(float))));
+/* 128-bit lanes l0 l1 of a and l2 l3 of b (lane numbers 0-3 in each). */
+#define LANES(a, b, l0, l1, l2, l3)                                                                             \
+  __builtin_shufflevector(a, b, 4 * (l0), 4 * (l0) + 1, 4 * (l0) + 2, 4 * (l0) + 3, 4 * (l1), 4 * (l1) + 1,        \
+                          4 * (l1) + 2, 4 * (l1) + 3, 16 + 4 * (l2), 17 + 4 * (l2), 18 + 4 * (l2), 19 + 4 * (l2), \
+                          16 + 4 * (l3), 17 + 4 * (l3), 18 + 4 * (l3), 19 + 4 * (l3))
+
+/* interleave16_fn with AVX-512: 16 x 16 blocks transposed in registers (64 shuffles per
+ * 256 floats, against 128 for 4 x 4 blocks), the tail of p with interleave_rows. */
+__attribute__((target("avx512f"))) static void interleave16_avx512(const float *restrict src, int64_t ld_src,
+                                                                    int64_t len, float *restrict dst) {
+  int64_t len16 = len & ~(int64_t)15;
+  for (int64_t p = 0; p < len16; p += 16) {
+    v16f v[16], t[16], u[16];
+    for (int j = 0; j < 16; j++) memcpy(&v[j], src + j * ld_src + p, sizeof(v16f));
+    for (int j = 0; j < 16; j += 2) { /* 32-bit interleave inside lanes */
+      t[j] = __builtin_shufflevector(v[j], v[j + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29);
+      t[j + 1] = __builtin_shufflevector(v[j], v[j + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31);
+    }
+    for (int j = 0; j < 16; j += 4) { /* 64-bit interleave: lane L of u[j+k] is rows j..j+3 at column 4L+k */
+      for (int h = 0; h < 2; h++) {
+        u[j + 2 * h] = __builtin_shufflevector(t[j + h], t[j + h + 2], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13,
+                                               28, 29);
+        u[j + 2 * h + 1] = __builtin_shufflevector(t[j + h], t[j + h + 2], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27,
+                                                   14, 15, 30, 31);
+      }
+    }
+    for (int k = 0; k < 4; k++) { /* column 4L+k gathers lane L of u[k], u[4+k], u[8+k], u[12+k] */
+      v16f wa = LANES(u[k], u[4 + k], 0, 1, 0, 1), wb = LANES(u[k], u[4 + k], 2, 3, 2, 3);
+      v16f xa = LANES(u[8 + k], u[12 + k], 0, 1, 0, 1), xb = LANES(u[8 + k], u[12 + k], 2, 3, 2, 3);
+      v16f out[4] = {LANES(wa, xa, 0, 2, 0, 2), LANES(wa, xa, 1, 3, 1, 3), LANES(wb, xb, 0, 2, 0, 2),
+                     LANES(wb, xb, 1, 3, 1, 3)};
+      for (int l = 0; l < 4; l++) memcpy(dst + (p + 4 * l + k) * 16, &out[l], sizeof(v16f));
+    }
+  }
+  if (len16 < len) interleave_rows(src + len16, ld_src, 16, len - len16, dst + len16 * 16, 16);
+}
+#undef LANES
+#endif
+
+static interleave16_fn pick_interleave16(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f")) return interleave16_avx512;
+#endif
+  return NULL;
+}
+
 /* Packs rows [0, mc) x cols [0, kc) of the strided A block at `a` into MR-row micro-panels:
  * panel r holds out[r*kc*MR + p*MR + i] = A(r*MR + i, p), zero past row mc. */
 static void pack_a(const float *restrict a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float *restrict out) {
@@ -198,7 +251,8 @@ static void pack_a(const float *restrict a, int64_t rs, int64_t cs, int64_t mc, 
 
 /* Packs rows [0, kc) x cols [0, nc) of the strided B block at `b` into NR-column
  * micro-panels: panel s holds out[s*kc*NR + p*NR + j] = B(p, s*NR + j), zero past col nc. */
-static void pack_b(const float *restrict b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, float *restrict out) {
+static void pack_b(const float *restrict b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, float *restrict out,
+                   interleave16_fn interleave16) {
   for (int64_t s0 = 0; s0 < nc; s0 += NR) {
     float *restrict panel = out + (s0 / NR) * kc * NR;
     int64_t cols = nc - s0 < NR ? nc - s0 : NR;
@@ -210,7 +264,9 @@ static void pack_b(const float *restrict b, int64_t rs, int64_t cs, int64_t kc, 
         const float *src = b + p * rs + s0;
         for (int64_t j = 0; j < cols; j++) panel[p * NR + j] = src[j];
       }
-    } else if (rs == 1) { /* columns contiguous: B is transposed in memory (a linear's weight) */
+    } else if (rs == 1 && cols == NR && interleave16) { /* B transposed in memory (a linear's weight) */
+      interleave16(b + s0 * cs, cs, kc, panel);
+    } else if (rs == 1) {
       interleave_rows(b + s0 * cs, cs, cols, kc, panel, NR);
     } else {
       for (int64_t j = 0; j < cols; j++) {
@@ -283,7 +339,7 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
       const float *b = g->b + q * g->b_bs + j0 * g->b_cs;
       for (int64_t p0 = 0; p0 < g->k; p0 += g->kc) {
         int64_t kc = g->k - p0 < g->kc ? g->k - p0 : g->kc;
-        pack_b(b + p0 * g->b_rs, g->b_rs, g->b_cs, kc, nc, bp);
+        pack_b(b + p0 * g->b_rs, g->b_rs, g->b_cs, kc, nc, bp, g->interleave16);
         if (g->a_packed) ap = g->a_packed + p0 * round_up(g->m, MR) + i0 * kc;
         else pack_a(a + p0 * g->a_cs, g->a_rs, g->a_cs, mc, kc, ap);
         for (int64_t jr = 0; jr < nc; jr += NR) {
@@ -342,6 +398,7 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
     g->n_tiles = (g->n + g->nc - 1) / g->nc;
   }
   g->kernel = pick_micro_kernel();
+  g->interleave16 = NR == 16 ? pick_interleave16() : NULL;
   int64_t a_floats = round_up(g->m, MR) * g->k;
   if (g->batch == 1 && g->n_tiles > 1 && g->k > 0 && a_floats <= SHARED_A_MAX) {
     g->a_packed = aligned_alloc(64, (size_t)round_up(a_floats * (int64_t)sizeof(float), 64));

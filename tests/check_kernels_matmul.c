@@ -33,7 +33,7 @@ static void ref_matmul(const float *a, const float *b, double *c, int64_t m, int
 /* Odd sizes from 1x1x1 to several K blocks and C tiles, all four transpose combinations, match double. */
 START_TEST(test_matmul_forward) {
   static const int64_t sizes[][3] = {{1, 1, 1},    {7, 13, 5},      {65, 33, 129}, {1, 40, 3},
-                                     {19, 1, 300}, {131, 530, 301}, {301, 17, 40}};
+                                     {19, 1, 300}, {131, 530, 301}, {301, 17, 40}, {64, 512, 784}};
   uint64_t rng = 1;
   for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
     for (int t = 0; t < 4; t++) {
