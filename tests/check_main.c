@@ -13,6 +13,7 @@ int main(void) {
   srunner_add_suite(sr, session_suite());
   srunner_add_suite(sr, tokens_suite());
   srunner_add_suite(sr, scheduler_suite());
+  srunner_add_suite(sr, work_queue_suite());
   srunner_add_suite(sr, place_suite());
   srunner_add_suite(sr, program_grad_suite());
   srunner_add_suite(sr, thread_pool_suite());

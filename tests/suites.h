@@ -13,6 +13,7 @@ Suite *sim_backend_suite(void);
 Suite *session_suite(void);
 Suite *tokens_suite(void);
 Suite *scheduler_suite(void);
+Suite *work_queue_suite(void);
 Suite *place_suite(void);
 Suite *program_grad_suite(void);
 Suite *thread_pool_suite(void);
