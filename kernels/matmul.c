@@ -23,8 +23,8 @@
 
 enum {
   MR = 6,       /* micro-tile rows */
-  NR = 16,      /* micro-tile columns */
-  KC = 256,     /* largest K block: an NR-column B micro-panel (16 KiB) stays in L1 */
+  NR = 32,      /* micro-tile columns: 6 x 32 is 12 accumulators, enough to keep two FMA pipes busy */
+  KC = 256,     /* largest K block: an NR-column B micro-panel (32 KiB) stays in L1 */
   MC_MAX = 288, /* rows of C per task (A block: 288 KiB, in L2; amortises packing B) */
   NC_MAX = 512, /* columns of C per task */
   SHARED_A_MAX = 1 << 20, /* floats: A packed once for all tasks up to 4 MiB */
@@ -36,8 +36,9 @@ typedef void (*micro_kernel_fn)(int64_t kc, const float *restrict ap, const floa
                                 int64_t ldc, int64_t mr, int64_t nr, int accumulate);
 
 /* Sixteen rows contiguous along p (row j at src + j*ld_src), p in [0, len), interleaved into
- * an NR = 16 column panel: dst[p*16 + j] = src[j*ld_src + p]. */
-typedef void (*interleave16_fn)(const float *restrict src, int64_t ld_src, int64_t len, float *restrict dst);
+ * 16 columns of a panel: dst[p*ld_dst + j] = src[j*ld_src + p]. */
+typedef void (*interleave16_fn)(const float *restrict src, int64_t ld_src, int64_t len, float *restrict dst,
+                                int64_t ld_dst);
 
 typedef struct gemm_problem {
   int64_t batch, m, n, k;
@@ -99,24 +100,27 @@ typedef struct gemm_problem {
       for (int64_t j = 0; j < nr; j++) c[i * ldc + j] = accumulate ? c[i * ldc + j] + tile[i][j] : tile[i][j];     \
   }
 
-/* Any target: 4-float vectors (SSE2 on x86-64, NEON on arm64), 6 x 8 per pass in 12 xmm. */
+/* Any target: 4-float vectors (SSE2 on x86-64, NEON on arm64), 6 x 8 per pass in 12 xmm, four passes. */
 TTD_DEFINE_MICRO_KERNEL(micro_kernel_generic, , 4, 8)
 /* clang-format on */
 
 #if defined(__x86_64__) && defined(__GNUC__)
-/* AVX2 + FMA: 6 x 16 in 12 ymm (the classic Haswell kernel). */
+/* AVX2 + FMA: 6 x 16 per pass in 12 ymm (the classic Haswell kernel), two passes. */
 TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx2, __attribute__((target("avx2,fma"))), 8, 16)
-/* AVX-512: 6 x 16 in 6 zmm. */
-TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx512, __attribute__((target("avx512f"))), 16, 16)
+/* AVX-512: 6 x 32 in 12 zmm, one pass (6 x 16 in 6 zmm ran at 155 GFLOP/s here, this at 185). */
+TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx512, __attribute__((target("avx512f"))), 16, 32)
 #endif
 
 /* The widest kernel this CPU runs (the CPU model is read by a libgcc constructor, so this is
- * safe from any thread). Chosen at run time, not with target_clones: each ISA needs its own
- * vector width to keep the accumulators in registers (one 64-byte-vector source under
- * target_clones runs at a tenth of the speed in its AVX2 clone). */
+ * safe from any thread), or a narrower one named by TTD_KERNEL_ISA ("avx2", "generic"; the
+ * tests run every kernel this way). Chosen at run time, not with target_clones: each ISA
+ * needs its own vector width to keep the accumulators in registers (one 64-byte-vector
+ * source under target_clones runs at a tenth of the speed in its AVX2 clone). */
 static micro_kernel_fn pick_micro_kernel(void) {
+  const char *isa = getenv("TTD_KERNEL_ISA");
+  if (isa && strcmp(isa, "generic") == 0) return micro_kernel_generic;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512f")) return micro_kernel_avx512;
+  if (__builtin_cpu_supports("avx512f") && !(isa && strcmp(isa, "avx2") == 0)) return micro_kernel_avx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return micro_kernel_avx2;
 #endif
   return micro_kernel_generic;
@@ -189,7 +193,7 @@ typedef float v16f __attribute__((vector_size(16 * sizeof(float))));
 /* interleave16_fn with AVX-512: 16 x 16 blocks transposed in registers (64 shuffles per
  * 256 floats, against 128 for 4 x 4 blocks), the tail of p with interleave_rows. */
 __attribute__((target("avx512f"))) static void interleave16_avx512(const float *restrict src, int64_t ld_src,
-                                                                    int64_t len, float *restrict dst) {
+                                                                    int64_t len, float *restrict dst, int64_t ld_dst) {
   int64_t len16 = len & ~(int64_t)15;
   for (int64_t p = 0; p < len16; p += 16) {
     v16f v[16], t[16], u[16];
@@ -211,15 +215,17 @@ __attribute__((target("avx512f"))) static void interleave16_avx512(const float *
       v16f xa = LANES(u[8 + k], u[12 + k], 0, 1, 0, 1), xb = LANES(u[8 + k], u[12 + k], 2, 3, 2, 3);
       v16f out[4] = {LANES(wa, xa, 0, 2, 0, 2), LANES(wa, xa, 1, 3, 1, 3), LANES(wb, xb, 0, 2, 0, 2),
                      LANES(wb, xb, 1, 3, 1, 3)};
-      for (int l = 0; l < 4; l++) memcpy(dst + (p + 4 * l + k) * 16, &out[l], sizeof(v16f));
+      for (int l = 0; l < 4; l++) memcpy(dst + (p + 4 * l + k) * ld_dst, &out[l], sizeof(v16f));
     }
   }
-  if (len16 < len) interleave_rows(src + len16, ld_src, 16, len - len16, dst + len16 * 16, 16);
+  if (len16 < len) interleave_rows(src + len16, ld_src, 16, len - len16, dst + len16 * ld_dst, ld_dst);
 }
 #undef LANES
 #endif
 
 static interleave16_fn pick_interleave16(void) {
+  const char *isa = getenv("TTD_KERNEL_ISA");
+  if (isa && (strcmp(isa, "generic") == 0 || strcmp(isa, "avx2") == 0)) return NULL;
 #if defined(__x86_64__) && defined(__GNUC__)
   if (__builtin_cpu_supports("avx512f")) return interleave16_avx512;
 #endif
@@ -265,7 +271,7 @@ static void pack_b(const float *restrict b, int64_t rs, int64_t cs, int64_t kc, 
         for (int64_t j = 0; j < cols; j++) panel[p * NR + j] = src[j];
       }
     } else if (rs == 1 && cols == NR && interleave16) { /* B transposed in memory (a linear's weight) */
-      interleave16(b + s0 * cs, cs, kc, panel);
+      for (int64_t j = 0; j < NR; j += 16) interleave16(b + (s0 + j) * cs, cs, kc, panel + j, NR);
     } else if (rs == 1) {
       interleave_rows(b + s0 * cs, cs, cols, kc, panel, NR);
     } else {
@@ -398,7 +404,7 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
     g->n_tiles = (g->n + g->nc - 1) / g->nc;
   }
   g->kernel = pick_micro_kernel();
-  g->interleave16 = NR == 16 ? pick_interleave16() : NULL;
+  g->interleave16 = NR % 16 == 0 ? pick_interleave16() : NULL;
   int64_t a_floats = round_up(g->m, MR) * g->k;
   if (g->batch == 1 && g->n_tiles > 1 && g->k > 0 && a_floats <= SHARED_A_MAX) {
     g->a_packed = aligned_alloc(64, (size_t)round_up(a_floats * (int64_t)sizeof(float), 64));

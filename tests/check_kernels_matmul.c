@@ -31,7 +31,7 @@ static void ref_matmul(const float *a, const float *b, double *c, int64_t m, int
 }
 
 /* Odd sizes from 1x1x1 to several K blocks and C tiles, all four transpose combinations, match double. */
-START_TEST(test_matmul_forward) {
+static void check_forward_sizes(const char *isa) {
   static const int64_t sizes[][3] = {{1, 1, 1},    {7, 13, 5},      {65, 33, 129}, {1, 40, 3},
                                      {19, 1, 300}, {131, 530, 301}, {301, 17, 40}, {64, 512, 784}};
   uint64_t rng = 1;
@@ -43,11 +43,26 @@ START_TEST(test_matmul_forward) {
       double *want = kt_dzeros(m * n);
       ttd_k_matmul(NULL, a, b, c, 1, m, n, k, ta, tb, 0, 0);
       ref_matmul(a, b, want, m, n, k, ta, tb);
-      char what[64];
-      snprintf(what, sizeof(what), "C %lldx%lldx%lld ta=%d tb=%d", (long long)m, (long long)n, (long long)k, ta, tb);
+      char what[96];
+      snprintf(what, sizeof(what), "%s: C %lldx%lldx%lld ta=%d tb=%d", isa, (long long)m, (long long)n, (long long)k,
+               ta, tb);
       kt_expect_close(what, c, want, m * n, 1e-5, kt_dot_tol(k));
       free(a), free(b), free(c), free(want);
     }
+}
+
+START_TEST(test_matmul_forward) { check_forward_sizes("widest"); }
+END_TEST
+
+/* The narrower micro-kernels and packings (TTD_KERNEL_ISA, as on a CPU without AVX-512 or
+ * AVX2) give the same results. Each test runs in its own process, so setenv stays here. */
+START_TEST(test_matmul_forward_narrow_isas) {
+  const char *isas[] = {"avx2", "generic"};
+  for (size_t i = 0; i < 2; i++) {
+    setenv("TTD_KERNEL_ISA", isas[i], 1);
+    check_forward_sizes(isas[i]);
+  }
+  unsetenv("TTD_KERNEL_ISA");
 }
 END_TEST
 
@@ -256,6 +271,7 @@ Suite *kernels_matmul_suite(void) {
   TCase *tc = tcase_create("matmul");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_matmul_forward);
+  tcase_add_test(tc, test_matmul_forward_narrow_isas);
   tcase_add_test(tc, test_matmul_batched_broadcast);
   tcase_add_test(tc, test_matmul_empty);
   tcase_add_test(tc, test_matmul_backward_fd);
