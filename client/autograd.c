@@ -47,7 +47,7 @@ void tt_run_ref_release(tt_run_ref *ref) {
   }
   for (int i = 0; ref->output_grads && i < ref->n_outputs; i++) free(ref->output_grads[i]);
   free(ref->output_grads);
-  tt_module_free(ref->module); /* its reference */
+  tt_module_unref(ref->module); /* its reference */
   free(ref);
 }
 
@@ -340,21 +340,35 @@ static tt_status backward_grads_fill(tt_run_ref *ref, backward_grads *g, Ttd__V1
   return TT_OK;
 }
 
-/* Sends each touched run's accumulated output gradients to the card and runs Backward. */
-static tt_status flush_run(tt_run_ref *ref) {
+/* The total bytes of ref's accumulated output gradients (float32). */
+static uint64_t output_grad_bytes(const tt_run_ref *ref) {
+  uint64_t total = 0;
+  for (int i = 0; i < ref->n_outputs; i++) {
+    if (!ref->output_grads[i]) continue;
+    int64_t shape[TT_MAX_DIMS];
+    int ndim = tt_module_output_dims(ref->module, i, shape);
+    uint64_t numel = 1;
+    for (int d = 0; d < ndim; d++) numel *= (uint64_t)shape[d];
+    total += numel * sizeof(float);
+  }
+  return total;
+}
+
+int tt_backward_can_wait(const tt_run_ref *ref) {
+  return !ref->local_run && ref->run && tt_inline_enabled(ref->client) && output_grad_bytes(ref) <= TT_INLINE_MAX_BYTES;
+}
+
+tt_status tt_backward_call_begin(tt_run_ref *ref, tt_backward_call *bc) {
   tt_client *c = ref->client;
-  if (ref->local_run) return tt_module_backward_local(ref->module, ref);
-  Ttd__V1__BackwardRequest req = TTD__V1__BACKWARD_REQUEST__INIT;
-  backward_grads grads;
-  memset(&grads, 0, sizeof(grads));
-  tt_param_work work;
-  memset(&work, 0, sizeof(work));
-  tt_status st = backward_grads_fill(ref, &grads, &req);
-  if (st != TT_OK && req.free) { /* uploads made before the failure: nothing will use them */
+  ttd__v1__backward_request__init(&bc->req);
+  bc->grads = calloc(1, sizeof(*bc->grads));
+  if (!bc->grads) return tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  tt_status st = backward_grads_fill(ref, bc->grads, &bc->req);
+  if (st != TT_OK && bc->req.free) { /* uploads made before the failure: nothing will use them */
     uint64_t made[64];
     Ttd__V1__FreeRequest free_req = TTD__V1__FREE_REQUEST__INIT;
     for (int i = 0; i < ref->n_outputs && free_req.n_handles < 64; i++) {
-      if (grads.handles[i]) made[free_req.n_handles++] = grads.handles[i];
+      if (bc->grads->handles[i]) made[free_req.n_handles++] = bc->grads->handles[i];
     }
     free_req.handles = made;
     ProtobufCMessage *out = NULL;
@@ -364,29 +378,57 @@ static tt_status flush_run(tt_run_ref *ref) {
       protobuf_c_message_free_unpacked(out, NULL);
     }
   }
-  if (st == TT_OK && tt_inline_enabled(c)) st = tt_module_take_work(ref->module, &work, &req.before);
-  if (st == TT_OK) {
+  bc->req.run = ref->run;
+  return st;
+}
+
+void tt_backward_call_end(tt_run_ref *ref, tt_backward_call *bc, tt_status st, const Ttd__V1__BackwardResponse *resp,
+                          int carried) {
+  tt_client *c = ref->client;
+  if (st != TT_OK && carried && ref->run) { /* the Execute may have failed before its Backward ran */
+    Ttd__V1__ReleaseRunRequest req = TTD__V1__RELEASE_RUN_REQUEST__INIT;
     req.run = ref->run;
     ProtobufCMessage *out = NULL;
-    st = tt_rpc_unary(c, TT_RPC_BACKWARD, &req.base, &ttd__v1__backward_response__descriptor, &out);
-    ref->run = 0; /* the daemon frees the activations after Backward, as torch frees the graph */
-    tt_module_run_done(ref->module);
-    if (st == TT_OK) {
-      Ttd__V1__BackwardResponse *resp = (Ttd__V1__BackwardResponse *)out;
-      uint64_t handles[64];
-      int n = (int)(resp->n_parameter_grads < 64 ? resp->n_parameter_grads : 64);
-      for (int i = 0; i < n; i++) handles[i] = resp->parameter_grads[i]->handle;
-      tt_module_set_grad_handles(ref->module, handles, n);
+    char ignored[256];
+    if (tt_rpc_unary_quiet(c, TT_RPC_RELEASE_RUN, &req.base, &ttd__v1__release_run_response__descriptor, &out, ignored,
+                           sizeof(ignored)) == TT_OK) {
       protobuf_c_message_free_unpacked(out, NULL);
-      if (tt_inline_enabled(c)) tt_module_loop_enter(ref->module);
     }
   }
-  tt_param_work_clear(&work);
-  backward_grads_free(&grads, ref->n_outputs);
+  if (ref->run) tt_module_run_done(ref->module);
+  ref->run = 0; /* the daemon frees the activations after Backward, as torch frees the graph */
+  ref->backward_waiting = 0;
+  if (st == TT_OK && resp) {
+    uint64_t handles[64];
+    int n = (int)(resp->n_parameter_grads < 64 ? resp->n_parameter_grads : 64);
+    for (int i = 0; i < n; i++) handles[i] = resp->parameter_grads[i]->handle;
+    tt_module_set_grad_handles(ref->module, handles, n);
+    if (tt_inline_enabled(c)) tt_module_loop_enter(ref->module);
+  }
+  tt_param_work_clear(&bc->before);
+  if (bc->grads) backward_grads_free(bc->grads, ref->n_outputs);
+  free(bc->grads);
+  bc->grads = NULL;
   for (int i = 0; i < ref->n_outputs; i++) {
     free(ref->output_grads[i]);
     ref->output_grads[i] = NULL;
   }
+}
+
+/* Sends a touched run's accumulated output gradients to the card and runs Backward now,
+ * with the module's queued parameter work riding along. */
+static tt_status flush_run(tt_run_ref *ref) {
+  tt_client *c = ref->client;
+  if (ref->local_run) return tt_module_backward_local(ref->module, ref);
+  TT_RETURN_IF_FAILED(tt_module_flush_backward(ref->module)); /* one left waiting goes first */
+  tt_backward_call bc;
+  memset(&bc, 0, sizeof(bc));
+  tt_status st = tt_backward_call_begin(ref, &bc);
+  if (st == TT_OK && tt_inline_enabled(c)) st = tt_module_take_work(ref->module, &bc.before, &bc.req.before);
+  ProtobufCMessage *out = NULL;
+  if (st == TT_OK) st = tt_rpc_unary(c, TT_RPC_BACKWARD, &bc.req.base, &ttd__v1__backward_response__descriptor, &out);
+  tt_backward_call_end(ref, &bc, st, st == TT_OK ? (Ttd__V1__BackwardResponse *)out : NULL, 0);
+  if (out) protobuf_c_message_free_unpacked(out, NULL);
   return st;
 }
 
@@ -395,7 +437,7 @@ static tt_status flush_run(tt_run_ref *ref) {
 static tt_status accumulate_output(tt_client *c, const tt_tensor *output, const tt_tensor *t, tt_run_ref **runs,
                                    int *n_runs) {
   tt_run_ref *ref = output->run;
-  if (!ref->run && !ref->local_run) {
+  if ((!ref->run && !ref->local_run) || ref->backward_waiting) {
     return tt_client_fail(c, TT_FAILED_PRECONDITION,
                           "this loss reaches a module run that was already backpropagated or released; run forward again");
   }
@@ -462,8 +504,13 @@ tt_status tt_backward(tt_tensor *loss) {
     if (add_grad(a, ga, a->numel) != 0) st = TT_RESOURCE_EXHAUSTED;
     free(ga);
   }
-  /* Later runs first: a run's output may feed a later run only through the host. */
-  for (int r = n_runs - 1; st == TT_OK && r >= 0; r--) st = flush_run(runs[r]);
+  /* One run on a card: its Backward rides on the module's next Execute (one round trip a
+   * step). Else later runs first: a run's output may feed a later run only through the host. */
+  if (st == TT_OK && n_runs == 1 && tt_backward_can_wait(runs[0])) {
+    st = tt_module_defer_backward(runs[0]->module, runs[0]);
+  } else {
+    for (int r = n_runs - 1; st == TT_OK && r >= 0; r--) st = flush_run(runs[r]);
+  }
   for (int i = 0; i < n; i++) {
     free(list[i]->grad);
     list[i]->grad = NULL;

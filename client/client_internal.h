@@ -136,7 +136,8 @@ struct tt_run_ref {
   uint64_t run;           /* the daemon's run; 0 once backpropagated or released */
   struct ttd_run *local_run; /* a module on "cpu": the in-process run; NULL once used */
   int n_outputs;
-  float **output_grads;   /* host accumulators during tt_backward */
+  float **output_grads;   /* host accumulators during tt_backward, then until its Backward is sent */
+  int backward_waiting;   /* tt_backward left its Backward for the module's next Execute */
 };
 
 tt_run_ref *tt_run_ref_retain(tt_run_ref *ref);
@@ -221,6 +222,41 @@ void tt_param_work_clear(tt_param_work *work);
 /* Sends queued parameter work of client's modules as OptimizerStep / ZeroGrad calls before
  * tensor (a parameter or a .grad) is read or moved; OK at once for other tensors. */
 tt_status tt_deferred_flush_for(const tt_tensor *tensor);
+
+/* ---- a Backward riding on the module's next Execute (autograd.c, module.c) ---- */
+
+/* One Backward request for a run: the message, the storage of its gradients, and the
+ * parameter work that runs before it (req.before points into it when set). */
+typedef struct tt_backward_call {
+  Ttd__V1__BackwardRequest req;
+  struct backward_grads *grads;
+  tt_param_work before;
+} tt_backward_call;
+
+/* Makes ref's Backward request from the output gradients accumulated in ref: inline when
+ * they fit, else uploaded (freed by the Backward). bc->before is left to the caller. */
+tt_status tt_backward_call_begin(tt_run_ref *ref, tt_backward_call *bc);
+
+/* After the call that carried bc (a Backward, or an Execute when carried): with st OK,
+ * records resp's gradient handles; in any case the run counts as backpropagated (an Execute
+ * that failed also releases it, in case its Backward never ran), and bc and ref's
+ * gradients are freed. */
+void tt_backward_call_end(tt_run_ref *ref, tt_backward_call *bc, tt_status st, const Ttd__V1__BackwardResponse *resp,
+                          int carried);
+
+/* Whether tt_backward may leave ref's Backward for its module's next Execute: on a card,
+ * inline on, the gradients inline (autograd.c). */
+int tt_backward_can_wait(const tt_run_ref *ref);
+
+/* Leaves ref's Backward (ref retained) for the module's next Execute, with the work queued
+ * so far running before it; a Backward already waiting is sent first (module.c). */
+tt_status tt_module_defer_backward(struct tt_module *module, tt_run_ref *ref);
+
+/* Sends the Backward waiting on the module, if any, on its own (module.c). */
+tt_status tt_module_flush_backward(struct tt_module *module);
+
+/* Drops one internal reference of a module (runs hold one); tt_module_free is the user's. */
+void tt_module_unref(struct tt_module *module);
 
 /* A backward of module on a card succeeded: in training mode it is in a training loop now. */
 void tt_module_loop_enter(struct tt_module *module);

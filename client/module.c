@@ -3,9 +3,12 @@
  *
  * Round trips: on a card, tt_step and tt_zero_grad are queued on the module and ride on its
  * next Execute or Backward (ParameterWork before), small inputs deferred by tt_to travel
- * inline with Execute and small outputs come back inline, so a training step of the seed
- * flow is two calls: Execute and Backward. Anything that reads a parameter or a .grad sends
- * the queued work first. TTD_INLINE=0 turns all of it off. */
+ * inline with Execute and small outputs come back inline, and tt_backward leaves its
+ * Backward (small gradients inline) for the module's next Execute, so a training step of
+ * the seed flow is one call: Execute carrying the previous step's Backward and step. Its
+ * errors come back from that Execute, as CUDA's come back from a later call. Anything that
+ * reads a parameter or a .grad, or moves the module, sends what is queued first.
+ * TTD_INLINE=0 turns all of it off. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,14 +74,16 @@ void tt_module_step_options(Ttd__V1__OptimizerStepRequest *req, int adam, Ttd__V
   }
 }
 
-tt_status tt_module_take_work(tt_module *m, tt_param_work *w, Ttd__V1__ParameterWork **out_work) {
+/* Whether m still has something queued: work, or a Backward waiting. Lock held. */
+static void requeue_locked(tt_module *m) {
+  if (m->deferred.step || m->deferred.zero || m->waiting_backward) queue_locked(m);
+  else unqueue_locked(m);
+}
+
+/* Builds the ParameterWork message of d into w for m's parameters. */
+static tt_status work_message(tt_module *m, deferred_work d, tt_param_work *w, Ttd__V1__ParameterWork **out_work) {
   memset(w, 0, sizeof(*w));
   *out_work = NULL;
-  pthread_mutex_lock(&deferred_lock);
-  deferred_work d = m->deferred;
-  memset(&m->deferred, 0, sizeof(m->deferred));
-  unqueue_locked(m);
-  pthread_mutex_unlock(&deferred_lock);
   if (!d.step && !d.zero) return TT_OK;
   w->handles = calloc((size_t)m->n_params + 1, sizeof(uint64_t));
   if (!w->handles) return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
@@ -103,8 +108,63 @@ tt_status tt_module_take_work(tt_module *m, tt_param_work *w, Ttd__V1__Parameter
   return TT_OK;
 }
 
-/* Sends m's queued work as OptimizerStep and ZeroGrad calls. */
+tt_status tt_module_take_work(tt_module *m, tt_param_work *w, Ttd__V1__ParameterWork **out_work) {
+  pthread_mutex_lock(&deferred_lock);
+  deferred_work d = m->deferred;
+  memset(&m->deferred, 0, sizeof(m->deferred));
+  requeue_locked(m);
+  pthread_mutex_unlock(&deferred_lock);
+  return work_message(m, d, w, out_work);
+}
+
+/* Takes the Backward waiting on m (NULL: none) and the work queued before it. */
+static tt_run_ref *take_waiting_backward(tt_module *m, deferred_work *before) {
+  pthread_mutex_lock(&deferred_lock);
+  tt_run_ref *ref = m->waiting_backward;
+  *before = m->backward_before;
+  m->waiting_backward = NULL;
+  memset(&m->backward_before, 0, sizeof(m->backward_before));
+  requeue_locked(m);
+  pthread_mutex_unlock(&deferred_lock);
+  return ref;
+}
+
+tt_status tt_module_defer_backward(tt_module *m, tt_run_ref *ref) {
+  for (;;) {
+    pthread_mutex_lock(&deferred_lock);
+    if (!m->waiting_backward) {
+      m->waiting_backward = tt_run_ref_retain(ref);
+      ref->backward_waiting = 1;
+      m->backward_before = m->deferred; /* queued before the backward: runs before it */
+      memset(&m->deferred, 0, sizeof(m->deferred));
+      queue_locked(m);
+      pthread_mutex_unlock(&deferred_lock);
+      return TT_OK;
+    }
+    pthread_mutex_unlock(&deferred_lock);
+    TT_RETURN_IF_FAILED(tt_module_flush_backward(m));
+  }
+}
+
+tt_status tt_module_flush_backward(tt_module *m) {
+  deferred_work before;
+  tt_run_ref *ref = take_waiting_backward(m, &before);
+  if (!ref) return TT_OK;
+  tt_backward_call bc;
+  memset(&bc, 0, sizeof(bc));
+  tt_status st = tt_backward_call_begin(ref, &bc);
+  if (st == TT_OK) st = work_message(m, before, &bc.before, &bc.req.before);
+  ProtobufCMessage *out = NULL;
+  if (st == TT_OK) st = tt_rpc_unary(m->client, TT_RPC_BACKWARD, &bc.req.base, &ttd__v1__backward_response__descriptor, &out);
+  tt_backward_call_end(ref, &bc, st, st == TT_OK ? (Ttd__V1__BackwardResponse *)out : NULL, 0);
+  if (out) protobuf_c_message_free_unpacked(out, NULL);
+  tt_run_ref_release(ref);
+  return st;
+}
+
+/* Sends m's waiting Backward, then its queued work as OptimizerStep and ZeroGrad calls. */
 tt_status tt_module_flush(tt_module *m) {
+  TT_RETURN_IF_FAILED(tt_module_flush_backward(m));
   tt_param_work w;
   Ttd__V1__ParameterWork *work = NULL;
   TT_RETURN_IF_FAILED(tt_module_take_work(m, &w, &work));
@@ -143,7 +203,7 @@ tt_status tt_deferred_flush_for(const tt_tensor *t) {
     for (int i = 0; i < n; i++) {
       tt_status one = tt_module_flush(mods[i]);
       if (st == TT_OK) st = one;
-      tt_module_free(mods[i]);
+      tt_module_unref(mods[i]);
     }
   } while (n == 64);
   return st;
@@ -186,6 +246,7 @@ static void release_grads(tt_module *m) {
 }
 
 tt_tensor *tt_param_grad(tt_module *m, const char *name) {
+  if (!m->place.is_host && tt_module_flush_backward(m) != TT_OK) return NULL; /* its handle comes with the answer */
   for (int i = 0; i < m->n_params; i++) {
     if (strcmp(tt_module_param_name(m, i), name) != 0) continue;
     if (m->place.is_host && m->host_grads[i]) return tt_to(m->host_grads[i], "cpu");
@@ -321,7 +382,22 @@ tt_module *tt_module_retain(tt_module *m) {
   return m;
 }
 
+/* The user lets the module go: a Backward waiting for its next Execute will never be sent,
+ * so its run is released (its reference on the module with it). */
 void tt_module_free(tt_module *m) {
+  if (!m) return;
+  deferred_work before;
+  tt_run_ref *waiting = take_waiting_backward(m, &before);
+  if (waiting) {
+    tt_backward_call bc;
+    memset(&bc, 0, sizeof(bc));
+    tt_backward_call_end(waiting, &bc, TT_CANCELLED, NULL, 1); /* ends the run, releasing it on the card */
+    tt_run_ref_release(waiting);
+  }
+  tt_module_unref(m);
+}
+
+void tt_module_unref(tt_module *m) {
   if (!m || atomic_fetch_sub(&m->refs, 1) != 1) return;
   pthread_mutex_lock(&deferred_lock);
   unqueue_locked(m); /* queued work dies with the parameters */
@@ -354,6 +430,7 @@ static tt_tensor *place_param(tt_tensor *t) {
 }
 
 tt_status tt_module_to(tt_module *m, const char *device) {
+  TT_RETURN_IF_FAILED(tt_module_flush_backward(m)); /* a waiting Backward is a pending run too */
   if (m->pending_runs > 0) {
     return tt_client_fail(m->client, TT_FAILED_PRECONDITION,
                           "the module has %d forward run(s) pending; call tt_backward on their loss or free their outputs "
@@ -609,6 +686,17 @@ static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_in
                      : tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
   if (st == TT_OK) st = execute_inputs(inputs, n_inputs, in, wires, wire_ptrs, &req.n_inline_inputs);
   int inline_outputs = tt_inline_enabled(m->client) && outputs_nbytes(m) <= TT_INLINE_MAX_BYTES;
+  /* The previous step's Backward rides along (run first, with what was queued before it),
+   * then the work queued since (the step), then this forward. */
+  tt_backward_call carried;
+  memset(&carried, 0, sizeof(carried));
+  deferred_work carried_before;
+  tt_run_ref *waiting = st == TT_OK ? take_waiting_backward(m, &carried_before) : NULL;
+  if (waiting) {
+    st = tt_backward_call_begin(waiting, &carried);
+    if (st == TT_OK) st = work_message(m, carried_before, &carried.before, &carried.req.before);
+    req.backward = &carried.req;
+  }
   if (st == TT_OK && tt_inline_enabled(m->client)) st = tt_module_take_work(m, &work_storage, &req.before);
   ProtobufCMessage *out = NULL;
   if (st == TT_OK) {
@@ -628,12 +716,30 @@ static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_in
     }
     st = tt_rpc_unary(m->client, TT_RPC_EXECUTE, &req.base, &ttd__v1__execute_response__descriptor, &out);
   }
+  if (waiting) {
+    const Ttd__V1__ExecuteResponse *answered = st == TT_OK ? (const Ttd__V1__ExecuteResponse *)out : NULL;
+    if (answered && !answered->backward) { /* a daemon that does not know the field ran only the forward */
+      st = tt_client_fail(m->client, TT_UNIMPLEMENTED,
+                          "ttd ran this Execute but not the Backward it carried (a daemon older than libttclient); "
+                          "upgrade ttd, or set TTD_INLINE=0");
+      answered = NULL;
+    }
+    tt_backward_call_end(waiting, &carried, st, answered ? answered->backward : NULL, 1);
+    tt_run_ref_release(waiting);
+  }
   tt_param_work_clear(&work_storage);
   free(in);
   free(par);
   free(wires);
   free(wire_ptrs);
-  if (st != TT_OK) return st;
+  if (st != TT_OK) {
+    if (out) { /* answered, but refused here: its run is released on the card */
+      const Ttd__V1__ExecuteResponse *refused = (const Ttd__V1__ExecuteResponse *)out;
+      if (refused->run) tt_run_ref_release(new_run_ref(m, (int)refused->n_outputs, refused->run, NULL));
+      protobuf_c_message_free_unpacked(out, NULL);
+    }
+    return st;
+  }
   Ttd__V1__ExecuteResponse *resp = (Ttd__V1__ExecuteResponse *)out;
   tt_run_ref *ref = resp->run ? new_run_ref(m, (int)resp->n_outputs, resp->run, NULL) : NULL;
   if (resp->run && !ref) {

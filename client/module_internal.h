@@ -28,6 +28,10 @@ struct tt_module {
   int pending_runs;         /* training forwards not yet backpropagated or released */
   tt_tensor **host_grads;   /* on "cpu": each parameter's .grad (NULL: none yet) */
   deferred_work deferred;   /* guarded by deferred_lock */
+  tt_run_ref *waiting_backward; /* tt_backward left this run's Backward for the next Execute
+                                 * (one reference), with backward_before queued before it;
+                                 * guarded by deferred_lock */
+  deferred_work backward_before;
   int queued;               /* in deferred_list (guarded by deferred_lock) */
   struct tt_module *next_queued;
   int loop_device;          /* trained on this card (a Backward reached it since tt_module_to): counted in

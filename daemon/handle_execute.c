@@ -98,9 +98,35 @@ static ttd_status_t check_output_mode(const ttd_program *p, int mode) {
   return ttd_inline_check_total(total, "the program's outputs", "ask for OUTPUT_MODE_HANDLES and download them");
 }
 
+/* The Backward an Execute carries (the previous step's), run first and answered in the
+ * Execute's response; it must be on the device the Execute was scheduled on. */
+static ttd_status_t chained_backward(ttd_call *call, const ProtobufCMessage *request, Ttd__V1__ExecuteResponse *resp) {
+  const Ttd__V1__ExecuteRequest *req = (const Ttd__V1__ExecuteRequest *)request;
+  int run_device = ttd_session_run_device(call->session, req->backward->run);
+  int device = ttd_device_of_execute(call, request);
+  if (run_device >= 0 && device >= 0 && run_device != device) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "the Backward carried by this Execute is for a run on tt:%d but the Execute runs on tt:%d; "
+                           "send that Backward on its own",
+                           run_device, device);
+  }
+  ProtobufCMessage *answer = NULL;
+  ttd_status_t status = ttd_handle_backward(call, &req->backward->base, &answer);
+  if (status) {
+    ttd_status_t wrapped = ttd_make_status(ttd_status_code(status),
+                                           "the Backward carried by this Execute failed, so the forward did not run: %s",
+                                           ttd_status_message(status));
+    ttd_status_free(status);
+    return wrapped;
+  }
+  resp->backward = (Ttd__V1__BackwardResponse *)answer;
+  return TTD_OK;
+}
+
 static ttd_status_t execute(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage *response) {
   const Ttd__V1__ExecuteRequest *req = (const Ttd__V1__ExecuteRequest *)request;
   Ttd__V1__ExecuteResponse *resp = (Ttd__V1__ExecuteResponse *)response;
+  if (req->backward) TTD_RETURN_IF_ERROR(chained_backward(call, request, resp));
   TTD_RETURN_IF_ERROR(ttd_parameter_work_run(call, req->before, "queued before this Execute", NULL, 0));
   ttd_program *program = NULL;
   TTD_RETURN_IF_ERROR(ttd_session_program_lookup(call->session, req->program, &program));

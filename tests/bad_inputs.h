@@ -32,6 +32,7 @@
 #define FREE(...) REQ(Ttd__V1__FreeRequest, ttd__v1__free_request__descriptor, HANDLES(handles, __VA_ARGS__))
 #define EXECUTE(...) REQ(Ttd__V1__ExecuteRequest, ttd__v1__execute_request__descriptor, __VA_ARGS__)
 #define BACKWARD(...) REQ(Ttd__V1__BackwardRequest, ttd__v1__backward_request__descriptor, __VA_ARGS__)
+#define CARRIED(...) NEW(Ttd__V1__BackwardRequest, ttd__v1__backward_request__descriptor, __VA_ARGS__) /* in an Execute */
 #define RELEASE(h) REQ(Ttd__V1__ReleaseRunRequest, ttd__v1__release_run_request__descriptor, .run = h)
 #define ZERO_GRAD(...) NEW(Ttd__V1__ZeroGradRequest, ttd__v1__zero_grad_request__descriptor, __VA_ARGS__)
 #define STEP(...) NEW(Ttd__V1__OptimizerStepRequest, ttd__v1__optimizer_step_request__descriptor, __VA_ARGS__)

@@ -1,5 +1,6 @@
-/* Fewer round trips (issue 6) through a real ttd: the seed training flow takes two RPCs a
- * step (Execute and Backward, counted on the admin /metrics), the inline path gives
+/* Fewer round trips (issue 6) through a real ttd: the seed training flow takes one RPC a
+ * step (Execute, carrying the previous step's Backward and step; counted on the admin
+ * /metrics), the inline path gives
  * bit-identical losses and parameters to the plain one (TTD_INLINE=0, the explicit calls),
  * and bad inline data is INVALID_ARGUMENT saying what to fix, with nothing left behind. */
 #include <check.h>
@@ -122,11 +123,11 @@ static float seed_step(tt_client *c, tt_module *m, tt_optimizer *opt, int step, 
   return value;
 }
 
-/* The seed flow takes 2 RPCs a step once training runs (Execute and Backward; the step and
- * zero_grad ride on them, input and output travel inline, nothing is freed by call), where
- * the plain path (TTD_INLINE=0) takes 10: Upload x2, Execute, Download, ZeroGrad, Backward,
- * OptimizerStep, Free x3. */
-START_TEST(test_seed_flow_takes_two_round_trips) {
+/* The seed flow takes 1 RPC a step once training runs (Execute, carrying the previous
+ * step's Backward; the step and zero_grad ride along, input and output travel inline,
+ * nothing is freed by call), where the plain path (TTD_INLINE=0) takes 10: Upload x2,
+ * Execute, Download, ZeroGrad, Backward, OptimizerStep, Free x3. */
+START_TEST(test_seed_flow_takes_one_round_trip) {
   enum { K = 12 };
   double before[N_METHODS], after[N_METHODS];
   for (int plain = 0; plain < 2; plain++) {
@@ -140,10 +141,9 @@ START_TEST(test_seed_flow_takes_two_round_trips) {
     rpc_counts(after);
     double per_step = delta_total(before, after) / K;
     if (!plain) {
-      ck_assert_msg(per_step <= 2, "%g RPCs per step", per_step);
+      ck_assert_msg(per_step <= 1, "%g RPCs per step", per_step);
       ck_assert_double_eq(delta(before, after, "Execute"), K);
-      ck_assert_double_eq(delta(before, after, "Backward"), K);
-      const char *none[] = {"Upload", "Download", "Free", "ZeroGrad", "OptimizerStep", "Allocate", "ReleaseRun"};
+      const char *none[] = {"Backward", "Upload", "Download", "Free", "ZeroGrad", "OptimizerStep", "Allocate", "ReleaseRun"};
       for (size_t i = 0; i < sizeof(none) / sizeof(none[0]); i++) {
         ck_assert_msg(delta(before, after, none[i]) == 0, "%s called %g times", none[i], delta(before, after, none[i]));
       }
@@ -244,7 +244,10 @@ START_TEST(test_deferred_tensor_and_checked_step) {
   tt_client *c = harness_connect(&proc, 0);
   tt_module *m = model(c, 3);
   tt_optimizer *opt = tt_sgd(m, 0.1f, 0, 0, 0);
-  seed_step(c, m, opt, 0, 0); /* the module is in a training loop on tt:0 now */
+  seed_step(c, m, opt, 0, 0);
+  tt_tensor *grad = tt_param_grad(m, "linear2.bias"); /* sends the waiting Backward: a training loop on tt:0 now */
+  ck_assert_msg(grad != NULL, "%s", tt_last_error(c));
+  tt_tensor_free(grad);
   ck_assert_int_eq(tt_zero_grad(opt), TT_OK); /* queued: the next read sends it */
   uint64_t params = (uint64_t)(IN * H + H + H * OUT + OUT) * 4, grads = params;
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), params + grads);
@@ -373,6 +376,13 @@ static void small_execute(Ttd__V1__ExecuteRequest *ex, uint64_t program, uint64_
   ex->keep_for_backward = 1;
 }
 
+/* The input inline, the outputs inline only. */
+static void inline_in_out(Ttd__V1__ExecuteRequest *ex, Ttd__V1__InlineTensor **x) {
+  ex->inline_inputs = x;
+  ex->n_inline_inputs = 1;
+  ex->output_mode = TTD__V1__OUTPUT_MODE__OUTPUT_MODE_INLINE;
+}
+
 /* The same forward, backward and SGD step by handles with explicit calls and by the new
  * fields (input and output inline, the gradient inline, the step chained after the backward
  * on the parameters it reached): the same output bytes and parameter bytes. Frees riding on
@@ -422,9 +432,7 @@ START_TEST(test_raw_inline_matches_handles) {
   inline_tensor xi, gi;
   Ttd__V1__InlineTensor *xin = inline_of(&xi, x, sizeof(x), TTD__V1__DTYPE__DTYPE_FLOAT32, RN, RIN);
   small_execute(&ex, program, pi);
-  ex.inline_inputs = &xin;
-  ex.n_inline_inputs = 1;
-  ex.output_mode = TTD__V1__OUTPUT_MODE__OUTPUT_MODE_INLINE;
+  inline_in_out(&ex, &xin);
   ex.free = &xh; /* the handle path's input, no longer needed */
   ex.n_free = 1;
   er = (Ttd__V1__ExecuteResponse *)rpc("Execute", &ex.base, &ttd__v1__execute_response__descriptor, 0, NULL);
@@ -467,6 +475,127 @@ START_TEST(test_raw_inline_matches_handles) {
   rpc("Execute", &ex.base, NULL, 5,
       "OptimizerStep queued before this Execute failed: tensor 0x0000000000001234 not found in this session");
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), want);
+}
+END_TEST
+
+/* An Execute carrying the previous step's Backward (gradient inline, the step chained after
+ * it) gives the same output and parameters as Backward and Execute sent one by one, and
+ * answers the Backward in its response. A carried Backward that fails fails the Execute
+ * with its code and says so; the forward does not run and nothing is left behind. */
+START_TEST(test_raw_backward_carried_by_execute) {
+  uint64_t program = compile_small();
+  float p0[RPARAMS], x[RN * RIN], g[RN * ROUT];
+  small_params(p0);
+  for (int i = 0; i < RN * RIN; i++) x[i] = (float)(i % 13) / 6.0f - 1.0f;
+  for (int i = 0; i < RN * ROUT; i++) g[i] = (float)(i % 5) / 4.0f - 0.5f;
+  Ttd__V1__SgdOptions sgd = TTD__V1__SGD_OPTIONS__INIT;
+  sgd.lr = 0.3f;
+  sgd.momentum = 0.9f;
+  Ttd__V1__OptimizerStepRequest chained = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT; /* the parameters reached */
+  chained.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD;
+  chained.sgd = &sgd;
+  Ttd__V1__ParameterWork after = TTD__V1__PARAMETER_WORK__INIT;
+  after.step = &chained;
+  inline_tensor xi, gi;
+  Ttd__V1__InlineTensor *xin = inline_of(&xi, x, sizeof(x), TTD__V1__DTYPE__DTYPE_FLOAT32, RN, RIN);
+  Ttd__V1__InlineTensor *gin = inline_of(&gi, g, sizeof(g), TTD__V1__DTYPE__DTYPE_FLOAT32, RN, ROUT);
+  float y[2][RN * ROUT], params[2][RPARAMS];
+  for (int carried = 0; carried < 2; carried++) {
+    uint64_t ph[4];
+    put_params(p0, ph);
+    Ttd__V1__ExecuteRequest ex;
+    small_execute(&ex, program, ph);
+    inline_in_out(&ex, &xin);
+    Ttd__V1__ExecuteResponse *first =
+        (Ttd__V1__ExecuteResponse *)rpc("Execute", &ex.base, &ttd__v1__execute_response__descriptor, 0, NULL);
+    Ttd__V1__BackwardRequest bw = TTD__V1__BACKWARD_REQUEST__INIT;
+    bw.run = first->run;
+    bw.inline_output_grads = &gin;
+    bw.n_inline_output_grads = 1;
+    bw.after = &after;
+    if (carried) {
+      ex.backward = &bw;
+    } else {
+      protobuf_c_message_free_unpacked(rpc("Backward", &bw.base, &ttd__v1__backward_response__descriptor, 0, NULL), NULL);
+    }
+    ex.keep_for_backward = 0;
+    Ttd__V1__ExecuteResponse *second =
+        (Ttd__V1__ExecuteResponse *)rpc("Execute", &ex.base, &ttd__v1__execute_response__descriptor, 0, NULL);
+    ck_assert_uint_eq(second->output_data[0].len, sizeof(y[0]));
+    memcpy(y[carried], second->output_data[0].data, sizeof(y[0]));
+    if (carried) { /* the Backward's answer: the four parameters' .grad */
+      ck_assert_ptr_nonnull(second->backward);
+      ck_assert_uint_eq(second->backward->n_parameter_grads, 4);
+      for (int i = 0; i < 4; i++) ck_assert_uint_ne(second->backward->parameter_grads[i]->handle, 0);
+    } else {
+      ck_assert_ptr_null(second->backward);
+    }
+    get_params(ph, params[carried]);
+    protobuf_c_message_free_unpacked(&second->base, NULL);
+    protobuf_c_message_free_unpacked(&first->base, NULL);
+  }
+  ck_assert_int_eq(memcmp(y[0], y[1], sizeof(y[0])), 0);
+  ck_assert_int_eq(memcmp(params[0], params[1], sizeof(params[0])), 0);
+  ck_assert_int_ne(memcmp(params[0], p0, sizeof(p0)), 0);
+
+  /* A run that is not there: NOT_FOUND, and no forward. */
+  uint64_t before = harness_used_bytes(&proc, 0, 0), ph[4];
+  put_params(p0, ph);
+  Ttd__V1__ExecuteRequest ex;
+  small_execute(&ex, program, ph);
+  inline_in_out(&ex, &xin);
+  Ttd__V1__BackwardRequest gone = TTD__V1__BACKWARD_REQUEST__INIT;
+  gone.run = 0x4242;
+  gone.inline_output_grads = &gin;
+  gone.n_inline_output_grads = 1;
+  ex.backward = &gone;
+  rpc("Execute", &ex.base, NULL, 5,
+      "the Backward carried by this Execute failed, so the forward did not run: run 0x0000000000004242 not found in "
+      "this session");
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), before + (uint64_t)RPARAMS * 4); /* only the new parameters */
+}
+END_TEST
+
+/* Through the library: tt_backward leaves its Backward for the next Execute. A second
+ * backward through the same run is refused at once; reading a .grad, moving the module or
+ * freeing it sends or releases the waiting Backward, leaving nothing behind. */
+START_TEST(test_waiting_backward_flushed_or_released) {
+  tt_client *c = harness_connect(&proc, 0);
+  tt_module *m = model(c, 21);
+  tt_optimizer *opt = tt_sgd(m, 0.1f, 0, 0, 0);
+  uint64_t params = (uint64_t)(IN * H + H + H * OUT + OUT) * 4;
+  seed_step(c, m, opt, 0, 0);
+  ck_assert_uint_gt(harness_used_bytes(&proc, 0, 0), params); /* the run waits, with its activations */
+  /* Moving the module sends the Backward and the step first, where they were made. */
+  ck_assert_msg(tt_module_to(m, "cpu") == TT_OK, "%s", tt_last_error(c));
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 0);
+  ck_assert_int_eq(tt_module_to(m, "tt"), TT_OK);
+  /* The same loss twice: the second backward is refused now, not at the next Execute. */
+  float x[B * IN];
+  int32_t y[B];
+  batch(1, x, y);
+  int64_t xs[2] = {B, IN}, ys[1] = {B};
+  tt_tensor *xh = tt_tensor_from_host(c, x, TT_FLOAT32, xs, 2), *labels = tt_tensor_from_host(c, y, TT_INT32, ys, 1);
+  tt_tensor *xd = tt_to(xh, "tt"), *out = NULL;
+  ck_assert_int_eq(tt_forward(m, &xd, 1, &out), TT_OK);
+  tt_tensor *out_cpu = tt_to(out, "cpu"), *loss = tt_cross_entropy(out_cpu, labels);
+  ck_assert_int_eq(tt_backward(loss), TT_OK);
+  ck_assert_int_eq(tt_backward(loss), TT_FAILED_PRECONDITION);
+  ck_assert_ptr_nonnull(strstr(tt_last_error(c), "already backpropagated"));
+  /* Its .grad, read now, is the Backward's. */
+  tt_tensor *gd = tt_param_grad(m, "linear2.bias"), *gh = gd ? tt_to(gd, "cpu") : NULL;
+  ck_assert_msg(gh != NULL, "%s", tt_last_error(c));
+  float sum = 0;
+  for (int k = 0; k < OUT; k++) sum += fabsf(((float *)tt_tensor_data(gh))[k]);
+  ck_assert_float_gt(sum, 0.0f);
+  tt_tensor *done[] = {gh, gd, loss, out_cpu, out, xd, xh, labels};
+  for (size_t k = 0; k < sizeof(done) / sizeof(done[0]); k++) tt_tensor_free(done[k]);
+  /* Freed with a Backward waiting: its run is released on the card with the parameters. */
+  seed_step(c, m, opt, 2, 0);
+  tt_optimizer_free(opt);
+  tt_module_free(m);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 0);
+  tt_disconnect(c);
 }
 END_TEST
 
@@ -623,10 +752,12 @@ Suite *e2e_round_trips_suite(void) {
   TCase *tc = tcase_create("round_trips");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, test_seed_flow_takes_two_round_trips);
+  tcase_add_test(tc, test_seed_flow_takes_one_round_trip);
   tcase_add_test(tc, test_inline_path_is_bit_identical);
   tcase_add_test(tc, test_deferred_tensor_and_checked_step);
   tcase_add_test(tc, test_raw_inline_matches_handles);
+  tcase_add_test(tc, test_raw_backward_carried_by_execute);
+  tcase_add_test(tc, test_waiting_backward_flushed_or_released);
   tcase_add_test(tc, test_bad_inline_rejected);
   suite_add_tcase(s, tc);
   return s;

@@ -307,6 +307,13 @@ tt_tensor *tt_add(tt_tensor *a, tt_tensor *b);
 tt_tensor *tt_mul(tt_tensor *a, tt_tensor *b);
 tt_tensor *tt_sum(tt_tensor *a);
 tt_tensor *tt_mean(tt_tensor *a);
+/* When the loss reaches one run of one module on a card, the device part is asynchronous,
+ * as CUDA's is: the Backward (gradient inline) rides on that module's next Execute, so a
+ * training step is one round trip, and an error in it comes back from that tt_forward
+ * ("the Backward carried by this Execute failed ..."). Reading a parameter or a .grad,
+ * tt_param_grad, tt_module_to, tt_module_load/save and a CPU optimizer step send it first;
+ * tt_module_free drops it. A second tt_backward through the same run fails at once.
+ * TTD_INLINE=0 makes every Backward its own call, answered before tt_backward returns. */
 tt_status tt_backward(tt_tensor *loss);
 /* The value of a one-element host tensor (NaN otherwise). */
 float tt_tensor_item(const tt_tensor *tensor);
