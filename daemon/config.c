@@ -26,7 +26,7 @@ static const option options[] = {
     {"listen", OPT_STRING_LIST, FIELD(listen), 0, 0, NULL,
      "address to serve: unix:/path or host:port (repeatable; default: $XDG_RUNTIME_DIR/ttd.sock, "
      "or /run/ttd/ttd.sock as root)"},
-    {"threads", OPT_INT, FIELD(threads), 1, 256, "4", "RPC worker threads"},
+    {"threads", OPT_INT, FIELD(threads), 1, 256, "4", "RPC threads: one polls, the others run calls that copy tensor bytes, compile or free"},
     {"backend", OPT_STRING, FIELD(backend), 0, 0, "sim", "device backend"},
     {"devices", OPT_INT, FIELD(devices), 1, 64, "1", "number of simulated cards"},
     {"dram", OPT_SIZE, FIELD(dram), 0, INT64_MAX, "12G", "DRAM per simulated card"},

@@ -18,7 +18,7 @@
 typedef struct ttd_config {
   char *listen[TTD_CONFIG_MAX_LISTEN]; /* "unix:/path" or "host:port"; none = default socket */
   int listen_count;
-  int threads;        /* RPC worker threads */
+  int threads;        /* RPC threads: one polls gRPC's queue, the rest run heavy calls */
   char *backend;      /* "sim" */
   int devices;        /* simulated cards */
   uint64_t dram;      /* bytes per card */
