@@ -22,6 +22,11 @@
 #include "bench_mlp.h"
 
 #define WARMUP_STEPS 10
+/* Untimed steps at the start of every repetition, ours and PyTorch's alike: after the pause
+ * between repetitions the kernel's scheduler takes tens of ms to spread a multi-threaded
+ * process over the cores again (the first steps after a 20 ms pause ran 1.2-1.7 ms here,
+ * against 0.6 ms in steady state), and a training loop runs in steady state. */
+#define REP_WARMUP_STEPS 10
 #define COUNTED_STEPS 50
 #define MAX_METHODS 64
 
@@ -139,7 +144,7 @@ static void torch_start(torch_ref *t, const char *python, const char *script) {
 
 static double torch_rep(torch_ref *t, int batch, int threads, int steps) {
   double ms = 0;
-  if (fprintf(t->in, "%d %d %d\n", batch, threads, steps) < 0 || fflush(t->in) != 0 || fscanf(t->out, "%lf", &ms) != 1 ||
+  if (fprintf(t->in, "%d %d %d %d\n", batch, threads, steps, REP_WARMUP_STEPS) < 0 || fflush(t->in) != 0 || fscanf(t->out, "%lf", &ms) != 1 ||
       !(ms > 0))
     bench_die("torch_step.py", "no time came back (is python3-torch installed? see above)");
   return ms;
@@ -161,6 +166,7 @@ static void train_step(const char *target, torch_ref *torch, int batch, int step
   double *ms = calloc((size_t)reps, sizeof(double)), *t1 = calloc((size_t)reps, sizeof(double));
   double *t2 = calloc((size_t)reps, sizeof(double));
   for (int r = 0; r < reps; r++) {
+    for (int i = 0; i < REP_WARMUP_STEPS; i++) bench_mlp_step(m);
     double t0 = bench_now();
     for (int i = 0; i < steps; i++) bench_mlp_step(m);
     ms[r] = (bench_now() - t0) * 1e3 / steps;

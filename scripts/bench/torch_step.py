@@ -8,8 +8,9 @@ random batches used in turn, as scripts/bench/bench_mlp.c does through ttd.
       and the faster of the two on stdout.
   torch_step.py --serve
       for bench_train, which interleaves our repetitions with these: reads lines
-      "BATCH THREADS STEPS" and answers each with the ms per step of one repetition (a model
-      per batch and thread count, warmed up on first use); ends at end of input."""
+      "BATCH THREADS STEPS WARMUP" and answers each with the ms per step of one repetition
+      of STEPS steps after WARMUP untimed ones (a model per batch and thread count, warmed
+      up on first use); ends at end of input."""
 import argparse
 import statistics
 import sys
@@ -51,9 +52,10 @@ class Step:
 def serve():
     steps = {}
     for line in sys.stdin:
-        batch, threads, n = (int(v) for v in line.split())
+        batch, threads, n, warmup = (int(v) for v in line.split())
         if (batch, threads) not in steps:
             steps[batch, threads] = Step(batch, threads)
+        steps[batch, threads].run(warmup)
         print(f"{steps[batch, threads].run(n):.6f}", flush=True)
 
 
