@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* pthread_setname_np */
 #include "rpc_server.h"
 
 #include <errno.h>
@@ -387,6 +388,7 @@ static void run_heavy_event(ttd_work *work) {
  * heavy calls (a call has one event at a time) go to the work queue, finishing aside. */
 static void *poller_main(void *arg) {
   ttd_server *server = arg;
+  pthread_setname_np(pthread_self(), "ttd-poll");
   for (;;) {
     grpc_event ev = grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
     if (ev.type == GRPC_QUEUE_SHUTDOWN) return NULL;

@@ -1,7 +1,9 @@
+#define _GNU_SOURCE /* pthread_setname_np */
 #include "scheduler.h"
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 /* The jobs of one key on one device, in arrival order. */
@@ -21,6 +23,7 @@ typedef struct device_queue {
   bool has_last_key;
   uint64_t last_key;  /* the key served most recently */
   bool stopping;
+  int device;         /* its index: tt:N */
 } device_queue;
 
 struct ttd_scheduler {
@@ -60,6 +63,9 @@ static ttd_job *take_next(device_queue *q) {
 
 static void *executor_main(void *arg) {
   device_queue *q = arg;
+  char name[16];
+  snprintf(name, sizeof(name), "ttd-exec-tt%d", q->device);
+  pthread_setname_np(pthread_self(), name);
   pthread_mutex_lock(&q->lock);
   for (;;) {
     while (!q->first && !q->stopping) pthread_cond_wait(&q->wake, &q->lock);
@@ -82,6 +88,7 @@ ttd_status_t ttd_scheduler_create(int devices, ttd_scheduler **out_scheduler) {
     device_queue *q = &s->queues[d];
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->wake, NULL);
+    q->device = d;
   }
   for (int d = 0; d < devices; d++) {
     device_queue *q = &s->queues[d];

@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* pthread_setname_np */
 #include "work_queue.h"
 
 #include <pthread.h>
@@ -15,6 +16,7 @@ struct ttd_work_queue {
 
 static void *work_main(void *arg) {
   ttd_work_queue *q = arg;
+  pthread_setname_np(pthread_self(), "ttd-rpc");
   pthread_mutex_lock(&q->lock);
   for (;;) {
     while (!q->head && !q->stopping) pthread_cond_wait(&q->ready, &q->lock);

@@ -17,6 +17,7 @@
  * finished, and a caller waiting for helpers, spin for SPIN_NS before sleeping: the next job
  * or the last helper usually arrives within that, and a futex wake-up costs more than the
  * small kernels of a training step. */
+#define _GNU_SOURCE /* pthread_setname_np */
 #include "thread_pool.h"
 
 #include <pthread.h>
@@ -108,6 +109,7 @@ static int helpers_done(ttd_pool *pool, uint64_t unused) {
 
 static void *worker_main(void *arg) {
   ttd_pool *pool = arg;
+  pthread_setname_np(pthread_self(), "ttd-kernels"); /* in top -H, ps -L, gdb */
   uint64_t seen = 0, seen_pokes = 0;
   pthread_mutex_lock(&pool->mu);
   for (;;) {
