@@ -322,7 +322,29 @@ static int read_full(int fd, void *buf, size_t n) {
   return 0;
 }
 
-static void child_main(const char *transport, size_t bytes, int cmd_fd, int res_fd) {
+/* Creates, binds and starts the reference server of s on transport; fills target with the
+ * address a client dials. */
+static void server_start(ref_state *s, const char *transport, grpc_channel_args *args, char *target, size_t target_len) {
+  s->server = grpc_server_create(args, NULL);
+  s->notify_cq = grpc_completion_queue_create_for_next(NULL);
+  s->call_cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_server_register_completion_queue(s->server, s->notify_cq, NULL);
+  char addr[128];
+  int tcp = strcmp(transport, "tcp") == 0;
+  if (tcp) snprintf(addr, sizeof(addr), "127.0.0.1:0");
+  else snprintf(addr, sizeof(addr), "unix:%s/ref.sock", s->sock_dir);
+  grpc_server_credentials *sc = grpc_insecure_server_credentials_create();
+  int port = grpc_server_add_http2_port(s->server, addr, sc);
+  grpc_server_credentials_release(sc);
+  if (port == 0) bench_die("binding the reference server", addr);
+  if (tcp) snprintf(target, target_len, "127.0.0.1:%d", port);
+  else snprintf(target, target_len, "%s", addr);
+  grpc_server_start(s->server);
+}
+
+/* split: the server in a process of its own (a child of this one, as ttd is a process of
+ * its own), for unary calls only; else a thread of this process. */
+static void child_main(const char *transport, size_t bytes, int split, int cmd_fd, int res_fd) {
   /* GRPC-NOTES.md: keep 1 MiB receive buffers on the heap and freed memory in the process */
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
@@ -331,31 +353,41 @@ static void child_main(const char *transport, size_t bytes, int cmd_fd, int res_
   s.server_dst = warm_buffer(bytes, 0);
   s.client_src = warm_buffer(bytes, 0xa5);
   s.client_dst = warm_buffer(bytes, 0);
-  grpc_init();
   grpc_arg arg = {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = -1};
   grpc_channel_args args = {.num_args = 1, .args = &arg};
-  s.server = grpc_server_create(&args, NULL);
-  s.notify_cq = grpc_completion_queue_create_for_next(NULL);
-  s.call_cq = grpc_completion_queue_create_for_next(NULL);
-  grpc_server_register_completion_queue(s.server, s.notify_cq, NULL);
-  char addr[128], target[128];
-  int tcp = strcmp(transport, "tcp") == 0;
-  if (tcp) {
-    snprintf(addr, sizeof(addr), "127.0.0.1:0");
-  } else {
+  char target[128];
+  if (strcmp(transport, "tcp") != 0) {
     snprintf(s.sock_dir, sizeof(s.sock_dir), "/tmp/ttd-bench-ref-XXXXXX");
     if (!mkdtemp(s.sock_dir)) bench_die("mkdtemp", strerror(errno));
-    snprintf(addr, sizeof(addr), "unix:%s/ref.sock", s.sock_dir);
   }
-  grpc_server_credentials *sc = grpc_insecure_server_credentials_create();
-  int port = grpc_server_add_http2_port(s.server, addr, sc);
-  grpc_server_credentials_release(sc);
-  if (port == 0) bench_die("binding the reference server", addr);
-  if (tcp) snprintf(target, sizeof(target), "127.0.0.1:%d", port);
-  else snprintf(target, sizeof(target), "%s", addr);
-  grpc_server_start(s.server);
-  pthread_t thread;
-  if (pthread_create(&thread, NULL, server_main, &s) != 0) bench_die("pthread_create", "failed");
+  pid_t server_pid = -1;
+  if (split) {
+    if (strcmp(transport, "tcp") == 0) bench_die("bench_bare", "a split reference is unix only");
+    int ready[2];
+    if (pipe(ready)) bench_die("pipe", strerror(errno));
+    server_pid = fork(); /* before grpc_init in either process */
+    if (server_pid < 0) bench_die("fork", strerror(errno));
+    if (server_pid == 0) {
+      close(ready[0]);
+      grpc_init();
+      server_start(&s, transport, &args, target, sizeof(target));
+      char one = 1;
+      write_full(ready[1], &one, 1);
+      server_main(&s);
+      _exit(0);
+    }
+    close(ready[1]);
+    char one = 0;
+    if (read_full(ready[0], &one, 1) || one != 1) bench_die("bench_bare", "the reference server did not start");
+    close(ready[0]);
+    snprintf(target, sizeof(target), "unix:%s/ref.sock", s.sock_dir);
+    grpc_init();
+  } else {
+    grpc_init();
+    server_start(&s, transport, &args, target, sizeof(target));
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, server_main, &s) != 0) bench_die("pthread_create", "failed");
+  }
 
   grpc_channel_credentials *cc = grpc_insecure_credentials_create();
   s.channel = grpc_channel_create(target, cc, &args);
@@ -369,7 +401,10 @@ static void child_main(const char *transport, size_t bytes, int cmd_fd, int res_
   write_full(res_fd, &ready, 1);
   command c;
   while (ready && read_full(cmd_fd, &c, sizeof(c)) == 0 && c.op != CMD_QUIT) {
-    if (c.op == CMD_UPLOAD || c.op == CMD_DOWNLOAD) {
+    if ((c.op == CMD_UPLOAD || c.op == CMD_DOWNLOAD) && split) {
+      double t = -1; /* the bytes could not be checked across processes */
+      if (write_full(res_fd, &t, sizeof(t))) break;
+    } else if (c.op == CMD_UPLOAD || c.op == CMD_DOWNLOAD) {
       double t = c.op == CMD_UPLOAD ? client_upload(&s) : client_download(&s);
       if (t > 0 && c.op == CMD_UPLOAD && memcmp(s.client_src, s.server_dst, bytes) != 0) t = -1;
       if (t > 0 && c.op == CMD_DOWNLOAD && memcmp(s.server_src, s.client_dst, bytes) != 0) t = -1;
@@ -380,6 +415,10 @@ static void child_main(const char *transport, size_t bytes, int cmd_fd, int res_
         if (write_full(res_fd, &us, sizeof(us))) break;
       }
     }
+  }
+  if (server_pid > 0) {
+    kill(server_pid, SIGKILL);
+    waitpid(server_pid, NULL, 0);
   }
   if (s.sock_dir[0]) {
     char path[128];
@@ -392,7 +431,7 @@ static void child_main(const char *transport, size_t bytes, int cmd_fd, int res_
 
 /* ---- the parent ---- */
 
-bench_bare *bench_bare_start(const char *transport, size_t bytes) {
+static bench_bare *start(const char *transport, size_t bytes, int split) {
   int cmd[2], res[2];
   if (pipe(cmd) || pipe(res)) bench_die("pipe", strerror(errno));
   fflush(NULL);
@@ -401,7 +440,7 @@ bench_bare *bench_bare_start(const char *transport, size_t bytes) {
   if (pid == 0) {
     close(cmd[1]);
     close(res[0]);
-    child_main(transport, bytes, cmd[0], res[1]);
+    child_main(transport, bytes, split, cmd[0], res[1]);
   }
   close(cmd[0]);
   close(res[1]);
@@ -412,6 +451,9 @@ bench_bare *bench_bare_start(const char *transport, size_t bytes) {
   if (read_full(b->from_child, &ready, 1) || !ready) bench_die("starting the bare gRPC reference", transport);
   return b;
 }
+
+bench_bare *bench_bare_start(const char *transport, size_t bytes) { return start(transport, bytes, 0); }
+bench_bare *bench_bare_start_split(void) { return start("unix", 4096, 1); }
 
 static double transfer(bench_bare *b, int op) {
   command c = {.op = op, .n = 1};

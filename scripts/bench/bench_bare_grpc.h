@@ -21,6 +21,10 @@ typedef struct bench_bare bench_bare;
  * "tcp" (127.0.0.1, a free port); streams move `bytes` bytes. Exits via bench_die on error. */
 bench_bare *bench_bare_start(const char *transport, size_t bytes);
 
+/* The same over "unix" with the server in a process of its own, as ttd is, for unary calls
+ * only (a transfer there answers -1: its bytes cannot be checked across processes). */
+bench_bare *bench_bare_start_split(void);
+
 /* Seconds for one whole upload (or download) call of `bytes`. */
 double bench_bare_upload(bench_bare *b);
 double bench_bare_download(bench_bare *b);

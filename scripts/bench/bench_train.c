@@ -197,7 +197,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: bench_train --target ADDR --admin HOST:PORT [--python PY] [--torch-step PATH]\n");
     return 2;
   }
-  int reps = bench_reps(7);
+  int reps = bench_reps(15); /* the steps move most between runs here: more repetitions */
   torch_ref torch;
   torch_start(&torch, python, script); /* before libttclient starts gRPC threads */
   train_step(target, &torch, 64, 50, reps);
