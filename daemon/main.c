@@ -193,6 +193,11 @@ int main(int argc, char **argv) {
   /* Big tensor buffers: keep freed memory mapped instead of returning and refaulting it. */
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  /* One arena: tensors are allocated on whichever RPC or executor thread serves the call, and
+   * malloc_trim (idle_trim.h) returns the free top of the main arena only; memory left at the
+   * top of a thread's own arena would stay resident for good. Small allocations still go
+   * through each thread's tcache without the lock. */
+  mallopt(M_ARENA_MAX, 1);
 
   grpc_init();
   ttd_core *core = NULL;
