@@ -26,6 +26,18 @@ void tt_autograd_node_free(tt_autograd_node *node) {
   free(node);
 }
 
+/* ReleaseRun of ref's run, quietly: a run the daemon has already dropped is NOT_FOUND. */
+static void release_on_card(const tt_run_ref *ref) {
+  Ttd__V1__ReleaseRunRequest req = TTD__V1__RELEASE_RUN_REQUEST__INIT;
+  req.run = ref->run;
+  ProtobufCMessage *out = NULL;
+  char ignored[256];
+  if (tt_rpc_unary_quiet(ref->client, TT_RPC_RELEASE_RUN, &req.base, &ttd__v1__release_run_response__descriptor, &out,
+                         ignored, sizeof(ignored)) == TT_OK) {
+    protobuf_c_message_free_unpacked(out, NULL);
+  }
+}
+
 tt_run_ref *tt_run_ref_retain(tt_run_ref *ref) {
   atomic_fetch_add(&ref->refs, 1);
   return ref;
@@ -36,14 +48,7 @@ void tt_run_ref_release(tt_run_ref *ref) {
   if (ref->local_run) tt_module_release_local(ref->module, ref);
   if (ref->run) { /* never backpropagated: free its activations on the card */
     tt_module_run_done(ref->module);
-    Ttd__V1__ReleaseRunRequest req = TTD__V1__RELEASE_RUN_REQUEST__INIT;
-    req.run = ref->run;
-    ProtobufCMessage *out = NULL;
-    char ignored[256];
-    if (tt_rpc_unary_quiet(ref->client, TT_RPC_RELEASE_RUN, &req.base, &ttd__v1__release_run_response__descriptor, &out,
-                           ignored, sizeof(ignored)) == TT_OK) {
-      protobuf_c_message_free_unpacked(out, NULL);
-    }
+    release_on_card(ref);
   }
   for (int i = 0; ref->output_grads && i < ref->n_outputs; i++) free(ref->output_grads[i]);
   free(ref->output_grads);
@@ -385,16 +390,7 @@ tt_status tt_backward_call_begin(tt_run_ref *ref, tt_backward_call *bc) {
 void tt_backward_call_end(tt_run_ref *ref, tt_backward_call *bc, tt_status st, const Ttd__V1__BackwardResponse *resp,
                           int carried) {
   tt_client *c = ref->client;
-  if (st != TT_OK && carried && ref->run) { /* the Execute may have failed before its Backward ran */
-    Ttd__V1__ReleaseRunRequest req = TTD__V1__RELEASE_RUN_REQUEST__INIT;
-    req.run = ref->run;
-    ProtobufCMessage *out = NULL;
-    char ignored[256];
-    if (tt_rpc_unary_quiet(c, TT_RPC_RELEASE_RUN, &req.base, &ttd__v1__release_run_response__descriptor, &out, ignored,
-                           sizeof(ignored)) == TT_OK) {
-      protobuf_c_message_free_unpacked(out, NULL);
-    }
-  }
+  if (st != TT_OK && carried && ref->run) release_on_card(ref); /* the Execute may have failed before its Backward ran */
   if (ref->run) tt_module_run_done(ref->module);
   ref->run = 0; /* the daemon frees the activations after Backward, as torch frees the graph */
   ref->backward_waiting = 0;
@@ -415,6 +411,16 @@ void tt_backward_call_end(tt_run_ref *ref, tt_backward_call *bc, tt_status st, c
   }
 }
 
+tt_status tt_backward_call_send(tt_run_ref *ref, tt_backward_call *bc, tt_status st) {
+  ProtobufCMessage *out = NULL;
+  if (st == TT_OK) {
+    st = tt_rpc_unary(ref->client, TT_RPC_BACKWARD, &bc->req.base, &ttd__v1__backward_response__descriptor, &out);
+  }
+  tt_backward_call_end(ref, bc, st, st == TT_OK ? (Ttd__V1__BackwardResponse *)out : NULL, 0);
+  if (out) protobuf_c_message_free_unpacked(out, NULL);
+  return st;
+}
+
 /* Sends a touched run's accumulated output gradients to the card and runs Backward now,
  * with the module's queued parameter work riding along. */
 static tt_status flush_run(tt_run_ref *ref) {
@@ -425,11 +431,7 @@ static tt_status flush_run(tt_run_ref *ref) {
   memset(&bc, 0, sizeof(bc));
   tt_status st = tt_backward_call_begin(ref, &bc);
   if (st == TT_OK && tt_inline_enabled(c)) st = tt_module_take_work(ref->module, &bc.before, &bc.req.before);
-  ProtobufCMessage *out = NULL;
-  if (st == TT_OK) st = tt_rpc_unary(c, TT_RPC_BACKWARD, &bc.req.base, &ttd__v1__backward_response__descriptor, &out);
-  tt_backward_call_end(ref, &bc, st, st == TT_OK ? (Ttd__V1__BackwardResponse *)out : NULL, 0);
-  if (out) protobuf_c_message_free_unpacked(out, NULL);
-  return st;
+  return tt_backward_call_send(ref, &bc, st);
 }
 
 /* Adds t's gradient into the run of output (a module output: device, or host on "cpu"),

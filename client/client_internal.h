@@ -244,6 +244,10 @@ tt_status tt_backward_call_begin(tt_run_ref *ref, tt_backward_call *bc);
 void tt_backward_call_end(tt_run_ref *ref, tt_backward_call *bc, tt_status st, const Ttd__V1__BackwardResponse *resp,
                           int carried);
 
+/* Sends bc as a Backward call when st is OK (begin and the caller's work made it), then
+ * ends it as tt_backward_call_end does; returns the call's status, or st. */
+tt_status tt_backward_call_send(tt_run_ref *ref, tt_backward_call *bc, tt_status st);
+
 /* Whether tt_backward may leave ref's Backward for its module's next Execute: on a card,
  * inline on, the gradients inline (autograd.c). */
 int tt_backward_can_wait(const tt_run_ref *ref);

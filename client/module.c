@@ -154,10 +154,7 @@ tt_status tt_module_flush_backward(tt_module *m) {
   memset(&bc, 0, sizeof(bc));
   tt_status st = tt_backward_call_begin(ref, &bc);
   if (st == TT_OK) st = work_message(m, before, &bc.before, &bc.req.before);
-  ProtobufCMessage *out = NULL;
-  if (st == TT_OK) st = tt_rpc_unary(m->client, TT_RPC_BACKWARD, &bc.req.base, &ttd__v1__backward_response__descriptor, &out);
-  tt_backward_call_end(ref, &bc, st, st == TT_OK ? (Ttd__V1__BackwardResponse *)out : NULL, 0);
-  if (out) protobuf_c_message_free_unpacked(out, NULL);
+  st = tt_backward_call_send(ref, &bc, st);
   tt_run_ref_release(ref);
   return st;
 }
