@@ -14,6 +14,10 @@ ttd_pool *ttd_pool_create(int threads);
 void ttd_pool_destroy(ttd_pool *pool); /* accepts NULL */
 int ttd_pool_threads(const ttd_pool *pool); /* 1 for NULL */
 
+/* How many times a worker that began a job on its caller's CPU moved to another one
+ * (thread_pool.c: leave_caller_cpu). */
+unsigned long long ttd_pool_nudges(ttd_pool *pool);
+
 /* Work is coming: sleeping workers wake now and spin a while for it, so that the next
  * parallel_for does not wait for a wake-up. Accepts NULL. */
 void ttd_pool_wake(ttd_pool *pool);

@@ -1,9 +1,15 @@
 /* kernels/thread_pool.c: parallel_for covers every index once, a NULL pool and nested calls
- * run inline, concurrent callers serialise, and no kernel's result depends on the pool. */
+ * run inline, concurrent callers serialise, no kernel's result depends on the pool, and a
+ * worker that starts a job on its caller's CPU moves to another. */
+#define _GNU_SOURCE /* sched_getcpu, CPU_SET */
 
+#include <dirent.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -285,6 +291,84 @@ START_TEST(test_pool_same_results_any_thread_count) {
 }
 END_TEST
 
+/* The id of a thread of this process named `name`; 0 if none. */
+static pid_t thread_named(const char *name) {
+  DIR *dir = opendir("/proc/self/task");
+  if (!dir) return 0;
+  pid_t found = 0;
+  struct dirent *e;
+  while (!found && (e = readdir(dir)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    char path[300], comm[32] = "";
+    snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    pid_t tid = (pid_t)strtol(e->d_name, NULL, 10);
+    if (f && fgets(comm, sizeof(comm), f) && strncmp(comm, name, strlen(name)) == 0) found = tid;
+    if (f) fclose(f);
+  }
+  closedir(dir);
+  return found;
+}
+
+typedef struct cpu_ctx {
+  pthread_t caller;
+  atomic_int worker_cpu; /* -1 until the worker's chunk ran */
+} cpu_ctx;
+
+/* Two chunks: the caller's waits (yielding its CPU) until the worker's has run and recorded
+ * its CPU. */
+static void cpu_fn(void *ctx, size_t begin, size_t end) {
+  (void)begin, (void)end;
+  cpu_ctx *c = ctx;
+  if (!pthread_equal(pthread_self(), c->caller)) {
+    atomic_store(&c->worker_cpu, sched_getcpu());
+    return;
+  }
+  for (int i = 0; i < 2000 && atomic_load(&c->worker_cpu) < 0; i++) usleep(1000);
+}
+
+/* The worker is put on the caller's CPU (as Linux does after an idle spell): when the job
+ * comes it moves off that CPU before running its chunk, and the move is counted; its own
+ * CPU set is wide again afterwards. Needs two CPUs. */
+START_TEST(test_pool_worker_leaves_caller_cpu) {
+  cpu_set_t all;
+  ck_assert_int_eq(sched_getaffinity(0, sizeof(all), &all), 0);
+  if (CPU_COUNT(&all) < 2) return; /* one CPU: nothing to move to */
+  int first = -1;
+  for (int i = 0; i < CPU_SETSIZE && first < 0; i++)
+    if (CPU_ISSET(i, &all)) first = i;
+  ttd_pool_destroy(kt_pool); /* its workers share the name */
+  kt_pool = NULL;
+  ck_assert_int_eq(thread_named("ttd-kernels"), 0);
+  ttd_pool *pool = ttd_pool_create(2);
+  ck_assert_ptr_nonnull(pool);
+  pid_t worker = 0;
+  for (int i = 0; i < 200 && !worker; i++) {
+    worker = thread_named("ttd-kernels");
+    if (!worker) usleep(1000);
+  }
+  ck_assert_int_ne(worker, 0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ck_assert_int_eq(sched_setaffinity(worker, sizeof(one), &one), 0);
+  ck_assert_int_eq(sched_setaffinity(0, sizeof(one), &one), 0); /* the caller */
+
+  cpu_ctx c = {.caller = pthread_self()};
+  atomic_init(&c.worker_cpu, -1);
+  ttd_pool_parallel_for(pool, 2, 1, cpu_fn, &c);
+  ck_assert_int_ge(atomic_load(&c.worker_cpu), 0);
+  ck_assert_int_ne(atomic_load(&c.worker_cpu), first);
+  ck_assert_uint_eq(ttd_pool_nudges(pool), 1);
+  cpu_set_t after;
+  ck_assert_int_eq(sched_getaffinity(worker, sizeof(after), &after), 0);
+  ck_assert(CPU_EQUAL(&after, &all));
+
+  ck_assert_int_eq(sched_setaffinity(0, sizeof(all), &all), 0);
+  ttd_pool_destroy(pool);
+}
+END_TEST
+
 Suite *thread_pool_suite(void) {
   Suite *s = suite_create("thread_pool");
   TCase *tc = tcase_create("thread_pool");
@@ -297,6 +381,7 @@ Suite *thread_pool_suite(void) {
   tcase_add_test(tc, test_pool_concurrent_callers_serialise);
   tcase_add_test(tc, test_pool_nested_call_runs_inline);
   tcase_add_test(tc, test_pool_same_results_any_thread_count);
+  tcase_add_test(tc, test_pool_worker_leaves_caller_cpu);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -410,10 +410,16 @@ static void child_main(const char *transport, size_t bytes, int split, int cmd_f
       if (t > 0 && c.op == CMD_DOWNLOAD && memcmp(s.server_src, s.client_dst, bytes) != 0) t = -1;
       if (write_full(res_fd, &t, sizeof(t))) break;
     } else if (c.op == CMD_UNARY) {
-      for (int i = 0; i < c.n; i++) {
-        double us = client_unary(&s);
-        if (write_full(res_fd, &us, sizeof(us))) break;
-      }
+      /* All n latencies go back in one write after the last call: a write per call would
+       * wake this bench's main process once per call, and that third process on the CPU
+       * changes where the kernel places client and server (it kept them on one core, which
+       * no client of ttd gets). */
+      double *us = malloc(sizeof(double) * (size_t)(c.n > 0 ? c.n : 1));
+      if (!us) bench_die("bench_bare", "out of memory");
+      for (int i = 0; i < c.n; i++) us[i] = client_unary(&s);
+      int failed = write_full(res_fd, us, sizeof(double) * (size_t)c.n);
+      free(us);
+      if (failed) break;
     }
   }
   if (server_pid > 0) {

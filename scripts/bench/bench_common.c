@@ -2,6 +2,7 @@
 #define _GNU_SOURCE /* program_invocation_short_name */
 #include "bench_common.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -9,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 double bench_now(void) {
   struct timespec ts;
@@ -73,6 +75,40 @@ int bench_reps(int def) {
   const char *s = getenv("BENCH_REPS");
   int n = s ? atoi(s) : 0;
   return n >= 1 && n <= 99 ? n : def;
+}
+
+/* Nanoseconds the threads of pid have run, summed; -1 if they cannot be read. */
+static double cpu_ns_of(int pid) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/task", pid);
+  DIR *dir = opendir(path);
+  if (!dir) return -1;
+  double total = 0;
+  struct dirent *e;
+  while ((e = readdir(dir)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    char stat_path[320];
+    snprintf(stat_path, sizeof(stat_path), "/proc/%d/task/%s/schedstat", pid, e->d_name);
+    FILE *f = fopen(stat_path, "r");
+    double ns = 0;
+    if (f && fscanf(f, "%lf", &ns) == 1) total += ns;
+    if (f) fclose(f);
+  }
+  closedir(dir);
+  return total;
+}
+
+double bench_wait_idle(int pid, double max_ms) {
+  const double window_ms = 10, busy_share = 0.02;
+  double start = bench_now(), before = cpu_ns_of(pid);
+  if (before < 0) return -1;
+  for (;;) {
+    usleep((useconds_t)(window_ms * 1000));
+    double after = cpu_ns_of(pid), waited = (bench_now() - start) * 1e3;
+    if (after < 0) return -1;
+    if (after - before < window_ms * 1e6 * busy_share || waited >= max_ms) return waited;
+    before = after;
+  }
 }
 
 void bench_fill_random(float *v, size_t n, unsigned long long *rng) {

@@ -30,6 +30,14 @@ void bench_die(const char *what, const char *why) __attribute__((noreturn));
 /* The number of repetitions: $BENCH_REPS if set (1..99), else def. */
 int bench_reps(int def);
 
+/* Waits until process pid stops using the CPU: its threads together ran less than 2 % of
+ * a 10 ms window (from /proc/PID/task/N/schedstat). Gives up after max_ms. Returns the ms
+ * waited, or -1 if pid's threads cannot be read. One side of an alternating comparison
+ * leaves threads spinning after its turn (OpenBLAS under PyTorch yields in a loop for about
+ * 2^28 cycles, a pool spins briefly): measured without waiting, the other side's turn
+ * shares the cores with them. */
+double bench_wait_idle(int pid, double max_ms);
+
 /* Fills n floats with uniform values in [0, 1) from a fixed-seed generator state *rng. */
 void bench_fill_random(float *v, size_t n, unsigned long long *rng);
 

@@ -1,7 +1,7 @@
 /* bench_train: one training step of the 784-512-10 MLP through ttd (bench_mlp.h) against the
  * same step in PyTorch on the CPU in process (scripts/bench/torch_step.py), and the number of
  * gRPC calls a step makes.
- *   bench_train --target ADDR --admin HOST:PORT --python /usr/bin/python3 --torch-step PATH
+ *   bench_train --target ADDR --admin HOST:PORT --python /usr/bin/python3 --torch-step PATH [--daemon-pid PID]
  * records mlp_train_step_b64 and mlp_train_step_b256 (ms per step: the median over
  * repetitions of a repetition's mean; PyTorch's is the faster of 1 and 2 threads, and its
  * repetitions alternate with ours through `torch_step.py --serve`) and round_trips_per_step (calls per step, counted by
@@ -156,8 +156,19 @@ static void torch_stop(torch_ref *t) {
   waitpid(t->pid, NULL, 0);
 }
 
+/* Each side's repetition starts once the other side's threads are idle (bench_wait_idle),
+ * and the wait is kept in waited_ms for the log. PyTorch's OpenBLAS workers yield in a loop
+ * for about 0.12 s after its last sgemm: they took most of a core from our repetitions that
+ * followed (our batch-64 step measured 1.2-1.5 ms after PyTorch's turn, 0.7-0.86 ms with
+ * OPENBLAS_THREAD_TIMEOUT=4, 0.7 ms alone). pid 0 (no --daemon-pid): nothing to wait for. */
+static void wait_idle(int pid, double *waited_ms, int *waits) {
+  if (pid <= 0) return;
+  double ms = bench_wait_idle(pid, 2000);
+  if (ms >= 0) waited_ms[(*waits)++] = ms;
+}
+
 /* Ours and PyTorch (1 and 2 threads) in turn, `reps` repetitions of `steps` steps each. */
-static void train_step(const char *target, torch_ref *torch, int batch, int steps, int reps) {
+static void train_step(const char *target, torch_ref *torch, int daemon_pid, int batch, int steps, int reps) {
   tt_connect_options o;
   tt_connect_options_init(&o);
   o.client_name = "bench_train";
@@ -165,16 +176,24 @@ static void train_step(const char *target, torch_ref *torch, int batch, int step
   for (int i = 0; i < WARMUP_STEPS; i++) bench_mlp_step(m);
   double *ms = calloc((size_t)reps, sizeof(double)), *t1 = calloc((size_t)reps, sizeof(double));
   double *t2 = calloc((size_t)reps, sizeof(double));
+  double *torch_wait = calloc((size_t)reps, sizeof(double)), *ttd_wait = calloc((size_t)reps, sizeof(double));
+  int torch_waits = 0, ttd_waits = 0;
   for (int r = 0; r < reps; r++) {
+    wait_idle(torch->pid, torch_wait, &torch_waits);
     for (int i = 0; i < REP_WARMUP_STEPS; i++) bench_mlp_step(m);
     double t0 = bench_now();
     for (int i = 0; i < steps; i++) bench_mlp_step(m);
     ms[r] = (bench_now() - t0) * 1e3 / steps;
+    wait_idle(daemon_pid, ttd_wait, &ttd_waits);
     t1[r] = torch_rep(torch, batch, 1, steps);
     t2[r] = torch_rep(torch, batch, 2, steps);
-    usleep(20000); /* let PyTorch's OpenMP workers stop spinning before our next repetition */
   }
   bench_mlp_destroy(m);
+  if (torch_waits) bench_log("batch %d: waited a median %.0f ms for PyTorch's threads to go idle", batch,
+                             bench_median(torch_wait, torch_waits));
+  if (ttd_waits) bench_log("batch %d: waited a median %.0f ms for ttd's threads to go idle", batch,
+                           bench_median(ttd_wait, ttd_waits));
+  free(torch_wait), free(ttd_wait);
   double ref1 = bench_median(t1, reps), ref2 = bench_median(t2, reps);
   bench_log("PyTorch at batch %d: %.3f ms/step on 1 thread, %.3f on 2", batch, ref1, ref2);
   char name[64];
@@ -185,23 +204,25 @@ static void train_step(const char *target, torch_ref *torch, int batch, int step
 
 int main(int argc, char **argv) {
   const char *target = NULL, *admin = NULL, *python = "/usr/bin/python3", *script = "scripts/bench/torch_step.py";
+  int daemon_pid = 0;
   int bad = argc % 2 == 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--target")) target = argv[i + 1];
     else if (!strcmp(argv[i], "--admin")) admin = argv[i + 1];
     else if (!strcmp(argv[i], "--python")) python = argv[i + 1];
     else if (!strcmp(argv[i], "--torch-step")) script = argv[i + 1];
+    else if (!strcmp(argv[i], "--daemon-pid")) daemon_pid = atoi(argv[i + 1]);
     else bad = 1;
   }
   if (bad || !target || !admin) {
-    fprintf(stderr, "usage: bench_train --target ADDR --admin HOST:PORT [--python PY] [--torch-step PATH]\n");
+    fprintf(stderr, "usage: bench_train --target ADDR --admin HOST:PORT [--python PY] [--torch-step PATH] [--daemon-pid PID]\n");
     return 2;
   }
   int reps = bench_reps(15); /* the steps move most between runs here: more repetitions */
   torch_ref torch;
   torch_start(&torch, python, script); /* before libttclient starts gRPC threads */
-  train_step(target, &torch, 64, 50, reps);
-  train_step(target, &torch, 256, 20, reps);
+  train_step(target, &torch, daemon_pid, 64, 50, reps);
+  train_step(target, &torch, daemon_pid, 256, 20, reps);
   torch_stop(&torch);
   bench_record("round_trips_per_step", calls_per_step(target, admin), 2, "calls", "lower");
   return 0;
