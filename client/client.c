@@ -210,6 +210,7 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   pthread_mutex_init(&c->error_lock, NULL);
   pthread_mutex_init(&c->keepalive_lock, NULL);
   pthread_mutex_init(&c->shm_lock, NULL);
+  pthread_mutex_init(&c->cq_lock, NULL);
   ttd_block_cache_init(&c->blocks);
   c->shm_fd = -1;
   pthread_condattr_t attr;
@@ -287,6 +288,7 @@ void tt_client_release(tt_client *client) {
   if (!client || atomic_fetch_sub(&client->refs, 1) != 1) return;
   pthread_mutex_destroy(&client->error_lock);
   pthread_mutex_destroy(&client->keepalive_lock);
+  pthread_mutex_destroy(&client->cq_lock);
   pthread_cond_destroy(&client->keepalive_cond);
   tt_shm_destroy(client);
   ttd_block_cache_destroy(&client->blocks);
@@ -318,6 +320,8 @@ void tt_disconnect(tt_client *client) {
     grpc_channel_destroy(client->channel);
     client->channel = NULL;
   }
+  client->closed = true;
+  tt_rpc_cq_cache_clear(client);
   if (client->grpc_initialized) {
     grpc_shutdown();
     client->grpc_initialized = false;

@@ -1,5 +1,6 @@
 /* gRPC calls of libttclient: unary calls, the Upload client stream and the Download
- * server stream, each on its own pluck completion queue so that threads never share one. */
+ * server stream, each on its own pluck completion queue so that threads never share one.
+ * A finished call's queue goes back to the client's small cache for the next call. */
 #include <grpc/byte_buffer_reader.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@ typedef struct rpc {
   grpc_status_code status;
   grpc_slice details;
   int tag;
+  int pending; /* batches started and not plucked yet: the queue is reusable only at 0 */
 } rpc;
 
 static gpr_timespec deadline_after(int64_t ms) {
@@ -28,10 +30,48 @@ static gpr_timespec deadline_after(int64_t ms) {
 
 #define CLOSED_MESSAGE "this client was disconnected (tt_disconnect): its session and device tensors are gone; connect again"
 
+static void cq_destroy(grpc_completion_queue *cq) {
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_past(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
+}
+
+/* A queue from the cache, or a new one. */
+static grpc_completion_queue *cq_take(tt_client *client) {
+  pthread_mutex_lock(&client->cq_lock);
+  grpc_completion_queue *cq = client->cq_count > 0 ? client->cq_free[--client->cq_count] : NULL;
+  pthread_mutex_unlock(&client->cq_lock);
+  return cq ? cq : grpc_completion_queue_create_for_pluck(NULL);
+}
+
+/* Keeps an empty queue for the next call, unless the cache is full or the client closed. A
+ * queue that may still hold an event is destroyed: a later call could pluck it, its tag being
+ * an address on some stack. */
+static void cq_give_back(tt_client *client, grpc_completion_queue *cq, bool empty) {
+  if (empty) {
+    pthread_mutex_lock(&client->cq_lock);
+    if (!client->closed && client->cq_count < TT_CQ_CACHE) {
+      client->cq_free[client->cq_count++] = cq;
+      cq = NULL;
+    }
+    pthread_mutex_unlock(&client->cq_lock);
+  }
+  if (cq) cq_destroy(cq);
+}
+
+void tt_rpc_cq_cache_clear(tt_client *client) {
+  pthread_mutex_lock(&client->cq_lock);
+  int n = client->cq_count;
+  client->cq_count = 0;
+  pthread_mutex_unlock(&client->cq_lock);
+  for (int i = 0; i < n; i++) cq_destroy(client->cq_free[i]);
+}
+
 static void rpc_start(rpc *r, tt_client *client, tt_rpc_method method, int64_t timeout_ms) {
   memset(r, 0, sizeof(*r));
   r->client = client;
-  r->cq = grpc_completion_queue_create_for_pluck(NULL);
+  r->cq = cq_take(client);
   r->call = grpc_channel_create_registered_call(client->channel, NULL, GRPC_PROPAGATE_DEFAULTS, r->cq,
                                                 client->registered[method], deadline_after(timeout_ms), NULL);
   if (client->session_hex[0]) {
@@ -54,7 +94,9 @@ static void rpc_start(rpc *r, tt_client *client, tt_rpc_method method, int64_t t
 /* Runs one batch and waits for it. Returns 1 if it succeeded. */
 static int rpc_batch(rpc *r, grpc_op *ops, size_t n) {
   if (grpc_call_start_batch(r->call, ops, n, &r->tag, NULL) != GRPC_CALL_OK) return 0;
+  r->pending++;
   grpc_event ev = grpc_completion_queue_pluck(r->cq, &r->tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  if (ev.type == GRPC_OP_COMPLETE) r->pending--;
   return ev.type == GRPC_OP_COMPLETE && ev.success;
 }
 
@@ -85,10 +127,7 @@ static void rpc_end(rpc *r) {
   grpc_metadata_array_destroy(&r->initial_md);
   grpc_metadata_array_destroy(&r->trailing_md);
   grpc_slice_unref(r->details);
-  grpc_completion_queue_shutdown(r->cq);
-  while (grpc_completion_queue_pluck(r->cq, NULL, gpr_inf_past(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
-  }
-  grpc_completion_queue_destroy(r->cq);
+  cq_give_back(r->client, r->cq, r->pending == 0);
 }
 
 static grpc_byte_buffer *pack(const ProtobufCMessage *msg) {
