@@ -320,12 +320,11 @@ void tt_disconnect(tt_client *client) {
     grpc_channel_destroy(client->channel);
     client->channel = NULL;
   }
-  client->closed = true;
-  tt_rpc_cq_cache_clear(client);
+  client->closed = true;         /* also when there was no channel */
+  tt_rpc_cq_cache_clear(client); /* no call keeps its queue once closed */
   if (client->grpc_initialized) {
     grpc_shutdown();
     client->grpc_initialized = false;
   }
-  client->closed = true;
   tt_client_release(client);
 }
