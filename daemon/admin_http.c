@@ -3,6 +3,7 @@
 #include <event2/buffer.h>
 #include <event2/http.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,28 +49,33 @@ static const char *method_name(size_t i) {
   return slash ? slash + 1 : ttd_methods[i].path;
 }
 
+/* One gauge per device and memory location: the uint64_t at `field` of ttd_device_memory. */
+static void put_memory_gauge(text *t, const char *name, const char *help, const ttd_device_info *info, int devices,
+                             size_t field) {
+  put(t, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
+  for (int d = 0; d < devices; d++) {
+    for (int m = 0; m < TTD_MEM_COUNT; m++) {
+      const ttd_device_memory *mem = &info[d].memory[m];
+      put(t, "%s{device=\"tt:%d\",location=\"%s\"} %llu\n", name, d, ttd_memloc_name(mem->location),
+          (unsigned long long)*(const uint64_t *)((const char *)mem + field));
+    }
+  }
+}
+
 char *ttd_admin_render_metrics(ttd_core *core) {
   text t = {0};
   ttd_backend *b = core->backend;
-  put(&t, "# HELP ttd_device_memory_capacity_bytes Capacity of each device memory.\n"
-          "# TYPE ttd_device_memory_capacity_bytes gauge\n");
   int devices = b->vtable->device_count(b);
+  devices = devices < 64 ? devices : 64;
   ttd_device_info info[64];
-  for (int d = 0; d < devices && d < 64; d++) b->vtable->device_info(b, d, &info[d]);
-  for (int d = 0; d < devices && d < 64; d++) {
-    for (int m = 0; m < TTD_MEM_COUNT; m++) {
-      put(&t, "ttd_device_memory_capacity_bytes{device=\"tt:%d\",location=\"%s\"} %llu\n", d,
-          ttd_memloc_name(info[d].memory[m].location), (unsigned long long)info[d].memory[m].capacity_bytes);
-    }
-  }
-  put(&t, "# HELP ttd_device_memory_used_bytes Bytes held by tensors in each device memory.\n"
-          "# TYPE ttd_device_memory_used_bytes gauge\n");
-  for (int d = 0; d < devices && d < 64; d++) {
-    for (int m = 0; m < TTD_MEM_COUNT; m++) {
-      put(&t, "ttd_device_memory_used_bytes{device=\"tt:%d\",location=\"%s\"} %llu\n", d,
-          ttd_memloc_name(info[d].memory[m].location), (unsigned long long)info[d].memory[m].used_bytes);
-    }
-  }
+  for (int d = 0; d < devices; d++) b->vtable->device_info(b, d, &info[d]);
+  put_memory_gauge(&t, "ttd_device_memory_capacity_bytes", "Capacity of each device memory.", info, devices,
+                   offsetof(ttd_device_memory, capacity_bytes));
+  put_memory_gauge(&t, "ttd_device_memory_used_bytes", "Bytes held by tensors in each device memory.", info, devices,
+                   offsetof(ttd_device_memory, used_bytes));
+  put_memory_gauge(&t, "ttd_device_memory_in_flight_bytes",
+                   "Host bytes of freed tensors that sends to a slow client still point into (not in used_bytes).",
+                   info, devices, offsetof(ttd_device_memory, in_flight_bytes));
   uint64_t sessions, tensors;
   ttd_session_table_stats(&core->sessions, &sessions, &tensors);
   put(&t, "# HELP ttd_sessions Open sessions.\n# TYPE ttd_sessions gauge\nttd_sessions %llu\n",

@@ -28,7 +28,18 @@ typedef struct ttd_device_memory {
   ttd_memloc location;
   uint64_t capacity_bytes;
   uint64_t used_bytes;
+  /* Host bytes of freed buffers that sends still point into (see ttd_host_pin): not part
+   * of used_bytes, back when the peer reads them or its connection closes. */
+  uint64_t in_flight_bytes;
 } ttd_device_memory;
+
+/* A reference to the host memory behind a view (buffer_host_view) that outlives the
+ * buffer: a send still on its way to a slow client keeps the host bytes it points into,
+ * while the device's bytes go back when the buffer is freed. release drops it, from any
+ * thread. */
+typedef struct ttd_host_pin {
+  void (*release)(struct ttd_host_pin *pin);
+} ttd_host_pin;
 
 typedef struct ttd_device_info {
   char kind[48];   /* "sim-wormhole-n150", ... */
@@ -93,9 +104,12 @@ typedef struct ttd_backend_vtable {
                               void *dst, uint64_t bytes);
   /* Optional (NULL entry allowed): the host address of bytes [offset, offset + bytes) when
    * the card's memory is mapped into the host (the simulated card), else NULL, and then
-   * callers use buffer_read. Valid while the buffer exists: lets Download send tensor
-   * memory without a copy. */
-  const void *(*buffer_host_view)(ttd_backend *backend, ttd_backend_buffer *buffer, uint64_t offset, uint64_t bytes);
+   * callers use buffer_read. Lets Download send tensor memory without a copy: the view
+   * stays valid until *out_pin is released, even after buffer_free, which gives the
+   * device's bytes back at once (a send stuck on a client that does not read cannot hold
+   * the card; gRPC keeps a write's bytes until the peer drains its socket). */
+  const void *(*buffer_host_view)(ttd_backend *backend, ttd_backend_buffer *buffer, uint64_t offset, uint64_t bytes,
+                                  ttd_host_pin **out_pin);
   /* Sets every byte of the buffer to zero on the device (fresh allocations must not show
    * another session's old data). */
   ttd_status_t (*buffer_zero)(ttd_backend *backend, ttd_backend_buffer *buffer);

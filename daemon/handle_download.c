@@ -1,6 +1,8 @@
 /* Download: a server stream of chunks device -> host. The first message carries the
  * tensor info and the total byte count. The tensor is referenced for the whole stream,
- * so a concurrent Free cannot pull the memory from under it. */
+ * so a concurrent Free cannot pull the memory from under it, until the session closes:
+ * then the stream lets it go at once (its sends pin host memory only, ttd_host_pin). */
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "handlers.h"
@@ -11,7 +13,8 @@
 #define MAX_CHUNK_BYTES (4u << 20)
 
 typedef struct download_state {
-  ttd_tensor *tensor;   /* one reference */
+  pthread_mutex_t lock; /* tensor against a cancel from the closing session's thread */
+  ttd_tensor *tensor;   /* one reference; NULL once cancelled */
   ttd_dtype target;
   size_t out_size, in_size;
   uint64_t total;       /* target bytes */
@@ -59,6 +62,7 @@ ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request)
   }
   download_state *st = calloc(1, sizeof(*st));
   if (!st) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  pthread_mutex_init(&st->lock, NULL);
   call->stream = st;
   TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->handle, &st->tensor));
   ttd_dtype source = st->tensor->spec.dtype;
@@ -91,7 +95,28 @@ ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request)
   return TTD_OK;
 }
 
-static void release_tensor(void *tensor) { ttd_tensor_release(tensor); }
+static void release_pin(void *pin) { ((ttd_host_pin *)pin)->release(pin); }
+
+/* The next message's data: a view pinned into the tensor's memory, or a copy. */
+static ttd_status_t next_data(download_state *st, size_t n, grpc_slice *out) {
+  if (!st->tensor) {
+    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                           "the session was closed (by its client, an admin or its lease) during this stream");
+  }
+  ttd_backend *backend = st->tensor->backend;
+  ttd_host_pin *pin = NULL;
+  const void *view = st->target == st->tensor->spec.dtype && backend->vtable->buffer_host_view
+                         ? backend->vtable->buffer_host_view(backend, st->tensor->buffer, st->sent, n, &pin)
+                         : NULL;
+  if (view) { /* zero copy */
+    *out = grpc_slice_new_with_user_data((void *)view, n, release_pin, pin);
+    return TTD_OK;
+  }
+  *out = grpc_slice_malloc(n);
+  ttd_status_t status = read_chunk(st, GRPC_SLICE_START_PTR(*out), n);
+  if (status) grpc_slice_unref(*out);
+  return status;
+}
 
 ttd_status_t ttd_download_next(ttd_call *call, grpc_byte_buffer **out_message, bool *out_last) {
   download_state *st = call->stream;
@@ -107,21 +132,11 @@ ttd_status_t ttd_download_next(ttd_call *call, grpc_byte_buffer **out_message, b
   }
   uint64_t left = st->total - st->sent;
   size_t n = left < st->chunk ? (size_t)left : st->chunk;
-  ttd_backend *backend = st->tensor->backend;
-  const void *view = st->target == st->tensor->spec.dtype && backend->vtable->buffer_host_view
-                         ? backend->vtable->buffer_host_view(backend, st->tensor->buffer, st->sent, n)
-                         : NULL;
   grpc_slice data;
-  if (view) { /* zero copy: the slice points at the tensor and holds a reference to it */
-    data = grpc_slice_new_with_user_data((void *)view, n, release_tensor, ttd_tensor_retain(st->tensor));
-  } else {
-    data = grpc_slice_malloc(n);
-    ttd_status_t status = read_chunk(st, GRPC_SLICE_START_PTR(data), n);
-    if (status) {
-      grpc_slice_unref(data);
-      return status;
-    }
-  }
+  pthread_mutex_lock(&st->lock);
+  ttd_status_t status = next_data(st, n, &data);
+  pthread_mutex_unlock(&st->lock);
+  if (status) return status;
   /* The info and total travel in the first message only, ahead of the data field. */
   *out_message = ttd_wire_frame(st->sent == 0 ? &st->message.base : NULL, 3, data);
   st->sent += n;
@@ -134,7 +149,17 @@ void ttd_download_done(ttd_call *call) {
   download_state *st = call->stream;
   if (!st) return;
   ttd_tensor_release(st->tensor);
+  pthread_mutex_destroy(&st->lock);
   free(st->raw);
   free(st);
   call->stream = NULL;
+}
+
+void ttd_download_cancel(ttd_call *call) {
+  download_state *st = call->stream;
+  pthread_mutex_lock(&st->lock);
+  ttd_tensor *tensor = st->tensor;
+  st->tensor = NULL;
+  pthread_mutex_unlock(&st->lock);
+  ttd_tensor_release(tensor);
 }

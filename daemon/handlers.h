@@ -42,5 +42,6 @@ void ttd_upload_abort(ttd_call *call);
 ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request);
 ttd_status_t ttd_download_next(ttd_call *call, grpc_byte_buffer **out_message, bool *out_last);
 void ttd_download_done(ttd_call *call);
+void ttd_download_cancel(ttd_call *call);
 
 #endif

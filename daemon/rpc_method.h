@@ -41,10 +41,14 @@ struct ttd_method {
 
   /* SERVER_STREAM: begin with the request, then next until it sets *out_last; next makes
    * each message ready to send (the server owns it from there: wire_frame.h builds bulk
-   * ones over tensor memory). done always runs at the end, success or not. */
+   * ones over tensor memory). done always runs at the end, success or not. cancel runs
+   * when the call's session closes between a successful begin and done, on the closing
+   * thread while next may run on another: it drops what the stream holds of the session
+   * at once, since the send it waits on may end only when the client next reads. */
   ttd_status_t (*stream_begin)(ttd_call *call, const ProtobufCMessage *request);
   ttd_status_t (*stream_next)(ttd_call *call, grpc_byte_buffer **out_message, bool *out_last);
   void (*stream_done)(ttd_call *call);
+  void (*stream_cancel)(ttd_call *call);
 };
 
 /* The methods of ttd.v1.Device. */

@@ -210,20 +210,27 @@ static void run_scheduled(ttd_job *job) {
 /* Closing a session ends its streams: one stalled on its client would hold its tensor. */
 static void cancel_stream(ttd_session_stream *stream) {
   ttd_call *c = (ttd_call *)((char *)stream - offsetof(ttd_call, session_stream));
+  if (c->method->stream_cancel) c->method->stream_cancel(c);
   grpc_call_cancel_with_status(c->call, GRPC_STATUS_FAILED_PRECONDITION,
                                "the session was closed (by its client, an admin or its lease) during this stream",
                                NULL);
 }
 
-/* Registers a stream with its session; false, the call answered, if the session closed. */
-static bool watch_stream(ttd_call *c) {
-  if (!c->session) return true;
+/* Registers a stream with its session; FAILED_PRECONDITION if the session closed. */
+static ttd_status_t watch_stream(ttd_call *c) {
+  if (!c->session) return TTD_OK;
   c->session_stream.cancel = cancel_stream;
-  if (ttd_session_stream_add(c->session, &c->session_stream)) return true;
+  if (ttd_session_stream_add(c->session, &c->session_stream)) return TTD_OK;
   c->session_stream.cancel = NULL;
-  finish(c, NULL, ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION, "session %016" PRIx64 " was closed; open a new session",
-                                  c->session->id));
-  return false;
+  return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION, "session %016" PRIx64 " was closed; open a new session",
+                         c->session->id);
+}
+
+/* Ends a server stream's state; unregistered first, so that a session closing now does not
+ * cancel a stream whose state is gone. */
+static void end_server_stream(ttd_call *c) {
+  if (c->session) ttd_session_stream_remove(c->session, &c->session_stream);
+  c->method->stream_done(c);
 }
 
 /* A call of this method has arrived. */
@@ -250,7 +257,11 @@ static void on_call_arrived(ttd_call *c) {
       run_unary(c, request);
       return;
     case TTD_METHOD_CLIENT_STREAM: {
-      if (!watch_stream(c)) return;
+      status = watch_stream(c);
+      if (status) {
+        finish(c, NULL, status);
+        return;
+      }
       grpc_op op;
       memset(&op, 0, sizeof(op));
       op.op = GRPC_OP_RECV_MESSAGE;
@@ -260,10 +271,11 @@ static void on_call_arrived(ttd_call *c) {
       return;
     }
     case TTD_METHOD_SERVER_STREAM:
-      if (!watch_stream(c)) return;
+      /* Registered once begun: a cancel finds the whole state. */
       status = m->stream_begin(c, request);
+      if (!status) status = watch_stream(c);
       if (status) {
-        m->stream_done(c);
+        end_server_stream(c);
         finish(c, NULL, status);
         return;
       }
@@ -313,7 +325,7 @@ static void send_stream_message(ttd_call *c) {
     out = NULL;
   }
   if (status || last) {
-    m->stream_done(c);
+    end_server_stream(c);
     finish(c, out, status);
     return;
   }
@@ -365,7 +377,7 @@ static void on_call_event(ttd_call *c, bool ok) {
       return;
     case TTD_CALL_SENDING:
       if (!ok) {
-        c->method->stream_done(c);
+        end_server_stream(c);
         finish(c, NULL, ttd_make_status(GRPC_STATUS_CANCELLED, "stream broken by the client"));
         return;
       }

@@ -53,6 +53,7 @@ START_TEST(test_metrics_follow_work) {
   ck_assert_ptr_nonnull(strstr(r, "text/plain; version=0.0.4"));
   ck_assert_double_eq(harness_metric(r, "ttd_device_memory_used_bytes{device=\"tt:1\",location=\"l1\"}"), 1 << 20);
   ck_assert_double_eq(harness_metric(r, "ttd_device_memory_used_bytes{device=\"tt:0\",location=\"dram\"}"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_memory_in_flight_bytes{device=\"tt:1\",location=\"l1\"}"), 0);
   ck_assert_double_eq(harness_metric(r, "ttd_device_memory_capacity_bytes{device=\"tt:0\",location=\"dram\"}"), 12884901888.0);
   ck_assert_double_eq(harness_metric(r, "ttd_sessions"), 1);
   ck_assert_double_eq(harness_metric(r, "ttd_tensors"), 1);
@@ -76,6 +77,7 @@ START_TEST(test_metrics_follow_work) {
   r = http("GET", "/metrics");
   ck_assert_double_eq(harness_metric(r, "ttd_sessions"), 0);
   ck_assert_double_eq(harness_metric(r, "ttd_device_memory_used_bytes{device=\"tt:1\",location=\"l1\"}"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_memory_in_flight_bytes{device=\"tt:1\",location=\"l1\"}"), 0);
   ck_assert_double_eq(harness_metric(r, "ttd_rpc_total{method=\"CloseSession\",code=\"OK\"}"), 1);
   free(r);
 }

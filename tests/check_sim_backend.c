@@ -416,6 +416,65 @@ START_TEST(test_random_alloc_free_to_zero) {
 }
 END_TEST
 
+static uint64_t in_flight(int device, ttd_memloc loc) {
+  ttd_device_info info;
+  backend->vtable->device_info(backend, device, &info);
+  return info.memory[loc == TTD_MEM_L1 ? 1 : 0].in_flight_bytes;
+}
+
+/* A pinned view outlives buffer_free: the device's bytes go back at the free (a whole-card
+ * allocation fits next), the host bytes stay readable and unchanged until the last pin is
+ * released, counted as in flight meanwhile. */
+START_TEST(test_view_pin_outlives_free) {
+  enum { BYTES = 256 << 10, PART = 64 << 10 };
+  ttd_backend_buffer *buf = alloc_ok(0, TTD_MEM_DRAM, BYTES);
+  unsigned char *want = malloc(BYTES);
+  fill_pattern(want, BYTES, 5);
+  ck_assert_ptr_null(backend->vtable->buffer_write(backend, buf, 0, want, BYTES));
+  ttd_host_pin *pins[2] = {NULL, NULL}, *none = (ttd_host_pin *)want;
+  const unsigned char *views[2];
+  for (int i = 0; i < 2; i++) {
+    views[i] = backend->vtable->buffer_host_view(backend, buf, (uint64_t)i * PART, PART, &pins[i]);
+    ck_assert_ptr_nonnull(views[i]);
+    ck_assert_ptr_nonnull(pins[i]);
+  }
+  ck_assert_ptr_null(backend->vtable->buffer_host_view(backend, buf, BYTES - PART + 1, PART, &none));
+  ck_assert_ptr_null(none);
+  ck_assert_uint_eq(in_flight(0, TTD_MEM_DRAM), 0);
+  free_buf(buf);
+  ck_assert_uint_eq(used(0, TTD_MEM_DRAM), 0);
+  ck_assert_uint_eq(in_flight(0, TTD_MEM_DRAM), BYTES);
+  ttd_backend_buffer *whole = alloc_ok(0, TTD_MEM_DRAM, DRAM_BYTES);
+  unsigned char *ones = malloc(DRAM_BYTES);
+  memset(ones, 0xff, DRAM_BYTES);
+  ck_assert_ptr_null(backend->vtable->buffer_write(backend, whole, 0, ones, DRAM_BYTES));
+  for (int i = 0; i < 2; i++) ck_assert_int_eq(memcmp(views[i], want + i * PART, PART), 0);
+  pins[0]->release(pins[0]);
+  ck_assert_uint_eq(in_flight(0, TTD_MEM_DRAM), BYTES);
+  ck_assert_int_eq(memcmp(views[1], want + PART, PART), 0);
+  pins[1]->release(pins[1]);
+  ck_assert_uint_eq(in_flight(0, TTD_MEM_DRAM), 0);
+  free_buf(whole);
+  ck_assert_uint_eq(used(0, TTD_MEM_DRAM), 0);
+  free(ones);
+  free(want);
+}
+END_TEST
+
+/* Pins released before the free leave nothing in flight; the free gives everything back. */
+START_TEST(test_view_pin_released_first) {
+  ttd_backend_buffer *buf = alloc_ok(1, TTD_MEM_L1, 4096);
+  ttd_host_pin *pin = NULL;
+  ck_assert_ptr_nonnull(backend->vtable->buffer_host_view(backend, buf, 0, 4096, &pin));
+  pin->release(pin);
+  ck_assert_uint_eq(in_flight(1, TTD_MEM_L1), 0);
+  ck_assert_uint_eq(used(1, TTD_MEM_L1), 4096);
+  free_buf(buf);
+  ck_assert_uint_eq(used(1, TTD_MEM_L1), 0);
+  ck_assert_uint_eq(in_flight(1, TTD_MEM_L1), 0);
+}
+END_TEST
+
 Suite *sim_backend_suite(void) {
   Suite *s = suite_create("sim_backend");
   TCase *tc = tcase_create("create");
@@ -436,6 +495,8 @@ Suite *sim_backend_suite(void) {
   tcase_add_test(tc, test_exact_fit);
   tcase_add_test(tc, test_zero_bytes);
   tcase_add_test(tc, test_random_alloc_free_to_zero);
+  tcase_add_test(tc, test_view_pin_outlives_free);
+  tcase_add_test(tc, test_view_pin_released_first);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("data");

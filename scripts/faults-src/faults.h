@@ -88,14 +88,15 @@ void faults_watch_add(faults_watch *w, uint64_t session, double faulted_at);
 int faults_watch_finish(faults_ctx *ctx, faults_watch *w, faults_tally *t);
 
 /* With the bystander paused at a step boundary: waits (up to timeout_s) until the card's
- * memory in use (/metrics) exceeds what the open sessions hold by at most allowed bytes,
- * and only admin and bystander sessions are open. The moment that held (bench_now()
- * time), or -1 after printing what differs; the excess last seen into *out_excess (may be
- * NULL). */
+ * memory in use (/metrics) is what the open sessions hold, only admin and bystander
+ * sessions are open, and at most allowed host bytes of freed tensors are still pinned by
+ * sends to a slow client (ttd_device_memory_in_flight_bytes). The moment that held
+ * (bench_now() time), or -1 after printing what differs; the in-flight bytes last seen
+ * into *out_in_flight (may be NULL). */
 double faults_check_memory(faults_ctx *ctx, const char *after, double timeout_s, uint64_t allowed,
-                           uint64_t *out_excess);
+                           uint64_t *out_in_flight);
 
-/* faults_check_memory with nothing allowed: the card holds exactly what the sessions do. */
+/* faults_check_memory with nothing in flight: the card holds exactly what the sessions do. */
 double faults_check_quiescent(faults_ctx *ctx, const char *after, double timeout_s);
 
 /* Sends sig to victim p (a fc_victim.c client) a random 20-80% into its next call, timed by

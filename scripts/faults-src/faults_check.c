@@ -75,7 +75,7 @@ static int sessions_hold(faults_ctx *ctx, uint64_t *out_bytes, int *out_stranger
 }
 
 double faults_check_memory(faults_ctx *ctx, const char *after, double timeout_s, uint64_t allowed,
-                           uint64_t *out_excess) {
+                           uint64_t *out_in_flight) {
   ft_msg msg;
   int paused = ctx->bystander.pid > 0;
   if (paused && (ft_proc_send(&ctx->bystander, 'p') || ft_proc_expect(&ctx->bystander, FT_MSG_PAUSED, &msg, 60) != 1)) {
@@ -84,26 +84,24 @@ double faults_check_memory(faults_ctx *ctx, const char *after, double timeout_s,
   }
   double until = bench_now() + timeout_s;
   uint64_t held = 0;
-  uint64_t excess = 0;
   int strangers = 0, ok = 0;
   ft_metrics m = {0};
   double at = -1;
   while (!ok) {
     int read = ft_metrics_read(ctx->daemon.admin_port, &m) == 0 && sessions_hold(ctx, &held, &strangers, 0) == 0;
-    excess = read && m.used_bytes > held ? m.used_bytes - held : 0;
-    ok = read && m.used_bytes >= held && excess <= allowed && strangers == 0;
+    ok = read && m.used_bytes == held && m.in_flight_bytes <= allowed && strangers == 0;
     if (ok) at = bench_now();
     if (ok || bench_now() > until) break;
     ft_sleep(0.01);
   }
   if (!ok) {
     faults_check(ctx, 0, "after %s: the card holds %" PRIu64 " bytes, the open sessions %" PRIu64
-                 " (%d not the admin's or the bystander's; %" PRIu64 " bytes allowed besides)", after, m.used_bytes,
-                 held, strangers, allowed);
+                 " (%d not the admin's or the bystander's); sends pin %" PRIu64 " host bytes of freed tensors (%" PRIu64
+                 " allowed)", after, m.used_bytes, held, strangers, m.in_flight_bytes, allowed);
     sessions_hold(ctx, &held, &strangers, 1);
   }
   if (paused) ft_proc_send(&ctx->bystander, 'r');
-  if (out_excess) *out_excess = excess;
+  if (out_in_flight) *out_in_flight = m.in_flight_bytes;
   return at;
 }
 

@@ -94,16 +94,23 @@ int main(int argc, char **argv) {
   static faults_ctx ctx;
   const char *dir = NULL;
   int is_short = 0;
+  const char *only = NULL; /* one phase: kill, stall, exhaust or restart */
   ctx.self = argv[0];
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--short")) is_short = 1;
     else if (!strcmp(argv[i], "--ttd") && i + 1 < argc) ctx.daemon.bin = argv[++i];
     else if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) ctx.reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else ctx.daemon.bin = NULL, i = argc;
   }
-  if (!ctx.daemon.bin || !dir || ctx.reps < 0 || ctx.reps > FAULTS_MAX_REPS) {
-    fprintf(stderr, "usage: ttd_faults --ttd BUILD/bin/ttd --dir TMPDIR [--short] [--reps 1..%d]\n", FAULTS_MAX_REPS);
+  static const char *const phases[] = {"kill", "stall", "exhaust", "restart"};
+  int run[4] = {1, 1, 1, 1};
+  for (int i = 0; only && i < 4; i++) run[i] = !strcmp(only, phases[i]);
+  if (!ctx.daemon.bin || !dir || ctx.reps < 0 || ctx.reps > FAULTS_MAX_REPS ||
+      (only && !run[0] && !run[1] && !run[2] && !run[3])) {
+    fprintf(stderr, "usage: ttd_faults --ttd BUILD/bin/ttd --dir TMPDIR [--short] [--reps 1..%d] "
+            "[--only kill|stall|exhaust|restart]\n", FAULTS_MAX_REPS);
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -133,16 +140,17 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("faults: bystander training (first loss %.6f)\n", m.value[0]);
-  printf("faults: phase 1: clients SIGKILLed inside their calls\n");
-  faults_phase_kill(&ctx);
-  printf("faults: phase 2: streams left unread, clients stopped\n");
-  faults_phase_stall(&ctx);
-  printf("faults: phase 3: device memory exhausted by other tenants\n");
-  faults_phase_exhaust(&ctx);
+  void (*const phase[4])(faults_ctx *) = {faults_phase_kill, faults_phase_stall, faults_phase_exhaust,
+                                              faults_phase_restart};
+  const char *what[4] = {"clients SIGKILLed inside their calls", "streams left unread, clients stopped",
+                         "device memory exhausted by other tenants", "ttd SIGKILLed under load and restarted"};
   double bystander[4] = {0};
-  stop_bystander(&ctx, bystander);
-  printf("faults: phase 4: ttd SIGKILLed under load and restarted\n");
-  faults_phase_restart(&ctx);
+  for (int i = 0; i < 4; i++) {
+    if (i == 3) stop_bystander(&ctx, bystander); /* the restart ends every session */
+    if (!run[i]) continue;
+    printf("faults: phase %d: %s\n", i + 1, what[i]);
+    phase[i](&ctx);
+  }
   check_end(&ctx);
   print_summary(&ctx, bystander, bench_now() - started);
   return ctx.failures ? 1 : 0;

@@ -64,8 +64,10 @@ int ft_metrics_read(int port, ft_metrics *out) {
   if (ft_http_get(port, "/metrics", body, sizeof(body)) != 200) return -1;
   double used = gauge_sum(body, "ttd_device_memory_used_bytes"), sessions = gauge_sum(body, "ttd_sessions");
   double tensors = gauge_sum(body, "ttd_tensors"), in_flight = gauge_sum(body, "ttd_rpc_in_flight");
-  if (used < 0 || sessions < 0 || tensors < 0 || in_flight < 0) return -1;
+  double pinned = gauge_sum(body, "ttd_device_memory_in_flight_bytes");
+  if (used < 0 || sessions < 0 || tensors < 0 || in_flight < 0 || pinned < 0) return -1;
   out->used_bytes = (uint64_t)used;
+  out->in_flight_bytes = (uint64_t)pinned;
   out->sessions = (uint64_t)sessions;
   out->tensors = (uint64_t)tensors;
   out->in_flight = (uint64_t)in_flight;

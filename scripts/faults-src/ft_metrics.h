@@ -9,6 +9,7 @@
 
 typedef struct ft_metrics {
   uint64_t used_bytes; /* ttd_device_memory_used_bytes summed over devices and locations */
+  uint64_t in_flight_bytes; /* ttd_device_memory_in_flight_bytes, summed the same way */
   uint64_t sessions;   /* ttd_sessions */
   uint64_t tensors;    /* ttd_tensors */
   uint64_t in_flight;  /* ttd_rpc_in_flight */

@@ -4,6 +4,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,15 @@ static int loc_index(ttd_memloc loc) { return loc == TTD_MEM_L1 ? 1 : 0; }
 static void sim_destroy(ttd_backend *backend) {
   sim_backend *sim = sim_of(backend);
   ttd_pool_destroy(sim->pool);
+  for (int i = 0; i < sim->device_count; i++) {
+    sim_device *dev = &sim->devices[i];
+    pthread_mutex_lock(&dev->lock);
+    bool pinned = dev->in_flight[0] || dev->in_flight[1];
+    pthread_mutex_unlock(&dev->lock);
+    /* gRPC may still hold a send into a freed buffer (its writes outlive the server at
+     * exit): its release must find the device, so the devices stay (the process ends). */
+    if (pinned) return;
+  }
   for (int i = 0; i < sim->device_count; i++) {
     ttd_block_cache_destroy(&sim->devices[i].blocks);
     pthread_mutex_destroy(&sim->devices[i].lock);
@@ -34,9 +44,12 @@ static void sim_device_info(ttd_backend *backend, int device, ttd_device_info *o
     out_info->memory[i].location = i == 0 ? TTD_MEM_DRAM : TTD_MEM_L1;
     out_info->memory[i].capacity_bytes = dev->capacity[i];
     out_info->memory[i].used_bytes = dev->used[i];
+    out_info->memory[i].in_flight_bytes = dev->in_flight[i];
   }
   pthread_mutex_unlock(&dev->lock);
 }
+
+static void release_pin(ttd_host_pin *pin);
 
 static void unreserve(sim_device *dev, int li, uint64_t bytes) {
   pthread_mutex_lock(&dev->lock);
@@ -74,27 +87,58 @@ static ttd_status_t sim_buffer_alloc(ttd_backend *backend, int device, ttd_memlo
                            "take %" PRIu64 " bytes",
                            device, ttd_memloc_name(loc), bytes);
   }
+  memset(buf, 0, sizeof(*buf));
   buf->device = device;
   buf->loc = loc;
   buf->bytes = bytes;
   buf->block_bytes = block;
   buf->data = data;
+  buf->dev = dev;
+  buf->pin.release = release_pin;
   *out_buffer = buf;
   return TTD_OK;
 }
 
-static void sim_buffer_free(ttd_backend *backend, ttd_backend_buffer *buffer) {
-  if (!buffer) return;
-  sim_device *dev = &sim_of(backend)->devices[buffer->device];
-  unreserve(dev, loc_index(buffer->loc), buffer->bytes);
-  ttd_block_cache_free(&dev->blocks, buffer->data, (size_t)buffer->block_bytes);
+static void release_block(ttd_backend_buffer *buffer) {
+  ttd_block_cache_free(&buffer->dev->blocks, buffer->data, (size_t)buffer->block_bytes);
   free(buffer);
 }
 
-static const void *sim_buffer_host_view(ttd_backend *backend, ttd_backend_buffer *buffer, uint64_t offset,
-                                        uint64_t bytes) {
+/* The device's bytes go back now; the host block once no view is pinned. */
+static void sim_buffer_free(ttd_backend *backend, ttd_backend_buffer *buffer) {
   (void)backend;
-  return offset <= buffer->bytes && bytes <= buffer->bytes - offset ? buffer->data + offset : NULL;
+  if (!buffer) return;
+  sim_device *dev = buffer->dev;
+  int li = loc_index(buffer->loc);
+  pthread_mutex_lock(&dev->lock);
+  dev->used[li] -= buffer->bytes;
+  buffer->freed = true;
+  bool last = buffer->pins == 0;
+  if (!last) dev->in_flight[li] += buffer->bytes;
+  pthread_mutex_unlock(&dev->lock);
+  if (last) release_block(buffer);
+}
+
+static void release_pin(ttd_host_pin *pin) {
+  ttd_backend_buffer *buffer = (ttd_backend_buffer *)((char *)pin - offsetof(ttd_backend_buffer, pin));
+  sim_device *dev = buffer->dev;
+  pthread_mutex_lock(&dev->lock);
+  bool last = --buffer->pins == 0 && buffer->freed;
+  if (last) dev->in_flight[loc_index(buffer->loc)] -= buffer->bytes;
+  pthread_mutex_unlock(&dev->lock);
+  if (last) release_block(buffer);
+}
+
+static const void *sim_buffer_host_view(ttd_backend *backend, ttd_backend_buffer *buffer, uint64_t offset,
+                                        uint64_t bytes, ttd_host_pin **out_pin) {
+  (void)backend;
+  *out_pin = NULL;
+  if (offset > buffer->bytes || bytes > buffer->bytes - offset) return NULL;
+  pthread_mutex_lock(&buffer->dev->lock);
+  buffer->pins++;
+  pthread_mutex_unlock(&buffer->dev->lock);
+  *out_pin = &buffer->pin;
+  return buffer->data + offset;
 }
 
 static ttd_status_t sim_buffer_write(ttd_backend *backend, ttd_backend_buffer *dst,

@@ -4,6 +4,7 @@
 #define TTD_SIM_INTERNAL_H
 
 #include <pthread.h>
+#include <stdbool.h>
 
 #include "../../../kernels/thread_pool.h"
 #include "../../block_cache.h"
@@ -13,6 +14,7 @@ typedef struct sim_device {
   pthread_mutex_t lock;
   uint64_t capacity[TTD_MEM_COUNT];
   uint64_t used[TTD_MEM_COUNT];
+  uint64_t in_flight[TTD_MEM_COUNT]; /* freed buffers' bytes still pinned by sends */
   ttd_block_cache blocks; /* a card's DRAM stays mapped: freed blocks serve the next buffers */
 } sim_device;
 
@@ -29,6 +31,12 @@ struct ttd_backend_buffer {
   uint64_t bytes;
   uint64_t block_bytes; /* of the host block behind data (a cached block may be larger) */
   unsigned char *data;
+  sim_device *dev;
+  /* Under dev->lock: views pinned (ttd_host_pin), and whether buffer_free has run; the
+   * host block goes back when both are done. */
+  int pins;
+  bool freed;
+  ttd_host_pin pin;
 };
 
 /* run_node of the sim backend: the op's kernels on host memory (sim_exec.c). */
