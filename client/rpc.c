@@ -21,11 +21,19 @@ typedef struct rpc {
   grpc_slice details;
   int tag;
   int pending; /* batches started and not plucked yet: the queue is reusable only at 0 */
+  gpr_timespec give_up; /* a deadline kept here, not sent (see rpc_start) */
 } rpc;
 
-static gpr_timespec deadline_after(int64_t ms) {
-  if (ms <= 0) return gpr_inf_future(GPR_CLOCK_REALTIME);
-  return gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(ms, GPR_TIMESPAN));
+static gpr_timespec deadline_after(int64_t ms, gpr_clock_type clock) {
+  if (ms <= 0) return gpr_inf_future(clock);
+  return gpr_time_add(gpr_now(clock), gpr_time_from_millis(ms, GPR_TIMESPAN));
+}
+
+/* Device work waits its turn in the daemon's queue, which drops it once its deadline has
+ * passed: only these calls send their deadline. */
+static bool daemon_uses_deadline(tt_rpc_method method) {
+  return method == TT_RPC_EXECUTE || method == TT_RPC_BACKWARD || method == TT_RPC_ZERO_GRAD ||
+         method == TT_RPC_OPTIMIZER_STEP;
 }
 
 #define CLOSED_MESSAGE "this client was disconnected (tt_disconnect): its session and device tensors are gone; connect again"
@@ -68,12 +76,17 @@ void tt_rpc_cq_cache_clear(tt_client *client) {
   for (int i = 0; i < n; i++) cq_destroy(client->cq_free[i]);
 }
 
+/* Other calls keep theirs here and cancel the call when it passes, with the status a sent
+ * deadline gives: a deadline sent costs a timer on each side, 10 % of a small call's CPU. */
 static void rpc_start(rpc *r, tt_client *client, tt_rpc_method method, int64_t timeout_ms) {
   memset(r, 0, sizeof(*r));
   r->client = client;
   r->cq = cq_take(client);
+  bool sent = daemon_uses_deadline(method);
+  r->give_up = deadline_after(sent ? 0 : timeout_ms, GPR_CLOCK_MONOTONIC);
   r->call = grpc_channel_create_registered_call(client->channel, NULL, GRPC_PROPAGATE_DEFAULTS, r->cq,
-                                                client->registered[method], deadline_after(timeout_ms), NULL);
+                                                client->registered[method],
+                                                deadline_after(sent ? timeout_ms : 0, GPR_CLOCK_REALTIME), NULL);
   if (client->session_hex[0]) {
     r->md[0].key = grpc_slice_from_static_string("ttd-session");
     r->md[0].value = grpc_slice_from_static_string(client->session_hex);
@@ -95,7 +108,12 @@ static void rpc_start(rpc *r, tt_client *client, tt_rpc_method method, int64_t t
 static int rpc_batch(rpc *r, grpc_op *ops, size_t n) {
   if (grpc_call_start_batch(r->call, ops, n, &r->tag, NULL) != GRPC_CALL_OK) return 0;
   r->pending++;
-  grpc_event ev = grpc_completion_queue_pluck(r->cq, &r->tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  grpc_event ev = grpc_completion_queue_pluck(r->cq, &r->tag, r->give_up, NULL);
+  if (ev.type == GRPC_QUEUE_TIMEOUT) { /* the batch ends at once, failed; the status says why */
+    grpc_call_cancel_with_status(r->call, GRPC_STATUS_DEADLINE_EXCEEDED, "Deadline Exceeded", NULL);
+    r->give_up = gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    ev = grpc_completion_queue_pluck(r->cq, &r->tag, r->give_up, NULL);
+  }
   if (ev.type == GRPC_OP_COMPLETE) r->pending--;
   return ev.type == GRPC_OP_COMPLETE && ev.success;
 }

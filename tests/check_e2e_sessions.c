@@ -207,6 +207,73 @@ END_TEST
 /* A plain TCP listener (--listen host:port --insecure, repeatable beside the Unix socket)
  * serves the same daemon, and a NULL target means the TTD_ADDRESS environment variable
  * (TTD_INSECURE=1: plain text). */
+static double seconds_since(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/* call_timeout_ms ends a call the daemon does not answer (SIGSTOPped) with
+ * DEADLINE_EXCEEDED after that long: a light call (ListDevices), a heavy one (Allocate)
+ * and device work (Execute); the client works again once the daemon does. */
+START_TEST(test_call_timeout) {
+  start_with_lease("60");
+  tt_connect_options o;
+  tt_connect_options_init(&o);
+  o.disable_keepalive = 1;
+  o.client_name = "check";
+  o.call_timeout_ms = 300;
+  tt_client *c = NULL;
+  ck_assert_int_eq(tt_connect(proc.target, &o, &c), TT_OK);
+  tt_graph *g = tt_graph_create(c, 1);
+  int64_t shape[2] = {2, 4};
+  tt_graph_output(g, tt_relu(g, tt_graph_input(g, "x", TT_FLOAT32, shape, 2)));
+  tt_module *m = tt_compile(c, g);
+  tt_graph_free(g);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_int_eq(tt_module_to(m, "tt"), TT_OK);
+  float xv[8] = {-1, 2, -3, 4, -5, 6, -7, 8};
+  tt_tensor *h = tt_tensor_from_host(c, xv, TT_FLOAT32, shape, 2);
+  tt_tensor *x = tt_to(h, "tt");
+  ck_assert_ptr_nonnull(x);
+  ck_assert_int_eq(kill(proc.pid, SIGSTOP), 0);
+  for (int call = 0; call < 3; call++) {
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    tt_status st = TT_OK;
+    if (call == 0) {
+      tt_device_info *devs = NULL;
+      size_t n = 0;
+      st = tt_list_devices(c, &devs, &n);
+      tt_device_list_free(devs);
+    } else if (call == 1) {
+      ck_assert_ptr_null(tt_tensor_empty(c, TT_FLOAT32, shape, 2, "tt"));
+      st = tt_errcode(c);
+    } else {
+      tt_tensor *y = NULL;
+      st = tt_forward(m, &x, 1, &y);
+      tt_tensor *back = st == TT_OK ? tt_to(y, "cpu") : NULL;
+      if (st == TT_OK) st = back ? TT_OK : tt_errcode(c);
+      tt_tensor_free(back);
+      tt_tensor_free(y);
+    }
+    double took = seconds_since(&t0);
+    ck_assert_msg(st == TT_DEADLINE_EXCEEDED, "call %d: %s: %s", call, tt_status_name(st), tt_last_error(c));
+    ck_assert_msg(took >= 0.29 && took < 5, "call %d gave up after %.3f s (call_timeout_ms 300)", call, took);
+  }
+  ck_assert_int_eq(kill(proc.pid, SIGCONT), 0);
+  tt_device_info *devs = NULL;
+  size_t n = 0;
+  ck_assert_int_eq(tt_list_devices(c, &devs, &n), TT_OK);
+  ck_assert_uint_eq(n, 1);
+  tt_device_list_free(devs);
+  tt_tensor_free(x);
+  tt_tensor_free(h);
+  tt_module_free(m);
+  tt_disconnect(c);
+}
+END_TEST
+
 START_TEST(test_tcp_listener_and_env_target) {
   char tcp[32];
   snprintf(tcp, sizeof(tcp), "127.0.0.1:%d", harness_free_tcp_port());
@@ -299,6 +366,7 @@ Suite *e2e_sessions_suite(void) {
   tcase_add_test(tc, test_dead_client_memory_returns_within_lease);
   tcase_add_test(tc, test_restart_detected);
   tcase_add_test(tc, test_concurrent_clients);
+  tcase_add_test(tc, test_call_timeout);
   tcase_add_test(tc, test_tcp_listener_and_env_target);
   tcase_add_test(tc, test_default_target);
   suite_add_tcase(s, tc);

@@ -69,7 +69,10 @@ typedef struct tt_tensor tt_tensor;
 typedef struct tt_connect_options {
   const char *client_name;  /* shown to operators; default: the program's name */
   int disable_keepalive;    /* 1: no background KeepAlive (the session expires after its lease) */
-  int64_t call_timeout_ms;  /* deadline of unary calls; 0: 60 s. Streams have none. */
+  /* Deadline of unary calls; 0: 60 s. Past it a call ends with TT_DEADLINE_EXCEEDED. Device
+   * work (forward, backward, steps) sends it to ttd, which drops work still queued past it;
+   * other calls keep it here. Streams have none. */
+  int64_t call_timeout_ms;
   uint64_t quota_bytes;     /* device memory this session asks for; 0: the most ttd allows */
   const char *token;        /* bearer token of your tenant; NULL: $TTD_TOKEN, if set */
   /* TCP targets use TLS unless insecure is set (or TTD_INSECURE=1); Unix sockets never do. */
