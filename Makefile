@@ -37,6 +37,7 @@ CLIENT_SRC := $(wildcard client/*.c)
 # The client compiles and runs graphs in process with the daemon's own code (one piece of
 # code per piece of logic): shape inference, the program compiler and executor, the sim card.
 SHARED_DAEMON_SRC := daemon/ops.c daemon/program.c daemon/program_run.c daemon/status.c daemon/tensor.c daemon/quota.c daemon/wire_frame.c daemon/block_cache.c \
+  daemon/absl_deadlock.c \
   daemon/optimizer_options.c \
   daemon/backend_registry.c daemon/backends/sim/sim_backend.c daemon/backends/sim/sim_exec.c
 TEST_SRC := $(wildcard tests/*.c)

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../daemon/absl_deadlock.h"
 #include "client_internal.h"
 
 extern const char *program_invocation_short_name;
@@ -233,6 +234,7 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
     return tt_client_fail(c, TT_INVALID_ARGUMENT, "cannot work out the default socket path; pass a target");
   }
 
+  ttd_absl_deadlock_detection_off(); /* before grpc_init: see absl_deadlock.h */
   grpc_init();
   c->grpc_initialized = true;
   const char *connect_env = getenv("TTD_CONNECT_TIMEOUT_MS");

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "ttclient.h"
+#include "absl_deadlock.h"
 #include "config.h"
 #include "core.h"
 #include "admin_http.h"
@@ -199,6 +200,7 @@ int main(int argc, char **argv) {
    * through each thread's tcache without the lock. */
   mallopt(M_ARENA_MAX, 1);
 
+  ttd_absl_deadlock_detection_off();
   grpc_init();
   ttd_core *core = NULL;
   ttd_server *server = NULL;

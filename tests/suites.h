@@ -7,6 +7,7 @@
 /* unit suites */
 Suite *dtype_suite(void);
 Suite *status_suite(void);
+Suite *absl_deadlock_suite(void);
 Suite *handle_map_suite(void);
 Suite *config_suite(void);
 Suite *sim_backend_suite(void);

@@ -95,7 +95,10 @@ void tt_connect_options_init(tt_connect_options *options);
  * TTD_ADDRESS environment variable, then the default socket (tt_default_target). options may
  * be NULL for the defaults. *out_client is set even on failure (NULL only when out of
  * memory) so that tt_last_error can say why; release it with tt_disconnect either way.
- * A background thread renews the session every lease/3 unless disabled. */
+ * A background thread renews the session every lease/3 unless disabled. Before it starts
+ * gRPC, it turns off Abseil's debug deadlock detection for the process (the mode of release
+ * builds; Debian's leaves it on, at 8k instructions per call): TTD_ABSL_DEADLOCK_DETECTION=1
+ * keeps it. */
 tt_status tt_connect(const char *target, const tt_connect_options *options, tt_client **out_client);
 
 /* Closes the session (the daemon frees its tensors) and releases the client; tensors still
