@@ -36,7 +36,7 @@ DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/backends/*
 CLIENT_SRC := $(wildcard client/*.c)
 # The client compiles and runs graphs in process with the daemon's own code (one piece of
 # code per piece of logic): shape inference, the program compiler and executor, the sim card.
-SHARED_DAEMON_SRC := daemon/ops.c daemon/program.c daemon/program_run.c daemon/status.c daemon/tensor.c daemon/quota.c daemon/wire_frame.c daemon/block_cache.c \
+SHARED_DAEMON_SRC := daemon/ops.c daemon/program.c daemon/program_run.c daemon/status.c daemon/tensor.c daemon/quota.c daemon/wire_frame.c daemon/block_cache.c daemon/cq_spin.c \
   daemon/absl_deadlock.c \
   daemon/optimizer_options.c \
   daemon/backend_registry.c daemon/backends/sim/sim_backend.c daemon/backends/sim/sim_exec.c

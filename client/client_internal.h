@@ -9,6 +9,7 @@
 #include <stdbool.h>
 
 #include "../daemon/block_cache.h"
+#include "../daemon/cq_spin.h"
 #include "include/ttclient.h"
 #include "ttd/v1/ttd.pb-c.h"
 
@@ -69,6 +70,7 @@ struct tt_client {
   char authorization[512]; /* "Bearer TOKEN", or "" */
   uint32_t lease_ms;
   int64_t call_timeout_ms;
+  ttd_cq_spin spin;        /* the wait for a light call's answer (disable_spin, TTD_SPIN) */
 
   pthread_mutex_t error_lock;
   tt_status errcode;

@@ -97,6 +97,15 @@ char *ttd_admin_render_metrics(ttd_core *core) {
   put(&t, "# HELP ttd_bytes_to_host_total Tensor bytes sent to clients (downloads, inline outputs).\n"
           "# TYPE ttd_bytes_to_host_total counter\nttd_bytes_to_host_total %llu\n",
       (unsigned long long)atomic_load(&mt->bytes_to_host));
+  const ttd_cq_spin *spin = &core->poll_spin;
+  put(&t, "# HELP ttd_poll_spin_hits_total Waits of the RPC poller after a light call whose next event came while it polled (--spin-us).\n"
+          "# TYPE ttd_poll_spin_hits_total counter\nttd_poll_spin_hits_total %llu\n"
+          "# HELP ttd_poll_spin_misses_total Waits of the RPC poller after a light call that polled, then slept.\n"
+          "# TYPE ttd_poll_spin_misses_total counter\nttd_poll_spin_misses_total %llu\n"
+          "# HELP ttd_poll_spin_seconds_total CPU time the RPC poller spent polling before sleeping.\n"
+          "# TYPE ttd_poll_spin_seconds_total counter\nttd_poll_spin_seconds_total %.6f\n",
+      (unsigned long long)atomic_load(&spin->hits), (unsigned long long)atomic_load(&spin->misses),
+      (double)atomic_load(&spin->spin_ns) / 1e9);
   put(&t, "# HELP ttd_rpc_total RPCs answered, by method and status code.\n# TYPE ttd_rpc_total counter\n");
   for (size_t i = 0; i <= ttd_method_count && i < TTD_METRICS_MAX_METHODS; i++) {
     for (int c = 0; c < TTD_METRICS_CODES; c++) {

@@ -19,6 +19,7 @@ typedef struct ttd_config {
   char *listen[TTD_CONFIG_MAX_LISTEN]; /* "unix:/path" or "host:port"; none = default socket */
   int listen_count;
   int threads;        /* RPC threads: one polls gRPC's queue, the rest run heavy calls */
+  int spin_us;        /* the poller polls this long after a light call before it sleeps */
   char *backend;      /* "sim" */
   int devices;        /* simulated cards */
   uint64_t dram;      /* bytes per card */

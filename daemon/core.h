@@ -9,6 +9,7 @@
 #include "auth.h"
 #include "backend.h"
 #include "config.h"
+#include "cq_spin.h"
 #include "metrics.h"
 #include "program_cache.h"
 #include "scheduler.h"
@@ -25,6 +26,7 @@ typedef struct ttd_core {
    * swaps the tables and recomputes every session's quota: no session misses a reload. */
   pthread_rwlock_t reload_lock;
   ttd_scheduler *scheduler; /* device work, round-robin between sessions */
+  ttd_cq_spin poll_spin;    /* the RPC poller's wait after a light call (--spin-us), with its counters */
   char instance_id[17]; /* 16 hex digits, new at every start */
   char shm_socket[108]; /* the side socket's path for OpenSession, "" when there is none */
 } ttd_core;

@@ -401,8 +401,15 @@ static void run_heavy_event(ttd_work *work) {
 static void *poller_main(void *arg) {
   ttd_server *server = arg;
   pthread_setname_np(pthread_self(), "ttd-poll");
+  /* After a light call, the next call of a client making a run of them is likely tens of
+   * microseconds away: poll for it before sleeping (cq_spin.h). Not after events of heavy
+   * calls or device work: those take longer, and the CPU is the kernels'. */
+  bool spin = true;
   for (;;) {
-    grpc_event ev = grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    gpr_timespec forever = gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    grpc_event ev = spin ? ttd_cq_spin_wait(&server->core->poll_spin, server->cq, NULL, forever)
+                         : grpc_completion_queue_next(server->cq, forever, NULL);
+    spin = false;
     if (ev.type == GRPC_QUEUE_SHUTDOWN) return NULL;
     if (ev.type != GRPC_OP_COMPLETE) continue;
     if (ev.tag == &server->shutdown_tag) {
@@ -419,6 +426,7 @@ static void *poller_main(void *arg) {
       ttd_work_queue_submit(server->heavy, &c->heavy_work);
       continue;
     }
+    spin = !c->method->heavy && !c->method->device_of;
     on_call_event(c, ev.success != 0);
     ttd_log_set_call(0, 0);
   }

@@ -62,6 +62,7 @@ static void expect_invalid(int line, ttd_status_t s, const char *const *fragment
 /* Defaults: 4 threads, 1 device, 12 GiB DRAM, 108 MiB L1, 30 s lease, sim backend, no listen. */
 START_TEST(test_defaults) {
   ck_assert_int_eq(cfg.threads, 4);
+  ck_assert_int_eq(cfg.spin_us, 50);
   ck_assert_int_eq(cfg.devices, 1);
   ck_assert_uint_eq(cfg.dram, 12ull << 30);
   ck_assert_uint_eq(cfg.l1, 108ull << 20);
@@ -179,12 +180,14 @@ START_TEST(test_bounds_edges_ok) {
       {"threads", "1"}, {"threads", "256"}, {"devices", "1"}, {"devices", "64"}, {"cores", "0"},
       {"cores", "1024"}, {"lease", "50ms"}, {"lease", "86400"}, {"drain-timeout", "0"},
       {"drain-timeout", "3600s"}, {"dram", "0"}, {"l1", "8T"}, {"dram", "9223372036854775807"},
+      {"spin-us", "0"}, {"spin-us", "10000"},
   };
   for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
     ttd_status_t s = ttd_config_set(&cfg, pairs[i][0], pairs[i][1]);
     ck_assert_msg(s == NULL, "%s=%s: %s", pairs[i][0], pairs[i][1], ttd_status_message(s));
   }
   ck_assert_int_eq(cfg.threads, 256);
+  ck_assert_int_eq(cfg.spin_us, 10000);
   ck_assert_int_eq(cfg.devices, 64);
   ck_assert_int_eq(cfg.cores, 1024);
   ck_assert_int_eq(cfg.lease_ms, 86400000);
@@ -201,6 +204,7 @@ START_TEST(test_bounds_errors) {
       {"threads", "99999999999999999999"}, {"devices", "0"}, {"devices", "65"}, {"cores", "-1"},
       {"cores", "1025"}, {"lease", "10ms"},   {"lease", "49ms"},  {"lease", "86401"}, {"lease", "soon"},
       {"drain-timeout", "3601"}, {"dram", "12Q"}, {"dram", "-1"},  {"l1", "9223372036854775808"},
+      {"spin-us", "-1"}, {"spin-us", "10001"}, {"spin-us", "50us"},
   };
   for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
     char flag[32];
@@ -208,6 +212,7 @@ START_TEST(test_bounds_errors) {
     EXPECT_INVALID(ttd_config_set(&cfg, pairs[i][0], pairs[i][1]), flag);
   }
   ck_assert_int_eq(cfg.threads, 4);
+  ck_assert_int_eq(cfg.spin_us, 50);
   ck_assert_int_eq(cfg.devices, 1);
   ck_assert_int_eq(cfg.cores, 0);
   ck_assert_int_eq(cfg.lease_ms, 30000);
@@ -275,7 +280,7 @@ START_TEST(test_usage) {
   FILE *out = open_memstream(&text, &len);
   ttd_config_usage(out);
   fclose(out);
-  static const char *const names[] = {"--listen", "--threads", "--backend", "--devices", "--dram", "--l1",
+  static const char *const names[] = {"--listen", "--threads", "--spin-us", "--backend", "--devices", "--dram", "--l1",
                                       "--cores", "--lease", "--drain-timeout", "--log-level", "--config",
                                       "--help", "12G", "108M"};
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../client/client_internal.h"
 #include "suites.h"
 #include "ttd_harness.h"
 
@@ -83,6 +84,88 @@ START_TEST(test_metrics_follow_work) {
 }
 END_TEST
 
+/* Lists the devices `calls` times on c; the last list must match want (when given). */
+static void list_devices(tt_client *c, int calls, const tt_device_info *want, size_t want_count) {
+  for (int i = 0; i < calls; i++) {
+    tt_device_info *devs = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(tt_list_devices(c, &devs, &n), TT_OK);
+    if (want) {
+      ck_assert_uint_eq(n, want_count);
+      for (size_t d = 0; d < n; d++) {
+        ck_assert_str_eq(devs[d].name, want[d].name);
+        ck_assert_str_eq(devs[d].kind, want[d].kind);
+        ck_assert_uint_eq(devs[d].cores, want[d].cores);
+        ck_assert_uint_eq(devs[d].dram.capacity_bytes, want[d].dram.capacity_bytes);
+        ck_assert_uint_eq(devs[d].l1.used_bytes, want[d].l1.used_bytes);
+      }
+    }
+    tt_device_list_free(devs);
+  }
+}
+
+/* Light calls make the poller poll before it sleeps (ttd_poll_spin_*) and the client poll
+ * for their answers; a client with disable_spin, or TTD_SPIN=0, never polls and gets the
+ * same answers. */
+START_TEST(test_poll_spin) {
+  tt_client *c = harness_connect(&proc, 0);
+  ck_assert_int_eq(c->spin.max_ns, 50 * 1000);
+  tt_device_info *first = NULL;
+  size_t count = 0;
+  ck_assert_int_eq(tt_list_devices(c, &first, &count), TT_OK);
+  ck_assert_uint_eq(count, 2);
+  list_devices(c, 30, first, count);
+  ck_assert_uint_gt(atomic_load(&c->spin.hits) + atomic_load(&c->spin.misses), 0);
+  ck_assert_uint_gt(atomic_load(&c->spin.spin_ns), 0);
+  char *r = http("GET", "/metrics");
+  ck_assert(harness_metric(r, "ttd_poll_spin_hits_total") + harness_metric(r, "ttd_poll_spin_misses_total") > 0);
+  ck_assert(harness_metric(r, "ttd_poll_spin_seconds_total") > 0);
+  free(r);
+
+  tt_connect_options o;
+  tt_connect_options_init(&o);
+  o.disable_keepalive = 1;
+  o.disable_spin = 1;
+  tt_client *quiet = NULL;
+  ck_assert_int_eq(tt_connect(proc.target, &o, &quiet), TT_OK);
+  ck_assert_int_eq(quiet->spin.max_ns, 0);
+  list_devices(quiet, 30, first, count);
+  ck_assert_uint_eq(atomic_load(&quiet->spin.hits) + atomic_load(&quiet->spin.misses) + atomic_load(&quiet->spin.spin_ns), 0);
+  tt_disconnect(quiet);
+
+  o.disable_spin = 0;
+  setenv("TTD_SPIN", "0", 1);
+  ck_assert_int_eq(tt_connect(proc.target, &o, &quiet), TT_OK);
+  unsetenv("TTD_SPIN");
+  ck_assert_int_eq(quiet->spin.max_ns, 0);
+  list_devices(quiet, 5, first, count);
+  tt_disconnect(quiet);
+  tt_device_list_free(first);
+  tt_disconnect(c);
+}
+END_TEST
+
+/* ttd --spin-us 0: the poller sleeps at once after every call, and calls still work. */
+START_TEST(test_poll_spin_off) {
+  ttd_proc off;
+  char admin[32];
+  int off_port = harness_free_tcp_port();
+  snprintf(admin, sizeof(admin), "127.0.0.1:%d", off_port);
+  const char *args[] = {"--admin", admin, "--spin-us", "0", NULL};
+  ttd_proc_start(&off, args);
+  tt_client *c = harness_connect(&off, 0);
+  list_devices(c, 30, NULL, 0);
+  tt_disconnect(c);
+  char *r = harness_http(off_port, "GET", "/metrics");
+  ck_assert_double_eq(harness_metric(r, "ttd_poll_spin_hits_total"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_poll_spin_misses_total"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_poll_spin_seconds_total"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_total{method=\"ListDevices\",code=\"OK\"}"), 30);
+  free(r);
+  ck_assert_int_eq(ttd_proc_stop(&off), 0);
+}
+END_TEST
+
 Suite *e2e_metrics_suite(void) {
   Suite *s = suite_create("e2e_metrics");
   TCase *tc = tcase_create("admin_http");
@@ -90,6 +173,8 @@ Suite *e2e_metrics_suite(void) {
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, test_health_endpoints);
   tcase_add_test(tc, test_metrics_follow_work);
+  tcase_add_test(tc, test_poll_spin);
+  tcase_add_test(tc, test_poll_spin_off);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -8,6 +8,7 @@ int main(void) {
   SRunner *sr = srunner_create(dtype_suite());
   srunner_add_suite(sr, status_suite());
   srunner_add_suite(sr, absl_deadlock_suite());
+  srunner_add_suite(sr, cq_spin_suite());
   srunner_add_suite(sr, handle_map_suite());
   srunner_add_suite(sr, config_suite());
   srunner_add_suite(sr, sim_backend_suite());

@@ -86,6 +86,11 @@ typedef struct tt_connect_options {
   int disable_shm;          /* 1: no same-host shared-memory fast path (also TTD_SHM=0); by
                              * default host tensors of 256 KiB or more move through shared
                              * memory when the target is a local unix: socket */
+  int disable_spin;         /* 1: a thread waiting for the answer of a call that is not device
+                             * work sleeps at once (also TTD_SPIN=0); by default it first polls
+                             * for it, yielding the CPU, for up to 50 us (adaptive: less while
+                             * answers take longer), which halves a small call's latency when
+                             * ttd does the same (its --spin-us) */
 } tt_connect_options;
 
 /* Sets the defaults. */
