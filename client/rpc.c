@@ -31,7 +31,8 @@ static gpr_timespec deadline_after(int64_t ms, gpr_clock_type clock) {
 }
 
 /* Device work waits its turn in the daemon's queue, which drops it once its deadline has
- * passed: only these calls send their deadline. */
+ * passed: only these calls send their deadline. The list is the DEVICE_WORK entries of the
+ * daemon's method table (daemon/rpc_methods.c): a new device method goes in both. */
 static bool daemon_uses_deadline(tt_rpc_method method) {
   return method == TT_RPC_EXECUTE || method == TT_RPC_BACKWARD || method == TT_RPC_ZERO_GRAD ||
          method == TT_RPC_OPTIMIZER_STEP;

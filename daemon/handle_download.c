@@ -97,8 +97,9 @@ ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request)
 
 static void release_pin(void *pin) { ((ttd_host_pin *)pin)->release(pin); }
 
-/* The next message's data: a view pinned into the tensor's memory, or a copy. */
-static ttd_status_t next_data(download_state *st, size_t n, grpc_slice *out) {
+/* The next message's data: a view pinned into the tensor's memory (*out_view set), or a copy. */
+static ttd_status_t next_data(download_state *st, size_t n, grpc_slice *out, bool *out_view) {
+  *out_view = false;
   if (!st->tensor) {
     return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
                            "the session was closed (by its client, an admin or its lease) during this stream");
@@ -110,6 +111,7 @@ static ttd_status_t next_data(download_state *st, size_t n, grpc_slice *out) {
                          : NULL;
   if (view) { /* zero copy */
     *out = grpc_slice_new_with_user_data((void *)view, n, release_pin, pin);
+    *out_view = true;
     return TTD_OK;
   }
   *out = grpc_slice_malloc(n);
@@ -133,10 +135,14 @@ ttd_status_t ttd_download_next(ttd_call *call, grpc_byte_buffer **out_message, b
   uint64_t left = st->total - st->sent;
   size_t n = left < st->chunk ? (size_t)left : st->chunk;
   grpc_slice data;
+  bool view;
   pthread_mutex_lock(&st->lock);
-  ttd_status_t status = next_data(st, n, &data);
+  ttd_status_t status = next_data(st, n, &data, &view);
   pthread_mutex_unlock(&st->lock);
   if (status) return status;
+  /* Views of the same buffer follow: the poller sends them (rpc_call.h). A copy, a
+   * conversion or a real card's read stays on the work queue. */
+  call->light_events = view;
   /* The info and total travel in the first message only, ahead of the data field. */
   *out_message = ttd_wire_frame(st->sent == 0 ? &st->message.base : NULL, 3, data);
   st->sent += n;

@@ -420,7 +420,7 @@ static void *poller_main(void *arg) {
       continue;
     }
     ttd_call *c = ev.tag;
-    if (server->heavy && c->method->heavy && c->state != TTD_CALL_FINISHING) {
+    if (server->heavy && c->method->heavy && c->state != TTD_CALL_FINISHING && !c->light_events) {
       c->heavy_ok = ev.success != 0;
       c->heavy_work.run = run_heavy_event;
       ttd_work_queue_submit(server->heavy, &c->heavy_work);
