@@ -397,7 +397,8 @@ static void run_heavy_event(ttd_work *work) {
 }
 
 /* The one thread that polls the completion queue. Light calls are answered here; events of
- * heavy calls (a call has one event at a time) go to the work queue, finishing aside. */
+ * heavy calls (a call has one event at a time) go to the work queue, except a finishing
+ * call's and those its handler marked light (ttd_call.light_events). */
 static void *poller_main(void *arg) {
   ttd_server *server = arg;
   pthread_setname_np(pthread_self(), "ttd-poll");
