@@ -236,7 +236,7 @@ START_TEST(test_call_timeout) {
   tt_tensor *h = tt_tensor_from_host(c, xv, TT_FLOAT32, shape, 2);
   tt_tensor *x = tt_to(h, "tt");
   ck_assert_ptr_nonnull(x);
-  ck_assert_int_eq(kill(proc.pid, SIGSTOP), 0);
+  ck_assert_int_eq(ttd_proc_pause(&proc), 0);
   for (int call = 0; call < 3; call++) {
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);

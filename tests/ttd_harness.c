@@ -126,6 +126,14 @@ int ttd_proc_alive(ttd_proc *proc) {
   return waitpid(proc->pid, &status, WNOHANG) == 0;
 }
 
+int ttd_proc_pause(ttd_proc *proc) {
+  if (!proc->pid || kill(proc->pid, SIGSTOP) != 0) return -1;
+  int status;
+  /* The parent hears of the stop only once the whole thread group has stopped. */
+  if (waitpid(proc->pid, &status, WUNTRACED) != proc->pid) return -1;
+  return WIFSTOPPED(status) ? 0 : -1;
+}
+
 int ttd_proc_stop(ttd_proc *proc) {
   int status = -1;
   if (proc->pid) {

@@ -33,6 +33,10 @@ int ttd_proc_stop(ttd_proc *proc);
 /* Whether the daemon process is still running. */
 int ttd_proc_alive(ttd_proc *proc);
 
+/* SIGSTOPs the daemon and returns once every one of its threads has stopped (kill alone
+ * returns before a running thread, such as a polling one, stops); 0 on success. */
+int ttd_proc_pause(ttd_proc *proc);
+
 /* A connected client with keep-alive as asked; fails the test if it cannot connect. */
 tt_client *harness_connect(const ttd_proc *proc, int keepalive);
 
