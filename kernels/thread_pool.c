@@ -1,7 +1,7 @@
 /* ttd_pool: a fixed set of worker threads plus the calling thread.
  *
  * One job at a time: parallel_for holds `call_mu` for its whole run, so concurrent callers
- * queue up. A job is published under `mu` with a new generation number and `tickets` (how
+ * queue up (parallel_for_nowait's callers run alone instead). A job is published under `mu` with a new generation number and `tickets` (how
  * many workers may join it); woken workers that get a ticket claim chunks from an atomic
  * counter until none are left, then report back under `mu`. The caller claims chunks too and
  * then waits until every ticket holder has reported, so all of the job's writes happen
@@ -248,20 +248,22 @@ void ttd_pool_wake(ttd_pool *pool) {
   pthread_mutex_unlock(&pool->mu);
 }
 
-void ttd_pool_parallel_for(ttd_pool *pool, size_t n, size_t grain, void (*fn)(void *ctx, size_t begin, size_t end),
-                           void *ctx) {
-  if (n == 0) return;
+/* Runs the job on the pool (returns 1), or on the caller alone (0): when it is too small,
+ * nested, or when `wait` is 0 and another job holds the pool. */
+static int run_job(ttd_pool *pool, size_t n, size_t grain, void (*fn)(void *ctx, size_t begin, size_t end), void *ctx,
+                   int wait) {
+  if (n == 0) return 0;
   if (grain == 0) grain = 1;
   size_t nchunks = n / grain;
-  if (!pool || pool->nworkers == 0 || nchunks <= 1 || tls_in_job) {
+  if (!pool || pool->nworkers == 0 || nchunks <= 1 || tls_in_job ||
+      (wait ? pthread_mutex_lock(&pool->call_mu) : pthread_mutex_trylock(&pool->call_mu)) != 0) {
     fn(ctx, 0, n);
-    return;
+    return 0;
   }
   size_t max_chunks = (size_t)pool->threads * CHUNKS_PER_THREAD;
   if (nchunks > max_chunks) nchunks = max_chunks;
   int helpers = nchunks - 1 < (size_t)pool->nworkers ? (int)(nchunks - 1) : pool->nworkers;
 
-  pthread_mutex_lock(&pool->call_mu);
   pthread_mutex_lock(&pool->mu);
   pool->fn = fn;
   pool->ctx = ctx;
@@ -290,4 +292,15 @@ void ttd_pool_parallel_for(ttd_pool *pool, size_t n, size_t grain, void (*fn)(vo
   while (pool->active > 0) pthread_cond_wait(&pool->done_cv, &pool->mu);
   pthread_mutex_unlock(&pool->mu);
   pthread_mutex_unlock(&pool->call_mu);
+  return 1;
+}
+
+void ttd_pool_parallel_for(ttd_pool *pool, size_t n, size_t grain, void (*fn)(void *ctx, size_t begin, size_t end),
+                           void *ctx) {
+  run_job(pool, n, grain, fn, ctx, 1);
+}
+
+int ttd_pool_parallel_for_nowait(ttd_pool *pool, size_t n, size_t grain,
+                                 void (*fn)(void *ctx, size_t begin, size_t end), void *ctx) {
+  return run_job(pool, n, grain, fn, ctx, 0);
 }

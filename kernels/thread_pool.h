@@ -25,4 +25,10 @@ void ttd_pool_wake(ttd_pool *pool);
 void ttd_pool_parallel_for(ttd_pool *pool, size_t n, size_t grain, void (*fn)(void *ctx, size_t begin, size_t end),
                            void *ctx);
 
+/* parallel_for for work that should not wait behind another caller's job (a transfer
+ * beside a kernel): when the pool is busy, fn(ctx, 0, n) runs on the caller alone.
+ * Returns 1 when the pool's threads took part, 0 when the caller ran it alone. */
+int ttd_pool_parallel_for_nowait(ttd_pool *pool, size_t n, size_t grain,
+                                 void (*fn)(void *ctx, size_t begin, size_t end), void *ctx);
+
 #endif

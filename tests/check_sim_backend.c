@@ -1,5 +1,6 @@
 /* The simulated card through daemon/backend.h (ttd_backend_create("sim", ...)): registry,
- * device info, exact allocation accounting, RESOURCE_EXHAUSTED messages, byte copies. */
+ * device info, exact allocation accounting, RESOURCE_EXHAUSTED messages, byte copies (big ones spread
+ * over the cores). */
 #include <check.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -352,6 +353,49 @@ START_TEST(test_copy_across) {
 }
 END_TEST
 
+/* Copies of 4 MiB and more are spread over the card's cores: an odd size at an odd offset
+ * comes back byte for byte through write, read (whole and in pieces) and a copy across
+ * devices, with one core or three. */
+START_TEST(test_big_copies_whole) {
+  enum { N = (9 << 20) + 13, OFFSET = 7, SLICE = (1 << 20) + 3 };
+  unsigned char *src = malloc(N), *dst = malloc(N);
+  ck_assert_ptr_nonnull(src);
+  ck_assert_ptr_nonnull(dst);
+  fill_pattern(src, N, 11);
+  for (int cores = 1; cores <= 3; cores += 2) {
+    ttd_backend_destroy(backend);
+    backend = NULL;
+    ttd_backend_options options = {.devices = 2, .dram_bytes = 32u << 20, .l1_bytes = L1_BYTES, .cores = cores};
+    ck_assert_ptr_null(ttd_backend_create("sim", &options, &backend));
+    ttd_backend_buffer *a = alloc_ok(0, TTD_MEM_DRAM, N + OFFSET), *b = alloc_ok(1, TTD_MEM_DRAM, N + OFFSET);
+    ck_assert_ptr_null(backend->vtable->buffer_zero(backend, a));
+    ck_assert_ptr_null(backend->vtable->buffer_write(backend, a, OFFSET, src, N));
+    memset(dst, 0, N);
+    ck_assert_ptr_null(backend->vtable->buffer_read(backend, a, OFFSET, dst, N));
+    ck_assert_msg(memcmp(dst, src, N) == 0, "cores %d: a whole read differs", cores);
+    unsigned char head[OFFSET];
+    ck_assert_ptr_null(backend->vtable->buffer_read(backend, a, 0, head, OFFSET));
+    for (int i = 0; i < OFFSET; i++) ck_assert_uint_eq(head[i], 0); /* nothing written before the offset */
+    memset(dst, 0, N);
+    for (uint64_t off = 0; off < N; off += SLICE) {
+      uint64_t n = off + SLICE > N ? N - off : SLICE;
+      ck_assert_ptr_null(backend->vtable->buffer_read(backend, a, OFFSET + off, dst + off, n));
+    }
+    ck_assert_msg(memcmp(dst, src, N) == 0, "cores %d: a read in pieces differs", cores);
+    ck_assert_ptr_null(backend->vtable->buffer_copy(backend, a, b));
+    memset(dst, 0, N);
+    ck_assert_ptr_null(backend->vtable->buffer_read(backend, b, OFFSET, dst, N));
+    ck_assert_msg(memcmp(dst, src, N) == 0, "cores %d: the copy across devices differs", cores);
+    free_buf(a);
+    free_buf(b);
+    ck_assert_uint_eq(used(0, TTD_MEM_DRAM), 0);
+    ck_assert_uint_eq(used(1, TTD_MEM_DRAM), 0);
+  }
+  free(src);
+  free(dst);
+}
+END_TEST
+
 /* buffer_copy between buffers of different sizes is an error and changes nothing. */
 START_TEST(test_copy_size_mismatch) {
   unsigned char src[64], dst[32], out[32];
@@ -505,6 +549,7 @@ Suite *sim_backend_suite(void) {
   tcase_add_test(tc, test_buffers_independent);
   tcase_add_test(tc, test_zero_buffer);
   tcase_add_test(tc, test_copy_across);
+  tcase_add_test(tc, test_big_copies_whole);
   tcase_add_test(tc, test_copy_size_mismatch);
   suite_add_tcase(s, tc);
   return s;

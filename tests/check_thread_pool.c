@@ -1,5 +1,5 @@
 /* kernels/thread_pool.c: parallel_for covers every index once, a NULL pool and nested calls
- * run inline, concurrent callers serialise, no kernel's result depends on the pool, and a
+ * run inline, concurrent callers serialise (parallel_for_nowait's run alone instead), no kernel's result depends on the pool, and a
  * worker that starts a job on its caller's CPU moves to another. */
 #define _GNU_SOURCE /* sched_getcpu, CPU_SET */
 
@@ -89,6 +89,93 @@ START_TEST(test_pool_null_runs_inline) {
   ck_assert_uint_eq(r.end, 1000);
   ck_assert_int_eq(ttd_pool_threads(NULL), 1);
   ttd_pool_destroy(NULL);
+}
+END_TEST
+
+/* parallel_for_nowait on a free pool shares the job (returns 1, every index once, in more
+ * than one chunk); with nothing to share (a NULL pool, one chunk) it runs alone (0). */
+START_TEST(test_pool_nowait_uses_a_free_pool) {
+  enum { N = 1000 };
+  atomic_int *hits = kt_alloc(N * sizeof(atomic_int));
+  for (int round = 0; round < 50; round++) {
+    for (size_t i = 0; i < N; i++) atomic_init(&hits[i], 0);
+    cover_ctx c = {.hits = hits};
+    atomic_init(&c.min_chunk, SIZE_MAX);
+    atomic_init(&c.calls, 0);
+    ck_assert_int_eq(ttd_pool_parallel_for_nowait(kt_pool, N, 10, cover_fn, &c), 1);
+    for (size_t i = 0; i < N; i++)
+      if (atomic_load(&hits[i]) != 1) ck_abort_msg("round %d: index %zu hit %d times", round, i, atomic_load(&hits[i]));
+    ck_assert_int_gt(atomic_load(&c.calls), 1);
+  }
+  range_ctx r = {0};
+  ck_assert_int_eq(ttd_pool_parallel_for_nowait(NULL, 1000, 1, record_range, &r), 0);
+  ck_assert_int_eq(r.calls, 1);
+  r = (range_ctx){0};
+  ck_assert_int_eq(ttd_pool_parallel_for_nowait(kt_pool, 1000, 1000, record_range, &r), 0);
+  ck_assert_int_eq(r.calls, 1);
+  ck_assert_uint_eq(r.end, 1000);
+  ck_assert_int_eq(ttd_pool_parallel_for_nowait(kt_pool, 0, 1, record_range, &r), 0);
+  ck_assert_int_eq(r.calls, 1);
+}
+END_TEST
+
+/* While another thread's job holds the pool, parallel_for_nowait does not wait for it: it
+ * runs fn(ctx, 0, n) once on its own thread and returns 0. */
+typedef struct holder {
+  ttd_pool *pool;
+  atomic_int inside, release;
+} holder;
+
+static void hold_fn(void *ctx, size_t begin, size_t end) {
+  holder *h = ctx;
+  (void)begin, (void)end;
+  atomic_fetch_add(&h->inside, 1);
+  while (!atomic_load(&h->release)) usleep(100);
+}
+
+static void *hold_main(void *arg) {
+  holder *h = arg;
+  ttd_pool_parallel_for(h->pool, 8, 1, hold_fn, h);
+  return NULL;
+}
+
+typedef struct alone_ctx {
+  pthread_t caller;
+  int calls, on_caller;
+  size_t begin, end;
+} alone_ctx;
+
+static void alone_fn(void *ctx, size_t begin, size_t end) {
+  alone_ctx *a = ctx;
+  a->calls++;
+  a->on_caller += pthread_equal(pthread_self(), a->caller) != 0;
+  a->begin = begin;
+  a->end = end;
+}
+
+START_TEST(test_pool_nowait_runs_alone_beside_a_job) {
+  holder h = {.pool = kt_pool};
+  atomic_init(&h.inside, 0);
+  atomic_init(&h.release, 0);
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, hold_main, &h), 0);
+  while (atomic_load(&h.inside) == 0) usleep(100);
+  alone_ctx a = {.caller = pthread_self()};
+  ck_assert_int_eq(ttd_pool_parallel_for_nowait(kt_pool, 1 << 20, 1, alone_fn, &a), 0);
+  ck_assert_int_eq(a.calls, 1);
+  ck_assert_int_eq(a.on_caller, 1);
+  ck_assert_uint_eq(a.begin, 0);
+  ck_assert_uint_eq(a.end, 1 << 20);
+  atomic_store(&h.release, 1);
+  pthread_join(t, NULL);
+  /* the pool is free again: the next one is shared */
+  atomic_int *hits = kt_alloc(64 * sizeof(atomic_int));
+  for (int i = 0; i < 64; i++) atomic_init(&hits[i], 0);
+  cover_ctx c = {.hits = hits};
+  atomic_init(&c.min_chunk, SIZE_MAX);
+  atomic_init(&c.calls, 0);
+  ck_assert_int_eq(ttd_pool_parallel_for_nowait(kt_pool, 64, 1, cover_fn, &c), 1);
+  for (int i = 0; i < 64; i++) ck_assert_int_eq(atomic_load(&hits[i]), 1);
 }
 END_TEST
 
@@ -376,6 +463,8 @@ Suite *thread_pool_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_pool_covers_each_index_once);
   tcase_add_test(tc, test_pool_null_runs_inline);
+  tcase_add_test(tc, test_pool_nowait_uses_a_free_pool);
+  tcase_add_test(tc, test_pool_nowait_runs_alone_beside_a_job);
   tcase_add_test(tc, test_pool_wake_keeps_jobs_whole);
   tcase_add_test(tc, test_pool_thread_count);
   tcase_add_test(tc, test_pool_concurrent_callers_serialise);
