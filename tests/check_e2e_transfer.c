@@ -1,11 +1,13 @@
 /* End-to-end transfers through a real ttd: bitwise round trips, bfloat16 conversion,
  * device-to-device and DRAM <-> L1 moves, torch .to() semantics, memory accounting. */
 #include <check.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../kernels/dtype.h"
@@ -287,6 +289,55 @@ START_TEST(test_idle_daemon_gives_memory_back) {
 }
 END_TEST
 
+/* libttclient raises glibc's malloc thresholds at the first tt_connect (malloc_tuning.c),
+ * unless told not to. Each case is a fresh process (gRPC is not forked: this test process
+ * never starts it) that connects, then allocates 24 MiB: from the heap when the thresholds
+ * were raised (mallinfo2's count of mmapped blocks unchanged), from mmap with glibc's
+ * defaults. Returns 0 heap, 1 mmap, 2 or more: the child failed. */
+static int connect_then_allocate(int disable, const char *env_name, const char *env_value) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    if (env_name) setenv(env_name, env_value, 1);
+    tt_connect_options o;
+    tt_connect_options_init(&o);
+    o.disable_malloc_tuning = disable;
+    tt_client *c = NULL;
+    if (tt_connect(proc.target, &o, &c) != TT_OK) _exit(2);
+    struct mallinfo2 before = mallinfo2();
+    volatile char *p = malloc(24 << 20);
+    if (!p) _exit(3);
+    p[0] = 1;
+    struct mallinfo2 during = mallinfo2();
+    free((void *)p);
+    tt_disconnect(c);
+    _exit(during.hblks == before.hblks ? 0 : 1);
+  }
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 4;
+}
+
+START_TEST(test_client_raises_malloc_thresholds) {
+#if defined(__SANITIZE_ADDRESS__)
+  return; /* ASan's allocator replaces glibc's: no thresholds, no mallinfo2 */
+#endif
+  ck_assert_int_eq(connect_then_allocate(0, NULL, NULL), 0);
+  ck_assert_int_eq(connect_then_allocate(1, NULL, NULL), 1);
+  ck_assert_int_eq(connect_then_allocate(0, "TTD_MALLOC_TUNING", "0"), 1);
+  ck_assert_int_eq(connect_then_allocate(0, "TTD_MALLOC_TUNING", "1"), 0);
+  /* glibc reads GLIBC_TUNABLES at exec, so here it only tells libttclient to keep out */
+  ck_assert_int_eq(connect_then_allocate(0, "GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1"), 1);
+}
+END_TEST
+
+static void setup_daemon(void) {
+  const char *args[] = {NULL};
+  ttd_proc_start(&proc, args);
+}
+
+static void teardown_daemon(void) { ck_assert_int_eq(ttd_proc_stop(&proc), 0); }
+
 Suite *e2e_transfer_suite(void) {
   Suite *s = suite_create("e2e_transfer");
   TCase *tc = tcase_create("transfer");
@@ -304,6 +355,11 @@ Suite *e2e_transfer_suite(void) {
   tcase_add_test(tc, test_to_same_place);
   tcase_add_test(tc, test_empty_on_device);
   tcase_add_test(tc, test_idle_daemon_gives_memory_back);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("malloc_tuning");
+  tcase_add_checked_fixture(tc, setup_daemon, teardown_daemon);
+  tcase_add_test(tc, test_client_raises_malloc_thresholds);
   suite_add_tcase(s, tc);
   return s;
 }

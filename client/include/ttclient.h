@@ -91,6 +91,10 @@ typedef struct tt_connect_options {
                              * for it, yielding the CPU, for up to 50 us (adaptive: less while
                              * answers take longer), which halves a small call's latency when
                              * ttd does the same (its --spin-us) */
+  int disable_malloc_tuning; /* 1: leave glibc's malloc thresholds as they are (also
+                             * TTD_MALLOC_TUNING=0, or any glibc.malloc tunable in
+                             * GLIBC_TUNABLES); by default the first tt_connect raises them
+                             * (mmap 32 MiB, trim 128 MiB) so big transfers reuse memory */
 } tt_connect_options;
 
 /* Sets the defaults. */
