@@ -310,9 +310,9 @@ tt_status tt_rpc_upload(tt_client *client, const Ttd__V1__UploadHeader *header, 
 tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, void *dst, uint64_t bytes,
                           uint64_t shm_segment);
 
-/* Raises glibc's malloc thresholds for big buffers, once per process (malloc_tuning.c);
- * returns 0 where the program keeps its own. */
-int tt_malloc_tune(const tt_connect_options *options);
+/* Raises glibc's malloc thresholds for big buffers, once per process, unless the program
+ * keeps its own (malloc_tuning.c). */
+void tt_malloc_tune(const tt_connect_options *options);
 
 /* The same-host fast path (shm_pool.c). connect: after OpenSession, when the daemon named
  * a side socket and the target is local (silently none otherwise). alloc: bytes in a

@@ -19,15 +19,14 @@
 
 static atomic_int tuned;
 
-int tt_malloc_tune(const tt_connect_options *options) {
+void tt_malloc_tune(const tt_connect_options *options) {
   const char *env = getenv("TTD_MALLOC_TUNING");
   const char *tunables = getenv("GLIBC_TUNABLES");
   if (options->disable_malloc_tuning || (env && strcmp(env, "0") == 0) ||
       (tunables && strstr(tunables, "glibc.malloc."))) {
-    return 0;
+    return;
   }
-  if (atomic_exchange(&tuned, 1)) return 1;
+  if (atomic_exchange(&tuned, 1)) return;
   mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES);
   mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES);
-  return 1;
 }

@@ -1,10 +1,10 @@
 /* ttd_pool: a fixed set of worker threads plus the calling thread.
  *
  * One job at a time: parallel_for holds `call_mu` for its whole run, so concurrent callers
- * queue up (parallel_for_nowait's callers run alone instead). A job is published under `mu` with a new generation number and `tickets` (how
- * many workers may join it); woken workers that get a ticket claim chunks from an atomic
- * counter until none are left, then report back under `mu`. The caller claims chunks too and
- * then waits until every ticket holder has reported, so all of the job's writes happen
+ * queue up (parallel_for_nowait's callers run alone instead). A job is published under `mu`
+ * with a new generation number and `tickets` (how many workers may join it); woken workers
+ * that get a ticket claim chunks from an atomic counter until none are left, then report
+ * back under `mu`. The caller claims chunks too and then waits until every ticket holder has reported, so all of the job's writes happen
  * before parallel_for returns (the last `mu` hand-off orders them).
  *
  * Chunks: [0, n) is cut into n / grain pieces at most (every piece >= grain items), capped

@@ -1,6 +1,6 @@
 /* The simulated card through daemon/backend.h (ttd_backend_create("sim", ...)): registry,
- * device info, exact allocation accounting, RESOURCE_EXHAUSTED messages, byte copies (big ones spread
- * over the cores). */
+ * device info, exact allocation accounting, RESOURCE_EXHAUSTED messages, byte copies (big
+ * ones spread over the cores). */
 #include <check.h>
 #include <inttypes.h>
 #include <stdio.h>

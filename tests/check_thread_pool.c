@@ -1,6 +1,7 @@
 /* kernels/thread_pool.c: parallel_for covers every index once, a NULL pool and nested calls
- * run inline, concurrent callers serialise (parallel_for_nowait's run alone instead), no kernel's result depends on the pool, and a
- * worker that starts a job on its caller's CPU moves to another. */
+ * run inline, concurrent callers serialise (parallel_for_nowait's run alone instead), no
+ * kernel's result depends on the pool, and a worker that starts a job on its caller's CPU
+ * moves to another. */
 #define _GNU_SOURCE /* sched_getcpu, CPU_SET */
 
 #include <dirent.h>
