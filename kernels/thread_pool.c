@@ -4,8 +4,9 @@
  * queue up (parallel_for_nowait's callers run alone instead). A job is published under `mu`
  * with a new generation number and `tickets` (how many workers may join it); woken workers
  * that get a ticket claim chunks from an atomic counter until none are left, then report
- * back under `mu`. The caller claims chunks too and then waits until every ticket holder has reported, so all of the job's writes happen
- * before parallel_for returns (the last `mu` hand-off orders them).
+ * back under `mu`. The caller claims chunks too and then waits until every ticket holder
+ * has reported, so all of the job's writes happen before parallel_for returns (the last
+ * `mu` hand-off orders them).
  *
  * Chunks: [0, n) is cut into n / grain pieces at most (every piece >= grain items), capped
  * at a few per thread so the dynamic claiming still balances uneven work.
