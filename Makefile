@@ -18,8 +18,16 @@ ifeq ($(FUZZ),1)
   SAN_LDFLAGS := -fsanitize=address,undefined
 endif
 
+# Include folders are the layers' roots, and each program sees only the layers below it:
+# the shared runtime (daemon/runtime/, over kernels/ and the generated protocol) is all that
+# libttclient, ttctl and the tools reach; the server's folders (daemon/*/) are for ttd alone.
+# scripts/check-layers (run by `make test`) fails on an include that crosses a layer.
 CFLAGS := -std=gnu11 $(OPT) -g -fPIC -Wall -Wextra -Wno-unused-parameter -DNOMINMAX -MMD -MP \
-  -I$(BUILD)/gen -Iclient/include $(shell pkg-config --cflags $(PKGS) check 2>/dev/null)
+  $(shell pkg-config --cflags $(PKGS) check 2>/dev/null)
+RUNTIME_INC := -I$(BUILD)/gen -Iproto -Ikernels -Idaemon/runtime
+SERVER_INC := $(RUNTIME_INC) -Idaemon
+CLIENT_INC := $(RUNTIME_INC) -Iclient -Iclient/include
+TEST_INC := $(SERVER_INC) -Iclient -Iclient/include -Itests -Itests/harness
 LDFLAGS := $(SAN_LDFLAGS)
 GRPC_LIBS := $(shell pkg-config --libs grpc libprotobuf-c zlib jansson libcrypto 2>/dev/null) -lpthread -lm
 EVENT_LIBS := $(shell pkg-config --libs libevent 2>/dev/null)
@@ -31,23 +39,27 @@ GEN_C := $(BUILD)/gen/ttd/v1/ttd.pb-c.c
 GEN_H := $(BUILD)/gen/ttd/v1/ttd.pb-c.h
 PY_GEN := $(BUILD)/py/ttd/v1/ttd_pb2.py
 
-KERNEL_SRC := $(wildcard kernels/*.c)
-DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/backends/*/*.c)) client/default_target.c
-CLIENT_SRC := $(wildcard client/*.c)
-# The client compiles and runs graphs in process with the daemon's own code (one piece of
-# code per piece of logic): shape inference, the program compiler and executor, the sim card.
-SHARED_DAEMON_SRC := daemon/ops.c daemon/program.c daemon/program_run.c daemon/status.c daemon/tensor.c daemon/quota.c daemon/wire_frame.c daemon/block_cache.c daemon/cq_spin.c \
-  daemon/absl_deadlock.c \
-  daemon/optimizer_options.c \
-  daemon/backend_registry.c daemon/backends/sim/sim_backend.c daemon/backends/sim/sim_exec.c
-TEST_SRC := $(wildcard tests/*.c)
+tree = $(shell find $(1) -name '*.c' | sort)
+KERNEL_SRC := $(call tree,kernels)
+# The shared runtime: libttruntime.a, linked by ttd, libttclient, ttctl and the tools.
+RUNTIME_SRC := $(call tree,daemon/runtime)
+# The server: every folder of daemon/ but the runtime.
+SERVER_SRC := $(filter-out daemon/service/main.c,$(filter-out daemon/runtime/%,$(call tree,daemon)))
+CLIENT_SRC := $(filter-out client/tools/% client/examples/%,$(call tree,client))
+TEST_SRC := $(filter-out tests/fuzz/%,$(call tree,tests))
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 GEN_OBJ := $(BUILD)/obj/gen/ttd.pb-c.o
-KERNEL_OBJ := $(call obj,$(KERNEL_SRC))
-DAEMON_OBJ := $(call obj,$(DAEMON_SRC)) $(KERNEL_OBJ) $(GEN_OBJ)
-CLIENT_OBJ := $(call obj,$(CLIENT_SRC) $(SHARED_DAEMON_SRC)) $(KERNEL_OBJ) $(GEN_OBJ)
+RUNTIME_OBJ := $(call obj,$(RUNTIME_SRC) $(KERNEL_SRC)) $(GEN_OBJ)
+SERVER_OBJ := $(call obj,$(SERVER_SRC))
+CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 TEST_OBJ := $(call obj,$(TEST_SRC))
+LIB_RT := $(BUILD)/lib/libttruntime.a
+
+$(call obj,$(RUNTIME_SRC) $(KERNEL_SRC)): LAYER_INC := $(RUNTIME_INC)
+$(SERVER_OBJ) $(BUILD)/obj/daemon/service/main.o: LAYER_INC := $(SERVER_INC)
+$(CLIENT_OBJ): LAYER_INC := $(CLIENT_INC)
+$(TEST_OBJ) $(call obj,$(call tree,tests/fuzz)): LAYER_INC := $(TEST_INC)
 
 TTD := $(BUILD)/bin/ttd
 LIB_A := $(BUILD)/lib/libttclient.a
@@ -57,15 +69,15 @@ CHECK := $(BUILD)/bin/check_ttd
 
 # Fuzz harnesses (tests/fuzz/fuzz_NAME.c, each an LLVMFuzzerTestOneInput) and their seed
 # corpora (tests/fuzz/corpus/NAME/). They link the daemon with tests/fuzz/fuzz_random.c in
-# place of daemon/random.c: deterministic handles, so that every input replays exactly.
+# place of daemon/runtime/base/random.c: deterministic handles, so that every input replays exactly.
 FUZZ_HARNESSES := rpc upload compile config tokens
 FUZZ_SUPPORT_OBJ := $(call obj,tests/fuzz/fuzz_core.c tests/fuzz/fuzz_random.c tests/fuzz/fuzz_proto_mutate.c)
-FUZZ_DAEMON_OBJ := $(filter-out $(BUILD)/obj/daemon/random.o,$(DAEMON_OBJ))
+FUZZ_DAEMON_OBJ := $(SERVER_OBJ) $(filter-out $(BUILD)/obj/daemon/runtime/base/random.o,$(RUNTIME_OBJ))
 FUZZ_REPLAY := $(patsubst %,$(BUILD)/bin/fuzz_replay_%,$(FUZZ_HARNESSES))
 .SECONDARY: $(call obj,$(wildcard tests/fuzz/*.c)) # kept, though only pattern rules name them
 
-.PHONY: all deps test test-unit test-asan demo clean install bench bench-deps bench-bin fuzz fuzz-deps fuzz-bin fuzz-replay fuzz-corpus
-all: $(TTD) $(LIB_A) $(LIB_SO) $(EXAMPLES) $(CHECK) $(PY_GEN) $(BUILD)/bin/ttctl $(FUZZ_REPLAY)
+.PHONY: all deps check-layers test test-unit test-asan demo clean install bench bench-deps bench-bin fuzz fuzz-deps fuzz-bin fuzz-replay fuzz-corpus
+all: $(TTD) $(LIB_RT) $(LIB_A) $(LIB_SO) $(EXAMPLES) $(CHECK) $(PY_GEN) $(BUILD)/bin/ttctl $(FUZZ_REPLAY)
 
 deps:
 	@scripts/install-deps.sh
@@ -80,47 +92,53 @@ $(PY_GEN): $(PROTO)
 
 $(GEN_OBJ): $(GEN_C)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(RUNTIME_INC) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.c $(GEN_H)
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"
-	@$(CC) $(CFLAGS) -c $< -o $@
+	@$(CC) $(CFLAGS) $(LAYER_INC) -c $< -o $@
 
-$(TTD): $(DAEMON_OBJ) $(BUILD)/obj/daemon/main.o
-	@mkdir -p $(dir $@)
-	@echo "  LINK    $@"
-	@$(CC) $(LDFLAGS) $^ $(GRPC_LIBS) $(EVENT_LIBS) $(SYSTEMD_LIBS) -o $@
-
-$(LIB_A): $(CLIENT_OBJ)
+$(LIB_RT): $(RUNTIME_OBJ)
 	@mkdir -p $(dir $@)
 	@echo "  AR      $@"
 	@rm -f $@ && ar rcs $@ $^
 
-$(LIB_SO): $(CLIENT_OBJ) client/libttclient.map
+$(TTD): $(SERVER_OBJ) $(BUILD)/obj/daemon/service/main.o $(LIB_RT)
+	@mkdir -p $(dir $@)
+	@echo "  LINK    $@"
+	@$(CC) $(LDFLAGS) $^ $(GRPC_LIBS) $(EVENT_LIBS) $(SYSTEMD_LIBS) -o $@
+
+# libttclient.a carries the runtime's objects too: a program links this one archive.
+$(LIB_A): $(CLIENT_OBJ) $(RUNTIME_OBJ)
+	@mkdir -p $(dir $@)
+	@echo "  AR      $@"
+	@rm -f $@ && ar rcs $@ $^
+
+$(LIB_SO): $(CLIENT_OBJ) $(RUNTIME_OBJ) client/libttclient.map
 	@mkdir -p $(dir $@)
 	@echo "  LINK    $@"
 	@$(CC) -shared $(LDFLAGS) -Wl,-soname,libttclient.so.1 -Wl,--version-script,client/libttclient.map \
-	  $(CLIENT_OBJ) $(GRPC_LIBS) -o $@.1
+	  $(CLIENT_OBJ) $(RUNTIME_OBJ) $(GRPC_LIBS) -o $@.1
 	@ln -sf libttclient.so.1 $@
 
 $(BUILD)/bin/%: client/examples/%.c client/examples/train_common.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	@echo "  LINK    $@"
-	@$(CC) $(filter-out -MMD -MP,$(CFLAGS)) $(LDFLAGS) $< $(LIB_A) $(GRPC_LIBS) -o $@
+	@$(CC) $(filter-out -MMD -MP,$(CFLAGS)) -Iclient/include $(LDFLAGS) $< $(LIB_A) $(GRPC_LIBS) -o $@
 
-# ttctl, the operator's tool: the public client API plus the daemon's token helpers.
+# ttctl, the operator's tool: the public client API plus the runtime's token and config code.
 TTCTL_SRC := $(wildcard client/tools/*.c)
-TTCTL_DAEMON_OBJ := $(call obj,daemon/tokens.c daemon/random.c daemon/config.c daemon/status.c)
-$(BUILD)/bin/ttctl: $(TTCTL_SRC) $(wildcard client/tools/*.h) daemon/tokens.h daemon/config.h $(TTCTL_DAEMON_OBJ) $(LIB_A)
+TOOL_CFLAGS = $(filter-out -MMD -MP,$(CFLAGS)) $(RUNTIME_INC) -Iclient/include
+$(BUILD)/bin/ttctl: $(TTCTL_SRC) $(wildcard client/tools/*.h) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@echo "  LINK    $@"
-	@$(CC) $(filter-out -MMD -MP,$(CFLAGS)) $(LDFLAGS) $(TTCTL_SRC) $(TTCTL_DAEMON_OBJ) $(LIB_A) $(GRPC_LIBS) -o $@
+	@$(CC) $(TOOL_CFLAGS) $(LDFLAGS) $(TTCTL_SRC) $(LIB_A) $(GRPC_LIBS) -o $@
 
-$(CHECK): $(TEST_OBJ) $(DAEMON_OBJ) $(LIB_A)
+$(CHECK): $(TEST_OBJ) $(SERVER_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@echo "  LINK    $@"
-	@$(CC) $(LDFLAGS) $(TEST_OBJ) $(DAEMON_OBJ) $(LIB_A) $(CHECK_LIBS) $(GRPC_LIBS) $(EVENT_LIBS) $(SYSTEMD_LIBS) -o $@
+	@$(CC) $(LDFLAGS) $(TEST_OBJ) $(SERVER_OBJ) $(LIB_A) $(CHECK_LIBS) $(GRPC_LIBS) $(EVENT_LIBS) $(SYSTEMD_LIBS) -o $@
 
 # The suites find the daemon, the generated Python code and the tests folder through these.
 TEST_ENV = TTD_BIN=$(abspath $(BUILD))/bin/ttd TTD_PY_GEN=$(abspath $(BUILD))/py TTD_TESTS_DIR=$(abspath tests)
@@ -135,7 +153,12 @@ test-asan:
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  $(MAKE) --no-print-directory BUILD=$(BUILD)/asan SAN=1 test-unit
 
+# Every include points down the stack (the layers of scripts/check-layers).
+check-layers:
+	@scripts/check-layers
+
 test: deps
+	$(MAKE) check-layers
 	$(MAKE) all
 	$(MAKE) test-unit
 	$(MAKE) test-asan
@@ -151,7 +174,7 @@ demo: deps
 # holds the kernels (ttd_k_matmul, ttd_pool) bench_matmul measures.
 BENCH_BIN := $(patsubst %,$(BUILD)/bin/bench_%,transfer rpc matmul train sessions)
 BENCH_LIB_SRC := scripts/bench/bench_common.c scripts/bench/bench_bare_grpc.c scripts/bench/bench_mlp.c
-BENCH_CFLAGS = $(filter-out -MMD -MP,$(CFLAGS)) -I. $(shell pkg-config --cflags openblas 2>/dev/null)
+BENCH_CFLAGS = $(TOOL_CFLAGS) -I. $(shell pkg-config --cflags openblas 2>/dev/null)
 BENCH_LIBS = $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 
 $(BUILD)/bin/bench_%: scripts/bench/bench_%.c $(BENCH_LIB_SRC) $(wildcard scripts/bench/*.h) $(LIB_A)
@@ -213,7 +236,7 @@ PREFIX ?= /usr/local
 TTCLIENT_VERSION := 1.0.0
 INSTALL_GEN := $(BUILD)/install
 
-install: $(TTD) $(LIB_A) $(LIB_SO)
+install: $(TTD) $(LIB_RT) $(LIB_A) $(LIB_SO)
 	@mkdir -p $(INSTALL_GEN)
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(TTCLIENT_VERSION)|g' client/ttclient.pc.in > $(INSTALL_GEN)/ttclient.pc
 	sed -e 's|^ExecStart=/usr/local/bin/ttd|ExecStart=$(PREFIX)/bin/ttd|' scripts/ttd.service > $(INSTALL_GEN)/ttd.service
@@ -236,12 +259,12 @@ install: $(TTD) $(LIB_A) $(LIB_SO)
 # for CI (under a minute); `make faults` the full run, `make soak SOAK_SECONDS=N` the soak.
 FAULTS_SRC := $(wildcard scripts/faults-src/ft_*.c scripts/faults-src/fc_*.c scripts/faults-src/faults_*.c) \
   scripts/bench/bench_common.c scripts/bench/bench_mlp.c
-FAULTS_CFLAGS = $(filter-out -MMD -MP,$(CFLAGS)) -I. -Iscripts/faults-src
+FAULTS_CFLAGS = $(TOOL_CFLAGS) -I. -Iscripts/faults-src
 
-$(BUILD)/bin/ttd_faults: $(FAULTS_SRC) $(wildcard scripts/faults-src/*.h scripts/bench/*.h) $(TTCTL_DAEMON_OBJ) $(LIB_A)
+$(BUILD)/bin/ttd_faults: $(FAULTS_SRC) $(wildcard scripts/faults-src/*.h scripts/bench/*.h) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@echo "  LINK    $@"
-	@$(CC) $(FAULTS_CFLAGS) $(LDFLAGS) $(FAULTS_SRC) $(TTCTL_DAEMON_OBJ) $(LIB_A) $(GRPC_LIBS) -o $@
+	@$(CC) $(FAULTS_CFLAGS) $(LDFLAGS) $(FAULTS_SRC) $(LIB_A) $(GRPC_LIBS) -o $@
 
 .PHONY: faults-bin faults-short faults
 faults-bin: $(TTD) $(BUILD)/bin/ttd_faults

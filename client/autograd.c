@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../daemon/ops.h"
-#include "../kernels/kernels.h"
+#include "graph/ops.h"
+#include "kernels.h"
 #include "client_internal.h"
 
 typedef enum node_kind { NODE_TO_CPU, NODE_L1, NODE_MSE, NODE_CROSS_ENTROPY, NODE_ADD, NODE_MUL, NODE_SUM, NODE_MEAN } node_kind;
@@ -296,7 +296,7 @@ static tt_status backward_grads_fill(tt_run_ref *ref, backward_grads *g, Ttd__V1
     for (int d = 0; d < ndim; d++) numel *= (uint64_t)g->shapes[i][d];
     total += numel * sizeof(float);
   }
-  int inline_grads = fast && total <= TT_INLINE_MAX_BYTES;
+  int inline_grads = fast && total <= TTD_INLINE_MAX_BYTES;
   tt_place place;
   tt_place_parse(tt_module_device(ref->module), &place);
   for (int i = 0; i < ref->n_outputs; i++) {
@@ -360,7 +360,7 @@ static uint64_t output_grad_bytes(const tt_run_ref *ref) {
 }
 
 int tt_backward_can_wait(const tt_run_ref *ref) {
-  return !ref->local_run && ref->run && tt_inline_enabled(ref->client) && output_grad_bytes(ref) <= TT_INLINE_MAX_BYTES;
+  return !ref->local_run && ref->run && tt_inline_enabled(ref->client) && output_grad_bytes(ref) <= TTD_INLINE_MAX_BYTES;
 }
 
 tt_status tt_backward_call_begin(tt_run_ref *ref, tt_backward_call *bc) {

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../daemon/absl_deadlock.h"
+#include "base/absl_deadlock.h"
 #include "client_internal.h"
 
 extern const char *program_invocation_short_name;
@@ -95,7 +95,7 @@ static void *keepalive_main(void *arg) {
 static tt_status open_session(tt_client *c, const tt_connect_options *options) {
   Ttd__V1__OpenSessionRequest req = TTD__V1__OPEN_SESSION_REQUEST__INIT;
   req.client_name = (char *)(options->client_name ? options->client_name : "");
-  req.protocol_version = TT_PROTOCOL_VERSION;
+  req.protocol_version = TTD_PROTOCOL_VERSION;
   req.quota_bytes = options->quota_bytes;
   ProtobufCMessage *out = NULL;
   tt_status st = tt_rpc_unary(c, TT_RPC_OPEN_SESSION, &req.base, &ttd__v1__open_session_response__descriptor, &out);
@@ -245,7 +245,7 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   long connect_ms = connect_env ? strtol(connect_env, NULL, 10) : 0;
   if (connect_ms <= 0 || connect_ms > 600000) connect_ms = 2000;
   grpc_arg args[] = {
-      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = 8 * 1024 * 1024},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = TTD_MAX_MESSAGE_BYTES},
       /* A restarted local daemon is back within a second: retry the connection quickly. The
        * minimum is also how long gRPC gives one connection attempt (its handshake and first
        * SETTINGS frame): 2 s, for a TLS link across a slow network or a daemon busy starting

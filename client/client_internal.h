@@ -8,14 +8,15 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include "../daemon/block_cache.h"
-#include "../daemon/cq_spin.h"
-#include "include/ttclient.h"
+#include "base/block_cache.h"
+#include "wire/cq_spin.h"
+#include "ttclient.h"
+#include "ttd/v1/protocol.h"
 #include "ttd/v1/ttd.pb-c.h"
 
-#define TT_PROTOCOL_VERSION 1
+_Static_assert(TT_MAX_DIMS == TTD_MAX_DIMS, "ttclient.h and the protocol disagree on the dims of a tensor");
+
 #define TT_CHUNK_BYTES (1u << 20)
-#define TT_INLINE_MAX_BYTES ((uint64_t)4 << 20) /* what travels inline per call (daemon: TTD_INLINE_MAX_BYTES) */
 #define TT_LOOP_DEVICES 16
 
 /* Methods of ttd.v1.Device this library calls; order matches tt_rpc_paths. */

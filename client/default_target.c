@@ -1,21 +1,5 @@
-/* Where ttd listens and libttclient connects when told nothing: $XDG_RUNTIME_DIR/ttd.sock,
- * /run/ttd/ttd.sock as root, else /tmp/ttd-UID/ttd.sock. Shared by daemon and client so the
- * two always agree. */
-#include <stdio.h>
-#include <stdlib.h>
-#include <unistd.h>
+/* tt_default_target: the runtime's default address, the one ttd listens on when told nothing. */
+#include "ttclient.h"
+#include "wire/address.h"
 
-#include "include/ttclient.h"
-
-int tt_default_target(char *buf, size_t len) {
-  const char *xdg = getenv("XDG_RUNTIME_DIR");
-  int n;
-  if (geteuid() == 0) {
-    n = snprintf(buf, len, "unix:/run/ttd/ttd.sock");
-  } else if (xdg && xdg[0] == '/') {
-    n = snprintf(buf, len, "unix:%s/ttd.sock", xdg);
-  } else {
-    n = snprintf(buf, len, "unix:/tmp/ttd-%u/ttd.sock", (unsigned)geteuid());
-  }
-  return n < 0 || (size_t)n >= len ? -1 : 0;
-}
+int tt_default_target(char *buf, size_t len) { return ttd_default_address(buf, len); }

@@ -1,12 +1,12 @@
 /* Building a model graph value by value, with each op's shape inferred on the spot by the
- * daemon's own inference code (daemon/ops.c), so the client and the daemon agree. */
+ * daemon's own inference code (daemon/runtime/graph/ops.c), so the client and the daemon agree. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../daemon/ops.h"
+#include "graph/ops.h"
 #include "client_internal.h"
 
 static int fail(tt_graph *g, tt_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/dtype.h"
+#include "dtype.h"
 #include "client_internal.h"
 
 /* Serialises materialising deferred tensors, so that a tensor shared by threads is
@@ -24,7 +24,7 @@ int tt_inline_enabled(tt_client *c) {
 
 int tt_inline_defer_wanted(tt_client *c, const tt_place *place, uint64_t nbytes) {
   if (place->is_host || place->l1 || place->device < 0 || place->device >= TT_LOOP_DEVICES) return 0;
-  if (nbytes > TT_INLINE_MAX_BYTES || !tt_inline_enabled(c)) return 0;
+  if (nbytes > TTD_INLINE_MAX_BYTES || !tt_inline_enabled(c)) return 0;
   return atomic_load_explicit(&c->training_loops[place->device], memory_order_relaxed) > 0;
 }
 

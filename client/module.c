@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../daemon/optimizer_options.h"
-#include "../daemon/program_run.h"
+#include "device/optimizer_options.h"
+#include "device/program_run.h"
 #include "client_internal.h"
 #include "module_internal.h"
 
@@ -659,7 +659,7 @@ static tt_status execute_inputs(tt_tensor *const *inputs, int n, uint64_t *in, t
   }
   for (int i = 0; i < n; i++) {
     tt_tensor *t = inputs[i];
-    if (!t->handle && inline_bytes > TT_INLINE_MAX_BYTES) TT_RETURN_IF_FAILED(tt_tensor_materialize(t));
+    if (!t->handle && inline_bytes > TTD_INLINE_MAX_BYTES) TT_RETURN_IF_FAILED(tt_tensor_materialize(t));
     in[i] = t->handle;
     if (in[i]) continue;
     size_t k = (*out_n_inline)++;
@@ -682,7 +682,7 @@ static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_in
                      ? TT_OK
                      : tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
   if (st == TT_OK) st = execute_inputs(inputs, n_inputs, in, wires, wire_ptrs, &req.n_inline_inputs);
-  int inline_outputs = tt_inline_enabled(m->client) && outputs_nbytes(m) <= TT_INLINE_MAX_BYTES;
+  int inline_outputs = tt_inline_enabled(m->client) && outputs_nbytes(m) <= TTD_INLINE_MAX_BYTES;
   /* The previous step's Backward rides along (run first, with what was queued before it),
    * then the work queued since (the step), then this forward. */
   tt_backward_call carried;

@@ -2,7 +2,7 @@
 #ifndef TT_MODULE_INTERNAL_H
 #define TT_MODULE_INTERNAL_H
 
-#include "../daemon/program.h"
+#include "graph/program.h"
 #include "client_internal.h"
 
 /* What tt_step / tt_zero_grad queued: the step first, then the zeroing. */

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../daemon/optimizer_options.h"
+#include "device/optimizer_options.h"
 #include "client_internal.h"
 #include "module_internal.h"
 

@@ -9,7 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "include/ttclient.h"
+#include "ttclient.h"
 
 #define BAR_WIDTH 24
 #define REDRAW_SECONDS 0.1

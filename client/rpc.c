@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../daemon/wire_frame.h"
+#include "wire/wire_frame.h"
 #include "client_internal.h"
 
 typedef struct rpc {
@@ -32,7 +32,7 @@ static gpr_timespec deadline_after(int64_t ms, gpr_clock_type clock) {
 
 /* Device work waits its turn in the daemon's queue, which drops it once its deadline has
  * passed: only these calls send their deadline. The list is the DEVICE_WORK entries of the
- * daemon's method table (daemon/rpc_methods.c): a new device method goes in both. */
+ * daemon's method table (daemon/methods/table.c): a new device method goes in both. */
 static bool daemon_uses_deadline(tt_rpc_method method) {
   return method == TT_RPC_EXECUTE || method == TT_RPC_BACKWARD || method == TT_RPC_ZERO_GRAD ||
          method == TT_RPC_OPTIMIZER_STEP;

@@ -15,7 +15,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "../daemon/shm_protocol.h"
+#include "wire/shm_protocol.h"
 #include "client_internal.h"
 
 #define SEGMENT_ALIGN (1u << 20)

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/dtype.h"
+#include "dtype.h"
 #include "client_internal.h"
 
 size_t tt_dtype_size(tt_dtype dtype) { return ttd_dtype_size((ttd_dtype)dtype); }

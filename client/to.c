@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/dtype.h"
+#include "dtype.h"
 #include "client_internal.h"
 
 static int same_place(const tt_place *a, const tt_place *b) {

@@ -20,8 +20,8 @@
 
 typedef struct bplan {
   int ndim; /* >= 1 after planning, innermost last */
-  int64_t size[TTD_KMAX_DIMS];
-  int64_t stride[NOPS][TTD_KMAX_DIMS]; /* element strides, 0 on broadcast dims */
+  int64_t size[TTD_MAX_DIMS];
+  int64_t stride[NOPS][TTD_MAX_DIMS]; /* element strides, 0 on broadcast dims */
   int64_t numel;
 } bplan;
 
@@ -37,7 +37,7 @@ static void operand_strides(const ttd_kshape *s, const ttd_kshape *os, int64_t *
 }
 
 static void bplan_make(bplan *p, int nops, const ttd_kshape *const *shapes, const ttd_kshape *os) {
-  int64_t st[NOPS][TTD_KMAX_DIMS];
+  int64_t st[NOPS][TTD_MAX_DIMS];
   for (int k = 0; k < nops; k++) operand_strides(shapes[k], os, st[k]);
   memset(p, 0, sizeof(*p));
   p->numel = ttd_kshape_numel(os);
@@ -68,7 +68,7 @@ typedef void (*bplan_run_fn)(void *ctx, int64_t pos, const int64_t *off, int64_t
 static void bplan_walk(const bplan *p, int nops, int64_t begin, int64_t end, bplan_run_fn run, void *ctx) {
   int last = p->ndim - 1;
   int64_t inner = p->size[last];
-  int64_t idx[TTD_KMAX_DIMS] = {0};
+  int64_t idx[TTD_MAX_DIMS] = {0};
   int64_t off[NOPS] = {0};
   int64_t rest = begin / inner, in = begin % inner;
   for (int d = last - 1; d >= 0; d--) {

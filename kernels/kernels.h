@@ -1,4 +1,7 @@
-/* Device kernels, forward and backward: plain C functions over contiguous row-major
+/* Layer kernels/ (the bottom): the device kernels, forward and backward, and the thread pool
+ * they run on. Calls nothing of ttd but proto/ttd/v1/protocol.h's limits.
+ *
+ * Device kernels, forward and backward: plain C functions over contiguous row-major
  * float32 buffers (int32 for labels and indices). The simulated card runs them on host
  * threads; the client's in-process CPU path runs the same functions.
  *
@@ -20,12 +23,11 @@
 #include <stdint.h>
 
 #include "thread_pool.h"
-
-#define TTD_KMAX_DIMS 8
+#include "ttd/v1/protocol.h"
 
 typedef struct ttd_kshape {
   int ndim;
-  int64_t d[TTD_KMAX_DIMS];
+  int64_t d[TTD_MAX_DIMS];
 } ttd_kshape;
 
 /* Number of elements (1 for 0-d). */

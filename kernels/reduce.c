@@ -24,8 +24,8 @@
 
 typedef struct rplan {
   int nk, nr;
-  int64_t ksize[TTD_KMAX_DIMS], kstride[TTD_KMAX_DIMS]; /* kept dims, x strides */
-  int64_t rsize[TTD_KMAX_DIMS], rstride[TTD_KMAX_DIMS]; /* reduced dims, x strides */
+  int64_t ksize[TTD_MAX_DIMS], kstride[TTD_MAX_DIMS]; /* kept dims, x strides */
+  int64_t rsize[TTD_MAX_DIMS], rstride[TTD_MAX_DIMS]; /* reduced dims, x strides */
   int64_t ynumel, rnumel;
   int inner_kept; /* the innermost dim (stride 1) is kept */
 } rplan;
@@ -33,8 +33,8 @@ typedef struct rplan {
 static void rplan_make(rplan *p, const ttd_kshape *xs, uint32_t axes_mask) {
   memset(p, 0, sizeof(*p));
   int n = 0;
-  int64_t size[TTD_KMAX_DIMS], stride[TTD_KMAX_DIMS];
-  int red[TTD_KMAX_DIMS];
+  int64_t size[TTD_MAX_DIMS], stride[TTD_MAX_DIMS];
+  int red[TTD_MAX_DIMS];
   int64_t st = 1;
   /* innermost first, merging same-kind neighbours (x is contiguous, so they always merge) */
   for (int i = xs->ndim - 1; i >= 0; i--) {
@@ -80,7 +80,7 @@ static int64_t kept_offset(const rplan *p, int64_t o, int skip_last) {
 
 /* Walks reduced flat indices: idx/off track the position over the reduced dims. */
 typedef struct rwalk {
-  int64_t idx[TTD_KMAX_DIMS];
+  int64_t idx[TTD_MAX_DIMS];
   int64_t off;
 } rwalk;
 
@@ -228,8 +228,8 @@ void ttd_k_reduce_backward(ttd_pool *pool, ttd_reduce_op op, const float *dy, co
 
 typedef struct pplan {
   int ndim;
-  int64_t size[TTD_KMAX_DIMS];
-  int64_t xstride[TTD_KMAX_DIMS], ystride[TTD_KMAX_DIMS];
+  int64_t size[TTD_MAX_DIMS];
+  int64_t xstride[TTD_MAX_DIMS], ystride[TTD_MAX_DIMS];
   int64_t numel;
   int p; /* tiled case: the output dim that is contiguous in x */
   int64_t outer, tiles_p, tiles_q;
@@ -291,8 +291,8 @@ static void permute_tiles(void *ctx, size_t begin, size_t end) {
 
 void ttd_k_permute(ttd_pool *pool, const float *x, const ttd_kshape *xs, const int *perm, float *y) {
   int n = xs->ndim;
-  if (n < 0 || n > TTD_KMAX_DIMS) return;
-  int64_t xstr[TTD_KMAX_DIMS];
+  if (n < 0 || n > TTD_MAX_DIMS) return;
+  int64_t xstr[TTD_MAX_DIMS];
   int64_t st = 1;
   unsigned seen = 0;
   for (int i = n - 1; i >= 0; i--) {

@@ -13,7 +13,7 @@ int64_t ttd_kshape_numel(const ttd_kshape *s) {
 int ttd_broadcast_shape(const ttd_kshape *a, const ttd_kshape *b, ttd_kshape *out) {
   ttd_kshape r;
   memset(&r, 0, sizeof(r));
-  if (a->ndim < 0 || b->ndim < 0 || a->ndim > TTD_KMAX_DIMS || b->ndim > TTD_KMAX_DIMS) {
+  if (a->ndim < 0 || b->ndim < 0 || a->ndim > TTD_MAX_DIMS || b->ndim > TTD_MAX_DIMS) {
     memset(out, 0, sizeof(*out));
     return -1;
   }

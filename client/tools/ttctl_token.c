@@ -1,11 +1,11 @@
 /* ttctl token new / token hash: tokens for a --tokens file, made with the daemon's own
- * helpers (daemon/tokens.h) so that ttctl and ttd cannot disagree. No daemon is involved. */
+ * helpers (daemon/runtime/wire/tokens.h) so that ttctl and ttd cannot disagree. No daemon is involved. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../daemon/config.h"
-#include "../../daemon/tokens.h"
+#include "base/config.h"
+#include "wire/tokens.h"
 #include "ttctl.h"
 
 /* Prints a fresh token and the tokens-file line for it, which the daemon's parser has read

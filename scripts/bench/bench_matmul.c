@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "bench_common.h"
-#include "kernels/kernels.h"
+#include "kernels.h"
 
 #define REP_SECONDS 0.2
 

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "daemon/tokens.h"
+#include "wire/tokens.h"
 
 int ft_tenants_write(ft_tenant *tenants, int n, const char *path) {
   FILE *f = fopen(path, "w");

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ft_proc.h"
+#include "scripts/faults-src/ft_proc.h"
 #include "scripts/bench/bench_common.h"
 #include "scripts/bench/bench_mlp.h"
 #include "soak.h"

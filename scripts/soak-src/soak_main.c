@@ -14,9 +14,9 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "ft_daemon.h"
-#include "ft_metrics.h"
-#include "ft_proc.h"
+#include "scripts/faults-src/ft_daemon.h"
+#include "scripts/faults-src/ft_metrics.h"
+#include "scripts/faults-src/ft_proc.h"
 #include "scripts/bench/bench_common.h"
 #include "soak.h"
 

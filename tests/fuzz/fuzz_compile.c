@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../daemon/program_run.h"
+#include "device/program_run.h"
 #include "fuzz_core.h"
 #include "fuzz_input.h"
 #include "fuzz_proto_mutate.h"

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../daemon/config.h"
+#include "base/config.h"
 #include "fuzz_input.h"
 
 #define MAX_ARGS 64

@@ -10,8 +10,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../../daemon/log.h"
-#include "../../daemon/rpc_method.h"
+#include "telemetry/log.h"
+#include "rpc/method.h"
 #include "fuzz_random.h"
 
 static ttd_config config;

@@ -1,6 +1,6 @@
 /* The in-process daemon the fuzz harnesses drive: one ttd_core on the simulated backend
  * (2 cards of 1 MiB DRAM and 256 KiB L1), made on first use and kept for the process, and
- * calls of the method table run on it as rpc_server.c runs them, minus the transport:
+ * calls of the method table run on it as rpc/server.c runs them, minus the transport:
  * ttd_dispatch_prepare (auth, unpack, session) and then the method's handlers.
  *
  * Each input starts on an empty core and must leave it empty: fuzz_core_end_input closes
@@ -14,8 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../../daemon/core.h"
-#include "../../daemon/rpc_call.h"
+#include "core/core.h"
+#include "rpc/call.h"
 
 /* Starts an input: the core (created on the first call; aborts if it cannot be), with the
  * deterministic handle sequence restarted (fuzz_random.h). */

@@ -2,7 +2,7 @@
 
 #include <stdatomic.h>
 
-#include "../../daemon/random.h"
+#include "base/random.h"
 
 static _Atomic uint64_t next_value;
 

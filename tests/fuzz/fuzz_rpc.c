@@ -3,7 +3,7 @@
  *
  * Input, up to 16 calls, each:
  *   u8  selector: the method is (selector & 31) modulo the method count, in the order of
- *       daemon/rpc_methods.c; selector >> 5 picks the session metadata: 0-3 the input's
+ *       daemon/methods/table.c; selector >> 5 picks the session metadata: 0-3 the input's
  *       session, 4 the latest session an OpenSession of this input opened, 5 none, 6 not
  *       hex, 7 with the ttd-instance of another daemon
  *   u16 length (little-endian) and that many bytes: the request message. Upload takes
@@ -14,8 +14,8 @@
  * Backward on what it made, and move bytes through the segment. */
 #include <stdlib.h>
 
-#include "../../daemon/handlers.h"
-#include "../../daemon/rpc_dispatch.h"
+#include "methods/methods.h"
+#include "rpc/dispatch.h"
 #include "fuzz_core.h"
 #include "fuzz_input.h"
 #include "fuzz_proto_mutate.h"
@@ -85,7 +85,7 @@ static uint64_t run_call(ttd_core *core, const ttd_method *m, uint64_t session_i
     run_download(&fc, request);
   } else {
     const ProtobufCMessage *response = run_unary(&fc, request);
-    if (response && m->unary == ttd_handle_open_session) { /* for selector 4 */
+    if (response && m->unary == ttd_method_open_session) { /* for selector 4 */
       opened = ((const Ttd__V1__OpenSessionResponse *)response)->session_id;
     }
   }

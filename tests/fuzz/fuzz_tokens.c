@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../daemon/auth.h"
+#include "session/auth.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

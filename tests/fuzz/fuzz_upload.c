@@ -1,4 +1,4 @@
-/* Fuzz harness: the chunked assembly of an Upload stream (daemon/handle_upload.c), message
+/* Fuzz harness: the chunked assembly of an Upload stream (daemon/methods/upload.c), message
  * by message, each message cut into slices as gRPC may deliver it, against the in-process
  * daemon core (fuzz_core.h).
  *
@@ -13,8 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../../daemon/rpc_dispatch.h"
-#include "../../daemon/rpc_method.h"
+#include "rpc/dispatch.h"
+#include "rpc/method.h"
 #include "fuzz_core.h"
 #include "fuzz_input.h"
 #include "fuzz_proto_mutate.h"

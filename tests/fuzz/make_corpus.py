@@ -27,8 +27,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def method_order():
-    """Method names in the order of daemon/rpc_methods.c (the rpc harness's selector)."""
-    with open(os.path.join(HERE, "..", "..", "daemon", "rpc_methods.c")) as f:
+    """Method names in the order of daemon/methods/table.c (the rpc harness's selector)."""
+    with open(os.path.join(HERE, "..", "..", "daemon", "methods/table.c")) as f:
         text = f.read()
     table = text[text.index("ttd_methods[] = {"):]
     return re.findall(r'UNARY\("(\w+)"|DEVICE_WORK\("(\w+)"|/ttd\.v1\.Device/(\w+)"', table)

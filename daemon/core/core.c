@@ -1,0 +1,107 @@
+#include "core/core.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/random.h"
+
+int64_t ttd_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
+  *out_core = NULL;
+  ttd_tokens *tokens = NULL;
+  if (config->tokens_file) TTD_RETURN_IF_ERROR(ttd_tokens_load(config->tokens_file, &tokens));
+  ttd_core *core = calloc(1, sizeof(*core));
+  if (!core) {
+    ttd_tokens_release(tokens);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  ttd_backend_options options = {
+      .devices = config->devices, .dram_bytes = config->dram, .l1_bytes = config->l1, .cores = config->cores};
+  ttd_status_t status = ttd_backend_create(config->backend, &options, &core->backend);
+  if (status) {
+    ttd_tokens_release(tokens);
+    free(core);
+    return status;
+  }
+  ttd_auth_init(&core->auth, tokens, config->quota);
+  pthread_rwlock_init(&core->reload_lock, NULL);
+  status = ttd_scheduler_create(core->backend->vtable->device_count(core->backend), &core->scheduler);
+  if (status) {
+    ttd_auth_destroy(&core->auth);
+    ttd_backend_destroy(core->backend);
+    free(core);
+    return status;
+  }
+  core->config = config;
+  ttd_session_table_init(&core->sessions, config->lease_ms);
+  ttd_program_cache_init(&core->programs);
+  ttd_cq_spin_init(&core->poll_spin, config->spin_us);
+  snprintf(core->instance_id, sizeof(core->instance_id), "%016" PRIx64, ttd_random_u64());
+  *out_core = core;
+  return TTD_OK;
+}
+
+void ttd_core_destroy(ttd_core *core) {
+  if (!core) return;
+  ttd_scheduler_destroy(core->scheduler); /* runs what is queued; no new work arrives by now */
+  ttd_session_table_destroy(&core->sessions);
+  ttd_program_cache_destroy(&core->programs);
+  ttd_backend_destroy(core->backend);
+  ttd_auth_destroy(&core->auth);
+  pthread_rwlock_destroy(&core->reload_lock);
+  free(core);
+}
+
+ttd_status_t ttd_core_reload(ttd_core *core, const ttd_config *fresh) {
+  ttd_tokens *tokens = NULL;
+  if (fresh->tokens_file) TTD_RETURN_IF_ERROR(ttd_tokens_load(fresh->tokens_file, &tokens));
+  pthread_rwlock_wrlock(&core->reload_lock);
+  ttd_session **sessions;
+  size_t n;
+  ttd_status_t status = ttd_session_table_snapshot(&core->sessions, &sessions, &n);
+  if (status) {
+    pthread_rwlock_unlock(&core->reload_lock);
+    ttd_tokens_release(tokens);
+    return status;
+  }
+  ttd_auth_replace(&core->auth, tokens, fresh->quota);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t cap = 0;
+    ttd_status_t s = ttd_auth_session_quota(&core->auth, sessions[i]->tenant, 0, &cap);
+    ttd_status_free(s);
+    uint64_t asked = sessions[i]->quota_asked;
+    ttd_quota_set_limit(sessions[i]->quota, asked && (cap == 0 || asked < cap) ? asked : cap);
+  }
+  ttd_session_table_snapshot_free(sessions, n);
+  pthread_rwlock_unlock(&core->reload_lock);
+  return TTD_OK;
+}
+
+ttd_status_t ttd_core_parse_device(const ttd_core *core, const char *name, int *out_device) {
+  int count = core->backend->vtable->device_count(core->backend);
+  *out_device = 0;
+  if (name == NULL || name[0] == '\0') return TTD_OK;
+  if (strncmp(name, "tt:", 3) == 0 && name[3] >= '0' && name[3] <= '9') {
+    errno = 0;
+    char *end;
+    long v = strtol(name + 3, &end, 10);
+    if (!errno && *end == '\0' && v < count) {
+      *out_device = (int)v;
+      return TTD_OK;
+    }
+  }
+  char have[32];
+  if (count > 1) snprintf(have, sizeof(have), "tt:0 .. tt:%d", count - 1);
+  else snprintf(have, sizeof(have), "only tt:0");
+  return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "device '%.64s' does not exist; this daemon has %s",
+                         name, have);
+}

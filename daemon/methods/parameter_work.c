@@ -1,0 +1,166 @@
+#include "methods/parameter_work.h"
+
+#include "device/optimizer_options.h"
+
+static ttd_status_t zero_one(ttd_backend *backend, ttd_tensor *param, uint64_t *zeroed) {
+  ttd_status_t status = TTD_OK;
+  pthread_mutex_lock(&param->train_lock);
+  if (param->grad) {
+    status = backend->vtable->buffer_zero(backend, param->grad->buffer);
+    (*zeroed)++;
+  }
+  pthread_mutex_unlock(&param->train_lock);
+  return status;
+}
+
+/* A zeroed float32 tensor shaped like t (optimizer state is float32 for any parameter). */
+static ttd_status_t zeroed_like(ttd_backend *backend, const ttd_tensor *t, ttd_tensor **out) {
+  if (*out) return TTD_OK;
+  ttd_tensor_spec spec = t->spec;
+  spec.dtype = TTD_DTYPE_FLOAT32;
+  TTD_RETURN_IF_ERROR(ttd_tensor_spec_finish(&spec));
+  return ttd_tensor_create_zeroed(backend, t->quota, &spec, out); /* charged like the parameter */
+}
+
+/* One parameter's step: its state is made on first use and lives with the parameter. */
+static ttd_status_t step_one(ttd_backend *backend, ttd_tensor *param, ttd_optimizer_call *oc, uint64_t *updated) {
+  TTD_RETURN_IF_ERROR(ttd_optimizer_check_dtype(param->spec.dtype));
+  ttd_status_t status = TTD_OK;
+  ttd_tensor *wide = NULL; /* a bfloat16 parameter is updated in float32, then rounded back */
+  pthread_mutex_lock(&param->train_lock);
+  if (param->grad) {
+    int need_state = oc->adam ? 2 : (oc->sgd.momentum != 0.0f ? 1 : 0);
+    for (int k = 0; k < need_state && !status; k++) status = zeroed_like(backend, param, &param->opt_state[k]);
+    if (!status && param->spec.dtype == TTD_DTYPE_BFLOAT16) {
+      status = zeroed_like(backend, param, &wide);
+      if (!status) {
+        status = backend->vtable->buffer_convert(backend, param->buffer, TTD_DTYPE_BFLOAT16, wide->buffer,
+                                                 TTD_DTYPE_FLOAT32, param->spec.numel);
+      }
+    }
+    if (!status) {
+      oc->step = ++param->opt_step;
+      oc->param = wide ? wide->buffer : param->buffer;
+      oc->grad = param->grad->buffer;
+      oc->state[0] = param->opt_state[0] ? param->opt_state[0]->buffer : NULL;
+      oc->state[1] = param->opt_state[1] ? param->opt_state[1]->buffer : NULL;
+      oc->n = (int64_t)param->spec.numel;
+      status = backend->vtable->optimizer_step(backend, param->spec.device, oc);
+      if (!status && wide) {
+        status = backend->vtable->buffer_convert(backend, wide->buffer, TTD_DTYPE_FLOAT32, param->buffer,
+                                                 TTD_DTYPE_BFLOAT16, param->spec.numel);
+      }
+      (*updated)++;
+    }
+  }
+  pthread_mutex_unlock(&param->train_lock);
+  ttd_tensor_release(wide);
+  return status;
+}
+
+ttd_status_t ttd_zero_grad_handles(ttd_call *call, const Ttd__V1__ZeroGradRequest *req, uint64_t *out_zeroed) {
+  *out_zeroed = 0;
+  TTD_RETURN_IF_ERROR(ttd_handles_check_distinct(req->parameters, req->n_parameters));
+  for (size_t i = 0; i < req->n_parameters; i++) {
+    ttd_tensor *param = NULL;
+    TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->parameters[i], &param));
+    ttd_status_t status = zero_one(call->core->backend, param, out_zeroed);
+    ttd_tensor_release(param);
+    TTD_RETURN_IF_ERROR(status);
+  }
+  return TTD_OK;
+}
+
+ttd_status_t ttd_optimizer_step_handles(ttd_call *call, const Ttd__V1__OptimizerStepRequest *req, uint64_t *out_updated) {
+  *out_updated = 0;
+  ttd_optimizer_call oc;
+  TTD_RETURN_IF_ERROR(ttd_optimizer_options_from_proto(req, &oc));
+  TTD_RETURN_IF_ERROR(ttd_handles_check_distinct(req->parameters, req->n_parameters)); /* one step each */
+  for (size_t i = 0; i < req->n_parameters; i++) {
+    ttd_tensor *param = NULL;
+    TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->parameters[i], &param));
+    ttd_status_t status = step_one(call->core->backend, param, &oc, out_updated);
+    ttd_tensor_release(param);
+    TTD_RETURN_IF_ERROR(status);
+  }
+  return TTD_OK;
+}
+
+/* The same on tensors the call already holds. */
+static ttd_status_t step_tensors(ttd_call *call, const Ttd__V1__OptimizerStepRequest *req, ttd_tensor *const *params,
+                                 size_t n) {
+  ttd_optimizer_call oc;
+  uint64_t updated = 0;
+  TTD_RETURN_IF_ERROR(ttd_optimizer_options_from_proto(req, &oc));
+  for (size_t i = 0; i < n; i++) {
+    if (params[i]) TTD_RETURN_IF_ERROR(step_one(call->core->backend, params[i], &oc, &updated));
+  }
+  return TTD_OK;
+}
+
+static ttd_status_t zero_tensors(ttd_call *call, ttd_tensor *const *params, size_t n) {
+  uint64_t zeroed = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (params[i]) TTD_RETURN_IF_ERROR(zero_one(call->core->backend, params[i], &zeroed));
+  }
+  return TTD_OK;
+}
+
+/* status with "what, where, failed: " in front of its message; takes status. */
+static ttd_status_t explain(ttd_status_t status, const char *what, const char *where) {
+  if (!status) return TTD_OK;
+  ttd_status_t wrapped =
+      ttd_make_status(ttd_status_code(status), "%s %s failed: %s", what, where, ttd_status_message(status));
+  ttd_status_free(status);
+  return wrapped;
+}
+
+ttd_status_t ttd_parameter_work_check(const Ttd__V1__ParameterWork *work, const char *where) {
+  if (!work) return TTD_OK;
+  if (work->step) {
+    ttd_optimizer_call oc;
+    ttd_status_t status = ttd_optimizer_options_from_proto(work->step, &oc);
+    if (!status) status = ttd_handles_check_distinct(work->step->parameters, work->step->n_parameters);
+    TTD_RETURN_IF_ERROR(explain(status, "OptimizerStep", where));
+  }
+  if (work->zero_grad) {
+    const Ttd__V1__ZeroGradRequest *z = work->zero_grad;
+    TTD_RETURN_IF_ERROR(explain(ttd_handles_check_distinct(z->parameters, z->n_parameters), "ZeroGrad", where));
+  }
+  return TTD_OK;
+}
+
+ttd_status_t ttd_parameter_work_run(ttd_call *call, const Ttd__V1__ParameterWork *work, const char *where,
+                                    ttd_tensor *const *reached, size_t n_reached) {
+  if (!work) return TTD_OK;
+  if (work->step) {
+    ttd_status_t status;
+    uint64_t updated = 0;
+    if (work->step->n_parameters == 0 && reached) status = step_tensors(call, work->step, reached, n_reached);
+    else status = ttd_optimizer_step_handles(call, work->step, &updated);
+    TTD_RETURN_IF_ERROR(explain(status, "OptimizerStep", where));
+  }
+  if (work->zero_grad) {
+    ttd_status_t status;
+    uint64_t zeroed = 0;
+    if (work->zero_grad->n_parameters == 0 && reached) status = zero_tensors(call, reached, n_reached);
+    else status = ttd_zero_grad_handles(call, work->zero_grad, &zeroed);
+    TTD_RETURN_IF_ERROR(explain(status, "ZeroGrad", where));
+  }
+  return TTD_OK;
+}
+
+ttd_status_t ttd_serve_freeing(ttd_call *call, const ProtobufCMessage *request,
+                               const ProtobufCMessageDescriptor *response_type, ttd_freeing_work_fn work,
+                               const uint64_t *handles, size_t n, ProtobufCMessage **out_response) {
+  ProtobufCMessage *resp = ttd_call_alloc(call, response_type->sizeof_message);
+  ttd_status_t status = resp ? TTD_OK : ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  if (resp) protobuf_c_message_init(response_type, resp);
+  if (!status) status = work(call, request, resp);
+  for (size_t i = 0; i < n; i++) { /* the frees riding along, whatever the work did */
+    uint64_t tensors, bytes;
+    ttd_status_free(ttd_session_tensors_free(call->session, &handles[i], 1, &tensors, &bytes));
+  }
+  if (!status) *out_response = resp;
+  return status;
+}

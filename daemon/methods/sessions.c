@@ -1,0 +1,78 @@
+/* OpenSession, KeepAlive, CloseSession. */
+#include <grpc/support/alloc.h>
+#include <inttypes.h>
+
+#include "methods/methods.h"
+#include "telemetry/log.h"
+#include "ttd/v1/ttd.pb-c.h"
+
+ttd_status_t ttd_method_open_session(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
+  const Ttd__V1__OpenSessionRequest *req = (const Ttd__V1__OpenSessionRequest *)request;
+  if (req->protocol_version != TTD_PROTOCOL_VERSION) {
+    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                           "protocol version mismatch: the client speaks ttd.v1 protocol %u, this daemon speaks %d; "
+                           "use a client library built from the daemon's proto/",
+                           req->protocol_version, TTD_PROTOCOL_VERSION);
+  }
+  uint64_t quota = 0;
+  pthread_rwlock_rdlock(&call->core->reload_lock);
+  ttd_status_t status = ttd_auth_session_quota(&call->core->auth, call->principal.tenant, req->quota_bytes, &quota);
+  if (status) {
+    pthread_rwlock_unlock(&call->core->reload_lock);
+    return status;
+  }
+  char *peer = call->call ? grpc_call_get_peer(call->call) : NULL; /* none for a call run in process */
+  ttd_session_params params = {.client_name = req->client_name,
+                               .tenant = call->principal.tenant,
+                               .peer = peer,
+                               .quota_asked = req->quota_bytes,
+                               .quota = quota};
+  ttd_session *session = NULL;
+  status = ttd_session_table_open(&call->core->sessions, &params, ttd_now_ms(), &session);
+  pthread_rwlock_unlock(&call->core->reload_lock);
+  gpr_free(peer);
+  TTD_RETURN_IF_ERROR(status);
+  Ttd__V1__OpenSessionResponse *resp = ttd_call_alloc(call, sizeof(*resp));
+  if (!resp) {
+    ttd_session_table_close(&call->core->sessions, session, NULL, NULL);
+    ttd_session_release(session);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  }
+  ttd__v1__open_session_response__init(resp);
+  resp->session_id = session->id;
+  resp->lease_ms = (uint32_t)call->core->config->lease_ms;
+  resp->instance_id = call->core->instance_id;
+  resp->protocol_version = TTD_PROTOCOL_VERSION;
+  resp->quota_bytes = quota;
+  resp->tenant = ttd_call_strdup(call, session->tenant);
+  resp->shm_socket = call->core->shm_socket;
+  resp->shm_key_hi = session->shm_key[0];
+  resp->shm_key_lo = session->shm_key[1];
+  TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=open tenant=%s client=\"%s\" peer=%s quota=%" PRIu64, session->id,
+          session->tenant, session->client_name, session->peer, quota);
+  ttd_session_release(session);
+  *out_response = &resp->base;
+  return TTD_OK;
+}
+
+ttd_status_t ttd_method_keep_alive(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
+  (void)request;
+  Ttd__V1__KeepAliveResponse *resp = ttd_call_alloc(call, sizeof(*resp));
+  TTD_CHECK_ALLOC(resp);
+  ttd__v1__keep_alive_response__init(resp);
+  resp->lease_ms = (uint32_t)call->core->config->lease_ms;
+  *out_response = &resp->base;
+  return TTD_OK;
+}
+
+ttd_status_t ttd_method_close_session(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
+  (void)request;
+  Ttd__V1__CloseSessionResponse *resp = ttd_call_alloc(call, sizeof(*resp));
+  TTD_CHECK_ALLOC(resp);
+  ttd__v1__close_session_response__init(resp);
+  ttd_session_table_close(&call->core->sessions, call->session, &resp->tensors_freed, &resp->bytes_freed);
+  TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=close tensors_freed=%" PRIu64 " bytes_freed=%" PRIu64,
+          call->session->id, resp->tensors_freed, resp->bytes_freed);
+  *out_response = &resp->base;
+  return TTD_OK;
+}

@@ -1,0 +1,650 @@
+#define _GNU_SOURCE /* pthread_setname_np */
+#include "rpc/server.h"
+
+#include <errno.h>
+#include <grp.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "telemetry/log.h"
+#include "rpc/dispatch.h"
+#include "work/work_queue.h"
+#include "ttd/v1/protocol.h"
+
+/* Calls requested per method ahead of arrival. */
+#define TTD_REQUESTS_PER_METHOD 4
+
+struct ttd_server {
+  ttd_core *core;
+  grpc_server *server;
+  grpc_completion_queue *cq;
+  void **registered; /* per method */
+  pthread_t poller;     /* the one thread draining cq */
+  int thread_count;     /* 1 once the poller runs */
+  ttd_work_queue *heavy; /* runs the events of methods marked heavy; NULL: the poller does */
+  int shutdown_tag; /* its address is the tag of grpc_server_shutdown_and_notify */
+  pthread_mutex_t lock;
+  pthread_cond_t shutdown_done_cond;
+  bool shutdown_done;
+  atomic_long live_calls; /* call contexts not yet destroyed, requested ones included */
+  atomic_ullong next_request_id;
+  atomic_bool cancelling; /* the drain timeout passed: queued device work is not run */
+};
+
+/* ---- call lifecycle ---- */
+
+/* Calls of methods not in the table arrive here and are answered UNIMPLEMENTED. */
+static const ttd_method unknown_method = {.path = "(unknown)", .kind = TTD_METHOD_UNARY};
+
+static ttd_status_t request_call(ttd_server *server, const ttd_method *method, void *registered) {
+  ttd_call *c = calloc(1, sizeof(*c));
+  if (!c) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  atomic_fetch_add(&server->live_calls, 1);
+  ttd_call_init(c, server->core, method);
+  c->state = TTD_CALL_REQUESTED;
+  c->server = server;
+  grpc_call_error err;
+  if (method == &unknown_method) {
+    grpc_call_details_init(&c->details);
+    err = grpc_server_request_call(server->server, &c->call, &c->details, &c->request_metadata, server->cq,
+                                   server->cq, c);
+  } else {
+    bool with_payload = method->kind != TTD_METHOD_CLIENT_STREAM;
+    err = grpc_server_request_registered_call(server->server, registered, &c->call, &c->deadline,
+                                              &c->request_metadata, with_payload ? &c->received : NULL,
+                                              server->cq, server->cq, c);
+  }
+  if (err != GRPC_CALL_OK) {
+    grpc_metadata_array_destroy(&c->request_metadata);
+    atomic_fetch_sub(&server->live_calls, 1);
+    free(c);
+    return ttd_make_status(GRPC_STATUS_INTERNAL, "request_registered_call(%s): error %d", method->path, err);
+  }
+  return TTD_OK;
+}
+
+static void call_destroy(ttd_call *c) {
+  if (c->session) ttd_session_stream_remove(c->session, &c->session_stream);
+  ttd_call_deinit(c);
+  if (c->method == &unknown_method) grpc_call_details_destroy(&c->details);
+  if (c->call) grpc_call_unref(c->call);
+  atomic_fetch_sub(&c->server->live_calls, 1);
+  free(c);
+}
+
+static void start_batch(ttd_call *c, grpc_op *ops, size_t n) {
+  grpc_call_error err = grpc_call_start_batch(c->call, ops, n, c, NULL);
+  if (err != GRPC_CALL_OK) {
+    /* Only a programming error gets here; the call cannot complete, so drop it. */
+    TTD_LOG(TTD_LOG_ERROR, "method=%s event=start-batch-failed error=%d", c->method->path, err);
+    call_destroy(c);
+  }
+}
+
+/* Adds SEND_INITIAL_METADATA the first time the server sends anything. */
+static size_t add_initial_metadata(ttd_call *c, grpc_op *ops) {
+  if (c->initial_metadata_sent) return 0;
+  c->initial_metadata_sent = true;
+  memset(ops, 0, sizeof(*ops));
+  ops->op = GRPC_OP_SEND_INITIAL_METADATA;
+  if (c->request_id) {
+    c->initial_md.key = grpc_slice_from_static_string("ttd-request-id");
+    c->initial_md.value = grpc_slice_from_static_string(c->request_id_text);
+    ops->data.send_initial_metadata.count = 1;
+    ops->data.send_initial_metadata.metadata = &c->initial_md;
+  }
+  return 1;
+}
+
+static size_t add_status(ttd_call *c, grpc_op *ops, ttd_status_t status) {
+  grpc_slice_unref(c->status_details);
+  c->status_details = grpc_slice_from_copied_string(ttd_status_message(status));
+  memset(ops, 0, 2 * sizeof(*ops));
+  ops[0].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  ops[0].data.send_status_from_server.status = ttd_status_code(status);
+  ops[0].data.send_status_from_server.status_details = status ? &c->status_details : NULL;
+  ops[1].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  ops[1].data.recv_close_on_server.cancelled = &c->cancelled;
+  return 2;
+}
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Sends an optional last message and the status; takes ownership of status. */
+static void finish(ttd_call *c, grpc_byte_buffer *message, ttd_status_t status) {
+  int index = c->method == &unknown_method ? (int)ttd_method_count : (int)(c->method - ttd_methods);
+  ttd_metrics_record(&c->core->metrics, index, ttd_status_code(status), now_ns() - c->started_ns);
+  atomic_fetch_sub_explicit(&c->core->metrics.in_flight, 1, memory_order_relaxed);
+  grpc_op ops[4];
+  size_t n = add_initial_metadata(c, ops);
+  if (message) {
+    memset(&ops[n], 0, sizeof(ops[n]));
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n].data.send_message.send_message = message;
+    if (c->sending) grpc_byte_buffer_destroy(c->sending);
+    c->sending = message;
+    n++;
+  }
+  if (ttd_log_threshold <= TTD_LOG_DEBUG) {
+    ttd_log_set_call(c->request_id, c->session ? c->session->id : 0);
+    TTD_LOG(TTD_LOG_DEBUG, "event=call method=%s tenant=%s code=%s us=%" PRId64 "%s%s%s",
+            c->method->path, c->principal.tenant[0] ? c->principal.tenant : "-",
+            ttd_code_name(ttd_status_code(status)), (now_ns() - c->started_ns) / 1000,
+            status ? " message=\"" : "", status ? ttd_status_message(status) : "", status ? "\"" : "");
+  }
+  n += add_status(c, &ops[n], status);
+  ttd_status_free(status);
+  c->state = TTD_CALL_FINISHING;
+  start_batch(c, ops, n);
+}
+
+static ttd_status_t pack_message(const ProtobufCMessage *msg, grpc_byte_buffer **out) {
+  *out = NULL;
+  size_t len = protobuf_c_message_get_packed_size(msg);
+  grpc_slice slice = grpc_slice_malloc(len);
+  protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(slice));
+  *out = grpc_raw_byte_buffer_create(&slice, 1);
+  grpc_slice_unref(slice);
+  return TTD_OK;
+}
+
+static void send_stream_message(ttd_call *c);
+
+static void run_unary(ttd_call *c, const ProtobufCMessage *request) {
+  ProtobufCMessage *response = NULL;
+  ttd_status_t status = c->method->unary(c, request, &response);
+  grpc_byte_buffer *out = NULL;
+  if (!status) status = pack_message(response, &out);
+  finish(c, out, status);
+}
+
+static bool session_closed(ttd_session *session) {
+  pthread_mutex_lock(&session->lock);
+  bool closed = session->closed;
+  pthread_mutex_unlock(&session->lock);
+  return closed;
+}
+
+/* A device call's turn has come (on the device's executor thread). */
+static void run_scheduled(ttd_job *job) {
+  ttd_call *c = (ttd_call *)((char *)job - offsetof(ttd_call, job));
+  ttd_backend *backend = c->core->backend;
+  if (backend->vtable->device_wake) backend->vtable->device_wake(backend, job->device);
+  ttd_log_set_call(c->request_id, c->session ? c->session->id : 0);
+  ttd_status_t refused = TTD_OK;
+  if (atomic_load(&c->server->cancelling)) {
+    refused = ttd_make_status(GRPC_STATUS_CANCELLED,
+                              "ttd is stopping and its drain timeout passed before this call's turn on the device");
+  } else if (gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) > 0) {
+    refused = ttd_make_status(GRPC_STATUS_DEADLINE_EXCEEDED,
+                              "%s waited past its deadline for its turn on the device; the device is busy with "
+                              "other sessions' programs (raise the deadline)", c->method->path);
+  } else if (c->session && session_closed(c->session)) {
+    refused = ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                              "session %016" PRIx64 " was closed (closed, expired or killed by an admin) while "
+                              "this call waited for the device; open a new session", c->session->id);
+  }
+  if (refused) {
+    finish(c, NULL, refused);
+    ttd_log_set_call(0, 0);
+    return;
+  }
+  run_unary(c, c->request);
+  ttd_log_set_call(0, 0);
+}
+
+/* Closing a session ends its streams: one stalled on its client would hold its tensor. */
+static void cancel_stream(ttd_session_stream *stream) {
+  ttd_call *c = (ttd_call *)((char *)stream - offsetof(ttd_call, session_stream));
+  if (c->method->stream_cancel) c->method->stream_cancel(c);
+  grpc_call_cancel_with_status(c->call, GRPC_STATUS_FAILED_PRECONDITION,
+                               "the session was closed (by its client, an admin or its lease) during this stream",
+                               NULL);
+}
+
+/* Registers a stream with its session; FAILED_PRECONDITION if the session closed. */
+static ttd_status_t watch_stream(ttd_call *c) {
+  if (!c->session) return TTD_OK;
+  c->session_stream.cancel = cancel_stream;
+  if (ttd_session_stream_add(c->session, &c->session_stream)) return TTD_OK;
+  c->session_stream.cancel = NULL;
+  return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION, "session %016" PRIx64 " was closed; open a new session",
+                         c->session->id);
+}
+
+/* Ends a server stream's state; unregistered first, so that a session closing now does not
+ * cancel a stream whose state is gone. */
+static void end_server_stream(ttd_call *c) {
+  if (c->session) ttd_session_stream_remove(c->session, &c->session_stream);
+  c->method->stream_done(c);
+}
+
+/* A call of this method has arrived. */
+static void on_call_arrived(ttd_call *c) {
+  const ttd_method *m = c->method;
+  ProtobufCMessage *request = NULL;
+  ttd_status_t status = ttd_dispatch_prepare(c, &request);
+  if (c->session) ttd_log_set_call(c->request_id, c->session->id);
+  if (status) {
+    finish(c, NULL, status);
+    return;
+  }
+  switch (m->kind) {
+    case TTD_METHOD_UNARY:
+      if (m->device_of) {
+        int device = m->device_of(c, request);
+        if (device < 0 || device >= ttd_scheduler_devices(c->core->scheduler)) device = 0;
+        c->request = request;
+        c->job.key = c->session ? c->session->id : 0;
+        c->job.run = run_scheduled;
+        ttd_scheduler_submit(c->core->scheduler, device, &c->job);
+        return;
+      }
+      run_unary(c, request);
+      return;
+    case TTD_METHOD_CLIENT_STREAM: {
+      status = watch_stream(c);
+      if (status) {
+        finish(c, NULL, status);
+        return;
+      }
+      grpc_op op;
+      memset(&op, 0, sizeof(op));
+      op.op = GRPC_OP_RECV_MESSAGE;
+      op.data.recv_message.recv_message = &c->received;
+      c->state = TTD_CALL_RECEIVING;
+      start_batch(c, &op, 1);
+      return;
+    }
+    case TTD_METHOD_SERVER_STREAM:
+      /* Registered once begun: a cancel finds the whole state. */
+      status = m->stream_begin(c, request);
+      if (!status) status = watch_stream(c);
+      if (status) {
+        end_server_stream(c);
+        finish(c, NULL, status);
+        return;
+      }
+      send_stream_message(c);
+      return;
+  }
+}
+
+static void on_stream_received(ttd_call *c, bool ok) {
+  const ttd_method *m = c->method;
+  if (!ok) {
+    m->stream_abort(c);
+    finish(c, NULL, ttd_make_status(GRPC_STATUS_CANCELLED, "stream broken by the client"));
+    return;
+  }
+  if (!c->received) { /* the client closed its side: end of stream */
+    ProtobufCMessage *response = NULL;
+    ttd_status_t status = m->stream_end(c, &response);
+    grpc_byte_buffer *out = NULL;
+    if (!status) status = pack_message(response, &out);
+    finish(c, out, status);
+    return;
+  }
+  if (c->session) ttd_session_touch(c->session, ttd_now_ms());
+  ttd_status_t status = m->stream_message(c, c->received);
+  grpc_byte_buffer_destroy(c->received);
+  c->received = NULL;
+  if (status) {
+    m->stream_abort(c);
+    finish(c, NULL, status);
+    return;
+  }
+  grpc_op op;
+  memset(&op, 0, sizeof(op));
+  op.op = GRPC_OP_RECV_MESSAGE;
+  op.data.recv_message.recv_message = &c->received;
+  start_batch(c, &op, 1);
+}
+
+static void send_stream_message(ttd_call *c) {
+  const ttd_method *m = c->method;
+  grpc_byte_buffer *out = NULL;
+  bool last = false;
+  ttd_status_t status = m->stream_next(c, &out, &last);
+  if (status && out) {
+    grpc_byte_buffer_destroy(out);
+    out = NULL;
+  }
+  if (status || last) {
+    end_server_stream(c);
+    finish(c, out, status);
+    return;
+  }
+  if (c->session) ttd_session_touch(c->session, ttd_now_ms());
+  grpc_op ops[2];
+  size_t n = add_initial_metadata(c, ops);
+  memset(&ops[n], 0, sizeof(ops[n]));
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n].data.send_message.send_message = out;
+  if (c->sending) grpc_byte_buffer_destroy(c->sending);
+  c->sending = out;
+  c->state = TTD_CALL_SENDING;
+  start_batch(c, ops, n + 1);
+}
+
+/* The one switch that drives a call. */
+static void on_call_event(ttd_call *c, bool ok) {
+  ttd_log_set_call(c->request_id, c->session ? c->session->id : 0);
+  switch (c->state) {
+    case TTD_CALL_REQUESTED: {
+      ttd_server *server = c->server;
+      if (!ok) { /* the server is shutting down */
+        call_destroy(c);
+        return;
+      }
+      c->started_ns = now_ns();
+      c->request_id = atomic_fetch_add(&server->next_request_id, 1) + 1;
+      snprintf(c->request_id_text, sizeof(c->request_id_text), "%" PRIu64, c->request_id);
+      ttd_log_set_call(c->request_id, 0);
+      atomic_fetch_add_explicit(&c->core->metrics.in_flight, 1, memory_order_relaxed);
+      bool known = c->method != &unknown_method;
+      ttd_status_t s = request_call(server, c->method, known ? server->registered[c->method - ttd_methods] : NULL);
+      if (s) {
+        TTD_LOG(TTD_LOG_ERROR, "method=%s event=re-request-failed message=\"%s\"", c->method->path,
+                ttd_status_message(s));
+        ttd_status_free(s);
+      }
+      if (known) {
+        on_call_arrived(c);
+      } else {
+        finish(c, NULL, ttd_make_status(GRPC_STATUS_UNIMPLEMENTED, "method '%.*s' is not part of ttd.v1.Device",
+                                        (int)(GRPC_SLICE_LENGTH(c->details.method) > 128 ? 128 : GRPC_SLICE_LENGTH(c->details.method)),
+                                        (const char *)GRPC_SLICE_START_PTR(c->details.method)));
+      }
+      return;
+    }
+    case TTD_CALL_RECEIVING:
+      on_stream_received(c, ok);
+      return;
+    case TTD_CALL_SENDING:
+      if (!ok) {
+        end_server_stream(c);
+        finish(c, NULL, ttd_make_status(GRPC_STATUS_CANCELLED, "stream broken by the client"));
+        return;
+      }
+      send_stream_message(c);
+      return;
+    case TTD_CALL_FINISHING:
+      call_destroy(c);
+      return;
+  }
+}
+
+/* An event of a heavy method's call, on a work-queue thread. */
+static void run_heavy_event(ttd_work *work) {
+  ttd_call *c = (ttd_call *)((char *)work - offsetof(ttd_call, heavy_work));
+  on_call_event(c, c->heavy_ok);
+  ttd_log_set_call(0, 0);
+}
+
+/* The one thread that polls the completion queue. Light calls are answered here; events of
+ * heavy calls (a call has one event at a time) go to the work queue, except a finishing
+ * call's and those its handler marked light (ttd_call.light_events). */
+static void *poller_main(void *arg) {
+  ttd_server *server = arg;
+  pthread_setname_np(pthread_self(), "ttd-poll");
+  /* After a light call, the next call of a client making a run of them is likely tens of
+   * microseconds away: poll for it before sleeping (cq_spin.h). Not after events of heavy
+   * calls or device work: those take longer, and the CPU is the kernels'. */
+  bool spin = true;
+  for (;;) {
+    gpr_timespec forever = gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    grpc_event ev = spin ? ttd_cq_spin_wait(&server->core->poll_spin, server->cq, NULL, forever)
+                         : grpc_completion_queue_next(server->cq, forever, NULL);
+    spin = false;
+    if (ev.type == GRPC_QUEUE_SHUTDOWN) return NULL;
+    if (ev.type != GRPC_OP_COMPLETE) continue;
+    if (ev.tag == &server->shutdown_tag) {
+      pthread_mutex_lock(&server->lock);
+      server->shutdown_done = true;
+      pthread_cond_broadcast(&server->shutdown_done_cond);
+      pthread_mutex_unlock(&server->lock);
+      continue;
+    }
+    ttd_call *c = ev.tag;
+    if (server->heavy && c->method->heavy && c->state != TTD_CALL_FINISHING && !c->light_events) {
+      c->heavy_ok = ev.success != 0;
+      c->heavy_work.run = run_heavy_event;
+      ttd_work_queue_submit(server->heavy, &c->heavy_work);
+      continue;
+    }
+    spin = !c->method->heavy && !c->method->device_of;
+    on_call_event(c, ev.success != 0);
+    ttd_log_set_call(0, 0);
+  }
+}
+
+/* The credentials of one listener: Unix sockets are plain (the file's mode and group guard
+ * them); TCP is TLS from --tls-cert/--tls-key (mutual with --tls-client-ca), or plain only
+ * with --insecure. */
+static ttd_status_t listener_credentials(const ttd_config *config, const char *address,
+                                         grpc_server_credentials **out) {
+  *out = NULL;
+  if (strncmp(address, "unix:", 5) == 0 || strncmp(address, "unix-abstract:", 14) == 0) {
+    *out = grpc_insecure_server_credentials_create();
+    return TTD_OK;
+  }
+  if (!config->tls_cert && !config->tls_key) {
+    if (!config->insecure) {
+      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                             "TCP listener %s needs TLS: pass --tls-cert and --tls-key (and --tls-client-ca for "
+                             "mutual TLS), or --insecure for plain text on a trusted network", address);
+    }
+    TTD_LOG(TTD_LOG_WARN, "event=insecure-listener address=%s reason=\"--insecure: tokens and tensors cross the "
+            "network in plain text\"", address);
+    *out = grpc_insecure_server_credentials_create();
+    return TTD_OK;
+  }
+  if (!config->tls_cert || !config->tls_key) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "TLS needs both --tls-cert and --tls-key");
+  }
+  char *cert = NULL, *key = NULL, *ca = NULL;
+  ttd_status_t status = ttd_read_text_file(config->tls_cert, "TLS certificate", &cert);
+  if (!status) status = ttd_read_text_file(config->tls_key, "TLS key", &key);
+  if (!status && config->tls_client_ca) status = ttd_read_text_file(config->tls_client_ca, "TLS client CA", &ca);
+  if (!status && (!strstr(cert, "-----BEGIN") || !strstr(key, "-----BEGIN") || (ca && !strstr(ca, "-----BEGIN")))) {
+    status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--tls-cert, --tls-key and --tls-client-ca must be PEM files");
+  }
+  if (!status) {
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
+    *out = grpc_ssl_server_credentials_create_ex(
+        ca, &pair, 1, ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+        NULL);
+    if (!*out) status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "TLS credentials could not be made from --tls-cert and --tls-key");
+  }
+  if (key) memset(key, 0, strlen(key));
+  free(cert);
+  free(key);
+  free(ca);
+  return status;
+}
+
+/* A Unix socket is mode 0660, owned by --socket-group when given. */
+static ttd_status_t secure_socket(const ttd_config *config, const char *address) {
+  if (strncmp(address, "unix:", 5) != 0) return TTD_OK;
+  const char *path = address + 5;
+  if (chmod(path, 0660) != 0) {
+    return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot set mode 0660 on %s: %s", path, strerror(errno));
+  }
+  if (config->socket_group) {
+    struct group *g = getgrnam(config->socket_group);
+    if (!g) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--socket-group %s: no such group", config->socket_group);
+    if (chown(path, (uid_t)-1, g->gr_gid) != 0) {
+      return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot give %s to group %s: %s", path, config->socket_group,
+                             strerror(errno));
+    }
+  }
+  return TTD_OK;
+}
+
+static ttd_status_t bind_address(ttd_server *server, const char *address) {
+  const ttd_config *config = server->core->config;
+  grpc_server_credentials *creds = NULL;
+  TTD_RETURN_IF_ERROR(listener_credentials(config, address, &creds));
+  mode_t old_mask = umask(0117); /* the socket is born 0660: no window where others may connect */
+  int port = grpc_server_add_http2_port(server->server, address, creds);
+  umask(old_mask);
+  grpc_server_credentials_release(creds);
+  if (port == 0) {
+    return ttd_make_status(GRPC_STATUS_UNAVAILABLE,
+                           "cannot listen on '%s': address in use, bad syntax or no permission "
+                           "(use unix:/path or host:port)", address);
+  }
+  TTD_RETURN_IF_ERROR(secure_socket(config, address));
+  TTD_LOG(TTD_LOG_INFO, "event=listening address=%s tls=%s", address,
+          strncmp(address, "unix", 4) == 0 || !config->tls_cert ? "no" : config->tls_client_ca ? "mutual" : "yes");
+  return TTD_OK;
+}
+
+static void server_free(ttd_server *server) {
+  free(server->registered);
+  pthread_mutex_destroy(&server->lock);
+  pthread_cond_destroy(&server->shutdown_done_cond);
+  free(server);
+}
+
+ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int address_count, int threads,
+                              ttd_server **out_server) {
+  *out_server = NULL;
+  ttd_server *server = calloc(1, sizeof(*server));
+  if (!server) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  server->core = core;
+  server->registered = calloc(ttd_method_count, sizeof(void *));
+  pthread_mutex_init(&server->lock, NULL);
+  pthread_cond_init(&server->shutdown_done_cond, NULL);
+  if (!server->registered) {
+    server_free(server);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  }
+
+  grpc_arg args[] = {
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = TTD_MAX_MESSAGE_BYTES},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = -1},
+  };
+  grpc_channel_args channel_args = {sizeof(args) / sizeof(args[0]), args};
+  server->server = grpc_server_create(&channel_args, NULL);
+  server->cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_server_register_completion_queue(server->server, server->cq, NULL);
+  for (size_t i = 0; i < ttd_method_count; i++) {
+    grpc_server_register_method_payload_handling payload =
+        ttd_methods[i].kind == TTD_METHOD_CLIENT_STREAM ? GRPC_SRM_PAYLOAD_NONE
+                                                        : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER;
+    server->registered[i] = grpc_server_register_method(server->server, ttd_methods[i].path, NULL, payload, 0);
+  }
+  ttd_status_t status = TTD_OK;
+  for (int i = 0; i < address_count && !status; i++) status = bind_address(server, addresses[i]);
+  if (status) {
+    /* Listeners already added must be shut down before the server is destroyed. */
+    grpc_server_shutdown_and_notify(server->server, server->cq, &server->shutdown_tag);
+    while (grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).tag !=
+           &server->shutdown_tag) {
+    }
+    grpc_server_destroy(server->server);
+    grpc_completion_queue_shutdown(server->cq);
+    while (grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(server->cq);
+    server_free(server);
+    return status;
+  }
+  grpc_server_start(server->server);
+  for (size_t i = 0; i < ttd_method_count && !status; i++) {
+    for (int k = 0; k < TTD_REQUESTS_PER_METHOD && !status; k++) {
+      status = request_call(server, &ttd_methods[i], server->registered[i]);
+    }
+  }
+  if (!status) status = request_call(server, &unknown_method, NULL);
+  /* The poller, then threads-1 for heavy calls (none: the poller runs them too). */
+  if (!status && threads > 1) status = ttd_work_queue_start(threads - 1, &server->heavy);
+  server->thread_count = 0;
+  if (!status && pthread_create(&server->poller, NULL, poller_main, server) == 0) server->thread_count = 1;
+  *out_server = server;
+  if (status || server->thread_count == 0) {
+    ttd_server_stop(server, 0);
+    *out_server = NULL;
+    return status ? status : ttd_make_status(GRPC_STATUS_INTERNAL, "could not start the completion-queue poller thread");
+  }
+  return TTD_OK;
+}
+
+/* With no poller thread (start failed), the caller drains the queue until shutdown is done. */
+static void pump_until_shutdown(ttd_server *server) {
+  while (!server->shutdown_done) {
+    grpc_event ev = grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    if (ev.type != GRPC_OP_COMPLETE) break;
+    if (ev.tag == &server->shutdown_tag) server->shutdown_done = true;
+    else on_call_event(ev.tag, ev.success != 0);
+  }
+}
+
+void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
+  if (!server) return;
+  grpc_server_shutdown_and_notify(server->server, server->cq, &server->shutdown_tag);
+  if (server->thread_count == 0) {
+    grpc_server_cancel_all_calls(server->server);
+    pump_until_shutdown(server);
+  }
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += drain_ms / 1000;
+  until.tv_nsec += (drain_ms % 1000) * 1000000;
+  if (until.tv_nsec >= 1000000000) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000;
+  }
+  pthread_mutex_lock(&server->lock);
+  while (!server->shutdown_done) {
+    if (pthread_cond_timedwait(&server->shutdown_done_cond, &server->lock, &until) != 0) break;
+  }
+  bool drained = server->shutdown_done;
+  pthread_mutex_unlock(&server->lock);
+  if (!drained) {
+    TTD_LOG(TTD_LOG_WARN, "event=drain-timeout drain_ms=%" PRId64 " action=cancel-in-flight-calls", drain_ms);
+    atomic_store(&server->cancelling, true);
+    grpc_server_cancel_all_calls(server->server);
+    pthread_mutex_lock(&server->lock);
+    while (!server->shutdown_done) pthread_cond_wait(&server->shutdown_done_cond, &server->lock);
+    pthread_mutex_unlock(&server->lock);
+  }
+  /* Device work still queued in the scheduler holds its calls: the executors run it and the
+   * poller completes its batches, so wait until every call context is gone. */
+  for (int waited_ms = 0; atomic_load(&server->live_calls) > 0 && server->thread_count > 0; waited_ms++) {
+    if (waited_ms % 1000 == 999) {
+      TTD_LOG(TTD_LOG_INFO, "event=drain-wait calls=%ld", atomic_load(&server->live_calls));
+    }
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
+  grpc_server_destroy(server->server);
+  grpc_completion_queue_shutdown(server->cq);
+  if (server->thread_count) pthread_join(server->poller, NULL);
+  ttd_work_queue_stop(server->heavy); /* idle: every call is gone */
+  if (server->thread_count == 0) {
+    while (grpc_completion_queue_next(server->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+  }
+  grpc_completion_queue_destroy(server->cq);
+  long leaked = atomic_load(&server->live_calls);
+  if (leaked) TTD_LOG(TTD_LOG_ERROR, "event=calls-leaked count=%ld", leaked);
+  server_free(server);
+}

@@ -1,0 +1,77 @@
+/* The daemon's configuration: one table of options (name, type, bounds, default, help)
+ * read from command-line flags and from a config file alike. Flags win over the file.
+ *
+ * Flags: --name VALUE or --name=VALUE. File (--config FILE): lines `name = value`,
+ * `#` starts a comment. Sizes accept K, M, G, T suffixes (binary: 1K = 1024) and
+ * durations accept s or ms suffixes (plain numbers are seconds). */
+#ifndef TTD_CONFIG_H
+#define TTD_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "base/status.h"
+
+#define TTD_CONFIG_MAX_LISTEN 16
+
+typedef struct ttd_config {
+  char *listen[TTD_CONFIG_MAX_LISTEN]; /* "unix:/path" or "host:port"; none = default socket */
+  int listen_count;
+  int threads;        /* RPC threads: one polls gRPC's queue, the rest run heavy calls */
+  int spin_us;        /* the poller polls this long after a light call before it sleeps */
+  char *backend;      /* "sim" */
+  int devices;        /* simulated cards */
+  uint64_t dram;      /* bytes per card */
+  uint64_t l1;
+  int cores;          /* host threads per card for kernels; 0 = all */
+  int64_t lease_ms;
+  int64_t drain_timeout_ms;
+  char *log_level;
+  char *admin;        /* admin HTTP "host:port", or "off" */
+  uint64_t quota;     /* default per-session device memory quota; 0 = none */
+  char *tokens_file;  /* NULL: no tokens, every client is the admin tenant "local" */
+  char *tls_cert, *tls_key, *tls_client_ca;
+  bool insecure;      /* plain TCP allowed */
+  char *socket_group;
+  bool shm;           /* the shared-memory side socket beside the first unix: listener */
+  char *config_file;
+} ttd_config;
+
+/* Sets every option to its default. */
+void ttd_config_defaults(ttd_config *config);
+
+/* Applies --config FILE (if given) and then the flags. INVALID_ARGUMENT naming the flag or
+ * the file and line for an unknown option, a malformed value or one out of bounds.
+ * Sets *out_help when --help was given. */
+ttd_status_t ttd_config_load(ttd_config *config, int argc, char **argv, int *out_help);
+
+/* Applies one option by name; used by both the flag and the file readers. */
+ttd_status_t ttd_config_set(ttd_config *config, const char *name, const char *value);
+
+/* Reads `name = value` lines from text (the contents of a config file). */
+ttd_status_t ttd_config_apply_text(ttd_config *config, const char *text, const char *source_name);
+
+/* Checks the options together: a listener other processes or hosts can reach without the
+ * file mode of a Unix socket (TCP, unix-abstract:) needs --tokens, mutual TLS
+ * (--tls-client-ca) or an explicit --insecure, since without tokens every caller is the
+ * admin tenant; --tls-client-ca needs --tls-cert and --tls-key. INVALID_ARGUMENT saying
+ * what to add. */
+ttd_status_t ttd_config_check(const ttd_config *config);
+
+void ttd_config_usage(FILE *out);
+
+/* Frees strings held by config. */
+void ttd_config_clear(ttd_config *config);
+
+/* Reads a whole text file into a new NUL-terminated string (free it). INVALID_ARGUMENT
+ * naming `what` and the path when it cannot be opened or holds a NUL byte. */
+ttd_status_t ttd_read_text_file(const char *path, const char *what, char **out_text);
+
+/* Parses "12G", "108M", "4096" into bytes; -1 on a malformed value or overflow. */
+int ttd_config_parse_size(const char *text, uint64_t *out_bytes);
+
+/* Parses "30", "30s", "500ms", "0.5" into milliseconds; -1 if malformed. */
+int ttd_config_parse_duration_ms(const char *text, int64_t *out_ms);
+
+#endif

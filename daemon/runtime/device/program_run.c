@@ -1,0 +1,223 @@
+#include "device/program_run.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static ttd_status_t check_operand(const ttd_program_value *want, const ttd_tensor *got, const char *what, int device) {
+  char b1[128], b2[128];
+  ttd_kshape have = {.ndim = got->spec.ndim};
+  memcpy(have.d, got->spec.shape, sizeof(int64_t) * (size_t)got->spec.ndim);
+  if (got->spec.dtype != want->type.dtype || have.ndim != want->type.shape.ndim ||
+      memcmp(have.d, want->type.shape.d, sizeof(int64_t) * (size_t)have.ndim) != 0) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "%s '%.128s' must be %s %s, got %s %s", what, want->name,
+                           ttd_dtype_name(want->type.dtype), ttd_kshape_format(&want->type.shape, b1, sizeof(b1)),
+                           ttd_dtype_name(got->spec.dtype), ttd_kshape_format(&have, b2, sizeof(b2)));
+  }
+  if (got->spec.device != device) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "%s '%.128s' is on tt:%d but the program runs on tt:%d; move it first",
+                           what, want->name, got->spec.device, device);
+  }
+  return TTD_OK;
+}
+
+/* A tensor of the run: on its device, charged to its quota. */
+static ttd_status_t make_tensor(ttd_backend *backend, const ttd_run *run, ttd_dtype dtype, const ttd_kshape *shape,
+                                ttd_tensor **out) {
+  ttd_tensor_spec spec = {.dtype = dtype, .ndim = shape->ndim, .device = run->device, .location = TTD_MEM_DRAM};
+  memcpy(spec.shape, shape->d, sizeof(int64_t) * (size_t)shape->ndim);
+  TTD_RETURN_IF_ERROR(ttd_tensor_spec_finish(&spec));
+  return ttd_tensor_create(backend, run->quota, &spec, out);
+}
+
+/* What an op keeps for its backward: max_pool2d the argmax of each output element,
+ * layer_norm the mean and rstd of each row. */
+static ttd_status_t make_saved(ttd_backend *backend, const ttd_run *run, const ttd_program_node *node, const ttd_kshape *out_shape,
+                               ttd_tensor **saved) {
+  if (node->op == TTD_OP_MAX_POOL2D) return make_tensor(backend, run, TTD_DTYPE_INT32, out_shape, &saved[0]);
+  if (node->op == TTD_OP_LAYER_NORM) {
+    ttd_kshape rows = {.ndim = 1, .d = {ttd_kshape_numel(out_shape) / (out_shape->d[out_shape->ndim - 1] ? out_shape->d[out_shape->ndim - 1] : 1)}};
+    TTD_RETURN_IF_ERROR(make_tensor(backend, run, TTD_DTYPE_FLOAT32, &rows, &saved[0]));
+    return make_tensor(backend, run, TTD_DTYPE_FLOAT32, &rows, &saved[1]);
+  }
+  return TTD_OK;
+}
+
+void ttd_run_free(ttd_run *run) {
+  if (!run) return;
+  for (int i = 0; run->values && i < run->program->n_values; i++) ttd_tensor_release(run->values[i]);
+  for (int i = 0; run->saved && i < 2 * run->program->n_nodes; i++) ttd_tensor_release(run->saved[i]);
+  for (int i = 0; run->operands && i < run->program->n_inputs + run->program->n_params; i++) {
+    ttd_tensor_release(run->operands[i]);
+  }
+  free(run->operands);
+  free(run->values);
+  free(run->saved);
+  ttd_program_release(run->program);
+  ttd_quota_release(run->quota);
+  free(run);
+}
+
+ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_quota *quota, ttd_program *program, ttd_tensor *const *inputs, int n_inputs,
+                             ttd_tensor *const *params, int n_params, ttd_run **out_run) {
+  *out_run = NULL;
+  if (n_inputs != program->n_inputs || n_params != program->n_params) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "the program takes %d inputs and %d parameters, got %d and %d", program->n_inputs,
+                           program->n_params, n_inputs, n_params);
+  }
+  int device = n_params ? params[0]->spec.device : (n_inputs ? inputs[0]->spec.device : 0);
+  for (int i = 0; i < n_inputs; i++) TTD_RETURN_IF_ERROR(check_operand(&program->values[i], inputs[i], "input", device));
+  for (int i = 0; i < n_params; i++) {
+    TTD_RETURN_IF_ERROR(check_operand(&program->values[ttd_program_param_value(program, i)], params[i], "parameter", device));
+  }
+  ttd_run *run = calloc(1, sizeof(*run));
+  if (!run) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  run->program = ttd_program_retain(program);
+  run->device = device;
+  run->quota = ttd_quota_retain(quota);
+  run->values = calloc((size_t)program->n_values, sizeof(*run->values));
+  run->saved = calloc((size_t)(2 * program->n_nodes + 1), sizeof(*run->saved));
+  run->operands = calloc((size_t)(n_inputs + n_params + 1), sizeof(*run->operands));
+  if (!run->values || !run->saved || !run->operands) {
+    ttd_run_free(run);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  }
+  for (int i = 0; i < n_inputs; i++) run->operands[i] = ttd_tensor_retain(inputs[i]);
+  for (int i = 0; i < n_params; i++) run->operands[n_inputs + i] = ttd_tensor_retain(params[i]);
+  ttd_status_t status = TTD_OK;
+  /* Compute is float32: bfloat16 operands are widened on the device first. */
+  for (int i = 0; i < n_inputs + n_params && !status; i++) {
+    ttd_tensor *op = run->operands[i];
+    if (op->spec.dtype != TTD_DTYPE_BFLOAT16) {
+      run->values[i] = ttd_tensor_retain(op);
+      continue;
+    }
+    status = make_tensor(backend, run, TTD_DTYPE_FLOAT32, &program->values[i].type.shape, &run->values[i]);
+    if (!status) {
+      status = backend->vtable->buffer_convert(backend, op->buffer, TTD_DTYPE_BFLOAT16, run->values[i]->buffer,
+                                               TTD_DTYPE_FLOAT32, op->spec.numel);
+    }
+  }
+  for (int i = 0; i < program->n_nodes && !status; i++) {
+    const ttd_program_node *node = &program->nodes[i];
+    const ttd_kshape *out_shape = &program->values[node->value].type.shape;
+    status = make_tensor(backend, run, program->values[node->value].type.dtype, out_shape, &run->values[node->value]);
+    if (!status) status = make_saved(backend, run, node, out_shape, &run->saved[2 * i]);
+    if (status) break;
+    ttd_node_call call = {.node = node, .output = run->values[node->value]->buffer, .output_shape = out_shape};
+    for (int k = 0; k < node->n_inputs; k++) {
+      call.inputs[k] = run->values[node->inputs[k]]->buffer;
+      call.input_shapes[k] = &program->values[node->inputs[k]].type.shape;
+    }
+    for (int k = 0; k < 2; k++) call.saved[k] = run->saved[2 * i + k] ? run->saved[2 * i + k]->buffer : NULL;
+    status = backend->vtable->run_node(backend, device, &call);
+  }
+  if (status) {
+    ttd_run_free(run);
+    return status;
+  }
+  *out_run = run;
+  return TTD_OK;
+}
+
+/* grads[v] += contribution, adopting it when there is none yet. Takes the reference. */
+static ttd_status_t add_grad(ttd_backend *backend, ttd_tensor **grads, int v, ttd_tensor *contribution) {
+  if (!grads[v]) {
+    grads[v] = contribution;
+    return TTD_OK;
+  }
+  ttd_status_t status = backend->vtable->buffer_accumulate(backend, grads[v]->buffer, contribution->buffer);
+  ttd_tensor_release(contribution);
+  return status;
+}
+
+/* Whether the backward computes v's gradient: with input gradients wanted, every float value
+ * reached from a parameter or a float input; without, only those reached from a parameter. */
+static bool grad_needed(const ttd_program_value *v, bool input_grads) {
+  return input_grads ? v->requires_grad : v->param_grad;
+}
+
+static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd_tensor **grads, bool input_grads) {
+  const ttd_program *program = run->program;
+  const ttd_program_node *node = &program->nodes[i];
+  ttd_node_call call = {.node = node,
+                        .output = run->values[node->value]->buffer,
+                        .output_shape = &program->values[node->value].type.shape,
+                        .output_grad = grads[node->value]->buffer};
+  ttd_tensor *contrib[TTD_MAX_NODE_INPUTS] = {0};
+  ttd_status_t status = TTD_OK;
+  for (int k = 0; k < node->n_inputs && !status; k++) {
+    const ttd_program_value *in = &program->values[node->inputs[k]];
+    call.inputs[k] = run->values[node->inputs[k]]->buffer;
+    call.input_shapes[k] = &in->type.shape;
+    if (grad_needed(in, input_grads)) {
+      status = make_tensor(backend, run, TTD_DTYPE_FLOAT32, &in->type.shape, &contrib[k]);
+      if (!status) call.input_grads[k] = contrib[k]->buffer;
+    }
+  }
+  for (int k = 0; k < 2; k++) call.saved[k] = run->saved[2 * i + k] ? run->saved[2 * i + k]->buffer : NULL;
+  if (!status) status = backend->vtable->run_node_backward(backend, run->device, &call);
+  for (int k = 0; k < node->n_inputs; k++) {
+    if (!contrib[k]) continue;
+    if (status) ttd_tensor_release(contrib[k]);
+    else status = add_grad(backend, grads, node->inputs[k], contrib[k]);
+  }
+  return status;
+}
+
+/* Accumulates g into the parameter's .grad, creating it on first use. */
+static ttd_status_t accumulate_param_grad(ttd_backend *backend, ttd_tensor *param, ttd_tensor *g) {
+  ttd_status_t status = TTD_OK;
+  pthread_mutex_lock(&param->train_lock);
+  if (!param->grad) param->grad = ttd_tensor_retain(g);
+  else status = backend->vtable->buffer_accumulate(backend, param->grad->buffer, g->buffer);
+  pthread_mutex_unlock(&param->train_lock);
+  return status;
+}
+
+ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *const *output_grads,
+                              ttd_tensor **out_param_grads, ttd_tensor **out_input_grads) {
+  const ttd_program *program = run->program;
+  for (int i = 0; i < program->n_outputs; i++) {
+    if (!output_grads[i]) continue;
+    const ttd_program_value *out = &program->values[program->outputs[i]];
+    if (!out->requires_grad) {
+      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "output '%.128s' does not depend on any parameter or float input",
+                             out->name);
+    }
+    ttd_program_value want = *out;
+    want.type.dtype = TTD_DTYPE_FLOAT32;
+    TTD_RETURN_IF_ERROR(check_operand(&want, output_grads[i], "gradient of output", run->device));
+  }
+  ttd_tensor **grads = calloc((size_t)program->n_values, sizeof(*grads));
+  if (!grads) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  ttd_status_t status = TTD_OK;
+  for (int i = 0; i < program->n_outputs && !status; i++) {
+    if (!output_grads[i]) continue;
+    ttd_tensor *copy = NULL; /* never accumulate into the caller's tensor */
+    status = make_tensor(backend, run, TTD_DTYPE_FLOAT32, &program->values[program->outputs[i]].type.shape, &copy);
+    if (!status) status = backend->vtable->buffer_copy(backend, output_grads[i]->buffer, copy->buffer);
+    if (!status) status = add_grad(backend, grads, program->outputs[i], copy);
+    else ttd_tensor_release(copy);
+  }
+  for (int i = program->n_nodes - 1; i >= 0 && !status; i--) {
+    int v = program->nodes[i].value;
+    if (grads[v] && grad_needed(&program->values[v], out_input_grads != NULL)) {
+      status = node_backward(backend, run, i, grads, out_input_grads != NULL);
+    }
+  }
+  for (int i = 0; i < program->n_params && !status; i++) {
+    ttd_tensor *g = grads[ttd_program_param_value(program, i)];
+    ttd_tensor *param = run->operands[program->n_inputs + i]; /* the caller's, not a widened copy */
+    out_param_grads[i] = NULL;
+    if (!g) continue;
+    status = accumulate_param_grad(backend, param, g);
+    if (!status) out_param_grads[i] = ttd_tensor_retain(param->grad);
+  }
+  for (int i = 0; out_input_grads && i < program->n_inputs; i++) {
+    out_input_grads[i] = !status && grads[i] ? ttd_tensor_retain(grads[i]) : NULL;
+  }
+  for (int i = 0; i < program->n_values; i++) ttd_tensor_release(grads[i]);
+  free(grads);
+  return status;
+}

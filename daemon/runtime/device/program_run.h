@@ -1,0 +1,37 @@
+/* Running a compiled program forward on device tensors: every node's output becomes a
+ * device tensor (accounted like any other), nodes run in order through the backend's
+ * run_node. A run holds its values until it is released. */
+#ifndef TTD_PROGRAM_RUN_H
+#define TTD_PROGRAM_RUN_H
+
+#include "graph/program.h"
+#include "device/tensor.h"
+
+typedef struct ttd_run {
+  ttd_program *program;  /* one reference */
+  int device;
+  ttd_quota *quota;      /* one reference: every tensor the run makes is charged here */
+  ttd_tensor **values;   /* per program value, one reference each (NULL where not made);
+                          * bfloat16 inputs and parameters appear here as float32 copies */
+  ttd_tensor **operands; /* the caller's inputs then parameters, one reference each */
+  ttd_tensor **saved;    /* per node, 2 slots: what the op keeps for its backward */
+} ttd_run;
+
+/* Checks inputs and parameters against the program (count, dtype, shape, one device) and
+ * runs it. Values, saved activations and (in backward) gradients are charged to quota
+ * (NULL: unaccounted). INVALID_ARGUMENT names the operand and what was expected. The caller owns
+ * *out_run (ttd_run_free). */
+ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_quota *quota, ttd_program *program, ttd_tensor *const *inputs, int n_inputs,
+                             ttd_tensor *const *params, int n_params, ttd_run **out_run);
+
+void ttd_run_free(ttd_run *run); /* accepts NULL */
+
+/* Reverse-mode differentiation of a run. output_grads has one entry per program output
+ * (NULL: that output gets no gradient); each must match its output's dtype, shape and
+ * device. Every parameter's gradient is accumulated into its .grad (as torch does) and
+ * out_param_grads[i] gets a reference to that .grad (NULL when the parameter was not
+ * reached). With out_input_grads, float inputs get their gradients too. */
+ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *const *output_grads,
+                              ttd_tensor **out_param_grads, ttd_tensor **out_input_grads);
+
+#endif

@@ -1,0 +1,53 @@
+#include "device/tensor.h"
+
+#include <stdlib.h>
+
+ttd_status_t ttd_tensor_create(ttd_backend *backend, ttd_quota *quota, const ttd_tensor_spec *spec,
+                               ttd_tensor **out_tensor) {
+  *out_tensor = NULL;
+  TTD_RETURN_IF_ERROR(ttd_quota_charge(quota, spec->nbytes));
+  ttd_tensor *t = calloc(1, sizeof(*t));
+  ttd_status_t status = t ? backend->vtable->buffer_alloc(backend, spec->device, spec->location, spec->nbytes, &t->buffer)
+                          : ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  if (status) {
+    ttd_quota_refund(quota, spec->nbytes);
+    free(t);
+    return status;
+  }
+  t->quota = ttd_quota_retain(quota);
+  atomic_init(&t->refs, 1);
+  pthread_mutex_init(&t->train_lock, NULL);
+  t->spec = *spec;
+  t->backend = backend;
+  *out_tensor = t;
+  return TTD_OK;
+}
+
+ttd_status_t ttd_tensor_create_zeroed(ttd_backend *backend, ttd_quota *quota, const ttd_tensor_spec *spec,
+                                      ttd_tensor **out_tensor) {
+  TTD_RETURN_IF_ERROR(ttd_tensor_create(backend, quota, spec, out_tensor));
+  ttd_status_t status = backend->vtable->buffer_zero(backend, (*out_tensor)->buffer);
+  if (status) {
+    ttd_tensor_release(*out_tensor);
+    *out_tensor = NULL;
+  }
+  return status;
+}
+
+ttd_tensor *ttd_tensor_retain(ttd_tensor *tensor) {
+  atomic_fetch_add_explicit(&tensor->refs, 1, memory_order_relaxed);
+  return tensor;
+}
+
+void ttd_tensor_release(ttd_tensor *tensor) {
+  if (!tensor) return;
+  if (atomic_fetch_sub_explicit(&tensor->refs, 1, memory_order_acq_rel) != 1) return;
+  ttd_tensor_release(tensor->grad);
+  ttd_tensor_release(tensor->opt_state[0]);
+  ttd_tensor_release(tensor->opt_state[1]);
+  pthread_mutex_destroy(&tensor->train_lock);
+  tensor->backend->vtable->buffer_free(tensor->backend, tensor->buffer);
+  ttd_quota_refund(tensor->quota, tensor->spec.nbytes);
+  ttd_quota_release(tensor->quota);
+  free(tensor);
+}

@@ -1,0 +1,328 @@
+#include "graph/program.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/tensor_spec.h"
+
+/* ---- a string -> index map for value names (open addressing) ---- */
+
+typedef struct name_map {
+  const char **keys;
+  int *values;
+  size_t capacity;
+} name_map;
+
+static uint64_t hash_bytes(const void *data, size_t len) {
+  const unsigned char *p = data;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < len; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h ? h : 1;
+}
+
+static int name_map_init(name_map *m, size_t count) {
+  m->capacity = 16;
+  while (m->capacity < count * 2) m->capacity *= 2;
+  m->keys = calloc(m->capacity, sizeof(*m->keys));
+  m->values = calloc(m->capacity, sizeof(*m->values));
+  return m->keys && m->values ? 0 : -1;
+}
+
+static void name_map_free(name_map *m) {
+  free(m->keys);
+  free(m->values);
+}
+
+/* Returns the index stored for key, or -1; with insert >= 0, stores it if absent. */
+static int name_map_find(name_map *m, const char *key, int insert) {
+  size_t i = hash_bytes(key, strlen(key)) & (m->capacity - 1);
+  while (m->keys[i]) {
+    if (strcmp(m->keys[i], key) == 0) return m->values[i];
+    i = (i + 1) & (m->capacity - 1);
+  }
+  if (insert >= 0) {
+    m->keys[i] = key;
+    m->values[i] = insert;
+  }
+  return -1;
+}
+
+/* ---- compile ---- */
+
+ttd_program *ttd_program_retain(ttd_program *program) {
+  atomic_fetch_add(&program->refs, 1);
+  return program;
+}
+
+void ttd_program_release(ttd_program *program) {
+  if (!program || atomic_fetch_sub(&program->refs, 1) != 1) return;
+  for (int i = 0; i < program->n_values; i++) free(program->values[i].name);
+  free(program->values);
+  free(program->nodes);
+  free(program->outputs);
+  free(program->key);
+  free(program);
+}
+
+static ttd_status_t invalid(const char *fmt, const char *name, const char *detail) {
+  return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, fmt, name, detail);
+}
+
+static ttd_status_t read_value_spec(const Ttd__V1__ValueSpec *spec, const char *what, size_t index,
+                                    ttd_program_value *out) {
+  if (!spec->name || !spec->name[0]) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "graph %s %zu has no name; give each input and parameter a name for nodes to read it by",
+                           what, index);
+  }
+  ttd_tensor_spec ts = {.dtype = (ttd_dtype)spec->dtype, .ndim = (int)spec->n_shape};
+  if (spec->n_shape > TTD_MAX_DIMS) return invalid("%s '%.128s' has more than 8 dims", what, spec->name);
+  for (size_t i = 0; i < spec->n_shape; i++) ts.shape[i] = spec->shape[i];
+  ttd_status_t s = ttd_tensor_spec_finish(&ts);
+  if (s) {
+    ttd_status_t named = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "%s '%.128s': %s", what, spec->name, ttd_status_message(s));
+    ttd_status_free(s);
+    return named;
+  }
+  out->name = strdup(spec->name);
+  if (!out->name) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  out->type.dtype = ts.dtype;
+  out->type.shape.ndim = ts.ndim;
+  memcpy(out->type.shape.d, ts.shape, sizeof(int64_t) * (size_t)ts.ndim);
+  return TTD_OK;
+}
+
+/* A node's inferred output must be a tensor a device could hold: at most 2^63 elements and
+ * bytes, as any tensor (so later sizes computed from it cannot overflow). */
+static ttd_status_t check_output_size(const Ttd__V1__Node *node, const ttd_value_type *type) {
+  ttd_tensor_spec ts = {.dtype = type->dtype, .ndim = type->shape.ndim};
+  memcpy(ts.shape, type->shape.d, sizeof(int64_t) * (size_t)ts.ndim);
+  ttd_status_t s = ttd_tensor_spec_finish(&ts);
+  if (!s) return TTD_OK;
+  char shape[192];
+  ttd_status_t named = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "node '%.128s' (%.32s): its output %s: %s", node->name,
+                                       node->op, ttd_kshape_format(&type->shape, shape, sizeof(shape)),
+                                       ttd_status_message(s));
+  ttd_status_free(s);
+  return named;
+}
+
+/* Orders nodes so every node comes after the nodes it reads (Kahn). order[i] = graph
+ * node index. INVALID_ARGUMENT naming a node on a cycle. */
+static ttd_status_t topo_sort(const Ttd__V1__Graph *g, name_map *names, int first_node_value, int *order) {
+  size_t n = g->n_nodes;
+  int *indegree = calloc(n ? n : 1, sizeof(int));
+  int *users_start = calloc(n + 1, sizeof(int));
+  int *users = NULL;
+  size_t edges = 0;
+  ttd_status_t status = TTD_OK;
+  if (!indegree || !users_start) goto oom;
+  for (size_t i = 0; i < n; i++) {
+    for (size_t k = 0; k < g->nodes[i]->n_inputs; k++) {
+      int v = name_map_find(names, g->nodes[i]->inputs[k], -1);
+      if (v >= first_node_value) {
+        indegree[i]++;
+        users_start[v - first_node_value + 1]++;
+        edges++;
+      }
+    }
+  }
+  for (size_t i = 0; i < n; i++) users_start[i + 1] += users_start[i];
+  users = malloc((edges ? edges : 1) * sizeof(int));
+  int *fill = calloc(n ? n : 1, sizeof(int));
+  if (!users || !fill) {
+    free(fill);
+    goto oom;
+  }
+  for (size_t i = 0; i < n; i++) {
+    for (size_t k = 0; k < g->nodes[i]->n_inputs; k++) {
+      int v = name_map_find(names, g->nodes[i]->inputs[k], -1);
+      if (v >= first_node_value) {
+        int src = v - first_node_value;
+        users[users_start[src] + fill[src]++] = (int)i;
+      }
+    }
+  }
+  free(fill);
+  size_t head = 0, tail = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (indegree[i] == 0) order[tail++] = (int)i;
+  }
+  while (head < tail) {
+    int u = order[head++];
+    for (int e = users_start[u]; e < users_start[u + 1]; e++) {
+      if (--indegree[users[e]] == 0) order[tail++] = users[e];
+    }
+  }
+  if (tail < n) {
+    /* Walk back from a blocked node through blocked inputs until a node repeats: that
+     * node lies on a cycle (a blocked node's own blocker may only be downstream of one). */
+    size_t u = 0;
+    while (indegree[u] == 0) u++;
+    unsigned char *seen = calloc(n, 1);
+    while (seen && !seen[u]) {
+      seen[u] = 1;
+      const Ttd__V1__Node *node = g->nodes[u];
+      for (size_t k = 0; k < node->n_inputs; k++) {
+        int v = name_map_find(names, node->inputs[k], -1);
+        if (v >= first_node_value && indegree[v - first_node_value] > 0) {
+          u = (size_t)(v - first_node_value);
+          break;
+        }
+      }
+    }
+    free(seen);
+    status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                             "node '%.128s' is part of a cycle: it depends, directly or not, on its own output",
+                             g->nodes[u]->name);
+  }
+  free(indegree);
+  free(users_start);
+  free(users);
+  return status;
+oom:
+  free(indegree);
+  free(users_start);
+  free(users);
+  return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+}
+
+ttd_status_t ttd_program_compile(const Ttd__V1__Graph *g, ttd_program **out_program) {
+  *out_program = NULL;
+  if (!g) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "the graph is missing");
+  if (g->n_nodes > TTD_MAX_GRAPH_NODES) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "graph has %zu nodes; at most %d are supported", g->n_nodes,
+                           TTD_MAX_GRAPH_NODES);
+  }
+  if (g->n_outputs == 0) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "graph declares no outputs");
+  size_t n_values = g->n_inputs + g->n_parameters + g->n_nodes;
+  ttd_program *p = calloc(1, sizeof(*p));
+  name_map names = {0};
+  int *order = NULL;
+  ttd_status_t status = TTD_OK;
+  if (!p || name_map_init(&names, n_values) != 0) goto oom;
+  atomic_init(&p->refs, 1);
+  p->n_inputs = (int)g->n_inputs;
+  p->n_params = (int)g->n_parameters;
+  p->n_nodes = (int)g->n_nodes;
+  p->n_outputs = (int)g->n_outputs;
+  p->values = calloc(n_values ? n_values : 1, sizeof(*p->values));
+  p->nodes = calloc(g->n_nodes ? g->n_nodes : 1, sizeof(*p->nodes));
+  p->outputs = calloc(g->n_outputs, sizeof(int));
+  order = malloc((g->n_nodes ? g->n_nodes : 1) * sizeof(int));
+  if (!p->values || !p->nodes || !p->outputs || !order) goto oom;
+
+  /* Names: inputs, parameters and nodes share one namespace. */
+  for (size_t i = 0; i < n_values && !status; i++) {
+    const char *name;
+    if (i < g->n_inputs) {
+      status = read_value_spec(g->inputs[i], "input", i, &p->values[i]);
+      p->values[i].kind = TTD_VALUE_INPUT;
+    } else if (i < g->n_inputs + g->n_parameters) {
+      status = read_value_spec(g->parameters[i - g->n_inputs], "parameter", i - g->n_inputs, &p->values[i]);
+      p->values[i].kind = TTD_VALUE_PARAM;
+      if (!status && p->values[i].type.dtype == TTD_DTYPE_INT32) {
+        status = invalid("parameter '%.128s' is int32%s; parameters must be float32 or bfloat16", p->values[i].name, "");
+      }
+    } else {
+      const Ttd__V1__Node *node = g->nodes[i - g->n_inputs - g->n_parameters];
+      if (!node->name || !node->name[0]) {
+        status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                                 "node %zu (%.32s) has no name; name every node: its output is the value named after it",
+                                 i - g->n_inputs - g->n_parameters, node->op);
+      } else if (!(p->values[i].name = strdup(node->name))) {
+        goto oom;
+      }
+      p->values[i].kind = TTD_VALUE_NODE;
+    }
+    p->n_values = (int)i + 1;
+    if (status) break;
+    p->values[i].requires_grad = p->values[i].kind != TTD_VALUE_NODE && p->values[i].type.dtype != TTD_DTYPE_INT32;
+    p->values[i].param_grad = p->values[i].kind == TTD_VALUE_PARAM && p->values[i].type.dtype != TTD_DTYPE_INT32;
+    name = p->values[i].name;
+    if (name_map_find(&names, name, (int)i) >= 0) {
+      status = invalid("the name '%.128s' is used twice%s; inputs, parameters and nodes share one namespace", name, "");
+    }
+  }
+  if (status) goto fail;
+  int first_node_value = (int)(g->n_inputs + g->n_parameters);
+  for (size_t i = 0; i < g->n_nodes && !status; i++) {
+    const Ttd__V1__Node *node = g->nodes[i];
+    if (ttd_op_lookup(node->op ? node->op : "") < 0) {
+      status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "node '%.128s': unknown op '%.64s'", node->name, node->op);
+    } else if (node->n_inputs > TTD_MAX_NODE_INPUTS) {
+      status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "node '%.128s' (%s): %zu inputs; no op takes more than %d",
+                               node->name, node->op, node->n_inputs, TTD_MAX_NODE_INPUTS);
+    }
+    for (size_t k = 0; k < node->n_inputs && !status; k++) {
+      if (name_map_find(&names, node->inputs[k], -1) < 0) {
+        status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                                 "node '%.128s' (%s): input '%.128s' names no graph input, parameter or node",
+                                 node->name, node->op, node->inputs[k]);
+      }
+    }
+  }
+  if (status) goto fail;
+  status = topo_sort(g, &names, first_node_value, order);
+  if (status) goto fail;
+
+  /* Values of nodes move into topological order, so that value index = position. */
+  {
+    ttd_program_value *sorted = calloc(g->n_nodes ? g->n_nodes : 1, sizeof(*sorted));
+    if (!sorted) goto oom;
+    for (size_t i = 0; i < g->n_nodes; i++) sorted[i] = p->values[first_node_value + order[i]];
+    memcpy(p->values + first_node_value, sorted, g->n_nodes * sizeof(*sorted));
+    free(sorted);
+    name_map_free(&names); /* its slots follow the old order: rebuild it */
+    if (name_map_init(&names, n_values) != 0) goto oom;
+    for (int i = 0; i < p->n_values; i++) name_map_find(&names, p->values[i].name, i);
+  }
+  for (size_t i = 0; i < g->n_nodes && !status; i++) {
+    const Ttd__V1__Node *node = g->nodes[order[i]];
+    ttd_program_node *pn = &p->nodes[i];
+    pn->op = (ttd_op)ttd_op_lookup(node->op);
+    pn->n_inputs = (int)node->n_inputs;
+    pn->value = first_node_value + (int)i;
+    const ttd_value_type *in_types[TTD_MAX_NODE_INPUTS];
+    bool grad = false, param_grad = false;
+    for (int k = 0; k < pn->n_inputs; k++) {
+      pn->inputs[k] = name_map_find(&names, node->inputs[k], -1);
+      in_types[k] = &p->values[pn->inputs[k]].type;
+      const ttd_program_value *src = &p->values[pn->inputs[k]];
+      grad = grad || src->requires_grad;
+      param_grad = param_grad || src->param_grad;
+    }
+    status = ttd_op_infer(pn->op, node, in_types, pn->n_inputs, &pn->attrs, &p->values[pn->value].type);
+    if (!status) status = check_output_size(node, &p->values[pn->value].type);
+    p->values[pn->value].requires_grad = grad && p->values[pn->value].type.dtype != TTD_DTYPE_INT32;
+    p->values[pn->value].param_grad = param_grad && p->values[pn->value].type.dtype != TTD_DTYPE_INT32;
+  }
+  if (status) goto fail;
+  unsigned char *listed = calloc(n_values ? n_values : 1, 1); /* outputs seen, by value: linear in outputs */
+  if (!listed) goto oom;
+  for (size_t i = 0; i < g->n_outputs && !status; i++) {
+    int v = name_map_find(&names, g->outputs[i], -1);
+    if (v < 0) {
+      status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "output '%.128s' names no value of the graph", g->outputs[i]);
+    } else if (listed[v]++) {
+      status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "output '%.128s' is listed twice", g->outputs[i]);
+    }
+    p->outputs[i] = v;
+  }
+  free(listed);
+  if (status) goto fail;
+  name_map_free(&names);
+  free(order);
+  *out_program = p;
+  return TTD_OK;
+oom:
+  status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory compiling the graph");
+fail:
+  name_map_free(&names);
+  free(order);
+  if (p) {
+    p->refs = 1;
+    ttd_program_release(p);
+  }
+  return status;
+}

@@ -1,0 +1,202 @@
+#include "service/admin_http.h"
+
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "telemetry/log.h"
+#include "rpc/method.h"
+
+struct ttd_admin {
+  struct evhttp *http;
+  ttd_core *core;
+  bool ready;
+};
+
+/* A growing text buffer. */
+typedef struct text {
+  char *data;
+  size_t len, cap;
+} text;
+
+static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(text *t, const char *fmt, ...) {
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(t->data ? t->data + t->len : NULL, t->data ? t->cap - t->len : 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (t->data && t->len + (size_t)n < t->cap) {
+      t->len += (size_t)n;
+      return;
+    }
+    size_t cap = (t->cap ? t->cap * 2 : 8192) + (size_t)n;
+    char *grown = realloc(t->data, cap);
+    if (!grown) return;
+    t->data = grown;
+    t->cap = cap;
+  }
+}
+
+static const char *method_name(size_t i) {
+  if (i >= ttd_method_count) return "unknown";
+  const char *slash = strrchr(ttd_methods[i].path, '/');
+  return slash ? slash + 1 : ttd_methods[i].path;
+}
+
+/* One gauge per device and memory location: the uint64_t at `field` of ttd_device_memory. */
+static void put_memory_gauge(text *t, const char *name, const char *help, const ttd_device_info *info, int devices,
+                             size_t field) {
+  put(t, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
+  for (int d = 0; d < devices; d++) {
+    for (int m = 0; m < TTD_MEM_COUNT; m++) {
+      const ttd_device_memory *mem = &info[d].memory[m];
+      put(t, "%s{device=\"tt:%d\",location=\"%s\"} %llu\n", name, d, ttd_memloc_name(mem->location),
+          (unsigned long long)*(const uint64_t *)((const char *)mem + field));
+    }
+  }
+}
+
+char *ttd_admin_render_metrics(ttd_core *core) {
+  text t = {0};
+  ttd_backend *b = core->backend;
+  int devices = b->vtable->device_count(b);
+  devices = devices < 64 ? devices : 64;
+  ttd_device_info info[64];
+  for (int d = 0; d < devices; d++) b->vtable->device_info(b, d, &info[d]);
+  put_memory_gauge(&t, "ttd_device_memory_capacity_bytes", "Capacity of each device memory.", info, devices,
+                   offsetof(ttd_device_memory, capacity_bytes));
+  put_memory_gauge(&t, "ttd_device_memory_used_bytes", "Bytes held by tensors in each device memory.", info, devices,
+                   offsetof(ttd_device_memory, used_bytes));
+  put_memory_gauge(&t, "ttd_device_memory_in_flight_bytes",
+                   "Host bytes of freed tensors that sends to a slow client still point into (not in used_bytes).",
+                   info, devices, offsetof(ttd_device_memory, in_flight_bytes));
+  uint64_t sessions, tensors;
+  ttd_session_table_stats(&core->sessions, &sessions, &tensors);
+  put(&t, "# HELP ttd_sessions Open sessions.\n# TYPE ttd_sessions gauge\nttd_sessions %llu\n",
+      (unsigned long long)sessions);
+  put(&t, "# HELP ttd_tensors Tensors held by open sessions.\n# TYPE ttd_tensors gauge\nttd_tensors %llu\n",
+      (unsigned long long)tensors);
+  const ttd_metrics *mt = &core->metrics;
+  put(&t, "# HELP ttd_device_queue_depth Programs waiting for their turn on each device (the running one not counted).\n"
+          "# TYPE ttd_device_queue_depth gauge\n");
+  for (int d = 0; d < devices; d++) {
+    put(&t, "ttd_device_queue_depth{device=\"tt:%d\"} %zu\n", d, ttd_scheduler_queued(core->scheduler, d));
+  }
+  put(&t, "# HELP ttd_rpc_in_flight RPCs arrived and not yet answered (the queue depth).\n"
+          "# TYPE ttd_rpc_in_flight gauge\nttd_rpc_in_flight %lld\n",
+      (long long)atomic_load(&mt->in_flight));
+  put(&t, "# HELP ttd_bytes_to_device_total Tensor bytes received from clients (uploads, inline tensors).\n"
+          "# TYPE ttd_bytes_to_device_total counter\nttd_bytes_to_device_total %llu\n",
+      (unsigned long long)atomic_load(&mt->bytes_to_device));
+  put(&t, "# HELP ttd_bytes_to_host_total Tensor bytes sent to clients (downloads, inline outputs).\n"
+          "# TYPE ttd_bytes_to_host_total counter\nttd_bytes_to_host_total %llu\n",
+      (unsigned long long)atomic_load(&mt->bytes_to_host));
+  const ttd_cq_spin *spin = &core->poll_spin;
+  put(&t, "# HELP ttd_poll_spin_hits_total Waits of the RPC poller after a light call whose next event came while it polled (--spin-us).\n"
+          "# TYPE ttd_poll_spin_hits_total counter\nttd_poll_spin_hits_total %llu\n"
+          "# HELP ttd_poll_spin_misses_total Waits of the RPC poller after a light call that polled, then slept.\n"
+          "# TYPE ttd_poll_spin_misses_total counter\nttd_poll_spin_misses_total %llu\n"
+          "# HELP ttd_poll_spin_seconds_total CPU time the RPC poller spent polling before sleeping.\n"
+          "# TYPE ttd_poll_spin_seconds_total counter\nttd_poll_spin_seconds_total %.6f\n",
+      (unsigned long long)atomic_load(&spin->hits), (unsigned long long)atomic_load(&spin->misses),
+      (double)atomic_load(&spin->spin_ns) / 1e9);
+  put(&t, "# HELP ttd_rpc_total RPCs answered, by method and status code.\n# TYPE ttd_rpc_total counter\n");
+  for (size_t i = 0; i <= ttd_method_count && i < TTD_METRICS_MAX_METHODS; i++) {
+    for (int c = 0; c < TTD_METRICS_CODES; c++) {
+      unsigned long long n = atomic_load(&mt->methods[i].by_code[c]);
+      if (n) put(&t, "ttd_rpc_total{method=\"%s\",code=\"%s\"} %llu\n", method_name(i), ttd_code_name(c), n);
+    }
+  }
+  put(&t, "# HELP ttd_rpc_duration_seconds Time from a call's arrival to its status.\n"
+          "# TYPE ttd_rpc_duration_seconds histogram\n");
+  for (size_t i = 0; i <= ttd_method_count && i < TTD_METRICS_MAX_METHODS; i++) {
+    unsigned long long cumulative = 0;
+    for (int k = 0; k <= TTD_LATENCY_BUCKETS; k++) cumulative += atomic_load(&mt->methods[i].latency[k]);
+    if (!cumulative) continue;
+    unsigned long long total = cumulative;
+    cumulative = 0;
+    for (int k = 0; k < TTD_LATENCY_BUCKETS; k++) {
+      cumulative += atomic_load(&mt->methods[i].latency[k]);
+      put(&t, "ttd_rpc_duration_seconds_bucket{method=\"%s\",le=\"%g\"} %llu\n", method_name(i), ttd_latency_bounds[k],
+          cumulative);
+    }
+    put(&t, "ttd_rpc_duration_seconds_bucket{method=\"%s\",le=\"+Inf\"} %llu\n", method_name(i), total);
+    put(&t, "ttd_rpc_duration_seconds_sum{method=\"%s\"} %.9f\n", method_name(i),
+        (double)atomic_load(&mt->methods[i].latency_sum_ns) / 1e9);
+    put(&t, "ttd_rpc_duration_seconds_count{method=\"%s\"} %llu\n", method_name(i), total);
+  }
+  return t.data;
+}
+
+static void reply_text(struct evhttp_request *req, int code, const char *reason, const char *content_type,
+                       const char *body) {
+  struct evbuffer *out = evbuffer_new();
+  if (body) evbuffer_add(out, body, strlen(body));
+  evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", content_type);
+  evhttp_send_reply(req, code, reason, out);
+  evbuffer_free(out);
+}
+
+static void on_request(struct evhttp_request *req, void *arg) {
+  ttd_admin *admin = arg;
+  enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+  const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
+  if (!path) path = "/";
+  if (cmd != EVHTTP_REQ_GET && cmd != EVHTTP_REQ_HEAD) {
+    reply_text(req, 405, "Method Not Allowed", "text/plain", "use GET\n");
+  } else if (strcmp(path, "/healthz") == 0) {
+    reply_text(req, 200, "OK", "text/plain", "ok\n");
+  } else if (strcmp(path, "/readyz") == 0) {
+    if (admin->ready) reply_text(req, 200, "OK", "text/plain", "ready\n");
+    else reply_text(req, 503, "Service Unavailable", "text/plain", "not ready\n");
+  } else if (strcmp(path, "/metrics") == 0) {
+    char *body = ttd_admin_render_metrics(admin->core);
+    if (body) reply_text(req, 200, "OK", "text/plain; version=0.0.4", body);
+    else reply_text(req, 500, "Internal Server Error", "text/plain", "out of memory\n");
+    free(body);
+  } else {
+    reply_text(req, 404, "Not Found", "text/plain", "try /healthz, /readyz or /metrics\n");
+  }
+}
+
+ttd_status_t ttd_admin_start(struct event_base *base, ttd_core *core, const char *address, ttd_admin **out_admin) {
+  *out_admin = NULL;
+  const char *colon = strrchr(address, ':');
+  char host[256];
+  long port = colon ? strtol(colon + 1, NULL, 10) : -1;
+  if (!colon || (size_t)(colon - address) >= sizeof(host) || port < 0 || port > 65535) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--admin must be host:port or off, got '%s'", address);
+  }
+  snprintf(host, sizeof(host), "%.*s", (int)(colon - address), address);
+  ttd_admin *admin = calloc(1, sizeof(*admin));
+  if (!admin) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  admin->core = core;
+  admin->http = evhttp_new(base);
+  if (!admin->http || evhttp_bind_socket(admin->http, host, (ev_uint16_t)port) != 0) {
+    ttd_admin_stop(admin);
+    return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen for admin HTTP on %s (in use? use --admin off)",
+                           address);
+  }
+  evhttp_set_allowed_methods(admin->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
+                                              EVHTTP_REQ_DELETE);
+  evhttp_set_gencb(admin->http, on_request, admin);
+  TTD_LOG(TTD_LOG_INFO, "event=admin-listening address=%s", address);
+  *out_admin = admin;
+  return TTD_OK;
+}
+
+void ttd_admin_set_ready(ttd_admin *admin, bool ready) {
+  if (admin) admin->ready = ready;
+}
+
+void ttd_admin_stop(ttd_admin *admin) {
+  if (!admin) return;
+  if (admin->http) evhttp_free(admin->http);
+  free(admin);
+}

@@ -1,0 +1,88 @@
+#include "session/auth.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "device/quota.h"
+
+void ttd_auth_init(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota) {
+  pthread_mutex_init(&auth->lock, NULL);
+  auth->tokens = tokens;
+  auth->default_quota = default_quota;
+}
+
+void ttd_auth_destroy(ttd_auth *auth) {
+  ttd_tokens_release(auth->tokens);
+  auth->tokens = NULL;
+  pthread_mutex_destroy(&auth->lock);
+}
+
+void ttd_auth_replace(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota) {
+  pthread_mutex_lock(&auth->lock);
+  ttd_tokens *old = auth->tokens;
+  auth->tokens = tokens;
+  auth->default_quota = default_quota;
+  pthread_mutex_unlock(&auth->lock);
+  ttd_tokens_release(old);
+}
+
+static ttd_tokens *current_tokens(ttd_auth *auth, uint64_t *out_default_quota) {
+  pthread_mutex_lock(&auth->lock);
+  ttd_tokens *t = ttd_tokens_retain(auth->tokens);
+  if (out_default_quota) *out_default_quota = auth->default_quota;
+  pthread_mutex_unlock(&auth->lock);
+  return t;
+}
+
+ttd_status_t ttd_auth_check(ttd_auth *auth, const char *authorization, size_t len, ttd_principal *out) {
+  memset(out, 0, sizeof(*out));
+  ttd_tokens *tokens = current_tokens(auth, NULL);
+  if (!tokens) {
+    snprintf(out->tenant, sizeof(out->tenant), "%s", TTD_LOCAL_TENANT);
+    out->admin = true;
+    return TTD_OK;
+  }
+  ttd_status_t status = TTD_OK;
+  if (!authorization) {
+    status = ttd_make_status(GRPC_STATUS_UNAUTHENTICATED,
+                             "this ttd needs a token: send 'authorization: Bearer TOKEN' metadata "
+                             "(libttclient: set TTD_TOKEN or tt_connect_options.token)");
+  } else if (len < 7 || strncasecmp(authorization, "Bearer ", 7) != 0) {
+    status = ttd_make_status(GRPC_STATUS_UNAUTHENTICATED,
+                             "the 'authorization' metadata must read 'Bearer TOKEN'; other schemes are not accepted");
+  } else {
+    const ttd_tenant *tenant = ttd_tokens_match(tokens, authorization + 7, len - 7);
+    if (!tenant) {
+      status = ttd_make_status(GRPC_STATUS_UNAUTHENTICATED,
+                               "the token is not valid for this ttd (unknown or revoked); ask the operator for one");
+    } else {
+      snprintf(out->tenant, sizeof(out->tenant), "%s", tenant->name);
+      out->admin = tenant->admin;
+    }
+  }
+  ttd_tokens_release(tokens);
+  return status;
+}
+
+ttd_status_t ttd_auth_session_quota(ttd_auth *auth, const char *tenant_name, uint64_t asked, uint64_t *out_quota) {
+  uint64_t cap;
+  ttd_tokens *tokens = current_tokens(auth, &cap);
+  const ttd_tenant *tenant = tokens ? ttd_tokens_find(tokens, tenant_name) : NULL;
+  const char *why = "the daemon's --quota";
+  if (tenant && tenant->quota) { /* a tenant's own limit replaces the daemon's default */
+    cap = tenant->quota;
+    why = "the tenant's limit";
+  }
+  ttd_tokens_release(tokens);
+  if (cap && asked > cap) {
+    char a[32], c[32];
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "asked for a session quota of %s (%llu bytes), but tenant %s may have at most %s "
+                           "(%llu bytes, %s); ask for less, or 0 for the most allowed",
+                           ttd_format_bytes(asked, a, sizeof(a)), (unsigned long long)asked, tenant_name,
+                           ttd_format_bytes(cap, c, sizeof(c)), (unsigned long long)cap, why);
+  }
+  *out_quota = asked ? asked : cap;
+  return TTD_OK;
+}

@@ -1,0 +1,45 @@
+/* Who may call, as whom, with how much memory: the tenants table (--tokens) and the
+ * default session quota (--quota), both replaced together by a SIGHUP reload.
+ *
+ * Without a tokens file every caller is the tenant "local" with admin rights: the Unix
+ * socket's mode and group are then the access control (as with the Docker socket).
+ * With one, every call needs `authorization: Bearer TOKEN` metadata; a missing or unknown
+ * token is UNAUTHENTICATED. Thread-safe. */
+#ifndef TTD_AUTH_H
+#define TTD_AUTH_H
+
+#include <pthread.h>
+
+#include "wire/tokens.h"
+
+#define TTD_LOCAL_TENANT "local"
+
+/* The caller of one call: a copy, so that a reload cannot change it mid-call. */
+typedef struct ttd_principal {
+  char tenant[TTD_TENANT_NAME_MAX];
+  bool admin;
+} ttd_principal;
+
+typedef struct ttd_auth {
+  pthread_mutex_t lock;
+  ttd_tokens *tokens;     /* NULL: no tokens file */
+  uint64_t default_quota; /* --quota; 0 = none */
+} ttd_auth;
+
+/* Takes the tokens reference (NULL for none). */
+void ttd_auth_init(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota);
+void ttd_auth_destroy(ttd_auth *auth);
+
+/* Swaps in a new table (taking its reference) and default quota. */
+void ttd_auth_replace(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota);
+
+/* Resolves the value of the `authorization` metadata (NULL when absent) into a principal. */
+ttd_status_t ttd_auth_check(ttd_auth *auth, const char *authorization, size_t len, ttd_principal *out);
+
+/* The quota of a session of tenant that asked for `asked` bytes (0: as much as allowed):
+ * the tenant's limit (quota= in the tokens file), else --quota, or asked when smaller.
+ * Asking for more is RESOURCE_EXHAUSTED naming the most this tenant may have. asked 0
+ * gives that most (0 itself meaning no quota). */
+ttd_status_t ttd_auth_session_quota(ttd_auth *auth, const char *tenant, uint64_t asked, uint64_t *out_quota);
+
+#endif

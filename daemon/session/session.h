@@ -1,0 +1,145 @@
+/* Layer daemon/session: sessions and their handle maps, tenants' tokens and quotas, mapped
+ * shared-memory segments. Calls daemon/telemetry and the runtime.
+ *
+ * A client session: the tensors it created, keyed by random handles, and its lease.
+ * Every tensor belongs to exactly one session; a handle is looked up only in the
+ * caller's own session, so a foreign, freed and never-issued handle all look the same.
+ *
+ * Reference counted: calls in flight hold a reference, so a session closed by its lease
+ * or by CloseSession stays valid memory until they finish (they then see `closed`).
+ * All functions are thread-safe. */
+#ifndef TTD_SESSION_H
+#define TTD_SESSION_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "session/handle_map.h"
+#include "graph/program.h"
+#include "device/quota.h"
+#include "session/shm_segment.h"
+#include "device/tensor.h"
+#include "wire/tokens.h"
+
+/* A stream of the session that may wait on its client without end: a client that stops
+ * reading a Download or sending an Upload, its connection open. Closing the session
+ * cancels it, so that the tensor the stream holds goes with the session. */
+typedef struct ttd_session_stream {
+  struct ttd_session_stream *prev, *next;
+  /* Called once, under the session's lock: must not block, nor take that lock. */
+  void (*cancel)(struct ttd_session_stream *stream);
+} ttd_session_stream;
+
+typedef struct ttd_session {
+  atomic_int refs;
+  uint64_t id;
+  char client_name[64];
+  char tenant[TTD_TENANT_NAME_MAX]; /* only this tenant's calls find the session */
+  char peer[64];                    /* the client's address as gRPC gives it */
+  int64_t opened_ms;
+  uint64_t quota_asked;             /* at OpenSession; 0 = as much as allowed */
+  ttd_quota *quota;                 /* device bytes of everything the session made */
+  _Atomic int64_t last_seen_ms; /* monotonic ms of the latest call */
+  pthread_mutex_t lock;         /* guards everything below */
+  bool closed;
+  ttd_handle_map tensors;       /* handle -> ttd_tensor* (one reference each) */
+  uint64_t tensor_bytes;        /* device bytes held by this session's tensors */
+  ttd_handle_map programs;      /* handle -> ttd_program* (one reference each) */
+  ttd_handle_map runs;          /* handle -> ttd_run* kept for Backward (owned) */
+  ttd_handle_map segments;      /* id -> ttd_shm_segment* (one reference each) */
+  uid_t segments_uid;           /* every segment comes from this user (SO_PEERCRED) */
+  uint64_t segments_bytes;      /* mapped by its segments */
+  uint64_t shm_key[2];          /* random; side-socket requests must carry it */
+  ttd_session_stream *streams;  /* open streams, cancelled at close */
+} ttd_session;
+
+/* Who opens a session and what it asks for. */
+typedef struct ttd_session_params {
+  const char *client_name;
+  const char *tenant;
+  const char *peer;
+  uint64_t quota_asked;
+  uint64_t quota; /* the limit granted */
+} ttd_session_params;
+
+/* A new open session with one reference owned by the caller. NULL if out of memory. */
+ttd_session *ttd_session_create(uint64_t id, const ttd_session_params *params, int64_t now_ms);
+
+ttd_session *ttd_session_retain(ttd_session *session);
+void ttd_session_release(ttd_session *session); /* accepts NULL */
+
+/* Records activity for the lease. */
+void ttd_session_touch(ttd_session *session, int64_t now_ms);
+
+/* Adds tensor under a new random handle; the session takes its own reference.
+ * FAILED_PRECONDITION if the session has been closed meanwhile. */
+ttd_status_t ttd_session_tensor_add(ttd_session *session, ttd_tensor *tensor, uint64_t *out_handle);
+
+/* A new reference to the tensor under handle, or NOT_FOUND. */
+ttd_status_t ttd_session_tensor_lookup(ttd_session *session, uint64_t handle, ttd_tensor **out_tensor);
+
+/* The device of the first of handles that names a tensor of the session, or -1: tells
+ * the scheduler which device a call is for before the handler checks everything. */
+int ttd_session_device_of(ttd_session *session, const uint64_t *handles, size_t count);
+
+/* The device of the session's kept run under handle, or -1. */
+int ttd_session_run_device(ttd_session *session, uint64_t handle);
+
+/* INVALID_ARGUMENT naming the first handle listed twice (0 aside: never a handle), else OK.
+ * Linear in count. */
+ttd_status_t ttd_handles_check_distinct(const uint64_t *handles, size_t count);
+
+/* Frees the listed handles, all or nothing: NOT_FOUND if any is unknown, INVALID_ARGUMENT
+ * if the list is empty or names a handle twice. */
+ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *handles, size_t count,
+                                      uint64_t *out_tensors, uint64_t *out_bytes);
+
+/* Adds a program under a new random handle (the session takes its own reference). */
+ttd_status_t ttd_session_program_add(ttd_session *session, ttd_program *program, uint64_t *out_handle);
+
+/* A new reference to the program under handle, or NOT_FOUND. */
+ttd_status_t ttd_session_program_lookup(ttd_session *session, uint64_t handle, ttd_program **out_program);
+
+struct ttd_run;
+
+/* Keeps a run under a new handle; the session owns it from here (even on error). */
+ttd_status_t ttd_session_run_add(ttd_session *session, struct ttd_run *run, uint64_t *out_handle);
+
+/* Removes the run under handle and hands it to the caller, or NOT_FOUND. */
+ttd_status_t ttd_session_run_take(ttd_session *session, uint64_t handle, struct ttd_run **out_run);
+
+/* Puts a taken run back under its handle (Backward with keep_run). */
+ttd_status_t ttd_session_run_put_back(ttd_session *session, uint64_t handle, struct ttd_run *run);
+
+/* Registers stream (its cancel set, its links unused) to be cancelled when the session
+ * closes. false, with nothing registered, if the session is closed already. */
+bool ttd_session_stream_add(ttd_session *session, ttd_session_stream *stream);
+
+/* Unregisters stream before it ends; a no-op for one never registered (cancel NULL). */
+void ttd_session_stream_remove(ttd_session *session, ttd_session_stream *stream);
+
+/* Marks the session closed, cancels its streams and drops every tensor. Idempotent. */
+void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *out_bytes);
+
+/* Whether key is the session's side-socket key (constant time). */
+bool ttd_session_shm_key_matches(const ttd_session *session, const uint64_t key[2]);
+
+/* Adds a registered segment under a new id (the session takes its reference on success).
+ * FAILED_PRECONDITION when closed, RESOURCE_EXHAUSTED past TTD_SHM_MAX_SEGMENTS segments or
+ * TTD_SHM_MAX_SESSION_BYTES, PERMISSION_DENIED when uid differs from the session's earlier
+ * segments'. */
+ttd_status_t ttd_session_segment_add(ttd_session *session, ttd_shm_segment *segment, uid_t uid, uint64_t *out_id);
+
+/* A new reference to the segment under id, or NOT_FOUND. */
+ttd_status_t ttd_session_segment_lookup(ttd_session *session, uint64_t id, ttd_shm_segment **out_segment);
+
+/* Drops the session's reference (calls using it keep theirs); NOT_FOUND if unknown,
+ * PERMISSION_DENIED for another uid than the segments'. */
+ttd_status_t ttd_session_segment_remove(ttd_session *session, uint64_t id, uid_t uid);
+
+/* The message every unknown handle gets, so that all unknown handles look identical. */
+ttd_status_t ttd_session_handle_not_found(uint64_t handle);
+
+#endif

@@ -1,0 +1,48 @@
+/* All open sessions of the daemon, keyed by random session id, with lease expiry.
+ * Thread-safe. */
+#ifndef TTD_SESSION_TABLE_H
+#define TTD_SESSION_TABLE_H
+
+#include <pthread.h>
+
+#include "session/session.h"
+
+typedef struct ttd_session_table {
+  pthread_mutex_t lock;
+  ttd_handle_map sessions; /* id -> ttd_session* (one reference each) */
+  int64_t lease_ms;
+} ttd_session_table;
+
+void ttd_session_table_init(ttd_session_table *table, int64_t lease_ms);
+
+/* Closes every session and frees the table. */
+void ttd_session_table_destroy(ttd_session_table *table);
+
+/* Opens a session; *out_session is a reference owned by the caller. */
+ttd_status_t ttd_session_table_open(ttd_session_table *table, const ttd_session_params *params, int64_t now_ms,
+                                    ttd_session **out_session);
+
+/* A reference to tenant's open session id, touched for its lease; NOT_FOUND if there is
+ * none, or if it belongs to another tenant (the same message: other tenants' sessions
+ * are invisible). tenant NULL: any tenant (admin tools). */
+ttd_status_t ttd_session_table_lookup(ttd_session_table *table, uint64_t id, const char *tenant, int64_t now_ms,
+                                      ttd_session **out_session);
+
+/* References to every open session, for listing and quota reloads: *out_sessions is a
+ * new array the caller frees with ttd_session_table_snapshot_free. */
+ttd_status_t ttd_session_table_snapshot(ttd_session_table *table, ttd_session ***out_sessions, size_t *out_count);
+void ttd_session_table_snapshot_free(ttd_session **sessions, size_t count);
+
+/* Removes and closes the session. */
+void ttd_session_table_close(ttd_session_table *table, ttd_session *session, uint64_t *out_tensors,
+                             uint64_t *out_bytes);
+
+/* Closes sessions with no call for longer than the lease. Returns how many. */
+size_t ttd_session_table_sweep(ttd_session_table *table, int64_t now_ms);
+
+size_t ttd_session_table_count(ttd_session_table *table);
+
+/* Open sessions and the tensors they hold, for metrics. */
+void ttd_session_table_stats(ttd_session_table *table, uint64_t *out_sessions, uint64_t *out_tensors);
+
+#endif

@@ -1,0 +1,18 @@
+#include "telemetry/metrics.h"
+
+const double ttd_latency_bounds[TTD_LATENCY_BUCKETS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                        0.025,  0.05,    0.1,    0.25,  1.0,    2.5};
+
+void ttd_metrics_record(ttd_metrics *metrics, int m, grpc_status_code code, int64_t duration_ns) {
+  if (m < 0 || m >= TTD_METRICS_MAX_METHODS) return;
+  ttd_method_metrics *mm = &metrics->methods[m];
+  unsigned c = (unsigned)code < TTD_METRICS_CODES ? (unsigned)code : GRPC_STATUS_UNKNOWN;
+  atomic_fetch_add_explicit(&mm->by_code[c], 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&metrics->calls_total, 1, memory_order_relaxed);
+  double seconds = (double)duration_ns / 1e9;
+  int b = 0;
+  while (b < TTD_LATENCY_BUCKETS && seconds > ttd_latency_bounds[b]) b++;
+  atomic_fetch_add_explicit(&mm->latency[b], 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&mm->latency_sum_ns, (unsigned long long)(duration_ns > 0 ? duration_ns : 0),
+                            memory_order_relaxed);
+}

@@ -1,0 +1,180 @@
+/* The admin HTTP listener of a real ttd: /healthz, /readyz and /metrics in Prometheus text
+ * format with values that follow what clients did; wrong paths and methods answered. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "suites.h"
+#include "ttd_harness.h"
+
+static ttd_proc proc;
+static int port;
+
+static void setup(void) { port = ttd_proc_start_admin(&proc); }
+
+static void teardown(void) { ck_assert_int_eq(ttd_proc_stop(&proc), 0); }
+
+/* One HTTP/1.0 request to the admin listener; the whole response, malloc'd. */
+static char *http(const char *method, const char *path) { return harness_http(port, method, path); }
+
+/* /healthz and /readyz answer 200; an unknown path 404; a POST 405. */
+START_TEST(test_health_endpoints) {
+  char *r = http("GET", "/healthz");
+  ck_assert_ptr_nonnull(strstr(r, "200 OK"));
+  ck_assert_ptr_nonnull(strstr(r, "\r\n\r\nok\n"));
+  free(r);
+  r = http("GET", "/readyz");
+  ck_assert_ptr_nonnull(strstr(r, "200 OK"));
+  free(r);
+  r = http("GET", "/nope");
+  ck_assert_ptr_nonnull(strstr(r, " 404 "));
+  free(r);
+  r = http("POST", "/metrics");
+  ck_assert_ptr_nonnull(strstr(r, " 405 "));
+  free(r);
+}
+END_TEST
+
+/* /metrics reports memory per device and location, sessions, tensors, RPCs by method and
+ * code, a latency histogram, and bytes moved each way, following a client's work. */
+START_TEST(test_metrics_follow_work) {
+  tt_client *c = harness_connect(&proc, 0);
+  static float v[1 << 18];
+  int64_t shape[1] = {1 << 18};
+  tt_tensor *h = tt_tensor_from_host(c, v, TT_FLOAT32, shape, 1);
+  tt_tensor *d = tt_to(h, "tt:1/l1");
+  tt_tensor *back = tt_to(d, "cpu");
+  ck_assert_ptr_null(tt_to(h, "tt:7"));
+  int64_t huge[1] = {(int64_t)1 << 40};
+  ck_assert_ptr_null(tt_tensor_empty(c, TT_FLOAT32, huge, 1, "tt"));
+  char *r = http("GET", "/metrics");
+  ck_assert_ptr_nonnull(strstr(r, "200 OK"));
+  ck_assert_ptr_nonnull(strstr(r, "text/plain; version=0.0.4"));
+  ck_assert_double_eq(harness_metric(r, "ttd_device_memory_used_bytes{device=\"tt:1\",location=\"l1\"}"), 1 << 20);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_memory_used_bytes{device=\"tt:0\",location=\"dram\"}"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_memory_in_flight_bytes{device=\"tt:1\",location=\"l1\"}"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_memory_capacity_bytes{device=\"tt:0\",location=\"dram\"}"), 12884901888.0);
+  ck_assert_double_eq(harness_metric(r, "ttd_sessions"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_tensors"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_bytes_to_device_total"), 1 << 20);
+  ck_assert_double_eq(harness_metric(r, "ttd_bytes_to_host_total"), 1 << 20);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_total{method=\"Upload\",code=\"OK\"}"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_total{method=\"Upload\",code=\"INVALID_ARGUMENT\"}"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_total{method=\"Allocate\",code=\"RESOURCE_EXHAUSTED\"}"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_total{method=\"OpenSession\",code=\"OK\"}"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_duration_seconds_count{method=\"Download\"}"), 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_duration_seconds_bucket{method=\"Download\",le=\"+Inf\"}"), 1);
+  ck_assert(harness_metric(r, "ttd_rpc_duration_seconds_sum{method=\"Download\"}") > 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_in_flight"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_queue_depth{device=\"tt:0\"}"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_queue_depth{device=\"tt:1\"}"), 0);
+  free(r);
+  tt_tensor_free(back);
+  tt_tensor_free(d);
+  tt_tensor_free(h);
+  tt_disconnect(c);
+  r = http("GET", "/metrics");
+  ck_assert_double_eq(harness_metric(r, "ttd_sessions"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_memory_used_bytes{device=\"tt:1\",location=\"l1\"}"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_memory_in_flight_bytes{device=\"tt:1\",location=\"l1\"}"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_total{method=\"CloseSession\",code=\"OK\"}"), 1);
+  free(r);
+}
+END_TEST
+
+/* Lists the devices `calls` times on c; the last list must match want (when given). */
+static void list_devices(tt_client *c, int calls, const tt_device_info *want, size_t want_count) {
+  for (int i = 0; i < calls; i++) {
+    tt_device_info *devs = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(tt_list_devices(c, &devs, &n), TT_OK);
+    if (want) {
+      ck_assert_uint_eq(n, want_count);
+      for (size_t d = 0; d < n; d++) {
+        ck_assert_str_eq(devs[d].name, want[d].name);
+        ck_assert_str_eq(devs[d].kind, want[d].kind);
+        ck_assert_uint_eq(devs[d].cores, want[d].cores);
+        ck_assert_uint_eq(devs[d].dram.capacity_bytes, want[d].dram.capacity_bytes);
+        ck_assert_uint_eq(devs[d].l1.used_bytes, want[d].l1.used_bytes);
+      }
+    }
+    tt_device_list_free(devs);
+  }
+}
+
+/* Light calls make the poller poll before it sleeps (ttd_poll_spin_*) and the client poll
+ * for their answers; a client with disable_spin, or TTD_SPIN=0, never polls and gets the
+ * same answers. */
+START_TEST(test_poll_spin) {
+  tt_client *c = harness_connect(&proc, 0);
+  ck_assert_int_eq(c->spin.max_ns, 50 * 1000);
+  tt_device_info *first = NULL;
+  size_t count = 0;
+  ck_assert_int_eq(tt_list_devices(c, &first, &count), TT_OK);
+  ck_assert_uint_eq(count, 2);
+  list_devices(c, 30, first, count);
+  ck_assert_uint_gt(atomic_load(&c->spin.hits) + atomic_load(&c->spin.misses), 0);
+  ck_assert_uint_gt(atomic_load(&c->spin.spin_ns), 0);
+  char *r = http("GET", "/metrics");
+  ck_assert(harness_metric(r, "ttd_poll_spin_hits_total") + harness_metric(r, "ttd_poll_spin_misses_total") > 0);
+  ck_assert(harness_metric(r, "ttd_poll_spin_seconds_total") > 0);
+  free(r);
+
+  tt_connect_options o;
+  tt_connect_options_init(&o);
+  o.disable_keepalive = 1;
+  o.disable_spin = 1;
+  tt_client *quiet = NULL;
+  ck_assert_int_eq(tt_connect(proc.target, &o, &quiet), TT_OK);
+  ck_assert_int_eq(quiet->spin.max_ns, 0);
+  list_devices(quiet, 30, first, count);
+  ck_assert_uint_eq(atomic_load(&quiet->spin.hits) + atomic_load(&quiet->spin.misses) + atomic_load(&quiet->spin.spin_ns), 0);
+  tt_disconnect(quiet);
+
+  o.disable_spin = 0;
+  setenv("TTD_SPIN", "0", 1);
+  ck_assert_int_eq(tt_connect(proc.target, &o, &quiet), TT_OK);
+  unsetenv("TTD_SPIN");
+  ck_assert_int_eq(quiet->spin.max_ns, 0);
+  list_devices(quiet, 5, first, count);
+  tt_disconnect(quiet);
+  tt_device_list_free(first);
+  tt_disconnect(c);
+}
+END_TEST
+
+/* ttd --spin-us 0: the poller sleeps at once after every call, and calls still work. */
+START_TEST(test_poll_spin_off) {
+  ttd_proc off;
+  char admin[32];
+  int off_port = harness_free_tcp_port();
+  snprintf(admin, sizeof(admin), "127.0.0.1:%d", off_port);
+  const char *args[] = {"--admin", admin, "--spin-us", "0", NULL};
+  ttd_proc_start(&off, args);
+  tt_client *c = harness_connect(&off, 0);
+  list_devices(c, 30, NULL, 0);
+  tt_disconnect(c);
+  char *r = harness_http(off_port, "GET", "/metrics");
+  ck_assert_double_eq(harness_metric(r, "ttd_poll_spin_hits_total"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_poll_spin_misses_total"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_poll_spin_seconds_total"), 0);
+  ck_assert_double_eq(harness_metric(r, "ttd_rpc_total{method=\"ListDevices\",code=\"OK\"}"), 30);
+  free(r);
+  ck_assert_int_eq(ttd_proc_stop(&off), 0);
+}
+END_TEST
+
+Suite *e2e_metrics_suite(void) {
+  Suite *s = suite_create("e2e_metrics");
+  TCase *tc = tcase_create("admin_http");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 30);
+  tcase_add_test(tc, test_health_endpoints);
+  tcase_add_test(tc, test_metrics_follow_work);
+  tcase_add_test(tc, test_poll_spin);
+  tcase_add_test(tc, test_poll_spin_off);
+  suite_add_tcase(s, tc);
+  return s;
+}

@@ -1,0 +1,287 @@
+/* kernels/matmul.c and kernels/linear.c: batched matmul with transposes and broadcast
+ * operands, and linear. Forwards are checked against direct double-precision references on
+ * random inputs of odd sizes, backwards against central finite differences of
+ * sum(dy * f(x)) taken through the float forward itself, and the pool must not change any
+ * result. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "kernel_testing.h"
+#include "suites.h"
+
+/* ---- matmul ---- */
+
+/* C = op(A) op(B) for one problem in double: A stored [m,k] (or [k,m] when ta), B [k,n] (or [n,k]). */
+static void ref_matmul(const float *a, const float *b, double *c, int64_t m, int64_t n, int64_t k, int ta, int tb) {
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      double s = 0.0;
+      for (int64_t p = 0; p < k; p++) {
+        double av = ta ? a[p * m + i] : a[i * k + p];
+        double bv = tb ? b[j * k + p] : b[p * n + j];
+        s += av * bv;
+      }
+      c[i * n + j] = s;
+    }
+}
+
+/* Odd sizes from 1x1x1 to several K blocks and C tiles, all four transpose combinations, match double. */
+static void check_forward_sizes(const char *isa) {
+  static const int64_t sizes[][3] = {{1, 1, 1},    {7, 13, 5},      {65, 33, 129}, {1, 40, 3},
+                                     {19, 1, 300}, {131, 530, 301}, {301, 17, 40}, {64, 512, 784}};
+  uint64_t rng = 1;
+  for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
+    for (int t = 0; t < 4; t++) {
+      int64_t m = sizes[s][0], n = sizes[s][1], k = sizes[s][2];
+      int ta = t & 1, tb = t >> 1;
+      float *a = kt_rand_buf(&rng, m * k, -1, 1), *b = kt_rand_buf(&rng, k * n, -1, 1), *c = kt_nan_buf(m * n);
+      double *want = kt_dzeros(m * n);
+      ttd_k_matmul(NULL, a, b, c, 1, m, n, k, ta, tb, 0, 0);
+      ref_matmul(a, b, want, m, n, k, ta, tb);
+      char what[96];
+      snprintf(what, sizeof(what), "%s: C %lldx%lldx%lld ta=%d tb=%d", isa, (long long)m, (long long)n, (long long)k,
+               ta, tb);
+      kt_expect_close(what, c, want, m * n, 1e-5, kt_dot_tol(k));
+      free(a), free(b), free(c), free(want);
+    }
+}
+
+START_TEST(test_matmul_forward) { check_forward_sizes("widest"); }
+END_TEST
+
+/* The narrower micro-kernels and packings (TTD_KERNEL_ISA, as on a CPU without AVX-512 or
+ * AVX2) give the same results. Each test runs in its own process, so setenv stays here. */
+START_TEST(test_matmul_forward_narrow_isas) {
+  const char *isas[] = {"avx2", "generic"};
+  for (size_t i = 0; i < 2; i++) {
+    setenv("TTD_KERNEL_ISA", isas[i], 1);
+    check_forward_sizes(isas[i]);
+  }
+  unsetenv("TTD_KERNEL_ISA");
+}
+END_TEST
+
+/* Batch 3 with B broadcast, and A broadcast with B spaced wider than a matrix: each problem is right. */
+START_TEST(test_matmul_batched_broadcast) {
+  const int64_t batch = 3, m = 9, n = 21, k = 17;
+  uint64_t rng = 2;
+  for (int t = 0; t < 4; t++)
+    for (int which = 0; which < 2; which++) {
+      int ta = t & 1, tb = t >> 1;
+      int64_t as = which == 0 ? m * k : 0, bs = which == 0 ? 0 : k * n + 5;
+      float *a = kt_rand_buf(&rng, as ? batch * as : m * k, -1, 1);
+      float *b = kt_rand_buf(&rng, bs ? batch * bs : k * n, -1, 1);
+      float *c = kt_nan_buf(batch * m * n);
+      double *want = kt_dzeros(m * n);
+      ttd_k_matmul(NULL, a, b, c, batch, m, n, k, ta, tb, as, bs);
+      for (int64_t q = 0; q < batch; q++) {
+        ref_matmul(a + q * as, b + q * bs, want, m, n, k, ta, tb);
+        kt_expect_close(which ? "C (A broadcast)" : "C (B broadcast)", c + q * m * n, want, m * n, 1e-5, kt_dot_tol(k));
+      }
+      free(a), free(b), free(c), free(want);
+    }
+}
+END_TEST
+
+/* k = 0 gives an all-zero C; m = 0 or batch = 0 writes nothing; batch 0 broadcast grads are 0. */
+START_TEST(test_matmul_empty) {
+  float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8}, c[12];
+  for (int i = 0; i < 12; i++) c[i] = NAN;
+  ttd_k_matmul(NULL, a, b, c, 2, 2, 3, 0, 0, 0, 0, 0);
+  for (int i = 0; i < 12; i++) KT_CHECK_EACH(c[i] == 0.0f, "c[%d] = %g", i, (double)c[i]);
+  for (int i = 0; i < 12; i++) c[i] = 42.0f;
+  ttd_k_matmul(NULL, a, b, c, 2, 0, 3, 2, 0, 0, 0, 0);
+  ttd_k_matmul(NULL, a, b, c, 0, 2, 3, 2, 0, 0, 0, 0);
+  for (int i = 0; i < 12; i++) KT_CHECK_EACH(c[i] == 42.0f, "c[%d] = %g", i, (double)c[i]);
+  /* the gradient of a broadcast operand over no problems is a zero sum */
+  float da[4] = {NAN, NAN, NAN, NAN};
+  ttd_k_matmul_backward(NULL, a, b, c, 0, 2, 3, 2, 0, 0, 0, 6, da, NULL);
+  for (int i = 0; i < 4; i++) KT_CHECK_EACH(da[i] == 0.0f, "da[%d] = %g", i, (double)da[i]);
+  /* a linear of no input features is its bias, on every path of the tiling */
+  ttd_pool *pool = ttd_pool_create(2);
+  for (int p = 0; p < 2; p++) {
+    for (int i = 0; i < 12; i++) c[i] = NAN;
+    ttd_k_linear(p ? pool : NULL, a, b, b, 4, 0, 3, c);
+    for (int i = 0; i < 12; i++) KT_CHECK_EACH(c[i] == b[i % 3], "pool %d: y[%d] = %g", p, i, (double)c[i]);
+  }
+  ttd_pool_destroy(pool);
+}
+END_TEST
+
+typedef struct mm_ctx {
+  const float *a, *b;
+  int64_t batch, m, n, k, as, bs;
+  int ta, tb;
+} mm_ctx;
+
+static void mm_forward(void *ctx, float *y) {
+  mm_ctx *c = ctx;
+  ttd_k_matmul(NULL, c->a, c->b, y, c->batch, c->m, c->n, c->k, c->ta, c->tb, c->as, c->bs);
+}
+
+/* dA, dB match finite differences for all transposes, per-problem and broadcast (batch-summed) operands. */
+START_TEST(test_matmul_backward_fd) {
+  const int64_t batch = 2, m = 3, n = 4, k = 5;
+  uint64_t rng = 3;
+  for (int t = 0; t < 4; t++)
+    for (int bc = 0; bc < 3; bc++) {
+      mm_ctx c = {.batch = batch, .m = m, .n = n, .k = k, .ta = t & 1, .tb = t >> 1};
+      c.as = bc == 1 ? 0 : m * k;
+      c.bs = bc == 2 ? 0 : k * n;
+      int64_t na = c.as ? batch * c.as : m * k, nb = c.bs ? batch * c.bs : k * n, ny = batch * m * n;
+      float *a = kt_rand_buf(&rng, na, -1, 1), *b = kt_rand_buf(&rng, nb, -1, 1), *dy = kt_rand_buf(&rng, ny, -1, 1);
+      float *da = kt_nan_buf(na), *db = kt_nan_buf(nb);
+      c.a = a, c.b = b;
+      ttd_k_matmul_backward(NULL, a, b, dy, batch, m, n, k, c.ta, c.tb, c.as, c.bs, da, db);
+      kt_check_grad("dA", &c, mm_forward, ny, dy, a, na, da, 1e-2f);
+      kt_check_grad("dB", &c, mm_forward, ny, dy, b, nb, db, 1e-2f);
+      /* one gradient alone is the same gradient */
+      float *da2 = kt_nan_buf(na), *db2 = kt_nan_buf(nb);
+      ttd_k_matmul_backward(NULL, a, b, dy, batch, m, n, k, c.ta, c.tb, c.as, c.bs, da2, NULL);
+      ttd_k_matmul_backward(NULL, a, b, dy, batch, m, n, k, c.ta, c.tb, c.as, c.bs, NULL, db2);
+      ck_assert(memcmp(da, da2, (size_t)na * sizeof(float)) == 0);
+      ck_assert(memcmp(db, db2, (size_t)nb * sizeof(float)) == 0);
+      free(a), free(b), free(dy), free(da), free(db), free(da2), free(db2);
+    }
+}
+END_TEST
+
+/* Past one K block and C tile, B broadcast over batch 3: dA and batch-summed dB match double. */
+START_TEST(test_matmul_backward_large) {
+  const int64_t batch = 3, m = 65, n = 130, k = 270;
+  uint64_t rng = 4;
+  for (int t = 0; t < 4; t++) {
+    int ta = t & 1, tb = t >> 1;
+    float *a = kt_rand_buf(&rng, batch * m * k, -1, 1), *b = kt_rand_buf(&rng, k * n, -1, 1);
+    float *dy = kt_rand_buf(&rng, batch * m * n, -1, 1);
+    float *da = kt_nan_buf(batch * m * k), *db = kt_nan_buf(k * n);
+    ttd_k_matmul_backward(NULL, a, b, dy, batch, m, n, k, ta, tb, m * k, 0, da, db);
+    double *want_a = kt_dzeros(batch * m * k), *want_b = kt_dzeros(k * n);
+    for (int64_t q = 0; q < batch; q++) {
+      const float *aq = a + q * m * k, *dq = dy + q * m * n;
+      for (int64_t i = 0; i < m; i++)
+        for (int64_t p = 0; p < k; p++) {
+          double s = 0.0;
+          for (int64_t j = 0; j < n; j++) s += (double)dq[i * n + j] * (tb ? b[j * k + p] : b[p * n + j]);
+          want_a[q * m * k + (ta ? p * m + i : i * k + p)] = s;
+        }
+      for (int64_t p = 0; p < k; p++)
+        for (int64_t j = 0; j < n; j++) {
+          double s = 0.0;
+          for (int64_t i = 0; i < m; i++) s += (double)(ta ? aq[p * m + i] : aq[i * k + p]) * dq[i * n + j];
+          want_b[tb ? j * k + p : p * n + j] += s;
+        }
+    }
+    kt_expect_close("dA", da, want_a, batch * m * k, 1e-5, kt_dot_tol(n));
+    kt_expect_close("dB", db, want_b, k * n, 1e-5, kt_dot_tol(batch * m));
+    free(a), free(b), free(dy), free(da), free(db), free(want_a), free(want_b);
+  }
+}
+END_TEST
+
+/* A NULL pool and a 4-thread pool give bit-identical C, dA and dB. */
+START_TEST(test_matmul_pool_identical) {
+  ttd_pool *pool = ttd_pool_create(4);
+  ck_assert_ptr_nonnull(pool);
+  const int64_t batch = 2, m = 200, n = 150, k = 300;
+  uint64_t rng = 5;
+  for (int t = 0; t < 4; t++) {
+    int ta = t & 1, tb = t >> 1;
+    float *a = kt_rand_buf(&rng, batch * m * k, -1, 1), *b = kt_rand_buf(&rng, k * n, -1, 1);
+    float *dy = kt_rand_buf(&rng, batch * m * n, -1, 1);
+    float *c1 = kt_nan_buf(batch * m * n), *c4 = kt_nan_buf(batch * m * n);
+    float *da1 = kt_nan_buf(batch * m * k), *da4 = kt_nan_buf(batch * m * k), *db1 = kt_nan_buf(k * n),
+          *db4 = kt_nan_buf(k * n);
+    ttd_k_matmul(NULL, a, b, c1, batch, m, n, k, ta, tb, m * k, 0);
+    ttd_k_matmul(pool, a, b, c4, batch, m, n, k, ta, tb, m * k, 0);
+    ttd_k_matmul_backward(NULL, a, b, dy, batch, m, n, k, ta, tb, m * k, 0, da1, db1);
+    ttd_k_matmul_backward(pool, a, b, dy, batch, m, n, k, ta, tb, m * k, 0, da4, db4);
+    ck_assert(memcmp(c1, c4, (size_t)(batch * m * n) * sizeof(float)) == 0);
+    ck_assert(memcmp(da1, da4, (size_t)(batch * m * k) * sizeof(float)) == 0);
+    ck_assert(memcmp(db1, db4, (size_t)(k * n) * sizeof(float)) == 0);
+    ck_assert(!isnan(c4[0]) && !isnan(da4[0]) && !isnan(db4[0]));
+    free(a), free(b), free(dy), free(c1), free(c4), free(da1), free(da4), free(db1), free(db4);
+  }
+  ttd_pool_destroy(pool);
+}
+END_TEST
+
+/* ---- linear ---- */
+
+/* y = x W^T + bias, with and without bias, against the double reference. */
+START_TEST(test_linear_forward) {
+  static const int64_t sizes[][3] = {{7, 13, 5}, {33, 65, 17}, {1, 1, 1}};
+  uint64_t rng = 6;
+  for (size_t s = 0; s < 3; s++)
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+      int64_t n = sizes[s][0], in = sizes[s][1], out = sizes[s][2];
+      float *x = kt_rand_buf(&rng, n * in, -1, 1), *w = kt_rand_buf(&rng, out * in, -1, 1),
+            *bias = kt_rand_buf(&rng, out, -1, 1);
+      float *y = kt_nan_buf(n * out);
+      double *want = kt_dzeros(n * out);
+      ttd_k_linear(NULL, x, w, with_bias ? bias : NULL, n, in, out, y);
+      for (int64_t i = 0; i < n; i++)
+        for (int64_t o = 0; o < out; o++) {
+          double acc = with_bias ? bias[o] : 0.0;
+          for (int64_t p = 0; p < in; p++) acc += (double)x[i * in + p] * w[o * in + p];
+          want[i * out + o] = acc;
+        }
+      kt_expect_close("y", y, want, n * out, 1e-5, kt_dot_tol(in));
+      free(x), free(w), free(bias), free(y), free(want);
+    }
+}
+END_TEST
+
+typedef struct linear_ctx {
+  const float *x, *w, *bias;
+  int64_t n, in, out;
+} linear_ctx;
+
+static void linear_forward(void *ctx, float *y) {
+  linear_ctx *c = ctx;
+  ttd_k_linear(NULL, c->x, c->w, c->bias, c->n, c->in, c->out, y);
+}
+
+/* dx, dW and dbias against finite differences; NULL outputs are skipped. */
+START_TEST(test_linear_backward_fd) {
+  uint64_t rng = 7;
+  linear_ctx c = {.n = 4, .in = 5, .out = 3};
+  float *x = kt_rand_buf(&rng, c.n * c.in, -1, 1), *w = kt_rand_buf(&rng, c.out * c.in, -1, 1);
+  float *bias = kt_rand_buf(&rng, c.out, -1, 1), *dy = kt_rand_buf(&rng, c.n * c.out, -1, 1);
+  float *dx = kt_nan_buf(c.n * c.in), *dw = kt_nan_buf(c.out * c.in), *db = kt_nan_buf(c.out);
+  c.x = x, c.w = w, c.bias = bias;
+  ttd_k_linear_backward(NULL, x, w, dy, c.n, c.in, c.out, dx, dw, db);
+  kt_check_grad("dx", &c, linear_forward, c.n * c.out, dy, x, c.n * c.in, dx, 1e-2f);
+  kt_check_grad("dW", &c, linear_forward, c.n * c.out, dy, w, c.out * c.in, dw, 1e-2f);
+  kt_check_grad("dbias", &c, linear_forward, c.n * c.out, dy, bias, c.out, db, 1e-2f);
+  float *db2 = kt_nan_buf(c.out);
+  ttd_k_linear_backward(NULL, x, w, dy, c.n, c.in, c.out, NULL, NULL, db2);
+  ck_assert(memcmp(db, db2, (size_t)c.out * sizeof(float)) == 0);
+  free(x), free(w), free(bias), free(dy), free(dx), free(dw), free(db), free(db2);
+}
+END_TEST
+
+Suite *kernels_matmul_suite(void) {
+  Suite *s = suite_create("kernels_matmul");
+  TCase *tc = tcase_create("matmul");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_matmul_forward);
+  tcase_add_test(tc, test_matmul_forward_narrow_isas);
+  tcase_add_test(tc, test_matmul_batched_broadcast);
+  tcase_add_test(tc, test_matmul_empty);
+  tcase_add_test(tc, test_matmul_backward_fd);
+  tcase_add_test(tc, test_matmul_backward_large);
+  tcase_add_test(tc, test_matmul_pool_identical);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("linear");
+  tcase_add_test(tc, test_linear_forward);
+  tcase_add_test(tc, test_linear_backward_fd);
+  suite_add_tcase(s, tc);
+  return s;
+}

@@ -1,0 +1,126 @@
+/* kernels/optimizer.c: SGD and Adam/AdamW steps against torch's documented update rules,
+ * run in double. */
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "kernel_testing.h"
+#include "suites.h"
+
+/* torch.optim.SGD, in double:
+ *   g = grad + wd * p;  if momentum: buf = (t == 1) ? g : momentum * buf + (1 - dampening) * g
+ *   g = nesterov ? g + momentum * buf : buf;  p -= lr * g */
+static void ref_sgd(const ttd_sgd_params *p, int64_t t, double *param, const double *grad, double *buf, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    double g = grad[i] + (double)p->weight_decay * param[i];
+    if (p->momentum != 0.0f) {
+      buf[i] = t == 1 ? g : (double)p->momentum * buf[i] + (1.0 - (double)p->dampening) * g;
+      g = p->nesterov ? g + (double)p->momentum * buf[i] : buf[i];
+    }
+    param[i] -= (double)p->lr * g;
+  }
+}
+
+/* torch.optim.Adam / AdamW, in double:
+ *   AdamW: p *= 1 - lr * wd;  Adam: g = grad + wd * p
+ *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+ *   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps) */
+static void ref_adam(const ttd_adam_params *p, int64_t t, double *param, const double *grad, double *m, double *v,
+                     int64_t n) {
+  double b1 = p->beta1, b2 = p->beta2, lr = p->lr, wd = p->weight_decay;
+  for (int64_t i = 0; i < n; i++) {
+    double g = grad[i];
+    if (p->decoupled) param[i] *= 1.0 - lr * wd;
+    else g += wd * param[i];
+    m[i] = b1 * m[i] + (1.0 - b1) * g;
+    v[i] = b2 * v[i] + (1.0 - b2) * g * g;
+    double denom = sqrt(v[i]) / sqrt(1.0 - pow(b2, (double)t)) + (double)p->eps;
+    param[i] -= lr / (1.0 - pow(b1, (double)t)) * m[i] / denom;
+  }
+}
+
+#define OPT_N 1031
+#define OPT_STEPS 6
+
+/* SGD (plain, momentum, dampening, nesterov, weight decay) over several steps matches torch's rule. */
+START_TEST(test_sgd_steps) {
+  ttd_sgd_params cases[] = {
+      {.lr = 0.1f},
+      {.lr = 0.05f, .weight_decay = 0.1f},
+      {.lr = 0.05f, .momentum = 0.9f},
+      {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.5f},
+      {.lr = 0.02f, .momentum = 0.8f, .nesterov = 1},
+      {.lr = 0.02f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = 1},
+      {.lr = 0.03f, .momentum = 0.7f, .dampening = 0.3f, .weight_decay = 0.05f},
+  };
+  uint64_t st = 19;
+  for (size_t k = 0; k < sizeof(cases) / sizeof(*cases); k++) {
+    float *param = kt_random_floats(&st, OPT_N, -2, 2), *buf = kt_fbuf(OPT_N);
+    for (int i = 0; i < OPT_N; i++) buf[i] = cases[k].momentum != 0.0f ? 0.0f : 1234.5f;
+    double *rp = kt_to_double(param, OPT_N), *rbuf = kt_dbuf(OPT_N);
+    for (int step = 1; step <= OPT_STEPS; step++) {
+      float *grad = kt_random_floats(&st, OPT_N, -1, 1);
+      ttd_k_sgd_step(kt_pool, &cases[k], step, param, grad, buf, OPT_N);
+      ref_sgd(&cases[k], step, rp, kt_to_double(grad, OPT_N), rbuf, OPT_N);
+      kt_expect_close("sgd param", param, rp, OPT_N, 1e-5, 1e-6);
+      if (cases[k].momentum != 0.0f) kt_expect_close("sgd momentum", buf, rbuf, OPT_N, 1e-5, 1e-6);
+      else
+        for (int i = 0; i < OPT_N; i++)
+          if (buf[i] != 1234.5f) ck_abort_msg("momentum 0 wrote buf[%d]", i);
+    }
+  }
+}
+END_TEST
+
+/* Adam (L2 decay) and AdamW (decoupled decay) over several steps match torch's rule, moments too. */
+START_TEST(test_adam_steps) {
+  ttd_adam_params cases[] = {
+      {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
+      {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f},
+      {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f, .decoupled = 1},
+      {.lr = 3e-3f, .beta1 = 0.8f, .beta2 = 0.99f, .eps = 1e-6f, .weight_decay = 0.5f, .decoupled = 1},
+      {.lr = 1e-3f, .beta1 = 0.3f, .beta2 = 0.9f, .eps = 1e-3f},
+  };
+  uint64_t st = 20;
+  for (size_t k = 0; k < sizeof(cases) / sizeof(*cases); k++) {
+    float *param = kt_random_floats(&st, OPT_N, -2, 2), *m = kt_fbuf(OPT_N), *v = kt_fbuf(OPT_N);
+    memset(m, 0, OPT_N * sizeof(float));
+    memset(v, 0, OPT_N * sizeof(float));
+    double *rp = kt_to_double(param, OPT_N), *rm = kt_dbuf(OPT_N), *rv = kt_dbuf(OPT_N);
+    memset(rm, 0, OPT_N * sizeof(double));
+    memset(rv, 0, OPT_N * sizeof(double));
+    for (int step = 1; step <= OPT_STEPS; step++) {
+      float *grad = kt_random_away_from_zero(&st, OPT_N, 0.05, 1);
+      ttd_k_adam_step(kt_pool, &cases[k], step, param, grad, m, v, OPT_N);
+      ref_adam(&cases[k], step, rp, kt_to_double(grad, OPT_N), rm, rv, OPT_N);
+      kt_expect_close("adam param", param, rp, OPT_N, 1e-5, 1e-6);
+      kt_expect_close("adam m", m, rm, OPT_N, 1e-5, 1e-7);
+      kt_expect_close("adam v", v, rv, OPT_N, 1e-5, 1e-9);
+    }
+  }
+}
+END_TEST
+
+/* Bias correction makes the first Adam step move each parameter by about lr against its gradient. */
+START_TEST(test_adam_first_step_is_lr) {
+  ttd_adam_params p = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  float param[3] = {1, 1, 1}, grad[3] = {0.5f, -3.0f, 1e-3f}, m[3] = {0}, v[3] = {0};
+  ttd_k_adam_step(NULL, &p, 1, param, grad, m, v, 3);
+  ck_assert_float_eq_tol(param[0], 0.99f, 1e-6f);
+  ck_assert_float_eq_tol(param[1], 1.01f, 1e-6f);
+  ck_assert_float_eq_tol(param[2], 0.99f, 1e-5f);
+}
+END_TEST
+
+Suite *kernels_optimizer_suite(void) {
+  Suite *s = suite_create("kernels_optimizer");
+  TCase *tc = tcase_create("optimizer");
+  tcase_add_checked_fixture(tc, kt_setup, kt_teardown);
+  tcase_add_test(tc, test_sgd_steps);
+  tcase_add_test(tc, test_adam_steps);
+  tcase_add_test(tc, test_adam_first_step_is_lr);
+  suite_add_tcase(s, tc);
+  return s;
+}

@@ -1,0 +1,373 @@
+/* Whole-program gradient checks, in process on the simulated card: an MLP, LeNet-5 and a
+ * transformer block (attention + MLP + layer_norm) are compiled, run forward and backward
+ * by the daemon's executor, and every parameter's gradient is compared with central finite
+ * differences of the program's own loss at sampled elements. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/backend.h"
+#include "dtype.h"
+#include "device/program_run.h"
+#include "graph_builder.h"
+#include "suites.h"
+
+typedef struct harness {
+  ttd_backend *backend;
+  ttd_program *program;
+  ttd_tensor *inputs[MAXV], *params[MAXV];
+} harness;
+
+static unsigned rng_state = 12345;
+static float uniform(float scale) {
+  rng_state = rng_state * 1664525u + 1013904223u;
+  return ((float)(rng_state >> 8) / 16777216.0f * 2.0f - 1.0f) * scale;
+}
+
+static ttd_tensor *make(ttd_backend *backend, const ttd_program_value *v, float scale, int label_classes) {
+  ttd_tensor_spec spec = {.dtype = v->type.dtype, .ndim = v->type.shape.ndim, .device = 0, .location = TTD_MEM_DRAM};
+  memcpy(spec.shape, v->type.shape.d, sizeof(int64_t) * (size_t)spec.ndim);
+  ck_assert_ptr_null(ttd_tensor_spec_finish(&spec));
+  ttd_tensor *t = NULL;
+  ck_assert_ptr_null(ttd_tensor_create(backend, NULL, &spec, &t));
+  float *data = malloc(spec.numel * 4 + 4);
+  for (uint64_t i = 0; i < spec.numel; i++) {
+    if (spec.dtype == TTD_DTYPE_INT32) ((int32_t *)data)[i] = (int32_t)(i % (uint64_t)label_classes);
+    else data[i] = uniform(scale);
+  }
+  if (spec.dtype == TTD_DTYPE_BFLOAT16) {
+    for (uint64_t i = 0; i < spec.numel; i++) ((uint16_t *)data)[i] = ttd_bf16_from_f32(data[i]); /* in place, forward */
+  }
+  backend->vtable->buffer_write(backend, t->buffer, 0, data, spec.nbytes);
+  free(data);
+  return t;
+}
+
+static void harness_setup(harness *h, graph_builder *b, float param_scale, int label_classes) {
+  memset(h, 0, sizeof(*h));
+  ttd_backend_options o = {.devices = 1, .dram_bytes = 1ull << 30, .l1_bytes = 1 << 20, .cores = 2};
+  ck_assert_ptr_null(ttd_backend_create("sim", &o, &h->backend));
+  ttd_status_t s = ttd_program_compile(&b->graph, &h->program);
+  ck_assert_msg(s == NULL, "compile: %s", ttd_status_message(s));
+  for (int i = 0; i < h->program->n_inputs; i++) h->inputs[i] = make(h->backend, &h->program->values[i], 1.0f, label_classes);
+  for (int i = 0; i < h->program->n_params; i++) {
+    h->params[i] = make(h->backend, &h->program->values[ttd_program_param_value(h->program, i)], param_scale, 1);
+  }
+}
+
+static double loss_of(harness *h) {
+  ttd_run *run = NULL;
+  ttd_status_t s = ttd_run_forward(h->backend, NULL, h->program, h->inputs, h->program->n_inputs, h->params,
+                                   h->program->n_params, &run);
+  ck_assert_msg(s == NULL, "forward: %s", ttd_status_message(s));
+  float loss;
+  h->backend->vtable->buffer_read(h->backend, run->values[h->program->outputs[0]]->buffer, 0, &loss, 4);
+  ttd_run_free(run);
+  return loss;
+}
+
+static float read_at(ttd_backend *backend, ttd_tensor *t, uint64_t i) {
+  float v;
+  backend->vtable->buffer_read(backend, t->buffer, i * 4, &v, 4);
+  return v;
+}
+
+static void write_at(ttd_backend *backend, ttd_tensor *t, uint64_t i, float v) {
+  backend->vtable->buffer_write(backend, t->buffer, i * 4, &v, 4);
+}
+
+/* d loss / d loss: a float32 scalar 1. */
+static ttd_tensor *unit_loss_grad(ttd_backend *backend) {
+  ttd_tensor_spec one = {.dtype = TTD_DTYPE_FLOAT32, .ndim = 0};
+  ttd_tensor_spec_finish(&one);
+  ttd_tensor *dloss = NULL;
+  ck_assert_ptr_null(ttd_tensor_create(backend, NULL, &one, &dloss));
+  write_at(backend, dloss, 0, 1.0f);
+  return dloss;
+}
+
+/* Backward once, then compares `samples` elements of every parameter's gradient with
+ * central differences of the loss (float32 forward, step eps). */
+static void check_gradients(harness *h, int samples, float eps, double rtol, double atol) {
+  ttd_run *run = NULL;
+  ck_assert_ptr_null(ttd_run_forward(h->backend, NULL, h->program, h->inputs, h->program->n_inputs, h->params,
+                                     h->program->n_params, &run));
+  ttd_tensor *dloss = unit_loss_grad(h->backend);
+  ttd_tensor *out_grads[1] = {dloss}, *param_grads[MAXV] = {0};
+  ttd_status_t s = ttd_run_backward(run, h->backend, out_grads, param_grads, NULL);
+  ck_assert_msg(s == NULL, "backward: %s", ttd_status_message(s));
+  ttd_run_free(run);
+  for (int p = 0; p < h->program->n_params; p++) {
+    const char *name = h->program->values[ttd_program_param_value(h->program, p)].name;
+    ck_assert_msg(param_grads[p] != NULL, "parameter %s got no gradient", name);
+    uint64_t n = h->params[p]->spec.numel;
+    for (int k = 0; k < samples && (uint64_t)k < n; k++) {
+      uint64_t i = (uint64_t)k * 7919u % n;
+      float keep = read_at(h->backend, h->params[p], i);
+      write_at(h->backend, h->params[p], i, keep + eps);
+      double up = loss_of(h);
+      write_at(h->backend, h->params[p], i, keep - eps);
+      double down = loss_of(h);
+      write_at(h->backend, h->params[p], i, keep);
+      double fd = (up - down) / (2.0 * eps);
+      double got = read_at(h->backend, param_grads[p], i);
+      ck_assert_msg(fabs(fd - got) <= atol + rtol * fmax(fabs(fd), fabs(got)),
+                    "%s[%llu]: backward %.6g, finite difference %.6g", name, (unsigned long long)i, got, fd);
+    }
+    ttd_tensor_release(param_grads[p]);
+  }
+  ttd_tensor_release(dloss);
+}
+
+static void harness_teardown(harness *h) {
+  for (int i = 0; i < h->program->n_inputs; i++) ttd_tensor_release(h->inputs[i]);
+  for (int i = 0; i < h->program->n_params; i++) ttd_tensor_release(h->params[i]);
+  ttd_program_release(h->program);
+  ttd_device_info info;
+  h->backend->vtable->device_info(h->backend, 0, &info);
+  ck_assert_uint_eq(info.memory[0].used_bytes, 0); /* every activation and gradient freed */
+  ttd_backend_destroy(h->backend);
+}
+
+#define F32 TTD__V1__DTYPE__DTYPE_FLOAT32
+#define I32 TTD__V1__DTYPE__DTYPE_INT32
+
+/* MLP 20-16-5 with ReLU and cross-entropy: every parameter's gradient matches. */
+START_TEST(test_mlp_gradients) {
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "x", F32, 2, 8, 20, 0, 0);
+  gb_value(&b, 0, "y", I32, 1, 8, 0, 0, 0);
+  gb_value(&b, 1, "w1", F32, 2, 16, 20, 0, 0);
+  gb_value(&b, 1, "b1", F32, 1, 16, 0, 0, 0);
+  gb_value(&b, 1, "w2", F32, 2, 5, 16, 0, 0);
+  gb_value(&b, 1, "b2", F32, 1, 5, 0, 0, 0);
+  gb_node(&b, "z", "linear", "x", "w1", "b1");
+  gb_node(&b, "h", "relu", "z", NULL, NULL);
+  gb_node(&b, "logits", "linear", "h", "w2", "b2");
+  gb_node(&b, "loss", "cross_entropy", "logits", "y", NULL);
+  b.outputs[b.graph.n_outputs++] = "loss";
+  harness h;
+  harness_setup(&h, &b, 0.5f, 5);
+  check_gradients(&h, 12, 1e-2f, 3e-2, 2e-3);
+  harness_teardown(&h);
+}
+END_TEST
+
+/* A Backward that asks for no input gradients computes only what leads to a parameter: the
+ * values reached from inputs alone (x, relu(x)) are marked so, and the parameters'
+ * gradients are bit-identical to those of a Backward that also returns dx. */
+START_TEST(test_backward_without_input_grads) {
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "x", F32, 2, 8, 20, 0, 0);
+  gb_value(&b, 0, "y", I32, 1, 8, 0, 0, 0);
+  gb_value(&b, 1, "w1", F32, 2, 5, 20, 0, 0);
+  gb_value(&b, 1, "b1", F32, 1, 5, 0, 0, 0);
+  gb_node(&b, "xr", "relu", "x", NULL, NULL);
+  gb_node(&b, "logits", "linear", "xr", "w1", "b1");
+  gb_node(&b, "loss", "cross_entropy", "logits", "y", NULL);
+  b.outputs[b.graph.n_outputs++] = "loss";
+  harness h;
+  harness_setup(&h, &b, 0.5f, 5);
+  const ttd_program *p = h.program;
+  struct { const char *name; bool requires, param; } want[] = {
+      {"x", true, false}, {"y", false, false}, {"w1", true, true}, {"b1", true, true},
+      {"xr", true, false}, {"logits", true, true}, {"loss", true, true}};
+  for (size_t w = 0; w < sizeof(want) / sizeof(want[0]); w++) {
+    int v = 0;
+    while (v < p->n_values && strcmp(p->values[v].name, want[w].name) != 0) v++;
+    ck_assert_int_lt(v, p->n_values);
+    ck_assert_msg(p->values[v].requires_grad == want[w].requires && p->values[v].param_grad == want[w].param,
+                  "%s: requires_grad %d param_grad %d", want[w].name, p->values[v].requires_grad, p->values[v].param_grad);
+  }
+  ttd_tensor *dloss = unit_loss_grad(h.backend);
+  float got[2][5 * 20 + 5];
+  for (int with_inputs = 0; with_inputs < 2; with_inputs++) {
+    ttd_run *run = NULL;
+    ck_assert_ptr_null(ttd_run_forward(h.backend, NULL, h.program, h.inputs, p->n_inputs, h.params, p->n_params, &run));
+    ttd_tensor *out_grads[1] = {dloss}, *param_grads[MAXV] = {0}, *input_grads[MAXV] = {0};
+    ck_assert_ptr_null(ttd_run_backward(run, h.backend, out_grads, param_grads, with_inputs ? input_grads : NULL));
+    ttd_run_free(run);
+    h.backend->vtable->buffer_read(h.backend, param_grads[0]->buffer, 0, got[with_inputs], 5 * 20 * 4);
+    h.backend->vtable->buffer_read(h.backend, param_grads[1]->buffer, 0, got[with_inputs] + 100, 5 * 4);
+    for (int k = 0; k < 2; k++) ttd_tensor_release(param_grads[k]);
+    /* The parameters' .grad accumulate: start the second run from zero. */
+    for (int k = 0; k < 2; k++) {
+      ttd_tensor_release(h.params[k]->grad);
+      h.params[k]->grad = NULL;
+    }
+    if (with_inputs) {
+      ck_assert_ptr_nonnull(input_grads[0]); /* dx, asked for */
+      ck_assert_ptr_null(input_grads[1]);    /* the int32 labels have none */
+      ttd_tensor_release(input_grads[0]);
+    }
+  }
+  ck_assert_int_eq(memcmp(got[0], got[1], sizeof(got[0])), 0);
+  ttd_tensor_release(dloss);
+  harness_teardown(&h);
+}
+END_TEST
+
+/* LeNet-5 (conv 5x5 pad 2, tanh, avg pool, conv 5x5, tanh, max pool, flatten, three linear
+ * layers, cross-entropy) on 28x28 images: every parameter's gradient matches. */
+START_TEST(test_lenet_gradients) {
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "img", F32, 4, 2, 1, 28, 28);
+  gb_value(&b, 0, "y", I32, 1, 2, 0, 0, 0);
+  gb_value(&b, 1, "c1w", F32, 4, 6, 1, 5, 5);
+  gb_value(&b, 1, "c1b", F32, 1, 6, 0, 0, 0);
+  gb_value(&b, 1, "c2w", F32, 4, 16, 6, 5, 5);
+  gb_value(&b, 1, "c2b", F32, 1, 16, 0, 0, 0);
+  gb_value(&b, 1, "f1w", F32, 2, 120, 400, 0, 0);
+  gb_value(&b, 1, "f1b", F32, 1, 120, 0, 0, 0);
+  gb_value(&b, 1, "f2w", F32, 2, 84, 120, 0, 0);
+  gb_value(&b, 1, "f2b", F32, 1, 84, 0, 0, 0);
+  gb_value(&b, 1, "f3w", F32, 2, 10, 84, 0, 0);
+  gb_value(&b, 1, "f3b", F32, 1, 10, 0, 0, 0);
+  Ttd__V1__Node *c1 = gb_node(&b, "c1", "conv2d", "img", "c1w", "c1b");
+  gb_int(&b, c1, "padding", 2);
+  gb_node(&b, "a1", "tanh", "c1", NULL, NULL);
+  gb_int(&b, gb_node(&b, "p1", "avg_pool2d", "a1", NULL, NULL), "kernel", 2);
+  gb_node(&b, "c2", "conv2d", "p1", "c2w", "c2b");
+  gb_node(&b, "a2", "tanh", "c2", NULL, NULL);
+  gb_int(&b, gb_node(&b, "p2", "max_pool2d", "a2", NULL, NULL), "kernel", 2);
+  gb_node(&b, "flat", "flatten", "p2", NULL, NULL);
+  gb_node(&b, "f1", "linear", "flat", "f1w", "f1b");
+  gb_node(&b, "r1", "tanh", "f1", NULL, NULL);
+  gb_node(&b, "f2", "linear", "r1", "f2w", "f2b");
+  gb_node(&b, "r2", "tanh", "f2", NULL, NULL);
+  gb_node(&b, "logits", "linear", "r2", "f3w", "f3b");
+  gb_node(&b, "loss", "cross_entropy", "logits", "y", NULL);
+  b.outputs[b.graph.n_outputs++] = "loss";
+  harness h;
+  harness_setup(&h, &b, 0.2f, 10);
+  check_gradients(&h, 6, 1e-3f, 5e-2, 2e-3); /* a small step: max-pool winners must not switch */
+  harness_teardown(&h);
+}
+END_TEST
+
+/* A pre-norm transformer block: layer_norm, single-head attention (q k^T scaled, softmax,
+ * times v, projection), residual, layer_norm, GELU MLP, residual, MSE to a target. */
+START_TEST(test_transformer_block_gradients) {
+  enum { B = 2, T = 5, D = 8, FF = 16 };
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "x", F32, 3, B, T, D, 0);
+  gb_value(&b, 0, "target", F32, 3, B, T, D, 0);
+  gb_value(&b, 0, "scale", F32, 1, 1, 0, 0, 0);
+  gb_value(&b, 1, "g1", F32, 1, D, 0, 0, 0);
+  gb_value(&b, 1, "be1", F32, 1, D, 0, 0, 0);
+  gb_value(&b, 1, "wq", F32, 2, D, D, 0, 0);
+  gb_value(&b, 1, "wk", F32, 2, D, D, 0, 0);
+  gb_value(&b, 1, "wv", F32, 2, D, D, 0, 0);
+  gb_value(&b, 1, "wo", F32, 2, D, D, 0, 0);
+  gb_value(&b, 1, "bo", F32, 1, D, 0, 0, 0);
+  gb_value(&b, 1, "g2", F32, 1, D, 0, 0, 0);
+  gb_value(&b, 1, "be2", F32, 1, D, 0, 0, 0);
+  gb_value(&b, 1, "w1", F32, 2, FF, D, 0, 0);
+  gb_value(&b, 1, "c1", F32, 1, FF, 0, 0, 0);
+  gb_value(&b, 1, "w2", F32, 2, D, FF, 0, 0);
+  gb_value(&b, 1, "c2", F32, 1, D, 0, 0, 0);
+  gb_node(&b, "ln1", "layer_norm", "x", "g1", "be1");
+  gb_node(&b, "q", "linear", "ln1", "wq", NULL);
+  gb_node(&b, "k", "linear", "ln1", "wk", NULL);
+  gb_node(&b, "v", "linear", "ln1", "wv", NULL);
+  gb_int(&b, gb_node(&b, "scores", "matmul", "q", "k", NULL), "transpose_b", 1);
+  gb_node(&b, "scaled", "mul", "scores", "scale", NULL);
+  gb_node(&b, "attn", "softmax", "scaled", NULL, NULL);
+  gb_node(&b, "ctx", "matmul", "attn", "v", NULL);
+  gb_node(&b, "o", "linear", "ctx", "wo", "bo");
+  gb_node(&b, "r1", "add", "x", "o", NULL);
+  gb_node(&b, "ln2", "layer_norm", "r1", "g2", "be2");
+  gb_node(&b, "m1", "linear", "ln2", "w1", "c1");
+  gb_node(&b, "act", "gelu", "m1", NULL, NULL);
+  gb_node(&b, "m2", "linear", "act", "w2", "c2");
+  gb_node(&b, "y", "add", "r1", "m2", NULL);
+  gb_node(&b, "loss", "mse_loss", "y", "target", NULL);
+  b.outputs[b.graph.n_outputs++] = "loss";
+  harness h;
+  harness_setup(&h, &b, 0.5f, 1);
+  check_gradients(&h, 10, 1e-2f, 5e-2, 2e-3);
+  harness_teardown(&h);
+}
+END_TEST
+
+/* bfloat16 storage: a program whose input and parameters are bfloat16 computes in float32
+ * exactly as the float32 program on the rounded values, and its gradients (float32) match. */
+START_TEST(test_bfloat16_storage_matches_float32) {
+  graph_builder b16, b32;
+  for (int pass = 0; pass < 2; pass++) {
+    graph_builder *b = pass ? &b32 : &b16;
+    int dt = pass ? F32 : TTD__V1__DTYPE__DTYPE_BFLOAT16;
+    gb_init(b);
+    gb_value(b, 0, "x", dt, 2, 4, 6, 0, 0);
+    gb_value(b, 0, "t", F32, 2, 4, 3, 0, 0);
+    gb_value(b, 1, "w", dt, 2, 3, 6, 0, 0);
+    gb_value(b, 1, "c", dt, 1, 3, 0, 0, 0);
+    gb_node(b, "y", "linear", "x", "w", "c");
+    gb_node(b, "a", "tanh", "y", NULL, NULL);
+    gb_node(b, "loss", "mse_loss", "a", "t", NULL);
+    b->outputs[b->graph.n_outputs++] = "loss";
+  }
+  harness h16, h32;
+  harness_setup(&h16, &b16, 0.5f, 1);
+  harness_setup(&h32, &b32, 0.5f, 1);
+  /* Same values: the float32 program gets the bfloat16 values widened. */
+  ttd_tensor *pairs[3][2] = {{h16.inputs[0], h32.inputs[0]}, {h16.params[0], h32.params[0]}, {h16.params[1], h32.params[1]}};
+  for (int k = 0; k < 3; k++) {
+    uint64_t n = pairs[k][0]->spec.numel;
+    ck_assert_int_eq(pairs[k][0]->spec.dtype, TTD_DTYPE_BFLOAT16);
+    ck_assert_ptr_null(h16.backend->vtable->buffer_convert(h16.backend, pairs[k][0]->buffer, TTD_DTYPE_BFLOAT16,
+                                                           pairs[k][1]->buffer, TTD_DTYPE_FLOAT32, n));
+  }
+  ttd_backend *b2 = h32.backend; /* both harnesses have their own card: copy the target over */
+  float target[12];
+  b2->vtable->buffer_read(b2, h32.inputs[1]->buffer, 0, target, sizeof(target));
+  h16.backend->vtable->buffer_write(h16.backend, h16.inputs[1]->buffer, 0, target, sizeof(target));
+  double l16 = loss_of(&h16), l32 = loss_of(&h32);
+  ck_assert(isfinite(l16));
+  ck_assert_double_eq(l16, l32);
+  /* Gradients: float32 for the bfloat16 parameters, equal to the float32 program's. */
+  ttd_tensor *g16[MAXV] = {0}, *g32[MAXV] = {0};
+  harness *hs[2] = {&h16, &h32};
+  ttd_tensor **gs[2] = {g16, g32};
+  for (int k = 0; k < 2; k++) {
+    ttd_run *run = NULL;
+    ck_assert_ptr_null(ttd_run_forward(hs[k]->backend, NULL, hs[k]->program, hs[k]->inputs, 2, hs[k]->params, 2, &run));
+    ttd_tensor_spec one = {.dtype = TTD_DTYPE_FLOAT32, .ndim = 0};
+    ttd_tensor_spec_finish(&one);
+    ttd_tensor *dloss = NULL;
+    ck_assert_ptr_null(ttd_tensor_create(hs[k]->backend, NULL, &one, &dloss));
+    write_at(hs[k]->backend, dloss, 0, 1.0f);
+    ck_assert_ptr_null(ttd_run_backward(run, hs[k]->backend, &dloss, gs[k], NULL));
+    ttd_run_free(run);
+    ttd_tensor_release(dloss);
+  }
+  for (int p = 0; p < 2; p++) {
+    ck_assert_int_eq(g16[p]->spec.dtype, TTD_DTYPE_FLOAT32);
+    for (uint64_t i = 0; i < g16[p]->spec.numel; i++) {
+      ck_assert_float_eq(read_at(h16.backend, g16[p], i), read_at(h32.backend, g32[p], i));
+    }
+    ttd_tensor_release(g16[p]);
+    ttd_tensor_release(g32[p]);
+  }
+  harness_teardown(&h16);
+  harness_teardown(&h32);
+}
+END_TEST
+
+Suite *program_grad_suite(void) {
+  Suite *s = suite_create("program_grad");
+  TCase *tc = tcase_create("whole_program");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_mlp_gradients);
+  tcase_add_test(tc, test_backward_without_input_grads);
+  tcase_add_test(tc, test_lenet_gradients);
+  tcase_add_test(tc, test_transformer_block_gradients);
+  tcase_add_test(tc, test_bfloat16_storage_matches_float32);
+  suite_add_tcase(s, tc);
+  return s;
+}
