@@ -22,7 +22,8 @@ endif
 # the shared runtime (daemon/runtime/, over kernels/ and the generated protocol) is all that
 # libttclient, ttctl and the tools reach; the server's folders (daemon/*/) are for ttd alone.
 # scripts/check-layers (run by `make test`) fails on an include that crosses a layer.
-CFLAGS := -std=gnu11 $(OPT) -g -fPIC -Wall -Wextra -Wno-unused-parameter -DNOMINMAX -MMD -MP \
+VERSION := 1.0.0
+CFLAGS := -std=gnu11 $(OPT) -g -fPIC -Wall -Wextra -Wno-unused-parameter -DNOMINMAX -MMD -MP -DTTD_VERSION='"$(VERSION)"' \
   $(shell pkg-config --cflags $(PKGS) check 2>/dev/null)
 RUNTIME_INC := -I$(BUILD)/gen -Iproto -Ikernels -Idaemon/runtime
 SERVER_INC := $(RUNTIME_INC) -Idaemon
@@ -168,7 +169,7 @@ demo: deps
 	$(MAKE) all
 	scripts/demo.sh $(BUILD)
 
-# make bench (issue 6): scripts/bench/bench runs every bench program against this build's ttd
+# make bench: scripts/bench/bench runs every bench program against this build's ttd
 # and writes $(BUILD)/bench/results.json. The programs are not part of `all`: they link
 # OpenBLAS (the sgemm reference, bench only), which `make test` must not need. $(LIB_A)
 # holds the kernels (ttd_k_matmul, ttd_pool) bench_matmul measures.
@@ -206,7 +207,7 @@ fuzz-replay: $(FUZZ_REPLAY)
 fuzz-corpus: $(PY_GEN)
 	PYTHONPATH=$(BUILD)/py tests/fuzz/make_corpus.py tests/fuzz/corpus
 
-# make fuzz (issue 7): the harnesses built with clang's libFuzzer, ASan and UBSan into
+# make fuzz: the harnesses built with clang's libFuzzer, ASan and UBSan into
 # $(BUILD)/fuzz, each run for FUZZ_SECONDS from its seed corpus; execs and crashes per
 # harness go to $(BUILD)/fuzz/summary.txt, crashing inputs to $(BUILD)/fuzz/artifacts/.
 # Needs clang and libFuzzer (scripts/install-deps.sh --fuzz), which `make test` does not.
@@ -233,15 +234,15 @@ clean:
 # make install: PREFIX (default /usr/local) and DESTDIR as usual. The unit file goes to
 # /lib/systemd/system with ExecStart pointing into PREFIX; an existing /etc/ttd/ttd.conf is kept.
 PREFIX ?= /usr/local
-TTCLIENT_VERSION := 1.0.0
+TTCLIENT_VERSION := $(VERSION)
 INSTALL_GEN := $(BUILD)/install
 
-install: $(TTD) $(LIB_RT) $(LIB_A) $(LIB_SO)
+install: $(TTD) $(LIB_A) $(LIB_SO) $(BUILD)/bin/ttctl
 	@mkdir -p $(INSTALL_GEN)
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(TTCLIENT_VERSION)|g' client/ttclient.pc.in > $(INSTALL_GEN)/ttclient.pc
 	sed -e 's|^ExecStart=/usr/local/bin/ttd|ExecStart=$(PREFIX)/bin/ttd|' scripts/ttd.service > $(INSTALL_GEN)/ttd.service
 	install -D -m 0755 $(TTD) $(DESTDIR)$(PREFIX)/bin/ttd
-	if [ -f $(BUILD)/bin/ttctl ]; then install -D -m 0755 $(BUILD)/bin/ttctl $(DESTDIR)$(PREFIX)/bin/ttctl; fi
+	install -D -m 0755 $(BUILD)/bin/ttctl $(DESTDIR)$(PREFIX)/bin/ttctl
 	install -D -m 0644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/libttclient.a
 	install -D -m 0755 $(LIB_SO).1 $(DESTDIR)$(PREFIX)/lib/libttclient.so.1
 	ln -sfn libttclient.so.1 $(DESTDIR)$(PREFIX)/lib/libttclient.so
@@ -253,7 +254,7 @@ install: $(TTD) $(LIB_RT) $(LIB_A) $(LIB_SO)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
-# scripts/faults and scripts/soak (issue 7): the fault and soak drivers, built from
+# scripts/faults and scripts/soak: the fault and soak drivers, built from
 # scripts/faults-src/ with libttclient, the daemon's token helpers (for the --tokens file)
 # and the bench's statistics and MLP step. `make faults-short` is the short fault suite
 # for CI (under a minute); `make faults` the full run, `make soak SOAK_SECONDS=N` the soak.
@@ -291,7 +292,7 @@ SOAK_SECONDS ?= 120
 soak: soak-bin
 	scripts/soak $(SOAK_SECONDS) $(BUILD)
 
-# make valgrind (issue 7): the end-to-end suites with every ttd they start under memcheck
+# make valgrind: the end-to-end suites with every ttd they start under memcheck
 # (scripts/valgrind-e2e --client puts the test process under it too); BUILD/valgrind/
 # summary.txt gets the processes, errors and definitely lost bytes. Long (tens of minutes):
 # not part of `make test`.

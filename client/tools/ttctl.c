@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "ttctl.h"
+#include "ttd/v1/protocol.h"
 
 static void print_usage(FILE *out) {
   fputs("usage: ttctl [OPTIONS] COMMAND [ARGS]\n"
@@ -34,6 +35,7 @@ static void print_usage(FILE *out) {
         "  --insecure              plain-text TCP, for a ttd started with --insecure\n"
         "  --json                  machine-readable output (status, sessions, kill, ping)\n"
         "  -h, --help              this text\n"
+        "  --version               ttctl's version and the protocol version it speaks\n"
         "\n"
         "exit status: 0 done, 1 the daemon refused or could not be reached, 2 bad usage\n",
         out);
@@ -45,8 +47,7 @@ int ttctl_usage_error(const char *fmt, ...) {
   va_start(ap, fmt);
   vfprintf(stderr, fmt, ap);
   va_end(ap);
-  fputs("\n\n", stderr);
-  print_usage(stderr);
+  fputs("; see ttctl --help\n", stderr);
   return TTCTL_USAGE;
 }
 
@@ -146,6 +147,10 @@ int main(int argc, char **argv) {
     }
     if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
       print_usage(stdout);
+      return TTCTL_OK;
+    }
+    if (strcmp(arg, "--version") == 0) {
+      printf("ttctl %s (protocol ttd.v1, version %d)\n", TTD_VERSION, TTD_PROTOCOL_VERSION);
       return TTCTL_OK;
     }
     const char *eq = strchr(arg, '=');

@@ -63,6 +63,9 @@ typedef struct ttd_call {
    * sending zero-copy views): the poller runs them itself instead of handing each one to a
    * work-queue thread, two thread wake-ups fewer per message. */
   bool light_events;
+  /* The server's list of calls a client has started (rpc/server.c). */
+  struct ttd_call *active_prev, *active_next;
+  bool active_listed;
 } ttd_call;
 
 /* Readies a zeroed call of method on core: the arena allocator for protobuf-c, empty

@@ -3,6 +3,11 @@
 
 #include <errno.h>
 #include <grp.h>
+#include <netdb.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <sys/socket.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <inttypes.h>
@@ -38,7 +43,40 @@ struct ttd_server {
   atomic_long live_calls; /* call contexts not yet destroyed, requested ones included */
   atomic_ullong next_request_id;
   atomic_bool cancelling; /* the drain timeout passed: queued device work is not run */
+  ttd_call *active;       /* calls a client started, not yet destroyed; under lock */
 };
+
+/* The calls a client has started are listed so that a stop past its drain timeout can end
+ * each one with UNAVAILABLE "ttd is shutting down" rather than gRPC's bare CANCELLED. */
+static void active_add(ttd_call *c) {
+  pthread_mutex_lock(&c->server->lock);
+  c->active_next = c->server->active;
+  if (c->active_next) c->active_next->active_prev = c;
+  c->server->active = c;
+  c->active_listed = true;
+  pthread_mutex_unlock(&c->server->lock);
+}
+
+static void active_remove(ttd_call *c) {
+  if (!c->active_listed) return;
+  pthread_mutex_lock(&c->server->lock);
+  if (c->active_prev) c->active_prev->active_next = c->active_next;
+  else c->server->active = c->active_next;
+  if (c->active_next) c->active_next->active_prev = c->active_prev;
+  c->active_listed = false;
+  pthread_mutex_unlock(&c->server->lock);
+}
+
+static const char shutting_down[] = "ttd is shutting down: its drain timeout passed before this call finished; "
+                                    "reconnect when it is back";
+
+static void active_cancel_all(ttd_server *server) {
+  pthread_mutex_lock(&server->lock);
+  for (ttd_call *c = server->active; c; c = c->active_next) {
+    grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE, shutting_down, NULL);
+  }
+  pthread_mutex_unlock(&server->lock);
+}
 
 /* ---- call lifecycle ---- */
 
@@ -73,6 +111,7 @@ static ttd_status_t request_call(ttd_server *server, const ttd_method *method, v
 }
 
 static void call_destroy(ttd_call *c) {
+  active_remove(c);
   if (c->session) ttd_session_stream_remove(c->session, &c->session_stream);
   ttd_call_deinit(c);
   if (c->method == &unknown_method) grpc_call_details_destroy(&c->details);
@@ -186,8 +225,9 @@ static void run_scheduled(ttd_job *job) {
   ttd_log_set_call(c->request_id, c->session ? c->session->id : 0);
   ttd_status_t refused = TTD_OK;
   if (atomic_load(&c->server->cancelling)) {
-    refused = ttd_make_status(GRPC_STATUS_CANCELLED,
-                              "ttd is stopping and its drain timeout passed before this call's turn on the device");
+    refused = ttd_make_status(GRPC_STATUS_UNAVAILABLE,
+                              "ttd is shutting down: its drain timeout passed before this call's turn on the device; "
+                              "reconnect when it is back");
   } else if (gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) > 0) {
     refused = ttd_make_status(GRPC_STATUS_DEADLINE_EXCEEDED,
                               "%s waited past its deadline for its turn on the device; the device is busy with "
@@ -351,6 +391,7 @@ static void on_call_event(ttd_call *c, bool ok) {
         return;
       }
       c->started_ns = now_ns();
+      active_add(c);
       c->request_id = atomic_fetch_add(&server->next_request_id, 1) + 1;
       snprintf(c->request_id_text, sizeof(c->request_id_text), "%" PRIu64, c->request_id);
       ttd_log_set_call(c->request_id, 0);
@@ -432,6 +473,82 @@ static void *poller_main(void *arg) {
   }
 }
 
+/* The first PEM certificate of text, or NULL. */
+static X509 *pem_certificate(const char *text) {
+  BIO *bio = BIO_new_mem_buf(text, -1);
+  X509 *x = bio ? PEM_read_bio_X509(bio, NULL, NULL, NULL) : NULL;
+  BIO_free(bio);
+  return x;
+}
+
+/* gRPC takes any text for a certificate or key and fails later, when the port is added,
+ * with no reason given: each file is parsed here, and the key must match the certificate,
+ * so the error names the file to fix. */
+static ttd_status_t check_tls_files(const ttd_config *config, const char *cert, const char *key, const char *ca) {
+  ttd_status_t status = TTD_OK;
+  X509 *x = pem_certificate(cert);
+  BIO *bio = BIO_new_mem_buf(key, -1);
+  EVP_PKEY *pkey = bio ? PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL) : NULL;
+  BIO_free(bio);
+  X509 *authority = ca ? pem_certificate(ca) : NULL;
+  if (!x) {
+    status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--tls-cert %s holds no PEM certificate", config->tls_cert);
+  } else if (!pkey) {
+    status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                             "--tls-key %s holds no PEM private key (or it is encrypted: ttd needs it unencrypted)",
+                             config->tls_key);
+  } else if (X509_check_private_key(x, pkey) != 1) {
+    status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--tls-key %s is not the key of the certificate in --tls-cert %s",
+                             config->tls_key, config->tls_cert);
+  } else if (ca && !authority) {
+    status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--tls-client-ca %s holds no PEM certificate",
+                             config->tls_client_ca);
+  }
+  X509_free(authority);
+  EVP_PKEY_free(pkey);
+  X509_free(x);
+  ERR_clear_error();
+  return status;
+}
+
+/* Why a TCP address cannot be listened on: resolves it and binds a socket to it, so the
+ * error says which of syntax, name, port in use or permission it is. */
+static ttd_status_t tcp_listen_error(const char *address) {
+  char host[256];
+  const char *colon = strrchr(address, ':');
+  if (!colon || colon == address || strlen(address) >= sizeof(host)) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot listen on '%s': use unix:/path or host:port", address);
+  }
+  size_t hlen = (size_t)(colon - address);
+  memcpy(host, address, hlen);
+  host[hlen] = '\0';
+  char *h = host;
+  if (h[0] == '[' && hlen > 1 && h[hlen - 1] == ']') {
+    h[hlen - 1] = '\0';
+    h++;
+  }
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+  int rc = getaddrinfo(h[0] ? h : NULL, colon + 1, &hints, &ai);
+  if (rc != 0) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot listen on '%s': %s (use host:port)", address,
+                           gai_strerror(rc));
+  }
+  int err = 0;
+  int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+  if (fd < 0) err = errno;
+  int one = 1;
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (fd >= 0 && bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) err = errno;
+  if (fd >= 0) close(fd);
+  freeaddrinfo(ai);
+  if (err == EADDRINUSE) {
+    return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s': address in use (is another ttd running?)",
+                           address);
+  }
+  if (err) return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s': %s", address, strerror(err));
+  return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s'", address);
+}
+
 /* The credentials of one listener: Unix sockets are plain (the file's mode and group guard
  * them); TCP is TLS from --tls-cert/--tls-key (mutual with --tls-client-ca), or plain only
  * with --insecure. */
@@ -463,6 +580,7 @@ static ttd_status_t listener_credentials(const ttd_config *config, const char *a
   if (!status && (!strstr(cert, "-----BEGIN") || !strstr(key, "-----BEGIN") || (ca && !strstr(ca, "-----BEGIN")))) {
     status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--tls-cert, --tls-key and --tls-client-ca must be PEM files");
   }
+  if (!status) status = check_tls_files(config, cert, key, ca);
   if (!status) {
     grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
     *out = grpc_ssl_server_credentials_create_ex(
@@ -504,9 +622,9 @@ static ttd_status_t bind_address(ttd_server *server, const char *address) {
   umask(old_mask);
   grpc_server_credentials_release(creds);
   if (port == 0) {
-    return ttd_make_status(GRPC_STATUS_UNAVAILABLE,
-                           "cannot listen on '%s': address in use, bad syntax or no permission "
-                           "(use unix:/path or host:port)", address);
+    if (strncmp(address, "unix", 4) != 0) return tcp_listen_error(address);
+    return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s': %s", address,
+                           access(address + 5, F_OK) == 0 ? "the socket file is in the way" : "no permission on its folder");
   }
   TTD_RETURN_IF_ERROR(secure_socket(config, address));
   TTD_LOG(TTD_LOG_INFO, "event=listening address=%s tls=%s", address,
@@ -538,6 +656,9 @@ ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int 
   grpc_arg args[] = {
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = TTD_MAX_MESSAGE_BYTES},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = -1},
+      /* gRPC shares a TCP port between processes by default (SO_REUSEPORT): a second ttd
+       * would take half the connections of the first. One daemon owns a port. */
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
   };
   grpc_channel_args channel_args = {sizeof(args) / sizeof(args[0]), args};
   server->server = grpc_server_create(&channel_args, NULL);
@@ -620,7 +741,8 @@ void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
   if (!drained) {
     TTD_LOG(TTD_LOG_WARN, "event=drain-timeout drain_ms=%" PRId64 " action=cancel-in-flight-calls", drain_ms);
     atomic_store(&server->cancelling, true);
-    grpc_server_cancel_all_calls(server->server);
+    active_cancel_all(server);
+    grpc_server_cancel_all_calls(server->server); /* calls not yet started by a client */
     pthread_mutex_lock(&server->lock);
     while (!server->shutdown_done) pthread_cond_wait(&server->shutdown_done_cond, &server->lock);
     pthread_mutex_unlock(&server->lock);

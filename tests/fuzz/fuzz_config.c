@@ -25,8 +25,8 @@ static void run_flags(ttd_config *config, char *text) {
     if (strncmp(line, "--config", 8) == 0) return;
     argv[argc++] = line;
   }
-  int help = 0;
-  ttd_status_free(ttd_config_load(config, argc, argv, &help));
+  ttd_config_action action;
+  ttd_status_free(ttd_config_load(config, argc, argv, &action));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

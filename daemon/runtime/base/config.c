@@ -58,6 +58,7 @@ static const option options[] = {
 };
 
 #define OPTION_COUNT (sizeof(options) / sizeof(options[0]))
+_Static_assert(OPTION_COUNT <= TTD_CONFIG_MAX_OPTIONS, "raise TTD_CONFIG_MAX_OPTIONS");
 
 static const option *find_option(const char *name, size_t len) {
   for (size_t i = 0; i < OPTION_COUNT; i++) {
@@ -171,7 +172,7 @@ static ttd_status_t set_option(ttd_config *config, const option *opt, const char
 
 ttd_status_t ttd_config_set(ttd_config *config, const char *name, const char *value) {
   const option *opt = find_option(name, strlen(name));
-  if (!opt) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "unknown option '%s'; see ttd --help", name);
+  if (!opt) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "unknown option '%s'", name);
   return set_option(config, opt, value);
 }
 
@@ -293,7 +294,7 @@ static ttd_status_t flag_at(int argc, char **argv, int *i, const option **out_op
   const char *eq = strchr(name, '=');
   size_t len = eq ? (size_t)(eq - name) : strlen(name);
   const option *opt = find_option(name, len);
-  if (!opt) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "unknown option '%s'; see ttd --help", arg);
+  if (!opt) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "unknown option '%s'", arg);
   if (eq) {
     *out_value = eq + 1;
   } else if (opt->type == OPT_BOOL) {
@@ -307,11 +308,15 @@ static ttd_status_t flag_at(int argc, char **argv, int *i, const option **out_op
   return TTD_OK;
 }
 
-ttd_status_t ttd_config_load(ttd_config *config, int argc, char **argv, int *out_help) {
-  *out_help = 0;
+ttd_status_t ttd_config_load(ttd_config *config, int argc, char **argv, ttd_config_action *out_action) {
+  *out_action = TTD_CONFIG_RUN;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-      *out_help = 1;
+      *out_action = TTD_CONFIG_HELP;
+      return TTD_OK;
+    }
+    if (strcmp(argv[i], "--version") == 0) {
+      *out_action = TTD_CONFIG_VERSION;
       return TTD_OK;
     }
   }
@@ -370,4 +375,41 @@ void ttd_config_usage(FILE *out) {
     fputc('\n', out);
   }
   fprintf(out, "  %-18s %s\n", "--help", "show this help");
+  fprintf(out, "  %-18s %s\n", "--version", "show ttd's version and protocol version");
+}
+
+static bool option_equal(const ttd_config *a, const ttd_config *b, const option *opt) {
+  const char *fa = (const char *)a + opt->offset, *fb = (const char *)b + opt->offset;
+  switch (opt->type) {
+    case OPT_INT: return *(const int *)fa == *(const int *)fb;
+    case OPT_SIZE: return *(const uint64_t *)fa == *(const uint64_t *)fb;
+    case OPT_DURATION: return *(const int64_t *)fa == *(const int64_t *)fb;
+    case OPT_BOOL: return *(const bool *)fa == *(const bool *)fb;
+    case OPT_STRING: {
+      const char *sa = *(char *const *)fa, *sb = *(char *const *)fb;
+      return sa == sb || (sa && sb && strcmp(sa, sb) == 0);
+    }
+    case OPT_STRING_LIST:
+      if (a->listen_count != b->listen_count) return false;
+      for (int i = 0; i < a->listen_count; i++) {
+        if (strcmp(a->listen[i], b->listen[i]) != 0) return false;
+      }
+      return true;
+  }
+  return false;
+}
+
+/* The options SIGHUP applies while serving; every other one takes a restart. */
+static bool reloads(const option *opt) {
+  return strcmp(opt->name, "tokens") == 0 || strcmp(opt->name, "quota") == 0 || strcmp(opt->name, "config") == 0;
+}
+
+int ttd_config_restart_changes(const ttd_config *running, const ttd_config *fresh, const char **out_names, int max) {
+  int n = 0;
+  for (size_t i = 0; i < OPTION_COUNT; i++) {
+    if (reloads(&options[i]) || option_equal(running, fresh, &options[i])) continue;
+    if (n < max) out_names[n] = options[i].name;
+    n++;
+  }
+  return n < max ? n : max;
 }

@@ -14,6 +14,14 @@
 #include "base/status.h"
 
 #define TTD_CONFIG_MAX_LISTEN 16
+#define TTD_CONFIG_MAX_OPTIONS 64 /* at least the options of the table */
+
+/* What the command line asks for besides the options. */
+typedef enum ttd_config_action {
+  TTD_CONFIG_RUN,
+  TTD_CONFIG_HELP,    /* --help or -h */
+  TTD_CONFIG_VERSION, /* --version */
+} ttd_config_action;
 
 typedef struct ttd_config {
   char *listen[TTD_CONFIG_MAX_LISTEN]; /* "unix:/path" or "host:port"; none = default socket */
@@ -43,8 +51,8 @@ void ttd_config_defaults(ttd_config *config);
 
 /* Applies --config FILE (if given) and then the flags. INVALID_ARGUMENT naming the flag or
  * the file and line for an unknown option, a malformed value or one out of bounds.
- * Sets *out_help when --help was given. */
-ttd_status_t ttd_config_load(ttd_config *config, int argc, char **argv, int *out_help);
+ * *out_action says whether --help or --version was given (then nothing else is read). */
+ttd_status_t ttd_config_load(ttd_config *config, int argc, char **argv, ttd_config_action *out_action);
 
 /* Applies one option by name; used by both the flag and the file readers. */
 ttd_status_t ttd_config_set(ttd_config *config, const char *name, const char *value);
@@ -60,6 +68,11 @@ ttd_status_t ttd_config_apply_text(ttd_config *config, const char *text, const c
 ttd_status_t ttd_config_check(const ttd_config *config);
 
 void ttd_config_usage(FILE *out);
+
+/* The options whose value differs between running and fresh but which only a restart
+ * applies (every option but --tokens, --quota and --config): their names go to out_names,
+ * at most max of them; returns how many. */
+int ttd_config_restart_changes(const ttd_config *running, const ttd_config *fresh, const char **out_names, int max);
 
 /* Frees strings held by config. */
 void ttd_config_clear(ttd_config *config);

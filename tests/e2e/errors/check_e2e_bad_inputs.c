@@ -1,4 +1,4 @@
-/* The bad-input table (issue 7): a real ttd, started with a tokens file, two devices and its
+/* The bad-input table: a real ttd, started with a tokens file, two devices and its
  * admin listener, gets a table of bad requests to every RPC of ttd.v1.Device: wrong types,
  * zero, negative and overflowing dims, mismatched dtypes, empty and duplicated handle lists,
  * handles of another session, tenant and daemon instance, streams cut mid-message, chunks

@@ -59,7 +59,8 @@ static uint64_t compile(const sess *s, graph_builder *b) {
 
 /* Runs the session's program once and (with free_output) frees its output; returns the
  * gRPC code. */
-static int execute_program(const sess *s, int free_output) {
+/* Runs s's program; returns the gRPC code, and the status message into details when given. */
+static int execute_program(const sess *s, int free_output, char details[1024]) {
   Ttd__V1__ExecuteRequest req = TTD__V1__EXECUTE_REQUEST__INIT;
   req.program = s->program;
   req.inputs = (uint64_t *)s->operands;
@@ -69,6 +70,7 @@ static int execute_program(const sess *s, int free_output) {
   raw_result r;
   raw_call(proc.target, "/ttd.v1.Device/Execute", (raw_md){.session = s->id}, buf, len, &r);
   int code = r.code;
+  if (details) snprintf(details, 1024, "%s", r.details);
   if (code == 0 && free_output) {
     Ttd__V1__ExecuteResponse *resp = ttd__v1__execute_response__unpack(NULL, r.body_len, r.body);
     uint64_t out = resp->outputs[0]->handle;
@@ -86,7 +88,7 @@ static int execute_program(const sess *s, int free_output) {
   return code;
 }
 
-static int execute(const sess *s) { return execute_program(s, 1); }
+static int execute(const sess *s) { return execute_program(s, 1, NULL); }
 
 static sess heavy, light;
 
@@ -185,11 +187,12 @@ END_TEST
 typedef struct drain_call {
   pthread_t thread;
   int code;
+  char details[1024];
 } drain_call;
 
 static void *drain_call_main(void *arg) {
   drain_call *d = arg;
-  d->code = execute_program(&heavy, 0); /* the daemon frees the output as it stops */
+  d->code = execute_program(&heavy, 0, d->details); /* the daemon frees the output as it stops */
   return NULL;
 }
 
@@ -201,7 +204,7 @@ static int log_has(const char *needle) {
 
 /* Starts ttd with drain_timeout, queues n heavy programs, sends SIGTERM once they are in
  * flight and returns ttd's exit status; codes[i] gets each call's gRPC code. */
-static int sigterm_with_queue(const char *drain_timeout, int n, int *codes) {
+static int sigterm_with_queue(const char *drain_timeout, int n, int *codes, char (*details)[1024]) {
   const char *args[] = {"--drain-timeout", drain_timeout, NULL};
   ttd_proc_start(&proc, args);
   setenv("TTD_KEEP_LOGS", "1", 1);
@@ -217,6 +220,7 @@ static int sigterm_with_queue(const char *drain_timeout, int n, int *codes) {
   for (int i = 0; i < n; i++) {
     pthread_join(calls[i].thread, NULL);
     codes[i] = calls[i].code;
+    if (details) snprintf(details[i], sizeof(details[i]), "%s", calls[i].details);
   }
   int status;
   waitpid(proc.pid, &status, 0);
@@ -233,7 +237,7 @@ static void remove_proc_dir(void) {
 
 START_TEST(test_sigterm_lets_queued_programs_finish) {
   int codes[6];
-  ck_assert_int_eq(sigterm_with_queue("30", 6, codes), 0);
+  ck_assert_int_eq(sigterm_with_queue("30", 6, codes, NULL), 0);
   /* Every call in flight at SIGTERM was answered with its result. */
   for (int i = 0; i < 6; i++) ck_assert_msg(codes[i] == 0, "call %d: code %d", i, codes[i]);
   ck_assert(log_has("event=stopping"));
@@ -245,14 +249,17 @@ END_TEST
 
 START_TEST(test_sigterm_past_drain_timeout_cancels) {
   int codes[8];
-  ck_assert_int_eq(sigterm_with_queue("1ms", 8, codes), 0);
+  char details[8][1024];
+  ck_assert_int_eq(sigterm_with_queue("1ms", 8, codes, details), 0);
   ck_assert(log_has("event=drain-timeout"));
   ck_assert(!log_has("event=calls-leaked"));
-  /* Programs still queued were dropped, not run after their callers were told CANCELLED. */
+  /* Programs still queued were dropped, not run after their callers were told so. */
   ck_assert(log_has("drain timeout passed before this call"));
+  /* Each call cut short learns why: UNAVAILABLE "ttd is shutting down", never a bare CANCELLED. */
   int cut = 0;
   for (int i = 0; i < 8; i++) {
-    ck_assert_msg(codes[i] == 0 || codes[i] == 1 || codes[i] == 14, "call %d: code %d", i, codes[i]);
+    ck_assert_msg(codes[i] == 0 || codes[i] == 14, "call %d: code %d (%s)", i, codes[i], details[i]);
+    if (codes[i]) ck_assert_msg(strstr(details[i], "ttd is shutting down"), "call %d: '%s'", i, details[i]);
     cut += codes[i] != 0;
   }
   ck_assert_int_gt(cut, 0);

@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -363,11 +366,8 @@ START_TEST(test_make_install) {
 
   snprintf(path, sizeof(path), "%s/usr/bin/ttd", dest);
   assert_mode(path, S_IFREG, 0755);
-  char ttctl[2 * PATH_MAX + 32];
-  if (build[0] == '/') snprintf(ttctl, sizeof(ttctl), "%s/bin/ttctl", build);
-  else snprintf(ttctl, sizeof(ttctl), "%s/%s/bin/ttctl", root, build);
   snprintf(path, sizeof(path), "%s/usr/bin/ttctl", dest);
-  ck_assert_int_eq(access(path, F_OK) == 0, access(ttctl, F_OK) == 0); /* installed exactly when built */
+  assert_mode(path, S_IFREG, 0755); /* built for the install if it was not */
   snprintf(path, sizeof(path), "%s/usr/lib/libttclient.a", dest);
   assert_mode(path, S_IFREG, 0644);
   snprintf(path, sizeof(path), "%s/usr/lib/libttclient.so.1", dest);
@@ -496,7 +496,7 @@ START_TEST(test_sample_config) {
   for (const char *at = strstr(help, "\n  --"); at; at = strstr(at + 1, "\n  --")) {
     char name[64];
     ck_assert_int_eq(sscanf(at + 5, "%63s", name), 1);
-    if (strcmp(name, "help") == 0 || strcmp(name, "config") == 0) continue;
+    if (strcmp(name, "help") == 0 || strcmp(name, "version") == 0 || strcmp(name, "config") == 0) continue;
     options++;
     char def[256], line[512];
     ck_assert_ptr_nonnull(help_default(help, name, def, sizeof(def)));
@@ -542,6 +542,91 @@ START_TEST(test_sample_config) {
 }
 END_TEST
 
+/* The number of lines of text. */
+static int count_lines(const char *text) {
+  int n = 0;
+  for (const char *p = text; *p; p++) n += *p == '\n';
+  return n;
+}
+
+/* --version prints one line and exits 0; a usage error prints exactly one line naming the
+ * bad option and "see ttd --help", and exits 2, without the whole help. */
+START_TEST(test_version_and_usage_errors) {
+  char bin[PATH_MAX], cmd[PATH_MAX + 64];
+  ttd_bin(bin, sizeof(bin));
+  char *out = NULL;
+  snprintf(cmd, sizeof(cmd), "'%s' --version", bin);
+  ck_assert_int_eq(run(cmd, &out), 0);
+  ck_assert_msg(strncmp(out, "ttd 1.", 6) == 0 && strstr(out, "protocol ttd.v1") && count_lines(out) == 1, "%s", out);
+  free(out);
+  static const char *const bad[][2] = {
+      {"--bogus", "unknown option '--bogus'"},
+      {"--threads 0", "--threads must be an integer"},
+      {"serve", "unexpected argument 'serve'"},
+      {"--log-level loud", "--log-level must be"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    snprintf(cmd, sizeof(cmd), "'%s' %s", bin, bad[i][0]);
+    ck_assert_int_eq(run(cmd, &out), 2);
+    ck_assert_msg(strncmp(out, "ttd: ", 5) == 0 && strstr(out, bad[i][1]) && strstr(out, "see ttd --help") &&
+                  count_lines(out) == 1, "ttd %s: %s", bad[i][0], out);
+    free(out);
+  }
+}
+END_TEST
+
+/* When the admin listener cannot bind (its port is taken), ttd says so and exits 1: it
+ * never logged "ready" (which comes only once every listener is bound), and it removed
+ * its socket file. */
+START_TEST(test_ready_only_after_every_listener) {
+  char bin[PATH_MAX], dir[64], cmd[2 * PATH_MAX];
+  ttd_bin(bin, sizeof(bin));
+  make_temp_dir(dir, sizeof(dir), "ready");
+  int taken = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  ck_assert_int_eq(bind(taken, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  ck_assert_int_eq(listen(taken, 1), 0);
+  socklen_t len = sizeof(sa);
+  ck_assert_int_eq(getsockname(taken, (struct sockaddr *)&sa, &len), 0);
+  char *out = NULL;
+  snprintf(cmd, sizeof(cmd), "'%s' --listen unix:%s/ttd.sock --admin 127.0.0.1:%d", bin, dir, ntohs(sa.sin_port));
+  ck_assert_int_eq(run(cmd, &out), 1);
+  ck_assert_msg(strstr(out, "event=start-failed") && !strstr(out, "event=ready"), "%s", out);
+  char sock[128];
+  snprintf(sock, sizeof(sock), "%s/ttd.sock", dir);
+  ck_assert_int_ne(access(sock, F_OK), 0);
+  free(out);
+  close(taken);
+  remove_tree(dir);
+}
+END_TEST
+
+/* A SIGHUP that changes an option only a restart applies logs a warning naming it (and
+ * keeps the running value); the options it does apply are not named. */
+START_TEST(test_reload_names_restart_options) {
+  char dir[64], conf[128];
+  make_temp_dir(dir, sizeof(dir), "hup");
+  snprintf(conf, sizeof(conf), "%s/ttd.conf", dir);
+  write_file(conf, "threads = 2\nquota = 0\n");
+  ttd_proc proc;
+  const char *args[] = {"--config", conf, NULL};
+  ttd_proc_start(&proc, args);
+  write_file(conf, "threads = 3\nquota = 1G\nspin-us = 7\n");
+  kill(proc.pid, SIGHUP);
+  for (int i = 0; i < 500 && harness_log_count(&proc, "event=reloaded") == 0; i++) {
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  ck_assert_int_eq(harness_log_count(&proc, "event=reloaded"), 1);
+  ck_assert_int_eq(harness_log_count(&proc, "event=reload-ignored option=threads "), 1);
+  ck_assert_int_eq(harness_log_count(&proc, "event=reload-ignored option=spin-us "), 1);
+  ck_assert_int_eq(harness_log_count(&proc, "event=reload-ignored option=quota "), 0);
+  ck_assert_int_eq(harness_log_count(&proc, "event=reload-ignored"), 2);
+  ck_assert_int_eq(ttd_proc_stop(&proc), 0);
+  remove_tree(dir);
+}
+END_TEST
+
 Suite *e2e_service_suite(void) {
   Suite *s = suite_create("e2e_service");
   TCase *notify = tcase_create("notify");
@@ -550,6 +635,12 @@ Suite *e2e_service_suite(void) {
   tcase_add_test(notify, test_notify_protocol);
   tcase_set_timeout(notify, 30);
   suite_add_tcase(s, notify);
+  TCase *cli = tcase_create("command_line");
+  tcase_add_test(cli, test_version_and_usage_errors);
+  tcase_add_test(cli, test_ready_only_after_every_listener);
+  tcase_add_test(cli, test_reload_names_restart_options);
+  tcase_set_timeout(cli, 30);
+  suite_add_tcase(s, cli);
   TCase *packaging = tcase_create("packaging");
   tcase_add_test(packaging, test_unit_file_verifies);
   tcase_add_test(packaging, test_make_install);

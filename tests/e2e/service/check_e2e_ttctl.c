@@ -278,7 +278,7 @@ START_TEST(test_kill) {
   const char *bad[] = {"zz", "0123", "0123456789abcdeg", "0123456789abcdef0", "-1"};
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     ck_assert_int_eq(ttctl_run(NULL, &out, &err, "--target %s kill -- %s", proc.target, bad[i]), 2);
-    ck_assert_msg(strstr(err, "is not a session id") && strstr(err, "usage: ttctl"), "%s", err);
+    ck_assert_msg(strstr(err, "is not a session id") && strstr(err, "see ttctl --help"), "%s", err);
     free(out);
     free(err);
   }
@@ -352,13 +352,19 @@ START_TEST(test_usage) {
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     char *out, *err;
     ck_assert_msg(ttctl_run(NULL, &out, &err, "--target %s %s", proc.target, bad[i]) == 2, "ttctl %s", bad[i]);
-    ck_assert_msg(strncmp(err, "ttctl: ", 7) == 0 && strstr(err, "usage: ttctl"), "ttctl %s: %s", bad[i], err);
+    /* One line naming the mistake and where help is, not the whole help. */
+    ck_assert_msg(strncmp(err, "ttctl: ", 7) == 0 && strstr(err, "; see ttctl --help\n") && !strstr(err, "usage:") &&
+                  strchr(err, '\n') == err + strlen(err) - 1, "ttctl %s: %s", bad[i], err);
     ck_assert_str_eq(out, "");
     free(out);
     free(err);
   }
   char *out = ttctl_expect(0, NULL, "--help");
   ck_assert_msg(strncmp(out, "usage: ttctl", 12) == 0 && strstr(out, "kill SESSION"), "%s", out);
+  free(out);
+  out = ttctl_expect(0, NULL, "--version");
+  ck_assert_msg(strncmp(out, "ttctl 1.", 8) == 0 && strstr(out, "protocol ttd.v1") && strchr(out, '\n') == out + strlen(out) - 1,
+                "%s", out);
   free(out);
 }
 END_TEST

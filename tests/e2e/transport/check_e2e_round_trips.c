@@ -1,4 +1,4 @@
-/* Fewer round trips (issue 6) through a real ttd: the seed training flow takes one RPC a
+/* Fewer round trips through a real ttd: the seed training flow takes one RPC a
  * step (Execute, carrying the previous step's Backward and step; counted on the admin
  * /metrics), the inline path gives
  * bit-identical losses and parameters to the plain one (TTD_INLINE=0, the explicit calls),

@@ -180,6 +180,21 @@ START_TEST(test_tcp_needs_tls_or_insecure) {
   expect_refused(not_pem, "must be PEM files");
   const char *missing[] = {"--listen", tcp, "--tokens", tokens_file, "--tls-cert", "/nonexistent.pem", "--tls-key", cert, NULL};
   expect_refused(missing, "cannot open TLS certificate /nonexistent.pem");
+  /* A key that is not the certificate's, or a PEM file of another kind, is named. */
+  char client_key[96];
+  path(client_key, sizeof(client_key), "client.key");
+  const char *foreign_key[] = {"--listen", tcp, "--tokens", tokens_file, "--tls-cert", cert, "--tls-key", client_key, NULL};
+  expect_refused(foreign_key, "is not the key of the certificate in --tls-cert");
+  const char *cert_as_key[] = {"--listen", tcp, "--tokens", tokens_file, "--tls-cert", cert, "--tls-key", cert, NULL};
+  expect_refused(cert_as_key, "holds no PEM private key");
+  const char *key_as_cert[] = {"--listen", tcp, "--tokens", tokens_file, "--tls-cert", key, "--tls-key", key, NULL};
+  expect_refused(key_as_cert, "holds no PEM certificate");
+  /* A port in use is said to be in use. */
+  const char *in_use_args[] = {"--listen", tcp, "--insecure", NULL};
+  ttd_proc first;
+  ttd_proc_start(&first, in_use_args);
+  expect_refused(in_use_args, "address in use");
+  ck_assert_int_eq(ttd_proc_stop(&first), 0);
   /* --insecure serves plain text and says so in the log. */
   const char *args[] = {"--listen", tcp, "--insecure", NULL};
   ttd_proc_start(&proc, args);

@@ -35,7 +35,7 @@ static const char *write_temp_file(const char *text) {
 }
 
 /* Runs ttd_config_load on a NULL-terminated argument list (argv[0] is added). */
-static ttd_status_t load_args(int *out_help, const char *const *args) {
+static ttd_status_t load_args(ttd_config_action *out_help, const char *const *args) {
   char *argv[32];
   int argc = 0;
   argv[argc++] = "ttd";
@@ -79,7 +79,7 @@ END_TEST
 /* Loading no arguments keeps every default and sets no help. */
 START_TEST(test_load_no_args) {
   char *argv[] = {"ttd", NULL};
-  int help = 7;
+  ttd_config_action help = 7;
   ck_assert_ptr_null(ttd_config_load(&cfg, 1, argv, &help));
   ck_assert_int_eq(help, 0);
   ck_assert_int_eq(cfg.threads, 4);
@@ -89,7 +89,7 @@ END_TEST
 
 /* Flags work both as `--name value` and `--name=value`. */
 START_TEST(test_flag_forms) {
-  int help = 1;
+  ttd_config_action help = 1;
   ttd_status_t s = LOAD(&help, "--threads", "8", "--devices=3", "--dram", "1G", "--l1=2M", "--lease", "500ms",
                         "--drain-timeout=2s", "--cores", "16", "--log-level=debug", "--backend", "sim");
   ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
@@ -108,7 +108,7 @@ END_TEST
 
 /* A later flag overrides an earlier one; `--name=` with an '=' in the value keeps the rest. */
 START_TEST(test_flag_last_wins) {
-  int help;
+  ttd_config_action help;
   ttd_status_t s = LOAD(&help, "--threads=2", "--threads", "9", "--listen=unix:/tmp/a=b.sock");
   ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
   ck_assert_int_eq(cfg.threads, 9);
@@ -224,7 +224,7 @@ END_TEST
 
 /* A bad flag value through ttd_config_load names the flag and quotes the value. */
 START_TEST(test_load_bad_value) {
-  int help;
+  ttd_config_action help;
   EXPECT_INVALID(LOAD(&help, "--threads", "1000"), "--threads", "1000");
   EXPECT_INVALID(LOAD(&help, "--lease=1ms"), "--lease", "1ms");
   EXPECT_INVALID(LOAD(&help, "--dram", "lots"), "--dram", "lots");
@@ -233,7 +233,7 @@ END_TEST
 
 /* An unknown option is INVALID_ARGUMENT naming it, as a flag and by name. */
 START_TEST(test_unknown_option) {
-  int help;
+  ttd_config_action help;
   EXPECT_INVALID(LOAD(&help, "--bogus", "1"), "--bogus");
   EXPECT_INVALID(LOAD(&help, "--threads", "2", "--bogus=1"), "--bogus");
   EXPECT_INVALID(LOAD(&help, "--thread", "2"), "--thread"); /* prefixes are not options */
@@ -244,7 +244,7 @@ END_TEST
 
 /* A positional argument or single-dash option is refused with a hint. */
 START_TEST(test_positional_refused) {
-  int help;
+  ttd_config_action help;
   EXPECT_INVALID(LOAD(&help, "serve"), "serve", "--");
   EXPECT_INVALID(LOAD(&help, "-threads", "2"), "-threads");
 }
@@ -252,24 +252,52 @@ END_TEST
 
 /* A flag with no value at the end of the line is INVALID_ARGUMENT naming it. */
 START_TEST(test_missing_value) {
-  int help;
+  ttd_config_action help;
   EXPECT_INVALID(LOAD(&help, "--threads"), "--threads", "needs a value");
   EXPECT_INVALID(LOAD(&help, "--devices", "2", "--listen"), "--listen", "needs a value");
   EXPECT_INVALID(LOAD(&help, "--config"), "--config", "needs a value");
 }
 END_TEST
 
-/* --help (or -h) sets help and wins over anything else on the line, bad flags included. */
+/* --help (or -h) and --version win over anything else on the line, bad flags included. */
 START_TEST(test_help) {
-  int help = 0;
+  ttd_config_action help = TTD_CONFIG_RUN;
   ck_assert_ptr_null(LOAD(&help, "--help"));
-  ck_assert_int_eq(help, 1);
-  help = 0;
+  ck_assert_int_eq(help, TTD_CONFIG_HELP);
+  help = TTD_CONFIG_RUN;
   ck_assert_ptr_null(LOAD(&help, "--threads", "0", "--bogus", "-h"));
-  ck_assert_int_eq(help, 1);
-  help = 1;
+  ck_assert_int_eq(help, TTD_CONFIG_HELP);
+  ck_assert_ptr_null(LOAD(&help, "--bogus", "--version"));
+  ck_assert_int_eq(help, TTD_CONFIG_VERSION);
+  help = TTD_CONFIG_HELP;
   ck_assert_ptr_null(LOAD(&help, "--threads", "3"));
-  ck_assert_int_eq(help, 0);
+  ck_assert_int_eq(help, TTD_CONFIG_RUN);
+}
+END_TEST
+
+/* A reload names exactly the changed options that take a restart; --tokens, --quota and
+ * --config apply at once and are never named. */
+START_TEST(test_restart_changes) {
+  ttd_config running, fresh;
+  ttd_config_defaults(&running);
+  ttd_config_defaults(&fresh);
+  const char *names[TTD_CONFIG_MAX_OPTIONS];
+  ck_assert_int_eq(ttd_config_restart_changes(&running, &fresh, names, TTD_CONFIG_MAX_OPTIONS), 0);
+  ck_assert_ptr_null(ttd_config_set(&running, "listen", "unix:/tmp/a.sock"));
+  ck_assert_ptr_null(ttd_config_set(&fresh, "listen", "unix:/tmp/a.sock"));
+  ck_assert_ptr_null(ttd_config_set(&fresh, "quota", "1G"));
+  ck_assert_ptr_null(ttd_config_set(&fresh, "tokens", "/etc/ttd/tokens"));
+  ck_assert_int_eq(ttd_config_restart_changes(&running, &fresh, names, TTD_CONFIG_MAX_OPTIONS), 0);
+  ck_assert_ptr_null(ttd_config_set(&fresh, "threads", "7"));
+  ck_assert_ptr_null(ttd_config_set(&fresh, "admin", "off"));
+  ck_assert_ptr_null(ttd_config_set(&fresh, "listen", "unix:/tmp/b.sock")); /* a second listener */
+  ck_assert_int_eq(ttd_config_restart_changes(&running, &fresh, names, TTD_CONFIG_MAX_OPTIONS), 3);
+  ck_assert_str_eq(names[0], "listen");
+  ck_assert_str_eq(names[1], "threads");
+  ck_assert_str_eq(names[2], "admin");
+  ck_assert_int_eq(ttd_config_restart_changes(&running, &fresh, names, 1), 1); /* bounded by max */
+  ttd_config_clear(&running);
+  ttd_config_clear(&fresh);
 }
 END_TEST
 
@@ -344,7 +372,7 @@ END_TEST
 /* --config FILE applies the file; flags win over it wherever they stand on the line. */
 START_TEST(test_config_file_flags_win) {
   const char *path = write_temp_file("threads = 9\ndevices = 2\nlease = 5s\nlog-level = debug\n");
-  int help;
+  ttd_config_action help;
   ttd_status_t s = LOAD(&help, "--devices", "5", "--config", path, "--log-level=error");
   ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
   ck_assert_int_eq(cfg.threads, 9);     /* from the file */
@@ -360,7 +388,7 @@ START_TEST(test_config_file_eq_form) {
   const char *path = write_temp_file("dram = 3G\n");
   char arg[128];
   snprintf(arg, sizeof(arg), "--config=%s", path);
-  int help;
+  ttd_config_action help;
   ttd_status_t s = LOAD(&help, arg);
   ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
   ck_assert_uint_eq(cfg.dram, 3ull << 30);
@@ -372,7 +400,7 @@ START_TEST(test_config_file_error_names_line) {
   const char *path = write_temp_file("threads = 2\ndevices = 999\n");
   char where[96];
   snprintf(where, sizeof(where), "%s:2:", path);
-  int help;
+  ttd_config_action help;
   EXPECT_INVALID(LOAD(&help, "--config", path), where, "--devices");
 }
 END_TEST
@@ -382,21 +410,21 @@ START_TEST(test_config_file_error_after_blank_lines) {
   const char *path = write_temp_file("# header\n\nthreads = 2\n\n\nlease = forever\n");
   char where[96];
   snprintf(where, sizeof(where), "%s:6:", path);
-  int help;
+  ttd_config_action help;
   EXPECT_INVALID(LOAD(&help, "--config", path), where, "--lease");
 }
 END_TEST
 
 /* A missing config file is INVALID_ARGUMENT naming the path. */
 START_TEST(test_config_file_missing) {
-  int help;
+  ttd_config_action help;
   EXPECT_INVALID(LOAD(&help, "--config", "/nonexistent/ttd-test.conf"), "/nonexistent/ttd-test.conf");
 }
 END_TEST
 
 /* A directory given as the config file is INVALID_ARGUMENT naming it, not an empty file. */
 START_TEST(test_config_file_directory) {
-  int help;
+  ttd_config_action help;
   EXPECT_INVALID(LOAD(&help, "--config", "/tmp"), "/tmp");
 }
 END_TEST
@@ -404,7 +432,7 @@ END_TEST
 /* An empty config file is fine and changes nothing. */
 START_TEST(test_config_file_empty) {
   const char *path = write_temp_file("");
-  int help;
+  ttd_config_action help;
   ck_assert_ptr_null(LOAD(&help, "--config", path));
   ck_assert_int_eq(cfg.threads, 4);
 }
@@ -412,7 +440,7 @@ END_TEST
 
 /* --listen is repeatable and keeps the order given. */
 START_TEST(test_listen_repeatable) {
-  int help;
+  ttd_config_action help;
   ttd_status_t s = LOAD(&help, "--listen", "unix:/tmp/1.sock", "--listen=localhost:1", "--listen", "[::1]:2");
   ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
   ck_assert_int_eq(cfg.listen_count, 3);
@@ -433,7 +461,7 @@ END_TEST
 /* --listen flags replace the file's list; without --listen flags the file's list stays. */
 START_TEST(test_listen_flags_replace_file) {
   const char *path = write_temp_file("listen = unix:/from/file1\nlisten = unix:/from/file2\n");
-  int help;
+  ttd_config_action help;
   ttd_status_t s = LOAD(&help, "--listen", "unix:/flag/a", "--config", path, "--listen=unix:/flag/b");
   ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
   ck_assert_int_eq(cfg.listen_count, 2);
@@ -493,6 +521,7 @@ Suite *config_suite(void) {
   tcase_add_test(tc, test_positional_refused);
   tcase_add_test(tc, test_missing_value);
   tcase_add_test(tc, test_help);
+  tcase_add_test(tc, test_restart_changes);
   tcase_add_test(tc, test_usage);
   tcase_add_test(tc, test_listen_repeatable);
   tcase_add_test(tc, test_listen_too_many);
