@@ -9,12 +9,6 @@
 
 #include "base/random.h"
 
-int64_t ttd_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
   *out_core = NULL;
   ttd_tokens *tokens = NULL;

@@ -11,6 +11,7 @@
 
 #include "session/auth.h"
 #include "backends/backend.h"
+#include "base/clock.h"
 #include "base/config.h"
 #include "wire/cq_spin.h"
 #include "telemetry/metrics.h"
@@ -45,9 +46,6 @@ ttd_status_t ttd_core_reload(ttd_core *core, const ttd_config *fresh);
 
 /* Closes every session (freeing their tensors), then destroys the backend. NULL ok. */
 void ttd_core_destroy(ttd_core *core);
-
-/* Monotonic clock in milliseconds, the time base of leases. */
-int64_t ttd_now_ms(void);
 
 /* Parses a device name "tt:N" (or "" for tt:0) against the backend's devices.
  * INVALID_ARGUMENT naming the devices that exist. */

@@ -56,7 +56,8 @@ ttd_status_t ttd_method_kill_session(ttd_call *call, const ProtobufCMessage *req
   ttd__v1__kill_session_response__init(resp);
   ttd_session *victim = NULL;
   TTD_RETURN_IF_ERROR(ttd_session_table_lookup(&call->core->sessions, req->session_id, NULL, ttd_now_ms(), &victim));
-  ttd_session_table_close(&call->core->sessions, victim, &resp->tensors_freed, &resp->bytes_freed);
+  ttd_session_table_kill(&call->core->sessions, victim, call->principal.tenant, &resp->tensors_freed,
+                         &resp->bytes_freed);
   TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=killed by=%s tenant=%s client=\"%s\" tensors_freed=%" PRIu64
           " bytes_freed=%" PRIu64, victim->id, call->principal.tenant, victim->tenant, victim->client_name,
           resp->tensors_freed, resp->bytes_freed);

@@ -43,6 +43,7 @@ typedef struct service {
   ttd_notify_watchdog_timer *watchdog;
   ttd_idle_trim *trim;
   bool bound;      /* the listeners' socket files are ours to remove at stop */
+  bool serving;    /* the start completed: the stop drains and says so */
   int stop_signal;
 } service;
 
@@ -273,6 +274,7 @@ static ttd_status_t service_start(service *svc) {
   ttd_notify_ready("serving %d device%s on %s", config->devices, config->devices == 1 ? "" : "s", serving);
   svc->watchdog = ttd_notify_watchdog_timer_create(svc->base); /* WATCHDOG=1 pings follow READY=1 */
   svc->trim = ttd_idle_trim_create(svc->base, &svc->core->metrics);
+  svc->serving = true;
   return TTD_OK;
 }
 
@@ -286,7 +288,7 @@ static void service_run(service *svc) {
  * in order (admin and side socket, then the server drains its calls, then sessions and
  * tensors go with the core, then the loop), and removes the socket files ttd bound. */
 static void service_stop(service *svc) {
-  if (svc->server) {
+  if (svc->serving) {
     TTD_LOG(TTD_LOG_INFO, "event=stopping signal=%d drain_ms=%lld", svc->stop_signal,
             (long long)svc->config.drain_timeout_ms);
     ttd_notify_stopping("draining");
@@ -310,7 +312,7 @@ static void service_stop(service *svc) {
   for (int i = 0; svc->bound && i < svc->config.listen_count; i++) {
     if (strncmp(svc->config.listen[i], "unix:", 5) == 0) unlink(svc->config.listen[i] + 5);
   }
-  if (svc->server) TTD_LOG(TTD_LOG_INFO, "event=stopped");
+  if (svc->serving) TTD_LOG(TTD_LOG_INFO, "event=stopped");
   ttd_config_clear(&svc->config);
 }
 

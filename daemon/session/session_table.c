@@ -1,10 +1,12 @@
 #include "session/session_table.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "telemetry/log.h"
+#include "base/clock.h"
 #include "base/random.h"
 
 void ttd_session_table_init(ttd_session_table *table, int64_t lease_ms) {
@@ -44,31 +46,76 @@ ttd_status_t ttd_session_table_open(ttd_session_table *table, const ttd_session_
   return TTD_OK;
 }
 
-ttd_status_t ttd_session_table_lookup(ttd_session_table *table, uint64_t id, const char *tenant, int64_t now_ms,
-                                      ttd_session **out_session) {
-  pthread_mutex_lock(&table->lock);
-  ttd_session *s = ttd_handle_map_get(&table->sessions, id);
-  if (s && tenant && strcmp(s->tenant, tenant) != 0) s = NULL;
-  if (s) {
-    ttd_session_retain(s);
-    ttd_session_touch(s, now_ms);
+/* Remembers how a session left the table; the caller holds the lock. */
+static void note_end(ttd_session_table *table, const ttd_session *s, ttd_session_end_kind kind, const char *by,
+                     int64_t now_ms) {
+  ttd_session_end *e = &table->ends[table->next_end++ % TTD_SESSION_ENDS_KEPT];
+  *e = (ttd_session_end){.id = s->id, .kind = kind, .at_ms = now_ms};
+  snprintf(e->tenant, sizeof(e->tenant), "%s", s->tenant);
+  snprintf(e->by, sizeof(e->by), "%s", by ? by : "");
+}
+
+/* Why id is not open, for tenant (NULL: any); the caller holds the lock. */
+static ttd_status_t not_open(const ttd_session_table *table, uint64_t id, const char *tenant, int64_t now_ms) {
+  for (size_t i = 0; i < TTD_SESSION_ENDS_KEPT; i++) {
+    const ttd_session_end *e = &table->ends[i];
+    if (!e->kind || e->id != id || (tenant && strcmp(e->tenant, tenant) != 0)) continue;
+    switch (e->kind) {
+      case TTD_SESSION_KILLED:
+        return ttd_make_status(GRPC_STATUS_NOT_FOUND,
+                               "session %016" PRIx64 " is not open: it was killed by admin tenant '%s' (ttctl kill) "
+                               "%" PRId64 " s ago, and its tensors freed; open a new session",
+                               id, e->by, (now_ms - e->at_ms) / 1000);
+      case TTD_SESSION_EXPIRED:
+        return ttd_make_status(GRPC_STATUS_NOT_FOUND,
+                               "session %016" PRIx64 " is not open: it expired after %" PRId64 " ms without a call; "
+                               "open a new session (or keep it alive)", id, table->lease_ms);
+      case TTD_SESSION_CLOSED:
+        return ttd_make_status(GRPC_STATUS_NOT_FOUND,
+                               "session %016" PRIx64 " is not open: its client closed it; open a new session", id);
+    }
   }
-  pthread_mutex_unlock(&table->lock);
-  *out_session = s;
-  if (s) return TTD_OK;
   return ttd_make_status(GRPC_STATUS_NOT_FOUND,
                          "session %016" PRIx64 " is not open: it was closed, or expired after %" PRId64
                          " ms without a call; open a new session",
                          id, table->lease_ms);
 }
 
-void ttd_session_table_close(ttd_session_table *table, ttd_session *session, uint64_t *out_tensors,
-                             uint64_t *out_bytes) {
+ttd_status_t ttd_session_table_lookup(ttd_session_table *table, uint64_t id, const char *tenant, int64_t now_ms,
+                                      ttd_session **out_session) {
+  pthread_mutex_lock(&table->lock);
+  ttd_session *s = ttd_handle_map_get(&table->sessions, id);
+  if (s && tenant && strcmp(s->tenant, tenant) != 0) s = NULL;
+  ttd_status_t status = TTD_OK;
+  if (s) {
+    ttd_session_retain(s);
+    ttd_session_touch(s, now_ms);
+  } else {
+    status = not_open(table, id, tenant, now_ms);
+  }
+  pthread_mutex_unlock(&table->lock);
+  *out_session = s;
+  return status;
+}
+
+static void close_as(ttd_session_table *table, ttd_session *session, ttd_session_end_kind kind, const char *by,
+                     uint64_t *out_tensors, uint64_t *out_bytes) {
   pthread_mutex_lock(&table->lock);
   ttd_session *owned = ttd_handle_map_remove(&table->sessions, session->id);
+  if (owned) note_end(table, owned, kind, by, ttd_now_ms());
   pthread_mutex_unlock(&table->lock);
   ttd_session_close(session, out_tensors, out_bytes);
   ttd_session_release(owned);
+}
+
+void ttd_session_table_close(ttd_session_table *table, ttd_session *session, uint64_t *out_tensors,
+                             uint64_t *out_bytes) {
+  close_as(table, session, TTD_SESSION_CLOSED, NULL, out_tensors, out_bytes);
+}
+
+void ttd_session_table_kill(ttd_session_table *table, ttd_session *session, const char *by, uint64_t *out_tensors,
+                            uint64_t *out_bytes) {
+  close_as(table, session, TTD_SESSION_KILLED, by, out_tensors, out_bytes);
 }
 
 size_t ttd_session_table_sweep(ttd_session_table *table, int64_t now_ms) {
@@ -81,6 +128,7 @@ size_t ttd_session_table_sweep(ttd_session_table *table, int64_t now_ms) {
       if (table->sessions.keys[i] &&
           now_ms - atomic_load_explicit(&s->last_seen_ms, memory_order_relaxed) > table->lease_ms) {
         expired = ttd_handle_map_remove(&table->sessions, s->id);
+        if (expired) note_end(table, expired, TTD_SESSION_EXPIRED, NULL, now_ms);
       }
     }
     pthread_mutex_unlock(&table->lock);

@@ -7,10 +7,30 @@
 
 #include "session/session.h"
 
+/* How a session ended, kept for the calls that still name it. */
+typedef enum ttd_session_end_kind {
+  TTD_SESSION_CLOSED = 1, /* CloseSession by its client */
+  TTD_SESSION_EXPIRED,    /* its lease ran out */
+  TTD_SESSION_KILLED,     /* KillSession by an admin tenant (ttctl kill) */
+} ttd_session_end_kind;
+
+typedef struct ttd_session_end {
+  uint64_t id;
+  ttd_session_end_kind kind;
+  char tenant[64]; /* whose session it was */
+  char by[64];     /* the admin tenant that killed it */
+  int64_t at_ms;
+} ttd_session_end;
+
+/* The most recent session ends remembered: a bounded ring, whatever clients do. */
+#define TTD_SESSION_ENDS_KEPT 256
+
 typedef struct ttd_session_table {
   pthread_mutex_t lock;
   ttd_handle_map sessions; /* id -> ttd_session* (one reference each) */
   int64_t lease_ms;
+  ttd_session_end ends[TTD_SESSION_ENDS_KEPT]; /* under lock */
+  size_t next_end;
 } ttd_session_table;
 
 void ttd_session_table_init(ttd_session_table *table, int64_t lease_ms);
@@ -24,7 +44,9 @@ ttd_status_t ttd_session_table_open(ttd_session_table *table, const ttd_session_
 
 /* A reference to tenant's open session id, touched for its lease; NOT_FOUND if there is
  * none, or if it belongs to another tenant (the same message: other tenants' sessions
- * are invisible). tenant NULL: any tenant (admin tools). */
+ * are invisible). For the tenant's own session that ended recently, the message says how:
+ * closed, expired, or killed and by which admin tenant. tenant NULL: any tenant (admin
+ * tools). */
 ttd_status_t ttd_session_table_lookup(ttd_session_table *table, uint64_t id, const char *tenant, int64_t now_ms,
                                       ttd_session **out_session);
 
@@ -33,9 +55,13 @@ ttd_status_t ttd_session_table_lookup(ttd_session_table *table, uint64_t id, con
 ttd_status_t ttd_session_table_snapshot(ttd_session_table *table, ttd_session ***out_sessions, size_t *out_count);
 void ttd_session_table_snapshot_free(ttd_session **sessions, size_t count);
 
-/* Removes and closes the session. */
+/* Removes and closes the session (closed by its client). */
 void ttd_session_table_close(ttd_session_table *table, ttd_session *session, uint64_t *out_tensors,
                              uint64_t *out_bytes);
+
+/* The same for a session an admin tenant (by) killed: its client's next call is told so. */
+void ttd_session_table_kill(ttd_session_table *table, ttd_session *session, const char *by, uint64_t *out_tensors,
+                            uint64_t *out_bytes);
 
 /* Closes sessions with no call for longer than the lease. Returns how many. */
 size_t ttd_session_table_sweep(ttd_session_table *table, int64_t now_ms);

@@ -3,6 +3,7 @@
  * (uploads, allocations and program activations all count); and a SIGHUP reload of tokens
  * and quotas that keeps sessions. */
 #include <check.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,7 +194,8 @@ static const Ttd__V1__SessionInfo *find_session(const Ttd__V1__ListSessionsRespo
 }
 
 /* The admin tenant lists every tenant's sessions with their memory, and kills one: its
- * memory returns at once and its owner's next call finds no session. */
+ * memory returns at once and its owner's next call is told it was killed, and by whom;
+ * another tenant naming it learns nothing of that. */
 START_TEST(test_admin_list_and_kill) {
   tt_client *a = must_connect(alice, 0);
   tt_client *b = must_connect(bob, 0);
@@ -233,6 +235,16 @@ START_TEST(test_admin_list_and_kill) {
   tt_tensor *back = tt_to(t, "cpu");
   ck_assert_ptr_null(back);
   ck_assert_int_eq(tt_errcode(a), TT_NOT_FOUND);
+  ck_assert_msg(strstr(tt_last_error(a), "was killed by admin tenant 'ops' (ttctl kill)"), "%s", tt_last_error(a));
+  char victim[17];
+  snprintf(victim, sizeof(victim), "%016" PRIx64, tt_session_id(a));
+  Ttd__V1__KeepAliveRequest ka = TTD__V1__KEEP_ALIVE_REQUEST__INIT;
+  raw_result as_bob;
+  raw_call(proc.target, "/ttd.v1.Device/KeepAlive", (raw_md){.session = victim, .authorization = bob_auth}, buf,
+           protobuf_c_message_pack(&ka.base, buf), &as_bob);
+  ck_assert_int_eq(as_bob.code, 5);
+  ck_assert_msg(!strstr(as_bob.details, "killed"), "%s", as_bob.details);
+  raw_result_free(&as_bob);
   l = list_sessions();
   ck_assert_ptr_null(find_session(l, tt_session_id(a)));
   ck_assert_ptr_nonnull(find_session(l, tt_session_id(b)));
