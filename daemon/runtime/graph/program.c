@@ -187,6 +187,165 @@ oom:
   return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
 }
 
+/* The state of one compilation, passed through its phases. */
+typedef struct compile_state {
+  const Ttd__V1__Graph *g;
+  ttd_program *p;
+  name_map names;       /* value name -> value index */
+  int *order;           /* nodes in topological order (indices into g->nodes) */
+  size_t n_values;      /* inputs, parameters and nodes */
+  int first_node_value; /* values of nodes follow the inputs' and parameters' */
+} compile_state;
+
+static ttd_status_t out_of_memory(void) {
+  return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory compiling the graph");
+}
+
+static ttd_status_t compile_alloc(compile_state *c) {
+  const Ttd__V1__Graph *g = c->g;
+  ttd_program *p = c->p = calloc(1, sizeof(*p));
+  if (!p) return out_of_memory();
+  atomic_init(&p->refs, 1);
+  if (name_map_init(&c->names, c->n_values) != 0) return out_of_memory();
+  p->n_inputs = (int)g->n_inputs;
+  p->n_params = (int)g->n_parameters;
+  p->n_nodes = (int)g->n_nodes;
+  p->n_outputs = (int)g->n_outputs;
+  p->values = calloc(c->n_values ? c->n_values : 1, sizeof(*p->values));
+  p->nodes = calloc(g->n_nodes ? g->n_nodes : 1, sizeof(*p->nodes));
+  p->outputs = calloc(g->n_outputs, sizeof(int));
+  c->order = malloc((g->n_nodes ? g->n_nodes : 1) * sizeof(int));
+  if (!p->values || !p->nodes || !p->outputs || !c->order) return out_of_memory();
+  return TTD_OK;
+}
+
+/* Names: inputs, parameters and nodes share one namespace; inputs' and parameters' specs
+ * are read and checked. */
+static ttd_status_t compile_names(compile_state *c) {
+  const Ttd__V1__Graph *g = c->g;
+  ttd_program *p = c->p;
+  for (size_t i = 0; i < c->n_values; i++) {
+    ttd_status_t status = TTD_OK;
+    ttd_program_value *v = &p->values[i];
+    if (i < g->n_inputs) {
+      status = read_value_spec(g->inputs[i], "input", i, v);
+      v->kind = TTD_VALUE_INPUT;
+    } else if (i < g->n_inputs + g->n_parameters) {
+      status = read_value_spec(g->parameters[i - g->n_inputs], "parameter", i - g->n_inputs, v);
+      v->kind = TTD_VALUE_PARAM;
+      if (!status && v->type.dtype == TTD_DTYPE_INT32) {
+        status = invalid("parameter '%.128s' is int32%s; parameters must be float32 or bfloat16", v->name, "");
+      }
+    } else {
+      const Ttd__V1__Node *node = g->nodes[i - g->n_inputs - g->n_parameters];
+      v->kind = TTD_VALUE_NODE;
+      if (!node->name || !node->name[0]) {
+        status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                                 "node %zu (%.32s) has no name; name every node: its output is the value named after it",
+                                 i - g->n_inputs - g->n_parameters, node->op);
+      } else if (!(v->name = strdup(node->name))) {
+        status = out_of_memory();
+      }
+    }
+    p->n_values = (int)i + 1;
+    if (status) return status;
+    v->requires_grad = v->kind != TTD_VALUE_NODE && v->type.dtype != TTD_DTYPE_INT32;
+    v->param_grad = v->kind == TTD_VALUE_PARAM && v->type.dtype != TTD_DTYPE_INT32;
+    if (name_map_find(&c->names, v->name, (int)i) >= 0) {
+      return invalid("the name '%.128s' is used twice%s; inputs, parameters and nodes share one namespace", v->name, "");
+    }
+  }
+  return TTD_OK;
+}
+
+/* Every node names a known op, and inputs that exist. */
+static ttd_status_t compile_check_nodes(compile_state *c) {
+  const Ttd__V1__Graph *g = c->g;
+  for (size_t i = 0; i < g->n_nodes; i++) {
+    const Ttd__V1__Node *node = g->nodes[i];
+    if (ttd_op_lookup(node->op ? node->op : "") < 0) {
+      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "node '%.128s': unknown op '%.64s'", node->name, node->op);
+    }
+    if (node->n_inputs > TTD_MAX_NODE_INPUTS) {
+      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "node '%.128s' (%s): %zu inputs; no op takes more than %d",
+                             node->name, node->op, node->n_inputs, TTD_MAX_NODE_INPUTS);
+    }
+    for (size_t k = 0; k < node->n_inputs; k++) {
+      if (name_map_find(&c->names, node->inputs[k], -1) < 0) {
+        return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                               "node '%.128s' (%s): input '%.128s' names no graph input, parameter or node",
+                               node->name, node->op, node->inputs[k]);
+      }
+    }
+  }
+  return TTD_OK;
+}
+
+/* Nodes in topological order (a cycle is refused); their values move into that order, so
+ * that value index = position, and the name map is rebuilt to match. */
+static ttd_status_t compile_sort(compile_state *c) {
+  const Ttd__V1__Graph *g = c->g;
+  ttd_program *p = c->p;
+  TTD_RETURN_IF_ERROR(topo_sort(g, &c->names, c->first_node_value, c->order));
+  ttd_program_value *sorted = calloc(g->n_nodes ? g->n_nodes : 1, sizeof(*sorted));
+  if (!sorted) return out_of_memory();
+  for (size_t i = 0; i < g->n_nodes; i++) sorted[i] = p->values[c->first_node_value + c->order[i]];
+  memcpy(p->values + c->first_node_value, sorted, g->n_nodes * sizeof(*sorted));
+  free(sorted);
+  name_map_free(&c->names);
+  if (name_map_init(&c->names, c->n_values) != 0) return out_of_memory();
+  for (int i = 0; i < p->n_values; i++) name_map_find(&c->names, p->values[i].name, i);
+  return TTD_OK;
+}
+
+/* Each node's output dtype and shape from its inputs' (the op catalogue's inference), and
+ * whether a gradient flows to it. */
+static ttd_status_t compile_infer(compile_state *c) {
+  const Ttd__V1__Graph *g = c->g;
+  ttd_program *p = c->p;
+  for (size_t i = 0; i < g->n_nodes; i++) {
+    const Ttd__V1__Node *node = g->nodes[c->order[i]];
+    ttd_program_node *pn = &p->nodes[i];
+    pn->op = (ttd_op)ttd_op_lookup(node->op);
+    pn->n_inputs = (int)node->n_inputs;
+    pn->value = c->first_node_value + (int)i;
+    const ttd_value_type *in_types[TTD_MAX_NODE_INPUTS];
+    bool grad = false, param_grad = false;
+    for (int k = 0; k < pn->n_inputs; k++) {
+      pn->inputs[k] = name_map_find(&c->names, node->inputs[k], -1);
+      const ttd_program_value *src = &p->values[pn->inputs[k]];
+      in_types[k] = &src->type;
+      grad = grad || src->requires_grad;
+      param_grad = param_grad || src->param_grad;
+    }
+    ttd_program_value *out = &p->values[pn->value];
+    TTD_RETURN_IF_ERROR(ttd_op_infer(pn->op, node, in_types, pn->n_inputs, &pn->attrs, &out->type));
+    TTD_RETURN_IF_ERROR(check_output_size(node, &out->type));
+    out->requires_grad = grad && out->type.dtype != TTD_DTYPE_INT32;
+    out->param_grad = param_grad && out->type.dtype != TTD_DTYPE_INT32;
+  }
+  return TTD_OK;
+}
+
+/* The outputs name values of the graph, each once. */
+static ttd_status_t compile_outputs(compile_state *c) {
+  const Ttd__V1__Graph *g = c->g;
+  unsigned char *listed = calloc(c->n_values ? c->n_values : 1, 1); /* outputs seen, by value */
+  if (!listed) return out_of_memory();
+  ttd_status_t status = TTD_OK;
+  for (size_t i = 0; i < g->n_outputs && !status; i++) {
+    int v = name_map_find(&c->names, g->outputs[i], -1);
+    if (v < 0) {
+      status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "output '%.128s' names no value of the graph", g->outputs[i]);
+    } else if (listed[v]++) {
+      status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "output '%.128s' is listed twice", g->outputs[i]);
+    }
+    c->p->outputs[i] = v;
+  }
+  free(listed);
+  return status;
+}
+
 ttd_status_t ttd_program_compile(const Ttd__V1__Graph *g, ttd_program **out_program) {
   *out_program = NULL;
   if (!g) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "the graph is missing");
@@ -195,134 +354,17 @@ ttd_status_t ttd_program_compile(const Ttd__V1__Graph *g, ttd_program **out_prog
                            TTD_MAX_GRAPH_NODES);
   }
   if (g->n_outputs == 0) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "graph declares no outputs");
-  size_t n_values = g->n_inputs + g->n_parameters + g->n_nodes;
-  ttd_program *p = calloc(1, sizeof(*p));
-  name_map names = {0};
-  int *order = NULL;
-  ttd_status_t status = TTD_OK;
-  if (!p || name_map_init(&names, n_values) != 0) goto oom;
-  atomic_init(&p->refs, 1);
-  p->n_inputs = (int)g->n_inputs;
-  p->n_params = (int)g->n_parameters;
-  p->n_nodes = (int)g->n_nodes;
-  p->n_outputs = (int)g->n_outputs;
-  p->values = calloc(n_values ? n_values : 1, sizeof(*p->values));
-  p->nodes = calloc(g->n_nodes ? g->n_nodes : 1, sizeof(*p->nodes));
-  p->outputs = calloc(g->n_outputs, sizeof(int));
-  order = malloc((g->n_nodes ? g->n_nodes : 1) * sizeof(int));
-  if (!p->values || !p->nodes || !p->outputs || !order) goto oom;
-
-  /* Names: inputs, parameters and nodes share one namespace. */
-  for (size_t i = 0; i < n_values && !status; i++) {
-    const char *name;
-    if (i < g->n_inputs) {
-      status = read_value_spec(g->inputs[i], "input", i, &p->values[i]);
-      p->values[i].kind = TTD_VALUE_INPUT;
-    } else if (i < g->n_inputs + g->n_parameters) {
-      status = read_value_spec(g->parameters[i - g->n_inputs], "parameter", i - g->n_inputs, &p->values[i]);
-      p->values[i].kind = TTD_VALUE_PARAM;
-      if (!status && p->values[i].type.dtype == TTD_DTYPE_INT32) {
-        status = invalid("parameter '%.128s' is int32%s; parameters must be float32 or bfloat16", p->values[i].name, "");
-      }
-    } else {
-      const Ttd__V1__Node *node = g->nodes[i - g->n_inputs - g->n_parameters];
-      if (!node->name || !node->name[0]) {
-        status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                                 "node %zu (%.32s) has no name; name every node: its output is the value named after it",
-                                 i - g->n_inputs - g->n_parameters, node->op);
-      } else if (!(p->values[i].name = strdup(node->name))) {
-        goto oom;
-      }
-      p->values[i].kind = TTD_VALUE_NODE;
-    }
-    p->n_values = (int)i + 1;
-    if (status) break;
-    p->values[i].requires_grad = p->values[i].kind != TTD_VALUE_NODE && p->values[i].type.dtype != TTD_DTYPE_INT32;
-    p->values[i].param_grad = p->values[i].kind == TTD_VALUE_PARAM && p->values[i].type.dtype != TTD_DTYPE_INT32;
-    name = p->values[i].name;
-    if (name_map_find(&names, name, (int)i) >= 0) {
-      status = invalid("the name '%.128s' is used twice%s; inputs, parameters and nodes share one namespace", name, "");
-    }
-  }
-  if (status) goto fail;
-  int first_node_value = (int)(g->n_inputs + g->n_parameters);
-  for (size_t i = 0; i < g->n_nodes && !status; i++) {
-    const Ttd__V1__Node *node = g->nodes[i];
-    if (ttd_op_lookup(node->op ? node->op : "") < 0) {
-      status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "node '%.128s': unknown op '%.64s'", node->name, node->op);
-    } else if (node->n_inputs > TTD_MAX_NODE_INPUTS) {
-      status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "node '%.128s' (%s): %zu inputs; no op takes more than %d",
-                               node->name, node->op, node->n_inputs, TTD_MAX_NODE_INPUTS);
-    }
-    for (size_t k = 0; k < node->n_inputs && !status; k++) {
-      if (name_map_find(&names, node->inputs[k], -1) < 0) {
-        status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                                 "node '%.128s' (%s): input '%.128s' names no graph input, parameter or node",
-                                 node->name, node->op, node->inputs[k]);
-      }
-    }
-  }
-  if (status) goto fail;
-  status = topo_sort(g, &names, first_node_value, order);
-  if (status) goto fail;
-
-  /* Values of nodes move into topological order, so that value index = position. */
-  {
-    ttd_program_value *sorted = calloc(g->n_nodes ? g->n_nodes : 1, sizeof(*sorted));
-    if (!sorted) goto oom;
-    for (size_t i = 0; i < g->n_nodes; i++) sorted[i] = p->values[first_node_value + order[i]];
-    memcpy(p->values + first_node_value, sorted, g->n_nodes * sizeof(*sorted));
-    free(sorted);
-    name_map_free(&names); /* its slots follow the old order: rebuild it */
-    if (name_map_init(&names, n_values) != 0) goto oom;
-    for (int i = 0; i < p->n_values; i++) name_map_find(&names, p->values[i].name, i);
-  }
-  for (size_t i = 0; i < g->n_nodes && !status; i++) {
-    const Ttd__V1__Node *node = g->nodes[order[i]];
-    ttd_program_node *pn = &p->nodes[i];
-    pn->op = (ttd_op)ttd_op_lookup(node->op);
-    pn->n_inputs = (int)node->n_inputs;
-    pn->value = first_node_value + (int)i;
-    const ttd_value_type *in_types[TTD_MAX_NODE_INPUTS];
-    bool grad = false, param_grad = false;
-    for (int k = 0; k < pn->n_inputs; k++) {
-      pn->inputs[k] = name_map_find(&names, node->inputs[k], -1);
-      in_types[k] = &p->values[pn->inputs[k]].type;
-      const ttd_program_value *src = &p->values[pn->inputs[k]];
-      grad = grad || src->requires_grad;
-      param_grad = param_grad || src->param_grad;
-    }
-    status = ttd_op_infer(pn->op, node, in_types, pn->n_inputs, &pn->attrs, &p->values[pn->value].type);
-    if (!status) status = check_output_size(node, &p->values[pn->value].type);
-    p->values[pn->value].requires_grad = grad && p->values[pn->value].type.dtype != TTD_DTYPE_INT32;
-    p->values[pn->value].param_grad = param_grad && p->values[pn->value].type.dtype != TTD_DTYPE_INT32;
-  }
-  if (status) goto fail;
-  unsigned char *listed = calloc(n_values ? n_values : 1, 1); /* outputs seen, by value: linear in outputs */
-  if (!listed) goto oom;
-  for (size_t i = 0; i < g->n_outputs && !status; i++) {
-    int v = name_map_find(&names, g->outputs[i], -1);
-    if (v < 0) {
-      status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "output '%.128s' names no value of the graph", g->outputs[i]);
-    } else if (listed[v]++) {
-      status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "output '%.128s' is listed twice", g->outputs[i]);
-    }
-    p->outputs[i] = v;
-  }
-  free(listed);
-  if (status) goto fail;
-  name_map_free(&names);
-  free(order);
-  *out_program = p;
-  return TTD_OK;
-oom:
-  status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory compiling the graph");
-fail:
-  name_map_free(&names);
-  free(order);
-  if (p) {
-    p->refs = 1;
-    ttd_program_release(p);
-  }
+  compile_state c = {.g = g, .n_values = g->n_inputs + g->n_parameters + g->n_nodes,
+                     .first_node_value = (int)(g->n_inputs + g->n_parameters)};
+  ttd_status_t status = compile_alloc(&c);
+  if (!status) status = compile_names(&c);
+  if (!status) status = compile_check_nodes(&c);
+  if (!status) status = compile_sort(&c);
+  if (!status) status = compile_infer(&c);
+  if (!status) status = compile_outputs(&c);
+  name_map_free(&c.names);
+  free(c.order);
+  if (status) ttd_program_release(c.p);
+  else *out_program = c.p;
   return status;
 }
