@@ -9,6 +9,7 @@ int main(void) {
   srunner_add_suite(sr, status_suite());
   srunner_add_suite(sr, absl_deadlock_suite());
   srunner_add_suite(sr, cq_spin_suite());
+  srunner_add_suite(sr, address_suite());
   srunner_add_suite(sr, handle_map_suite());
   srunner_add_suite(sr, config_suite());
   srunner_add_suite(sr, sim_backend_suite());

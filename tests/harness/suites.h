@@ -9,6 +9,7 @@ Suite *dtype_suite(void);
 Suite *status_suite(void);
 Suite *absl_deadlock_suite(void);
 Suite *cq_spin_suite(void);
+Suite *address_suite(void);
 Suite *handle_map_suite(void);
 Suite *config_suite(void);
 Suite *sim_backend_suite(void);
