@@ -1,7 +1,8 @@
-/* Dropout (kernels.h). Element i is kept when u(seed, i) >= p, where u is the top 24 bits
- * of splitmix64's finaliser applied to a seed-derived key plus i times its increment, read
- * as a float in [0, 1): the mask is a pure function of (seed, i), so the backward and any
- * split over the pool regenerate it exactly. */
+/* Dropout (kernels.h). Element i of the forward at `step` is kept when u(key, i) >= p, where
+ * key = mix(mix(seed ^ c) + mix(step)) and u is the top 24 bits of splitmix64's finaliser
+ * applied to the key plus i times its increment, read as a float in [0, 1). The mask is a
+ * pure function of (seed, step, i), so the backward and any split over the pool regenerate
+ * it exactly; mix(0) = 0, so step 0 gives the mask of mix(seed ^ c) alone. */
 #include <stdint.h>
 
 #include "kernels.h"
@@ -32,17 +33,19 @@ static void dropout_range(void *ctx, size_t begin, size_t end) {
 }
 
 /* y = in * mask / (1 - p); the forward and backward are the same map. p >= 1 drops all. */
-static void dropout_apply(ttd_pool *pool, const float *in, int64_t n, float p, uint64_t seed, float *out) {
+static void dropout_apply(ttd_pool *pool, const float *in, int64_t n, float p, uint64_t seed, uint64_t step,
+                          float *out) {
   if (n <= 0) return;
-  dropout_job j = {.in = in, .out = out, .p = p, .key = mix64(seed ^ 0x6A09E667F3BCC909ull)};
+  dropout_job j = {.in = in, .out = out, .p = p, .key = mix64((seed ^ 0x6A09E667F3BCC909ull) + mix64(step))};
   j.scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
   ttd_pool_parallel_for(pool, (size_t)n, DROPOUT_GRAIN, dropout_range, &j);
 }
 
-void ttd_k_dropout(ttd_pool *pool, const float *x, int64_t n, float p, uint64_t seed, float *y) {
-  dropout_apply(pool, x, n, p, seed, y);
+void ttd_k_dropout(ttd_pool *pool, const float *x, int64_t n, float p, uint64_t seed, uint64_t step, float *y) {
+  dropout_apply(pool, x, n, p, seed, step, y);
 }
 
-void ttd_k_dropout_backward(ttd_pool *pool, const float *dy, int64_t n, float p, uint64_t seed, float *dx) {
-  dropout_apply(pool, dy, n, p, seed, dx);
+void ttd_k_dropout_backward(ttd_pool *pool, const float *dy, int64_t n, float p, uint64_t seed, uint64_t step,
+                            float *dx) {
+  dropout_apply(pool, dy, n, p, seed, step, dx);
 }

@@ -1,5 +1,5 @@
 /* Elementwise kernels: binary ops with numpy broadcasting and unary activations, forward
- * and backward.
+ * and backward, and the reductions' backward (a broadcast scale).
  *
  * Broadcasting is planned once per call: the output's dims of size 1 are dropped, each
  * operand gets a stride per output dim (0 where it is broadcast), and neighbouring dims are
@@ -235,20 +235,23 @@ static uint32_t broadcast_mask(const ttd_kshape *s, const ttd_kshape *os) {
   return mask;
 }
 
-/* The gradient of each output element with respect to operand `which` (0: a, 1: b), dense
- * over the output, into g. */
-static void grad_contribution(ttd_pool *pool, ttd_binary_op op, int which, const float *a, const ttd_kshape *as,
+/* The operand of a binary op whose gradient is computed. */
+typedef enum operand { OPERAND_A, OPERAND_B } operand;
+
+/* The gradient of each output element with respect to operand `which`, dense over the
+ * output, into g. */
+static void grad_contribution(ttd_pool *pool, ttd_binary_op op, operand which, const float *a, const ttd_kshape *as,
                               const float *b, const ttd_kshape *bs, const float *dy, const ttd_kshape *os, float *g) {
   int64_t n = ttd_kshape_numel(os);
   switch (op) {
     case TTD_BIN_ADD: scale(pool, dy, 1.0f, g, n); break;
-    case TTD_BIN_SUB: scale(pool, dy, which ? -1.0f : 1.0f, g, n); break;
+    case TTD_BIN_SUB: scale(pool, dy, which == OPERAND_B ? -1.0f : 1.0f, g, n); break;
     case TTD_BIN_MUL:
-      if (which) ttd_k_binary(pool, TTD_BIN_MUL, dy, os, a, as, g, os);
+      if (which == OPERAND_B) ttd_k_binary(pool, TTD_BIN_MUL, dy, os, a, as, g, os);
       else ttd_k_binary(pool, TTD_BIN_MUL, dy, os, b, bs, g, os);
       break;
     case TTD_BIN_DIV:
-      if (!which) {
+      if (which == OPERAND_A) {
         ttd_k_binary(pool, TTD_BIN_DIV, dy, os, b, bs, g, os);
       } else {
         bplan plan;
@@ -264,7 +267,7 @@ static void grad_contribution(ttd_pool *pool, ttd_binary_op op, int which, const
 /* Without memory for the dense contribution: accumulate it element by element. */
 typedef struct fallback_ctx {
   ttd_binary_op op;
-  int which;
+  operand which;
   const float *a, *b, *dy;
   float *dx;
   const bplan *plan;
@@ -279,17 +282,17 @@ static void fallback_row(void *ctx, int64_t pos, const int64_t *off, int64_t len
     float d = f->dy[pos + i], g = 0.0f;
     switch (f->op) {
       case TTD_BIN_ADD: g = d; break;
-      case TTD_BIN_SUB: g = f->which ? -d : d; break;
-      case TTD_BIN_MUL: g = d * (f->which ? av : bv); break;
-      case TTD_BIN_DIV: g = f->which ? -d * ((av / bv) / bv) : d / bv; break;
+      case TTD_BIN_SUB: g = f->which == OPERAND_B ? -d : d; break;
+      case TTD_BIN_MUL: g = d * (f->which == OPERAND_B ? av : bv); break;
+      case TTD_BIN_DIV: g = f->which == OPERAND_B ? -d * ((av / bv) / bv) : d / bv; break;
     }
     f->dx[off[2] + i * f->plan->stride[2][last]] += g;
   }
 }
 
-static void grad_one(ttd_pool *pool, ttd_binary_op op, int which, const float *a, const ttd_kshape *as, const float *b,
-                     const ttd_kshape *bs, const float *dy, const ttd_kshape *os, float *dx) {
-  const ttd_kshape *xs = which ? bs : as;
+static void grad_one(ttd_pool *pool, ttd_binary_op op, operand which, const float *a, const ttd_kshape *as,
+                     const float *b, const ttd_kshape *bs, const float *dy, const ttd_kshape *os, float *dx) {
+  const ttd_kshape *xs = which == OPERAND_B ? bs : as;
   int64_t nx = ttd_kshape_numel(xs), ny = ttd_kshape_numel(os);
   if (nx <= 0) return;
   if (ny <= 0) { /* an empty output broadcasts nothing back */
@@ -303,7 +306,7 @@ static void grad_one(ttd_pool *pool, ttd_binary_op op, int which, const float *a
   uint32_t mask = broadcast_mask(xs, os);
   if (op == TTD_BIN_ADD || op == TTD_BIN_SUB) { /* sum dy itself, no temporary */
     ttd_k_reduce(pool, TTD_RED_SUM, dy, os, mask, dx);
-    if (op == TTD_BIN_SUB && which) scale(pool, dx, -1.0f, dx, nx);
+    if (op == TTD_BIN_SUB && which == OPERAND_B) scale(pool, dx, -1.0f, dx, nx);
     return;
   }
   float *g = malloc((size_t)ny * sizeof(float));
@@ -323,8 +326,26 @@ static void grad_one(ttd_pool *pool, ttd_binary_op op, int which, const float *a
 
 void ttd_k_binary_backward(ttd_pool *pool, ttd_binary_op op, const float *a, const ttd_kshape *as, const float *b,
                            const ttd_kshape *bs, const float *dy, const ttd_kshape *os, float *da, float *db) {
-  if (da) grad_one(pool, op, 0, a, as, b, bs, dy, os, da);
-  if (db) grad_one(pool, op, 1, a, as, b, bs, dy, os, db);
+  if (da) grad_one(pool, op, OPERAND_A, a, as, b, bs, dy, os, da);
+  if (db) grad_one(pool, op, OPERAND_B, a, as, b, bs, dy, os, db);
+}
+
+/* ---- reductions' backward ---- */
+
+void ttd_k_reduce_backward(ttd_pool *pool, ttd_reduce_op op, const float *dy, const ttd_kshape *xs, uint32_t axes_mask,
+                           float *dx) {
+  ttd_kshape ys = *xs;
+  int64_t count = 1;
+  for (int i = 0; i < xs->ndim; i++) {
+    if ((axes_mask >> i) & 1u) {
+      count *= xs->d[i];
+      ys.d[i] = 1;
+    }
+  }
+  static const ttd_kshape scalar = {0};
+  /* dx = dy broadcast over the reduced dims, divided by the count for a mean (as torch) */
+  float k = op == TTD_RED_MEAN ? (float)count : 1.0f;
+  ttd_k_binary(pool, op == TTD_RED_MEAN ? TTD_BIN_DIV : TTD_BIN_MUL, dy, &ys, &k, &scalar, dx, xs);
 }
 
 /* ---- unary ---- */
@@ -336,18 +357,24 @@ void ttd_k_binary_backward(ttd_pool *pool, ttd_binary_op op, const float *a, con
  * the cancellation for negative x. */
 static inline float std_normal_cdf(float x) { return 0.5f * erfcf(-x * INV_SQRT2); }
 
+/* torch's threshold_backward(dy, relu(x), 0): 0 where the value is <= 0, else dy, so a NaN
+ * input passes its gradient through. */
 TTD_KHOT static void relu_backward_loop(const float *restrict x, const float *restrict dy, float *restrict dx,
                                         int64_t n) {
-  for (int64_t i = 0; i < n; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+  for (int64_t i = 0; i < n; i++) dx[i] = x[i] <= 0.0f ? 0.0f : dy[i];
 }
 
+/* The unary ops whose dx is dy times a factor of one value: y for exp, sigmoid and tanh, x
+ * for log. */
+typedef enum dy_factor { DY_FACTOR_EXP, DY_FACTOR_SIGMOID, DY_FACTOR_TANH, DY_FACTOR_LOG } dy_factor;
+
 TTD_KHOT static void mul3_loop(const float *restrict dy, const float *restrict y, float *restrict dx, int64_t n,
-                               int kind) {
+                               dy_factor kind) {
   switch (kind) {
-    case 0: for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * y[i]; break;                    /* exp */
-    case 1: for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * (y[i] * (1.0f - y[i])); break; /* sigmoid */
-    case 2: for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * (1.0f - y[i] * y[i]); break;   /* tanh */
-    default: for (int64_t i = 0; i < n; i++) dx[i] = dy[i] / y[i]; break;                 /* log: y is x */
+    case DY_FACTOR_EXP: for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * y[i]; break;
+    case DY_FACTOR_SIGMOID: for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * (y[i] * (1.0f - y[i])); break;
+    case DY_FACTOR_TANH: for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * (1.0f - y[i] * y[i]); break;
+    case DY_FACTOR_LOG: for (int64_t i = 0; i < n; i++) dx[i] = dy[i] / y[i]; break; /* log: y is x */
   }
 }
 
@@ -384,7 +411,7 @@ void ttd_k_unary(ttd_pool *pool, ttd_unary_op op, const float *x, float *y, int6
 
 /* Backward over [0, n) of one chunk. Uses y where the derivative is cheapest from it
  * (sigmoid, tanh, exp) and recomputes it from x when y is NULL; relu also accepts x == NULL
- * (then y decides: y > 0 exactly when x > 0). */
+ * (then y decides: y <= 0 exactly when x <= 0). */
 static void unary_backward_loop(ttd_unary_op op, const float *restrict x, const float *restrict y,
                                 const float *restrict dy, float *restrict dx, int64_t n) {
   switch (op) {
@@ -398,7 +425,7 @@ static void unary_backward_loop(ttd_unary_op op, const float *restrict x, const 
     case TTD_UN_SIGMOID:
     case TTD_UN_TANH:
     case TTD_UN_EXP: {
-      int kind = op == TTD_UN_EXP ? 0 : op == TTD_UN_SIGMOID ? 1 : 2;
+      dy_factor kind = op == TTD_UN_EXP ? DY_FACTOR_EXP : op == TTD_UN_SIGMOID ? DY_FACTOR_SIGMOID : DY_FACTOR_TANH;
       if (y) {
         mul3_loop(dy, y, dx, n, kind);
       } else {
@@ -411,7 +438,7 @@ static void unary_backward_loop(ttd_unary_op op, const float *restrict x, const 
       }
       break;
     }
-    case TTD_UN_LOG: mul3_loop(dy, x, dx, n, 3); break;
+    case TTD_UN_LOG: mul3_loop(dy, x, dx, n, DY_FACTOR_LOG); break;
   }
 }
 

@@ -19,6 +19,7 @@
 #ifndef TTD_KERNELS_H
 #define TTD_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -60,7 +61,8 @@ typedef enum ttd_unary_op {
 } ttd_unary_op;
 
 void ttd_k_unary(ttd_pool *pool, ttd_unary_op op, const float *x, float *y, int64_t n);
-/* dx from x, y (the forward output) and dy. relu'(0) = 0. */
+/* dx from x, y (the forward output) and dy. relu passes dy where x is not <= 0 (torch's
+ * threshold_backward): relu'(0) = 0, and at a NaN input the gradient goes through. */
 void ttd_k_unary_backward(ttd_pool *pool, ttd_unary_op op, const float *x, const float *y, const float *dy, float *dx,
                           int64_t n);
 
@@ -172,15 +174,17 @@ int ttd_k_embedding(ttd_pool *pool, const float *table, const int32_t *indices, 
 void ttd_k_embedding_backward(ttd_pool *pool, const int32_t *indices, const float *dy, int64_t n, int64_t vocab,
                               int64_t dim, float *dtable);
 
-/* ---- dropout: y = x * keep / (1 - p), keep drawn from (seed, element index) by a
- * counter-based hash, so the backward regenerates the same mask. p in [0, 1). ---- */
-void ttd_k_dropout(ttd_pool *pool, const float *x, int64_t n, float p, uint64_t seed, float *y);
-void ttd_k_dropout_backward(ttd_pool *pool, const float *dy, int64_t n, float p, uint64_t seed, float *dx);
+/* ---- dropout: y = x * keep / (1 - p), keep drawn from (seed, step, element index) by a
+ * counter-based hash: each step (one training forward) draws a new mask, and the backward
+ * given the forward's seed and step regenerates it. p in [0, 1). ---- */
+void ttd_k_dropout(ttd_pool *pool, const float *x, int64_t n, float p, uint64_t seed, uint64_t step, float *y);
+void ttd_k_dropout_backward(ttd_pool *pool, const float *dy, int64_t n, float p, uint64_t seed, uint64_t step,
+                            float *dx);
 
 /* ---- optimizers, in place on parameters (state buffers start zeroed) ---- */
 typedef struct ttd_sgd_params {
   float lr, momentum, dampening, weight_decay;
-  int nesterov;
+  bool nesterov;
 } ttd_sgd_params;
 /* torch.optim.SGD semantics; `step` counts from 1 (momentum buffer starts as the grad). */
 void ttd_k_sgd_step(ttd_pool *pool, const ttd_sgd_params *p, int64_t step, float *param, const float *grad,
@@ -188,7 +192,7 @@ void ttd_k_sgd_step(ttd_pool *pool, const ttd_sgd_params *p, int64_t step, float
 
 typedef struct ttd_adam_params {
   float lr, beta1, beta2, eps, weight_decay;
-  int decoupled; /* 1: AdamW (decoupled weight decay), 0: Adam (L2 added to the grad) */
+  bool decoupled; /* AdamW (decoupled weight decay); false: Adam (L2 added to the grad) */
 } ttd_adam_params;
 /* torch.optim.Adam / AdamW semantics with bias correction; `step` counts from 1. */
 void ttd_k_adam_step(ttd_pool *pool, const ttd_adam_params *p, int64_t step, float *param, const float *grad, float *m,

@@ -79,23 +79,26 @@ void ttd_k_cross_entropy_backward(ttd_pool *pool, const float *logits, const int
 
 /* ---- mse and l1 ---- */
 
+/* The loss of a pair of tensors: the mean of (a - b)^2 or of |a - b|. */
+typedef enum pair_kind { PAIR_MSE, PAIR_L1 } pair_kind;
+
 typedef struct pair_job {
   const float *a, *b;
   float *da, *db;
   float k;
-  int l1;
+  pair_kind kind;
 } pair_job;
 
 /* Sum of (a - b)^2 or |a - b| over n elements: 16 float lanes per 1024-element block, blocks
  * added in double. */
-TTD_KHOT static double diff_sum(const float *restrict a, const float *restrict b, int64_t n, int l1) {
+TTD_KHOT static double diff_sum(const float *restrict a, const float *restrict b, int64_t n, pair_kind kind) {
   double total = 0.0;
   for (int64_t s = 0; s < n; s += 1024) {
     int64_t len = n - s < 1024 ? n - s : 1024;
     const float *pa = a + s, *pb = b + s;
     float lane[16] = {0};
     int64_t i = 0;
-    if (l1) {
+    if (kind == PAIR_L1) {
       for (; i + 16 <= len; i += 16)
         for (int j = 0; j < 16; j++) lane[j] += fabsf(pa[i + j] - pb[i + j]);
       for (; i < len; i++) lane[i & 15] += fabsf(pa[i] - pb[i]);
@@ -119,31 +122,31 @@ TTD_KHOT static double diff_sum(const float *restrict a, const float *restrict b
 
 static double pair_block(void *ctx, int64_t begin, int64_t end) {
   pair_job *job = ctx;
-  return diff_sum(job->a + begin, job->b + begin, end - begin, job->l1);
+  return diff_sum(job->a + begin, job->b + begin, end - begin, job->kind);
 }
 
-static void pair_loss(ttd_pool *pool, const float *a, const float *b, int64_t n, float *loss, int l1) {
+static void pair_loss(ttd_pool *pool, const float *a, const float *b, int64_t n, float *loss, pair_kind kind) {
   if (n <= 0) {
     *loss = NAN;
     return;
   }
-  pair_job job = {.a = a, .b = b, .l1 = l1};
+  pair_job job = {.a = a, .b = b, .kind = kind};
   *loss = (float)(ttd_ksum_blocks(pool, n, TTD_KGRAIN, pair_block, &job) / (double)n);
 }
 
 void ttd_k_mse_loss(ttd_pool *pool, const float *a, const float *b, int64_t n, float *loss) {
-  pair_loss(pool, a, b, n, loss, 0);
+  pair_loss(pool, a, b, n, loss, PAIR_MSE);
 }
 
 void ttd_k_l1_loss(ttd_pool *pool, const float *a, const float *b, int64_t n, float *loss) {
-  pair_loss(pool, a, b, n, loss, 1);
+  pair_loss(pool, a, b, n, loss, PAIR_L1);
 }
 
 /* da = k * f(a - b), db = -da, with f the identity (mse, k = 2 dloss / n) or sign (l1,
  * k = dloss / n; sign(0) = 0). Either output may be NULL. */
-TTD_KHOT static void pair_grad(const float *restrict a, const float *restrict b, float k, int l1, float *restrict da,
-                               float *restrict db, int64_t n) {
-  if (l1) {
+TTD_KHOT static void pair_grad(const float *restrict a, const float *restrict b, float k, pair_kind kind,
+                               float *restrict da, float *restrict db, int64_t n) {
+  if (kind == PAIR_L1) {
     for (int64_t i = 0; i < n; i++) {
       float d = a[i] - b[i];
       float g = d > 0.0f ? k : (d < 0.0f ? -k : 0.0f);
@@ -165,23 +168,23 @@ TTD_KHOT static void pair_grad(const float *restrict a, const float *restrict b,
 
 static void pair_grad_run(void *ctx, size_t begin, size_t end) {
   pair_job *job = ctx;
-  pair_grad(job->a + begin, job->b + begin, job->k, job->l1, job->da ? job->da + begin : NULL,
+  pair_grad(job->a + begin, job->b + begin, job->k, job->kind, job->da ? job->da + begin : NULL,
             job->db ? job->db + begin : NULL, (int64_t)(end - begin));
 }
 
 static void pair_backward(ttd_pool *pool, const float *a, const float *b, int64_t n, float k, float *da, float *db,
-                          int l1) {
+                          pair_kind kind) {
   if (n <= 0 || (!da && !db)) return;
-  pair_job job = {.a = a, .b = b, .da = da, .db = db, .k = k, .l1 = l1};
+  pair_job job = {.a = a, .b = b, .da = da, .db = db, .k = k, .kind = kind};
   ttd_pool_parallel_for(pool, (size_t)n, TTD_KGRAIN, pair_grad_run, &job);
 }
 
 void ttd_k_mse_loss_backward(ttd_pool *pool, const float *a, const float *b, int64_t n, float dloss, float *da,
                              float *db) {
-  if (n > 0) pair_backward(pool, a, b, n, (float)(2.0 * (double)dloss / (double)n), da, db, 0);
+  if (n > 0) pair_backward(pool, a, b, n, (float)(2.0 * (double)dloss / (double)n), da, db, PAIR_MSE);
 }
 
 void ttd_k_l1_loss_backward(ttd_pool *pool, const float *a, const float *b, int64_t n, float dloss, float *da,
                             float *db) {
-  if (n > 0) pair_backward(pool, a, b, n, (float)((double)dloss / (double)n), da, db, 1);
+  if (n > 0) pair_backward(pool, a, b, n, (float)((double)dloss / (double)n), da, db, PAIR_L1);
 }

@@ -10,7 +10,7 @@
 
 typedef struct sgd_job {
   const ttd_sgd_params *p;
-  int first; /* step 1: the momentum buffer starts as the gradient */
+  bool first; /* step 1: the momentum buffer starts as the gradient */
   float *param, *buf;
   const float *grad;
 } sgd_job;
@@ -22,9 +22,9 @@ TTD_KHOT static void sgd_plain_loop(float lr, float wd, float *restrict param, c
   }
 }
 
-TTD_KHOT static void sgd_momentum_loop(float lr, float momentum, float dampening, float wd, int nesterov, int first,
-                                       float *restrict param, const float *restrict grad, float *restrict buf,
-                                       int64_t n) {
+TTD_KHOT static void sgd_momentum_loop(float lr, float momentum, float dampening, float wd, bool nesterov,
+                                       bool first, float *restrict param, const float *restrict grad,
+                                       float *restrict buf, int64_t n) {
   float keep = 1.0f - dampening;
   for (int64_t i = 0; i < n; i++) {
     float g = wd != 0.0f ? grad[i] + wd * param[i] : grad[i];

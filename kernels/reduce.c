@@ -1,4 +1,5 @@
-/* Sum/mean reductions over any set of axes, their backward, and permute.
+/* Sum/mean reductions over any set of axes, and permute (their backward, a broadcast scale,
+ * is elementwise.c's).
  *
  * A reduction is planned by dropping dims of size 1 and merging neighbours of the same kind
  * (kept or reduced), which leaves alternating kept and reduced dims. Two shapes of work:
@@ -206,22 +207,6 @@ void ttd_k_reduce(ttd_pool *pool, ttd_reduce_op op, const float *x, const ttd_ks
       y[o] = (float)(s / job.count);
     }
   }
-}
-
-void ttd_k_reduce_backward(ttd_pool *pool, ttd_reduce_op op, const float *dy, const ttd_kshape *xs, uint32_t axes_mask,
-                           float *dx) {
-  ttd_kshape ys = *xs;
-  int64_t count = 1;
-  for (int i = 0; i < xs->ndim; i++) {
-    if ((axes_mask >> i) & 1u) {
-      count *= xs->d[i];
-      ys.d[i] = 1;
-    }
-  }
-  static const ttd_kshape scalar = {0};
-  /* dx = dy broadcast over the reduced dims, divided by the count for a mean (as torch) */
-  float k = op == TTD_RED_MEAN ? (float)count : 1.0f;
-  ttd_k_binary(pool, op == TTD_RED_MEAN ? TTD_BIN_DIV : TTD_BIN_MUL, dy, &ys, &k, &scalar, dx, xs);
 }
 
 /* ---- permute ---- */

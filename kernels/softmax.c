@@ -10,12 +10,12 @@ typedef struct softmax_job {
   const float *x, *y, *dy;
   float *out;
   int64_t cols;
-  int is_log;
+  bool is_log;
 } softmax_job;
 
 static size_t row_grain(int64_t cols) { return cols >= TTD_KGRAIN ? 1 : (size_t)(TTD_KGRAIN / cols); }
 
-TTD_KHOT static void softmax_row(const float *restrict x, float *restrict y, int64_t n, int is_log) {
+TTD_KHOT static void softmax_row(const float *restrict x, float *restrict y, int64_t n, bool is_log) {
   float m = ttd_kmax_f32(x, n);
   if (is_log) {
     float ls = (float)log(ttd_kexp_sum(x, m, NULL, n));
@@ -32,18 +32,18 @@ static void softmax_run(void *ctx, size_t begin, size_t end) {
     softmax_row(job->x + (int64_t)r * job->cols, job->out + (int64_t)r * job->cols, job->cols, job->is_log);
 }
 
-static void softmax_any(ttd_pool *pool, const float *x, int64_t rows, int64_t cols, float *y, int is_log) {
+static void softmax_any(ttd_pool *pool, const float *x, int64_t rows, int64_t cols, float *y, bool is_log) {
   if (rows <= 0 || cols <= 0) return;
   softmax_job job = {.x = x, .out = y, .cols = cols, .is_log = is_log};
   ttd_pool_parallel_for(pool, (size_t)rows, row_grain(cols), softmax_run, &job);
 }
 
 void ttd_k_softmax(ttd_pool *pool, const float *x, int64_t rows, int64_t cols, float *y) {
-  softmax_any(pool, x, rows, cols, y, 0);
+  softmax_any(pool, x, rows, cols, y, false);
 }
 
 void ttd_k_log_softmax(ttd_pool *pool, const float *x, int64_t rows, int64_t cols, float *y) {
-  softmax_any(pool, x, rows, cols, y, 1);
+  softmax_any(pool, x, rows, cols, y, true);
 }
 
 /* sum of a[i] * b[i] in double, 16 float lanes per 1024-element block. */
@@ -65,7 +65,7 @@ static inline double dot_f32(const float *restrict a, const float *restrict b, i
 
 /* softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy). */
 TTD_KHOT static void softmax_backward_row(const float *restrict y, const float *restrict dy, float *restrict dx,
-                                          int64_t n, int is_log) {
+                                          int64_t n, bool is_log) {
   if (is_log) {
     float s = (float)ttd_ksum_f32(dy, n);
     ttd_kexpf_n(dx, y, 1.0f, 0.0f, n);
@@ -85,17 +85,17 @@ static void softmax_backward_run(void *ctx, size_t begin, size_t end) {
 }
 
 static void softmax_backward_any(ttd_pool *pool, const float *y, const float *dy, int64_t rows, int64_t cols, float *dx,
-                                 int is_log) {
+                                 bool is_log) {
   if (rows <= 0 || cols <= 0) return;
   softmax_job job = {.y = y, .dy = dy, .out = dx, .cols = cols, .is_log = is_log};
   ttd_pool_parallel_for(pool, (size_t)rows, row_grain(cols), softmax_backward_run, &job);
 }
 
 void ttd_k_softmax_backward(ttd_pool *pool, const float *y, const float *dy, int64_t rows, int64_t cols, float *dx) {
-  softmax_backward_any(pool, y, dy, rows, cols, dx, 0);
+  softmax_backward_any(pool, y, dy, rows, cols, dx, false);
 }
 
 void ttd_k_log_softmax_backward(ttd_pool *pool, const float *y, const float *dy, int64_t rows, int64_t cols,
                                 float *dx) {
-  softmax_backward_any(pool, y, dy, rows, cols, dx, 1);
+  softmax_backward_any(pool, y, dy, rows, cols, dx, true);
 }

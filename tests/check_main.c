@@ -19,6 +19,7 @@ int main(void) {
   srunner_add_suite(sr, work_queue_suite());
   srunner_add_suite(sr, place_suite());
   srunner_add_suite(sr, program_grad_suite());
+  srunner_add_suite(sr, run_mode_suite());
   srunner_add_suite(sr, thread_pool_suite());
   srunner_add_suite(sr, kernels_shape_suite());
   srunner_add_suite(sr, kernels_elementwise_suite());
@@ -40,6 +41,7 @@ int main(void) {
   srunner_add_suite(sr, e2e_interop_suite());
   srunner_add_suite(sr, e2e_programs_suite());
   srunner_add_suite(sr, e2e_modules_suite());
+  srunner_add_suite(sr, e2e_dropout_suite());
   srunner_add_suite(sr, e2e_metrics_suite());
   srunner_add_suite(sr, e2e_tenants_suite());
   srunner_add_suite(sr, e2e_fairness_suite());

@@ -1,6 +1,7 @@
-/* Execute: a program forward on this session's tensors; outputs become new tensors. Small
- * inputs may travel inline and outputs come back inline when asked (inline_tensor.h);
- * queued parameter work runs first and frees ride along (parameter_work.h). */
+/* Execute: a program forward on this session's tensors, in training or eval mode (eval,
+ * dropout_step); outputs become new tensors. Small inputs may travel inline and outputs
+ * come back inline when asked (inline_tensor.h); queued parameter work runs first and frees
+ * ride along (parameter_work.h). */
 #include <inttypes.h>
 #include <stdlib.h>
 
@@ -84,13 +85,13 @@ static ttd_status_t gather_inputs(ttd_call *call, const ttd_program *p, const Tt
 }
 
 /* The output mode, checked: inline outputs must fit the inline limit. */
-static ttd_status_t check_output_mode(const ttd_program *p, int mode) {
+static ttd_status_t check_output_mode(const ttd_program *p, Ttd__V1__OutputMode mode) {
   if (mode != TTD__V1__OUTPUT_MODE__OUTPUT_MODE_HANDLES && mode != TTD__V1__OUTPUT_MODE__OUTPUT_MODE_INLINE &&
       mode != TTD__V1__OUTPUT_MODE__OUTPUT_MODE_HANDLES_AND_INLINE) {
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
                            "output_mode %d is unknown; use OUTPUT_MODE_HANDLES, OUTPUT_MODE_INLINE or "
                            "OUTPUT_MODE_HANDLES_AND_INLINE",
-                           mode);
+                           (int)mode);
   }
   if (mode == TTD__V1__OUTPUT_MODE__OUTPUT_MODE_HANDLES) return TTD_OK;
   uint64_t total = 0;
@@ -134,7 +135,7 @@ static ttd_status_t execute(ttd_call *call, const ProtobufCMessage *request, Pro
   ttd_tensor **inputs = calloc((size_t)n_in + 1, sizeof(*inputs)), **params = NULL;
   ttd_tensor_spec *specs = calloc((size_t)n_in + 1, sizeof(*specs));
   ttd_run *run = NULL;
-  int mode = (int)req->output_mode;
+  Ttd__V1__OutputMode mode = req->output_mode;
   ttd_status_t status = inputs && specs ? TTD_OK : ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   int device = ttd_session_device_of(call->session, req->parameters, req->n_parameters);
   if (!status) status = gather_inputs(call, program, req, &device, inputs, specs);
@@ -145,11 +146,13 @@ static ttd_status_t execute(ttd_call *call, const ProtobufCMessage *request, Pro
     status = ttd_inline_create(call, &specs[i], req->inline_inputs[k++], &inputs[i]);
   }
   int n_inputs = req->n_inline_inputs ? program->n_inputs : (int)req->n_inputs;
+  ttd_run_mode run_mode = {.eval = req->eval, .dropout_step = req->dropout_step};
   if (!status) {
-    status = ttd_run_forward(call->core->backend, call->session->quota, program, inputs, n_inputs, params,
-                             (int)req->n_parameters, &run);
+    status = ttd_run_forward_mode(call->core->backend, call->session->quota, program, inputs, n_inputs, params,
+                                  (int)req->n_parameters, &run_mode, &run);
   }
   if (!status) {
+    resp->mode_applied = true;
     resp->n_outputs = (size_t)program->n_outputs;
     resp->outputs = ttd_call_alloc(call, sizeof(*resp->outputs) * (size_t)program->n_outputs);
     if (mode != TTD__V1__OUTPUT_MODE__OUTPUT_MODE_HANDLES) {

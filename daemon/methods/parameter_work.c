@@ -29,7 +29,7 @@ static ttd_status_t step_one(ttd_backend *backend, ttd_tensor *param, ttd_optimi
   ttd_tensor *wide = NULL; /* a bfloat16 parameter is updated in float32, then rounded back */
   pthread_mutex_lock(&param->train_lock);
   if (param->grad) {
-    int need_state = oc->adam ? 2 : (oc->sgd.momentum != 0.0f ? 1 : 0);
+    int need_state = oc->kind == TTD_OPTIMIZER_ADAM ? 2 : (oc->sgd.momentum != 0.0f ? 1 : 0);
     for (int k = 0; k < need_state && !status; k++) status = zeroed_like(backend, param, &param->opt_state[k]);
     if (!status && param->spec.dtype == TTD_DTYPE_BFLOAT16) {
       status = zeroed_like(backend, param, &wide);

@@ -12,8 +12,10 @@
 #ifndef TTD_BACKEND_H
 #define TTD_BACKEND_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
+#include "dtype.h"
 #include "kernels.h"
 #include "base/status.h"
 #include "graph/tensor_spec.h"
@@ -58,6 +60,13 @@ typedef struct ttd_backend_buffer ttd_backend_buffer; /* opaque; defined by each
 struct ttd_program_node;
 struct ttd_kshape;
 
+/* How a program runs, for the ops that differ between training and evaluation (dropout).
+ * All zero: training, dropout step 0. */
+typedef struct ttd_run_mode {
+  bool eval;             /* torch's eval(): dropout passes its input (and its gradient) through */
+  uint64_t dropout_step; /* training: with each dropout node's seed, picks that node's mask */
+} ttd_run_mode;
+
 /* One node of a program, forward, as the backend sees it: the node (op and attributes),
  * its operand buffers and shapes, its output buffer and shape, and scratch buffers the
  * op keeps for its backward (max_pool2d: argmax; layer_norm: mean and rstd). */
@@ -72,11 +81,14 @@ typedef struct ttd_node_call {
    * (NULL: not needed). Written, not accumulated. */
   ttd_backend_buffer *output_grad;
   ttd_backend_buffer *input_grads[3];
+  ttd_run_mode mode; /* the run's, the same for its forward and backward */
 } ttd_node_call;
+
+typedef enum ttd_optimizer_kind { TTD_OPTIMIZER_SGD, TTD_OPTIMIZER_ADAM } ttd_optimizer_kind;
 
 /* One parameter's optimizer update, in place (kernels.h defines the parameters). */
 typedef struct ttd_optimizer_call {
-  int adam;                 /* 0: SGD, 1: Adam/AdamW */
+  ttd_optimizer_kind kind;  /* TTD_OPTIMIZER_ADAM: Adam or AdamW (adam_params.decoupled) */
   ttd_sgd_params sgd;
   ttd_adam_params adam_params;
   int64_t step;             /* counts from 1 */
@@ -125,8 +137,8 @@ typedef struct ttd_backend_vtable {
   ttd_status_t (*optimizer_step)(ttd_backend *backend, int device, const ttd_optimizer_call *call);
   /* dst = src converted element by element (float32 <-> bfloat16, round to nearest even),
    * n elements, on the device. */
-  ttd_status_t (*buffer_convert)(ttd_backend *backend, ttd_backend_buffer *src, int src_dtype, ttd_backend_buffer *dst,
-                                 int dst_dtype, uint64_t n);
+  ttd_status_t (*buffer_convert)(ttd_backend *backend, ttd_backend_buffer *src, ttd_dtype src_dtype,
+                                 ttd_backend_buffer *dst, ttd_dtype dst_dtype, uint64_t n);
   /* A call's turn on `device` has come and its work follows at once: the backend may wake
    * the device's cores now rather than at the first kernel. May be NULL. */
   void (*device_wake)(ttd_backend *backend, int device);

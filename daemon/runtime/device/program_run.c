@@ -59,6 +59,12 @@ void ttd_run_free(ttd_run *run) {
 
 ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_quota *quota, ttd_program *program, ttd_tensor *const *inputs, int n_inputs,
                              ttd_tensor *const *params, int n_params, ttd_run **out_run) {
+  return ttd_run_forward_mode(backend, quota, program, inputs, n_inputs, params, n_params, NULL, out_run);
+}
+
+ttd_status_t ttd_run_forward_mode(ttd_backend *backend, ttd_quota *quota, ttd_program *program,
+                                  ttd_tensor *const *inputs, int n_inputs, ttd_tensor *const *params, int n_params,
+                                  const ttd_run_mode *mode, ttd_run **out_run) {
   *out_run = NULL;
   if (n_inputs != program->n_inputs || n_params != program->n_params) {
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
@@ -75,6 +81,7 @@ ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_quota *quota, ttd_program
   run->program = ttd_program_retain(program);
   run->device = device;
   run->quota = ttd_quota_retain(quota);
+  if (mode) run->mode = *mode;
   run->values = calloc((size_t)program->n_values, sizeof(*run->values));
   run->saved = calloc((size_t)(2 * program->n_nodes + 1), sizeof(*run->saved));
   run->operands = calloc((size_t)(n_inputs + n_params + 1), sizeof(*run->operands));
@@ -104,7 +111,8 @@ ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_quota *quota, ttd_program
     status = make_tensor(backend, run, program->values[node->value].type.dtype, out_shape, &run->values[node->value]);
     if (!status) status = make_saved(backend, run, node, out_shape, &run->saved[2 * i]);
     if (status) break;
-    ttd_node_call call = {.node = node, .output = run->values[node->value]->buffer, .output_shape = out_shape};
+    ttd_node_call call = {
+        .node = node, .output = run->values[node->value]->buffer, .output_shape = out_shape, .mode = run->mode};
     for (int k = 0; k < node->n_inputs; k++) {
       call.inputs[k] = run->values[node->inputs[k]]->buffer;
       call.input_shapes[k] = &program->values[node->inputs[k]].type.shape;
@@ -143,7 +151,8 @@ static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd
   ttd_node_call call = {.node = node,
                         .output = run->values[node->value]->buffer,
                         .output_shape = &program->values[node->value].type.shape,
-                        .output_grad = grads[node->value]->buffer};
+                        .output_grad = grads[node->value]->buffer,
+                        .mode = run->mode};
   ttd_tensor *contrib[TTD_MAX_NODE_INPUTS] = {0};
   ttd_status_t status = TTD_OK;
   for (int k = 0; k < node->n_inputs && !status; k++) {

@@ -1,6 +1,7 @@
 /* Running a compiled program forward on device tensors: every node's output becomes a
  * device tensor (accounted like any other), nodes run in order through the backend's
- * run_node. A run holds its values until it is released. */
+ * run_node. A run holds its values until it is released, and its mode (training or eval,
+ * dropout step) for its backward. */
 #ifndef TTD_PROGRAM_RUN_H
 #define TTD_PROGRAM_RUN_H
 
@@ -15,6 +16,7 @@ typedef struct ttd_run {
                           * bfloat16 inputs and parameters appear here as float32 copies */
   ttd_tensor **operands; /* the caller's inputs then parameters, one reference each */
   ttd_tensor **saved;    /* per node, 2 slots: what the op keeps for its backward */
+  ttd_run_mode mode;     /* the forward's; its backward runs in the same mode */
 } ttd_run;
 
 /* Checks inputs and parameters against the program (count, dtype, shape, one device) and
@@ -24,9 +26,18 @@ typedef struct ttd_run {
 ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_quota *quota, ttd_program *program, ttd_tensor *const *inputs, int n_inputs,
                              ttd_tensor *const *params, int n_params, ttd_run **out_run);
 
+/* The same in a mode (NULL: all zero, training at dropout step 0, as ttd_run_forward): in
+ * eval mode dropout is the identity; in training, each dropout node's mask is drawn from its
+ * seed and mode->dropout_step, so a caller that counts its training forwards gets a new mask
+ * at each, reproducible from (seed, step) on any backend and thread count. */
+ttd_status_t ttd_run_forward_mode(ttd_backend *backend, ttd_quota *quota, ttd_program *program,
+                                  ttd_tensor *const *inputs, int n_inputs, ttd_tensor *const *params, int n_params,
+                                  const ttd_run_mode *mode, ttd_run **out_run);
+
 void ttd_run_free(ttd_run *run); /* accepts NULL */
 
-/* Reverse-mode differentiation of a run. output_grads has one entry per program output
+/* Reverse-mode differentiation of a run, in the forward's mode (the same dropout masks).
+ * output_grads has one entry per program output
  * (NULL: that output gets no gradient); each must match its output's dtype, shape and
  * device. Every parameter's gradient is accumulated into its .grad (as torch does) and
  * out_param_grads[i] gets a reference to that .grad (NULL when the parameter was not

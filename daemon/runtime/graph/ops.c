@@ -4,6 +4,13 @@
 #include <stdio.h>
 #include <string.h>
 
+/* ttd_dtype's values are ttd.v1.DType's: the daemon and the client cast one into the other. */
+_Static_assert(TTD_DTYPE_INVALID == (int)TTD__V1__DTYPE__DTYPE_UNSPECIFIED &&
+                   TTD_DTYPE_FLOAT32 == (int)TTD__V1__DTYPE__DTYPE_FLOAT32 &&
+                   TTD_DTYPE_BFLOAT16 == (int)TTD__V1__DTYPE__DTYPE_BFLOAT16 &&
+                   TTD_DTYPE_INT32 == (int)TTD__V1__DTYPE__DTYPE_INT32,
+               "ttd_dtype must equal ttd.v1.DType value for value");
+
 typedef ttd_status_t (*infer_fn)(const Ttd__V1__Node *node, const ttd_value_type *const *in, int n, ttd_op_attrs *a,
                                  ttd_value_type *out);
 

@@ -1,5 +1,5 @@
-/* kernels/dropout.c: seeded masks (the same across pools), the kept fraction and scale, the
- * backward's mask, and p = 0 as the identity. */
+/* kernels/dropout.c: masks drawn from (seed, step) (the same across pools, a new one per
+ * step), the kept fraction and scale, the backward's mask, and p = 0 as the identity. */
 
 #include <math.h>
 #include <stdint.h>
@@ -17,35 +17,53 @@ static float *ones(int64_t n) {
   return x;
 }
 
-/* The same seed gives the same mask (also across pools); another seed another mask. */
-START_TEST(test_dropout_seeds) {
+/* Independent masks at p = 0.5 disagree on about half of n elements (3 sigma = 1.5 sqrt(n)). */
+static void assert_independent(const float *y1, const float *y2, int64_t n, const char *what) {
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; i++) differ += (y1[i] == 0.0f) != (y2[i] == 0.0f);
+  double sigma3 = 1.5 * sqrt((double)n);
+  ck_assert_msg(fabs((double)differ - (double)n / 2) <= sigma3, "masks of %s differ at %lld of %lld", what,
+                (long long)differ, (long long)n);
+}
+
+/* The same (seed, step) gives the same mask (also across pools); another seed, or another
+ * step of the same seed, an independent one. */
+START_TEST(test_dropout_seeds_and_steps) {
   const int64_t n = 100000;
   float *x = ones(n), *y1 = kt_nan_buf(n), *y2 = kt_nan_buf(n), *y3 = kt_nan_buf(n);
   ttd_pool *pool = ttd_pool_create(4);
   ck_assert_ptr_nonnull(pool);
-  ttd_k_dropout(NULL, x, n, 0.5f, 42, y1);
-  ttd_k_dropout(pool, x, n, 0.5f, 42, y2);
+  ttd_k_dropout(NULL, x, n, 0.5f, 42, 5, y1);
+  ttd_k_dropout(pool, x, n, 0.5f, 42, 5, y2);
   ck_assert(memcmp(y1, y2, (size_t)n * sizeof(float)) == 0);
-  ttd_k_dropout(NULL, x, n, 0.5f, 43, y3);
-  int64_t differ = 0;
-  for (int64_t i = 0; i < n; i++) differ += (y1[i] == 0.0f) != (y3[i] == 0.0f);
-  /* independent masks at p = 0.5 disagree on about half the elements */
-  ck_assert_msg(differ > n / 2 - 1500 && differ < n / 2 + 1500, "masks of seeds 42 and 43 differ at %lld of %lld",
-                (long long)differ, (long long)n);
+  ttd_k_dropout(NULL, x, n, 0.5f, 43, 5, y3);
+  assert_independent(y1, y3, n, "seeds 42 and 43 at step 5");
+  const uint64_t steps[] = {0, 4, 6, 1ull << 40};
+  for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++) {
+    ttd_k_dropout(pool, x, n, 0.5f, 42, steps[k], y3);
+    assert_independent(y1, y3, n, "steps 5 and another of seed 42");
+  }
+  /* consecutive steps of one seed: each pair independent */
+  for (uint64_t step = 0; step < 8; step++) {
+    ttd_k_dropout(pool, x, n, 0.5f, 7, step, y2);
+    ttd_k_dropout(pool, x, n, 0.5f, 7, step + 1, y3);
+    assert_independent(y2, y3, n, "consecutive steps of seed 7");
+  }
   ttd_pool_destroy(pool);
   free(x), free(y1), free(y2), free(y3);
 }
 END_TEST
 
-/* Over 1e5 elements the kept fraction is within 3 sigma of 1 - p; kept values are x / (1 - p). */
+/* Over 1e5 elements the kept fraction is within 3 sigma of 1 - p at every step; kept values
+ * are x / (1 - p). */
 START_TEST(test_dropout_keep_fraction) {
   const int64_t n = 100000;
   const float ps[] = {0.1f, 0.3f, 0.5f, 0.9f};
   uint64_t rng = 19;
   float *x = kt_rand_buf(&rng, n, 0.5f, 1.5f), *y = kt_nan_buf(n);
-  for (size_t t = 0; t < 4; t++) {
-    float p = ps[t];
-    ttd_k_dropout(NULL, x, n, p, 1000 + t, y);
+  for (size_t t = 0; t < 4 * 3; t++) {
+    float p = ps[t % 4];
+    ttd_k_dropout(NULL, x, n, p, 1000 + t % 4, t / 4, y);
     int64_t kept = 0;
     for (int64_t i = 0; i < n; i++) {
       if (y[i] == 0.0f) continue;
@@ -61,13 +79,15 @@ START_TEST(test_dropout_keep_fraction) {
 }
 END_TEST
 
-/* The backward drops exactly the forward's elements and scales the rest the same way. */
+/* The backward given the forward's (seed, step) drops exactly the forward's elements and
+ * scales the rest the same way. */
 START_TEST(test_dropout_backward_mask) {
   const int64_t n = 4099;
   uint64_t rng = 20;
   float *x = kt_rand_buf(&rng, n, -1, 1), *dy = kt_rand_buf(&rng, n, -1, 1), *y = kt_nan_buf(n), *dx = kt_nan_buf(n);
-  ttd_k_dropout(NULL, x, n, 0.37f, 7, y);
-  ttd_k_dropout_backward(NULL, dy, n, 0.37f, 7, dx);
+  ttd_k_dropout(NULL, x, n, 0.37f, 7, 3, y);
+  ttd_k_dropout(NULL, x, n, 0.37f, 7, 4, dx); /* the next step in between changes nothing */
+  ttd_k_dropout_backward(NULL, dy, n, 0.37f, 7, 3, dx);
   int64_t dropped = 0;
   for (int64_t i = 0; i < n; i++) {
     int kept = y[i] != 0.0f;
@@ -89,8 +109,8 @@ START_TEST(test_dropout_p_zero) {
   x[0] = -0.0f;
   x[1] = INFINITY;
   x[2] = NAN;
-  ttd_k_dropout(NULL, x, n, 0.0f, 99, y);
-  ttd_k_dropout_backward(NULL, x, n, 0.0f, 99, dx);
+  ttd_k_dropout(NULL, x, n, 0.0f, 99, 12, y);
+  ttd_k_dropout_backward(NULL, x, n, 0.0f, 99, 12, dx);
   ck_assert(memcmp(x, y, (size_t)n * sizeof(float)) == 0);
   ck_assert(memcmp(x, dx, (size_t)n * sizeof(float)) == 0);
   free(x), free(y), free(dx);
@@ -100,7 +120,7 @@ END_TEST
 Suite *kernels_dropout_suite(void) {
   Suite *s = suite_create("kernels_dropout");
   TCase *tc = tcase_create("dropout");
-  tcase_add_test(tc, test_dropout_seeds);
+  tcase_add_test(tc, test_dropout_seeds_and_steps);
   tcase_add_test(tc, test_dropout_keep_fraction);
   tcase_add_test(tc, test_dropout_backward_mask);
   tcase_add_test(tc, test_dropout_p_zero);

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -312,6 +313,35 @@ START_TEST(test_relu_backward_at_zero) {
 }
 END_TEST
 
+/* relu's gradient as torch's threshold_backward(dy, relu(x), 0) gives it: dy where relu(x) is
+ * not <= 0, so at a NaN input (relu(NaN) = NaN) dy passes through, also a NaN dy; 0 at 0, -0
+ * and -inf, even for a NaN dy. The same from y alone (x NULL) and over every vector path. */
+START_TEST(test_relu_backward_at_nan) {
+  enum { N = 40000 };
+  const float in[8] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 3.0f, -2.0f};
+  const float want_dx[8] = {5.0f, 6.0f, 7.0f, 0.0f, 0.0f, 0.0f, NAN, 0.0f}; /* torch, for dy below */
+  float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float)), *dy = malloc(N * sizeof(float));
+  float *dx = malloc(N * sizeof(float));
+  ck_assert(x && y && dy && dx);
+  for (int i = 0; i < N; i++) {
+    x[i] = in[i % 8];
+    dy[i] = i % 8 == 6 || i % 8 == 7 ? NAN : (float)(5 + i % 8);
+  }
+  ttd_k_unary(kt_pool, TTD_UN_RELU, x, y, N);
+  for (int from_y = 0; from_y < 2; from_y++) {
+    ttd_k_unary_backward(kt_pool, TTD_UN_RELU, from_y ? NULL : x, y, dy, dx, N);
+    for (int i = 0; i < N; i++) {
+      float want = want_dx[i % 8];
+      int ok = isnan(want) ? isnan(dx[i]) : dx[i] == want && !signbit(dx[i]);
+      if (!ok) ck_abort_msg("relu backward at x = %g, dy = %g gave %g, want %g (from %s)", (double)x[i], (double)dy[i],
+                            (double)dx[i], (double)want, from_y ? "y" : "x");
+    }
+  }
+  ck_assert(isnan(y[0]) && isnan(y[1]));
+  free(x), free(y), free(dy), free(dx);
+}
+END_TEST
+
 Suite *kernels_elementwise_suite(void) {
   Suite *s = suite_create("kernels_elementwise");
   TCase *tc = tcase_create("elementwise");
@@ -326,6 +356,7 @@ Suite *kernels_elementwise_suite(void) {
   tcase_add_test(tc, test_unary_backward);
   tcase_add_test(tc, test_unary_exp_range);
   tcase_add_test(tc, test_relu_backward_at_zero);
+  tcase_add_test(tc, test_relu_backward_at_nan);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -196,12 +196,12 @@ static ttd_status_t sim_buffer_copy(ttd_backend *backend, ttd_backend_buffer *sr
   return TTD_OK;
 }
 
-static ttd_status_t sim_buffer_convert(ttd_backend *backend, ttd_backend_buffer *src, int src_dtype,
-                                       ttd_backend_buffer *dst, int dst_dtype, uint64_t n) {
+static ttd_status_t sim_buffer_convert(ttd_backend *backend, ttd_backend_buffer *src, ttd_dtype src_dtype,
+                                       ttd_backend_buffer *dst, ttd_dtype dst_dtype, uint64_t n) {
   (void)backend;
-  if (ttd_dtype_convert(dst->data, (ttd_dtype)dst_dtype, src->data, (ttd_dtype)src_dtype, (size_t)n) != 0) {
-    return ttd_make_status(GRPC_STATUS_INTERNAL, "sim backend: cannot convert %s to %s", ttd_dtype_name((ttd_dtype)src_dtype),
-                           ttd_dtype_name((ttd_dtype)dst_dtype));
+  if (ttd_dtype_convert(dst->data, dst_dtype, src->data, src_dtype, (size_t)n) != 0) {
+    return ttd_make_status(GRPC_STATUS_INTERNAL, "sim backend: cannot convert %s to %s", ttd_dtype_name(src_dtype),
+                           ttd_dtype_name(dst_dtype));
   }
   return TTD_OK;
 }

@@ -6,6 +6,16 @@
 #include "graph/program.h"
 #include "sim_internal.h"
 
+/* The binary and unary ops map onto the kernels' enums by their offset from the first of
+ * each (node->op - TTD_OP_ADD, node->op - TTD_OP_RELU). */
+_Static_assert(TTD_OP_ADD - TTD_OP_ADD == TTD_BIN_ADD && TTD_OP_SUB - TTD_OP_ADD == TTD_BIN_SUB &&
+                   TTD_OP_MUL - TTD_OP_ADD == TTD_BIN_MUL && TTD_OP_DIV - TTD_OP_ADD == TTD_BIN_DIV,
+               "ttd_op's add..div must follow ttd_binary_op's order");
+_Static_assert(TTD_OP_RELU - TTD_OP_RELU == TTD_UN_RELU && TTD_OP_GELU - TTD_OP_RELU == TTD_UN_GELU &&
+                   TTD_OP_SIGMOID - TTD_OP_RELU == TTD_UN_SIGMOID && TTD_OP_TANH - TTD_OP_RELU == TTD_UN_TANH &&
+                   TTD_OP_EXP - TTD_OP_RELU == TTD_UN_EXP && TTD_OP_LOG - TTD_OP_RELU == TTD_UN_LOG,
+               "ttd_op's relu..log must follow ttd_unary_op's order");
+
 #define F(i) ((float *)call->inputs[i]->data)
 #define I32(i) ((const int32_t *)call->inputs[i]->data)
 #define OUT ((float *)call->output->data)
@@ -147,7 +157,8 @@ ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_c
       return TTD_OK;
     }
     case TTD_OP_DROPOUT:
-      ttd_k_dropout(pool, F(0), n_out, a->p, a->seed, OUT);
+      if (call->mode.eval) memcpy(OUT, call->inputs[0]->data, call->output->bytes);
+      else ttd_k_dropout(pool, F(0), n_out, a->p, a->seed, call->mode.dropout_step, OUT);
       return TTD_OK;
     case TTD_OP_COUNT:
       break;
@@ -239,9 +250,12 @@ ttd_status_t ttd_sim_run_node_backward(ttd_backend *backend, int device, const t
     case TTD_OP_EMBEDDING:
       if (DIN(1)) ttd_k_embedding_backward(pool, I32(0), DY, ttd_kshape_numel(s0), s1->d[0], s1->d[1], DIN(1));
       return TTD_OK;
-    case TTD_OP_DROPOUT:
-      ttd_k_dropout_backward(pool, DY, n_out, a->p, a->seed, DIN(0));
+    case TTD_OP_DROPOUT: {
+      float *dx = DIN(0);
+      if (dx && call->mode.eval) memcpy(dx, DY, call->output_grad->bytes);
+      else if (dx) ttd_k_dropout_backward(pool, DY, n_out, a->p, a->seed, call->mode.dropout_step, dx);
       return TTD_OK;
+    }
     case TTD_OP_COUNT:
       break;
   }
@@ -258,7 +272,7 @@ ttd_status_t ttd_sim_optimizer_step(ttd_backend *backend, int device, const ttd_
   (void)device;
   ttd_pool *pool = ((sim_backend *)backend)->pool;
   float *param = (float *)call->param->data, *grad = (float *)call->grad->data;
-  if (call->adam) {
+  if (call->kind == TTD_OPTIMIZER_ADAM) {
     ttd_k_adam_step(pool, &call->adam_params, call->step, param, grad, (float *)call->state[0]->data,
                     (float *)call->state[1]->data, call->n);
   } else {
