@@ -158,10 +158,16 @@ test-asan:
 check-layers:
 	@scripts/check-layers
 
+# Every code block of README.md and docs/ compiled or run against this build and a real ttd.
+.PHONY: check-docs
+check-docs: all
+	scripts/check-docs $(BUILD)
+
 test: deps
 	$(MAKE) check-layers
 	$(MAKE) all
 	$(MAKE) test-unit
+	$(MAKE) --no-print-directory check-docs
 	$(MAKE) test-asan
 	$(MAKE) --no-print-directory faults-short
 
@@ -247,6 +253,8 @@ install: $(TTD) $(LIB_A) $(LIB_SO) $(BUILD)/bin/ttctl
 	install -D -m 0755 $(LIB_SO).1 $(DESTDIR)$(PREFIX)/lib/libttclient.so.1
 	ln -sfn libttclient.so.1 $(DESTDIR)$(PREFIX)/lib/libttclient.so
 	install -D -m 0644 client/include/ttclient.h $(DESTDIR)$(PREFIX)/include/ttclient.h
+	install -D -m 0644 docs/man/ttd.8 $(DESTDIR)$(PREFIX)/share/man/man8/ttd.8
+	install -D -m 0644 docs/man/ttctl.8 $(DESTDIR)$(PREFIX)/share/man/man8/ttctl.8
 	install -D -m 0644 $(INSTALL_GEN)/ttclient.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/ttclient.pc
 	install -D -m 0644 $(INSTALL_GEN)/ttd.service $(DESTDIR)/lib/systemd/system/ttd.service
 	install -D -m 0644 scripts/ttd.sysusers $(DESTDIR)/usr/lib/sysusers.d/ttd.conf

@@ -9,7 +9,7 @@ PACKAGES=(
   libevent-dev check
   protobuf-compiler python3 python3-grpcio python3-protobuf
   zlib1g-dev libjansson-dev dataset-fashion-mnist
-  libsystemd-dev systemd libssl-dev openssl
+  libsystemd-dev systemd libssl-dev openssl curl groff-base
 )
 
 # --bench: also what `make bench` needs (OpenBLAS for the sgemm reference, PyTorch for the

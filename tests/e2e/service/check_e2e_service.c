@@ -368,6 +368,10 @@ START_TEST(test_make_install) {
   assert_mode(path, S_IFREG, 0755);
   snprintf(path, sizeof(path), "%s/usr/bin/ttctl", dest);
   assert_mode(path, S_IFREG, 0755); /* built for the install if it was not */
+  snprintf(path, sizeof(path), "%s/usr/share/man/man8/ttd.8", dest);
+  assert_mode(path, S_IFREG, 0644);
+  snprintf(path, sizeof(path), "%s/usr/share/man/man8/ttctl.8", dest);
+  assert_mode(path, S_IFREG, 0644);
   snprintf(path, sizeof(path), "%s/usr/lib/libttclient.a", dest);
   assert_mode(path, S_IFREG, 0644);
   snprintf(path, sizeof(path), "%s/usr/lib/libttclient.so.1", dest);
