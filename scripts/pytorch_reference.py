@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch CPU references for the examples' README figures: the same data, model, loss,
+"""PyTorch CPU references for the examples' figures: the same data, model, loss,
 optimizer, batch size and epochs as build/bin/{mlp,mnist_linear,lenet}.
 
     /usr/bin/python3 scripts/pytorch_reference.py mlp|mnist_linear|lenet [--epochs N]

@@ -251,7 +251,7 @@ tt_value tt_graph_input(tt_graph *graph, const char *name, tt_dtype dtype, const
 tt_value tt_graph_param(tt_graph *graph, const char *name, const int64_t *shape, int ndim, tt_init init, double a);
 /* A parameter holding a copy of a host tensor's data (float32 or bfloat16). */
 tt_value tt_graph_param_from(tt_graph *graph, const char *name, const tt_tensor *data);
-/* Any op of the daemon (see README) on inputs. attrs: NULL or "name=value;..." where a value
+/* Any op of the daemon (docs/training.md lists them) on inputs. attrs: NULL or "name=value;..." where a value
  * is an integer, a float (with '.' or 'e') or an integer list "[a,b]", e.g.
  * "kernel=2;stride=2" or "perm=[0,2,1]". */
 tt_value tt_graph_op(tt_graph *graph, const char *op, const tt_value *inputs, int n_inputs, const char *attrs);
@@ -342,7 +342,7 @@ tt_optimizer *tt_sgd(tt_module *module, float lr, float momentum, float weight_d
 tt_optimizer *tt_adam(tt_module *module, float lr, float weight_decay, int decoupled); /* decoupled: AdamW */
 /* On a card, tt_step and tt_zero_grad are queued on the module and ride on its next forward
  * or backward (or go out first when a parameter or .grad is read), with the same results as
- * separate calls: a training step is two calls. What the daemon would refuse about a step
+ * separate calls: a training step is one call. What the daemon would refuse about a step
  * (its options, a parameter's dtype) is refused here; a failure on the device (e.g. the quota,
  * for optimizer state) is reported by the call it rode on. TTD_INLINE=0: sent at once. */
 tt_status tt_step(tt_optimizer *optimizer);      /* one update from the current .grad */

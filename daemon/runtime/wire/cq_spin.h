@@ -3,7 +3,7 @@
  * a client waiting for a light call's answer) polls the queue without blocking, yielding
  * the CPU between polls, for up to a window, and only then sleeps in epoll_wait. A small
  * call whose two sides both sleep pays two wake-ups across vCPUs; when neither sleeps it
- * takes about half the time (README, "The small RPC").
+ * takes about half the time (docs/performance.md, rpc_small).
  *
  * The window adapts as KVM's halt polling does: after a wait that outlasted the window but
  * ended within the maximum it doubles (from 10 us, up to the maximum); after a wait longer
