@@ -717,6 +717,29 @@ static void pump_until_shutdown(ttd_server *server) {
   }
 }
 
+/* How long calls refused at the drain timeout get to be answered before the rest is cut. */
+#define TTD_CANCEL_GRACE_MS 500
+
+/* Waits up to ms (-1: for good) for the server's shutdown to complete; whether it did. */
+static bool wait_shutdown_done(ttd_server *server, int64_t ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += ms / 1000;
+  until.tv_nsec += (ms % 1000) * 1000000;
+  if (until.tv_nsec >= 1000000000) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000;
+  }
+  pthread_mutex_lock(&server->lock);
+  while (!server->shutdown_done) {
+    if (ms < 0) pthread_cond_wait(&server->shutdown_done_cond, &server->lock);
+    else if (pthread_cond_timedwait(&server->shutdown_done_cond, &server->lock, &until) != 0) break;
+  }
+  bool done = server->shutdown_done;
+  pthread_mutex_unlock(&server->lock);
+  return done;
+}
+
 void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
   if (!server) return;
   grpc_server_shutdown_and_notify(server->server, server->cq, &server->shutdown_tag);
@@ -724,28 +747,18 @@ void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
     grpc_server_cancel_all_calls(server->server);
     pump_until_shutdown(server);
   }
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += drain_ms / 1000;
-  until.tv_nsec += (drain_ms % 1000) * 1000000;
-  if (until.tv_nsec >= 1000000000) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000;
-  }
-  pthread_mutex_lock(&server->lock);
-  while (!server->shutdown_done) {
-    if (pthread_cond_timedwait(&server->shutdown_done_cond, &server->lock, &until) != 0) break;
-  }
-  bool drained = server->shutdown_done;
-  pthread_mutex_unlock(&server->lock);
-  if (!drained) {
+  if (!wait_shutdown_done(server, drain_ms)) {
     TTD_LOG(TTD_LOG_WARN, "event=drain-timeout drain_ms=%" PRId64 " action=cancel-in-flight-calls", drain_ms);
+    /* Calls still waiting for the device are answered UNAVAILABLE "ttd is shutting down"
+     * when their turn comes, which is at once: a plain answer, sent like any other. Only
+     * what is left after a short grace (a running program, a stalled stream) is cancelled,
+     * since a cancelled call's status may not leave before the connection closes. */
     atomic_store(&server->cancelling, true);
-    active_cancel_all(server);
-    grpc_server_cancel_all_calls(server->server); /* calls not yet started by a client */
-    pthread_mutex_lock(&server->lock);
-    while (!server->shutdown_done) pthread_cond_wait(&server->shutdown_done_cond, &server->lock);
-    pthread_mutex_unlock(&server->lock);
+    if (!wait_shutdown_done(server, TTD_CANCEL_GRACE_MS)) {
+      active_cancel_all(server);
+      grpc_server_cancel_all_calls(server->server); /* calls not yet started by a client */
+      wait_shutdown_done(server, -1);
+    }
   }
   /* Device work still queued in the scheduler holds its calls: the executors run it and the
    * poller completes its batches, so wait until every call context is gone. */

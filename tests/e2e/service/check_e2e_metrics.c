@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client_internal.h"
+#include "conn/conn.h"
 #include "suites.h"
 #include "ttd_harness.h"
 

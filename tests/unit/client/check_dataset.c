@@ -1,4 +1,4 @@
-/* client/dataset_idx.c: IDX files written here with zlib (gzip and plain) read back exactly;
+/* client/data/dataset_idx.c: IDX files written here with zlib (gzip and plain) read back exactly;
  * every malformed input (missing, bad magic, truncated header or data, trailing bytes,
  * corrupt gzip, mismatched counts, absurd dimensions) is an error with a message naming the
  * file; and the installed Fashion-MNIST loads with its known counts. */

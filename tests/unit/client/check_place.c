@@ -1,9 +1,9 @@
-/* client/client_internal.h: device strings parsed by tt_place_parse and written by
+/* client/tensor/tensor.h: device strings parsed by tt_place_parse and written by
  * tt_place_format. */
 #include <check.h>
 #include <string.h>
 
-#include "client_internal.h"
+#include "tensor/tensor.h"
 #include "suites.h"
 
 static const struct {

@@ -1,4 +1,4 @@
-/* client/progress.c: plain lines at each 10% with percent, steps, rate, loss and time left,
+/* client/optim/progress.c: plain lines at each 10% with percent, steps, rate, loss and time left,
  * and a final 100% line; terminal style redraws one line with '\r' and a bar, throttled;
  * NULL handling, clamping and an unknown total. */
 #include <check.h>

@@ -1,4 +1,4 @@
-/* Safetensors checkpoints (client/safetensors.c): round trips of every dtype, the exact bytes
+/* Safetensors checkpoints (client/data/safetensors.c): round trips of every dtype, the exact bytes
  * of a small file, files written and read by Debian's python3 with only struct and json, every
  * kind of malformed file, and the save errors. Host tensors need a client, so a real ttd runs. */
 #include <check.h>

@@ -8,23 +8,23 @@
 #include <string.h>
 
 #include "dtype.h"
-#include "client_internal.h"
+#include "move/move.h"
 
 /* Serialises materialising deferred tensors, so that a tensor shared by threads is
  * uploaded once. */
 static pthread_mutex_t materialize_lock = PTHREAD_MUTEX_INITIALIZER;
 
-int tt_inline_enabled(tt_client *c) {
-  if (c->inline_mode == 0) {
+bool tt_inline_enabled(tt_client *c) {
+  if (c->inline_mode == TT_INLINE_UNREAD) {
     const char *env = getenv("TTD_INLINE");
-    c->inline_mode = env && strcmp(env, "0") == 0 ? 2 : 1;
+    c->inline_mode = env && strcmp(env, "0") == 0 ? TT_INLINE_OFF : TT_INLINE_ON;
   }
-  return c->inline_mode == 1;
+  return c->inline_mode == TT_INLINE_ON;
 }
 
-int tt_inline_defer_wanted(tt_client *c, const tt_place *place, uint64_t nbytes) {
-  if (place->is_host || place->l1 || place->device < 0 || place->device >= TT_LOOP_DEVICES) return 0;
-  if (nbytes > TTD_INLINE_MAX_BYTES || !tt_inline_enabled(c)) return 0;
+bool tt_inline_defer_wanted(tt_client *c, const tt_place *place, uint64_t nbytes) {
+  if (place->is_host || place->l1 || place->device < 0 || place->device >= TT_LOOP_DEVICES) return false;
+  if (nbytes > TTD_INLINE_MAX_BYTES || !tt_inline_enabled(c)) return false;
   return atomic_load_explicit(&c->training_loops[place->device], memory_order_relaxed) > 0;
 }
 
@@ -43,48 +43,23 @@ tt_tensor *tt_inline_defer(tt_tensor *src, const tt_place *place, tt_dtype dtype
   return t;
 }
 
-tt_status tt_inline_upload(tt_client *c, const tt_place *place, tt_dtype dtype, const int64_t *shape, int ndim,
-                           const void *data, uint64_t nbytes, uint64_t segment, uint64_t *out_handle) {
-  *out_handle = 0;
-  char device[16];
-  snprintf(device, sizeof(device), "tt:%d", place->device);
-  Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
-  spec.dtype = (Ttd__V1__DType)dtype;
-  spec.n_shape = (size_t)ndim;
-  spec.shape = (int64_t *)shape;
-  spec.device = device;
-  spec.location = place->l1 ? TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_L1 : TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_DRAM;
-  Ttd__V1__UploadHeader header = TTD__V1__UPLOAD_HEADER__INIT;
-  header.target_case = TTD__V1__UPLOAD_HEADER__TARGET_SPEC;
-  header.spec = &spec;
-  header.source_dtype = (Ttd__V1__DType)dtype;
-  Ttd__V1__ShmRange shm = TTD__V1__SHM_RANGE__INIT;
-  if (segment) { /* same host: the daemon copies straight from the segment */
-    shm.segment = segment;
-    shm.length = nbytes;
-    header.shm = &shm;
-    data = NULL;
-    nbytes = 0;
-  }
-  Ttd__V1__UploadResponse *resp = NULL;
-  TT_RETURN_IF_FAILED(tt_rpc_upload(c, &header, data, nbytes, &resp));
-  *out_handle = resp->tensor ? resp->tensor->handle : 0;
-  protobuf_c_message_free_unpacked(&resp->base, NULL);
-  return *out_handle ? TT_OK : tt_client_fail(c, TT_INTERNAL, "ttd answered Upload without a tensor");
-}
-
 tt_status tt_tensor_materialize(tt_tensor *t) {
   if (t->place.is_host || !t->host_copy) return TT_OK;
   pthread_mutex_lock(&materialize_lock);
   tt_status st = TT_OK;
   if (!t->handle) {
     uint64_t handle = 0;
-    st = tt_inline_upload(t->client, &t->place, t->dtype, t->shape, t->ndim, t->host_copy, t->nbytes,
-                          t->host_copy_segment, &handle);
+    st = tt_upload_new(t->client, &t->place, t->dtype, t->dtype, t->shape, t->ndim, t->host_copy, t->nbytes,
+                       t->host_copy_segment, &handle);
     t->handle = handle; /* the host copy stays: the device bytes never change */
   }
   pthread_mutex_unlock(&materialize_lock);
   return st;
+}
+
+uint64_t tt_tensor_handle(const tt_tensor *tensor) {
+  if (!tensor->place.is_host) tt_tensor_materialize((tt_tensor *)tensor); /* a deferred tensor gets its handle */
+  return tensor->place.is_host ? 0 : tensor->handle;
 }
 
 tt_tensor *tt_inline_to_host(tt_tensor *src, tt_dtype dtype) {
@@ -93,13 +68,6 @@ tt_tensor *tt_inline_to_host(tt_tensor *src, tt_dtype dtype) {
   if (dtype == src->dtype) memcpy(t->data, src->host_copy, (size_t)t->nbytes);
   else ttd_dtype_convert(t->data, (ttd_dtype)dtype, src->host_copy, (ttd_dtype)src->dtype, (size_t)src->numel);
   return t;
-}
-
-void tt_inline_host_copy_free(tt_tensor *t) {
-  if (t->host_copy_segment) tt_shm_free(t->client, t->host_copy);
-  else free(t->host_copy);
-  t->host_copy = NULL;
-  t->host_copy_segment = 0;
 }
 
 void tt_inline_fill(tt_inline_wire *w, const tt_tensor *t) {

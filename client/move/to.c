@@ -4,16 +4,21 @@
 #include <string.h>
 
 #include "dtype.h"
-#include "client_internal.h"
+#include "move/move.h"
 
 static int same_place(const tt_place *a, const tt_place *b) {
   if (a->is_host || b->is_host) return a->is_host == b->is_host;
   return a->device == b->device && a->l1 == b->l1;
 }
 
-static void wire_place(const tt_place *place, char *device, size_t len, Ttd__V1__MemoryLocation *out_location) {
-  snprintf(device, len, "tt:%d", place->device);
-  *out_location = place->l1 ? TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_L1 : TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_DRAM;
+/* Set by the module layer: sends its queued parameter work before a parameter is read. */
+static _Atomic(tt_pending_flush_fn) pending_flush;
+
+void tt_to_set_pending_flush(tt_pending_flush_fn flush) { atomic_store(&pending_flush, flush); }
+
+static tt_status flush_pending(const tt_tensor *t) {
+  tt_pending_flush_fn flush = atomic_load(&pending_flush);
+  return flush ? flush(t) : TT_OK;
 }
 
 static tt_tensor *host_to_host(tt_tensor *src, tt_dtype dtype) {
@@ -25,40 +30,17 @@ static tt_tensor *host_to_host(tt_tensor *src, tt_dtype dtype) {
 static tt_tensor *upload(tt_tensor *src, const tt_place *place, tt_dtype dtype) {
   tt_tensor *t = tt_tensor_like(src, place, dtype);
   if (!t) return NULL;
-  char device[16];
-  Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
-  wire_place(place, device, sizeof(device), &spec.location);
-  spec.dtype = (Ttd__V1__DType)dtype;
-  spec.n_shape = (size_t)src->ndim;
-  spec.shape = src->shape;
-  spec.device = device;
-  Ttd__V1__UploadHeader header = TTD__V1__UPLOAD_HEADER__INIT;
-  header.target_case = TTD__V1__UPLOAD_HEADER__TARGET_SPEC;
-  header.spec = &spec;
-  header.source_dtype = (Ttd__V1__DType)src->dtype;
-  Ttd__V1__ShmRange shm = TTD__V1__SHM_RANGE__INIT;
-  const void *data = src->data;
-  uint64_t bytes = src->nbytes;
-  if (src->shm_segment) { /* same host: the daemon copies straight from the segment */
-    shm.segment = src->shm_segment;
-    shm.length = src->nbytes;
-    header.shm = &shm;
-    data = NULL;
-    bytes = 0;
-  }
-  Ttd__V1__UploadResponse *resp = NULL;
-  if (tt_rpc_upload(src->client, &header, data, bytes, &resp) != TT_OK) {
+  if (tt_upload_new(src->client, place, dtype, src->dtype, src->shape, src->ndim, src->data, src->nbytes,
+                    src->shm_segment, &t->handle) != TT_OK) {
     tt_tensor_free(t);
     return NULL;
   }
-  t->handle = resp->tensor ? resp->tensor->handle : 0;
-  protobuf_c_message_free_unpacked(&resp->base, NULL);
   return t;
 }
 
 static tt_tensor *download(tt_tensor *src, tt_dtype dtype) {
   if (src->host_copy) return tt_inline_to_host(src, dtype); /* inline.c: its bytes are here already */
-  if (tt_deferred_flush_for(src) != TT_OK) return NULL;      /* a parameter or .grad: queued work first */
+  if (flush_pending(src) != TT_OK) return NULL;              /* a parameter or .grad: queued work first */
   tt_tensor *t = tt_tensor_host_uninit(src->client, dtype, src->shape, src->ndim);
   if (!t) return NULL;
   if (tt_rpc_download(src->client, src->handle, dtype, t->data, t->nbytes, t->shm_segment) != TT_OK) {
@@ -69,12 +51,12 @@ static tt_tensor *download(tt_tensor *src, tt_dtype dtype) {
 }
 
 static tt_tensor *move(tt_tensor *src, const tt_place *place) {
-  if (tt_tensor_materialize(src) != TT_OK || tt_deferred_flush_for(src) != TT_OK) return NULL; /* inline.c, module.c */
+  if (tt_tensor_materialize(src) != TT_OK || flush_pending(src) != TT_OK) return NULL;
   tt_tensor *t = tt_tensor_like(src, place, src->dtype);
   if (!t) return NULL;
   char device[16];
   Ttd__V1__MoveRequest req = TTD__V1__MOVE_REQUEST__INIT;
-  wire_place(place, device, sizeof(device), &req.location);
+  req.location = tt_place_wire(place, device, sizeof(device));
   req.handle = src->handle;
   req.device = device;
   ProtobufCMessage *out = NULL;
@@ -101,10 +83,7 @@ tt_tensor *tt_to_dtype(tt_tensor *tensor, const char *device, tt_dtype dtype) {
                    ttd_dtype_name((ttd_dtype)tensor->dtype), ttd_dtype_name((ttd_dtype)dtype));
     return NULL;
   }
-  if (same_place(&tensor->place, &place) && tensor->dtype == dtype) {
-    atomic_fetch_add_explicit(&tensor->refs, 1, memory_order_relaxed);
-    return tensor;
-  }
+  if (same_place(&tensor->place, &place) && tensor->dtype == dtype) return tt_tensor_retain(tensor);
   if (tensor->place.is_host && place.is_host) return host_to_host(tensor, dtype);
   if (tensor->place.is_host && tt_inline_defer_wanted(client, &place, tensor->numel * tt_dtype_size(dtype))) {
     return tt_inline_defer(tensor, &place, dtype); /* inline.c: travels with the next Execute */
@@ -112,10 +91,7 @@ tt_tensor *tt_to_dtype(tt_tensor *tensor, const char *device, tt_dtype dtype) {
   if (tensor->place.is_host) return upload(tensor, &place, dtype);
   if (place.is_host) {
     tt_tensor *host = download(tensor, dtype);
-    if (host && tensor->run && tt_autograd_track_to_cpu(host, tensor) != TT_OK) { /* the register_hook of the proposal */
-      tt_tensor_free(host);
-      return NULL;
-    }
+    if (host && tensor->run) host->from_output = tt_tensor_retain(tensor); /* its gradient goes back to the run */
     return host;
   }
   if (dtype != tensor->dtype) {

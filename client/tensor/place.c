@@ -5,13 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client_internal.h"
+#include "tensor/tensor.h"
 
 int tt_place_parse(const char *text, tt_place *out_place) {
   memset(out_place, 0, sizeof(*out_place));
   if (!text) return -1;
   if (strcmp(text, "cpu") == 0) {
-    out_place->is_host = 1;
+    out_place->is_host = true;
     return 0;
   }
   if (strncmp(text, "tt", 2) != 0) return -1;
@@ -29,7 +29,7 @@ int tt_place_parse(const char *text, tt_place *out_place) {
   if (*p == '\0') return 0;
   if (strcmp(p, "/dram") == 0) return 0;
   if (strcmp(p, "/l1") == 0) {
-    out_place->l1 = 1;
+    out_place->l1 = true;
     return 0;
   }
   return -1;
@@ -38,4 +38,9 @@ int tt_place_parse(const char *text, tt_place *out_place) {
 void tt_place_format(const tt_place *place, char *buf, size_t len) {
   if (place->is_host) snprintf(buf, len, "cpu");
   else snprintf(buf, len, "tt:%d%s", place->device, place->l1 ? "/l1" : "");
+}
+
+Ttd__V1__MemoryLocation tt_place_wire(const tt_place *place, char *device, size_t len) {
+  snprintf(device, len, "tt:%d", place->device);
+  return place->l1 ? TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_L1 : TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_DRAM;
 }

@@ -8,7 +8,22 @@
 #include <string.h>
 
 #include "wire/wire_frame.h"
-#include "client_internal.h"
+#include "conn/conn.h"
+
+static const char *const rpc_paths[TT_RPC_COUNT] = {
+    "/ttd.v1.Device/OpenSession", "/ttd.v1.Device/KeepAlive", "/ttd.v1.Device/CloseSession",
+    "/ttd.v1.Device/ListDevices", "/ttd.v1.Device/Allocate",  "/ttd.v1.Device/Upload",
+    "/ttd.v1.Device/Download",    "/ttd.v1.Device/Move",      "/ttd.v1.Device/Free",
+    "/ttd.v1.Device/Compile",     "/ttd.v1.Device/Execute",   "/ttd.v1.Device/Backward",
+    "/ttd.v1.Device/ReleaseRun",  "/ttd.v1.Device/ZeroGrad",  "/ttd.v1.Device/OptimizerStep",
+    "/ttd.v1.Device/ListSessions", "/ttd.v1.Device/KillSession",
+};
+
+void tt_rpc_register(tt_client *client) {
+  for (int i = 0; i < TT_RPC_COUNT; i++) {
+    client->registered[i] = grpc_channel_register_call(client->channel, rpc_paths[i], NULL, NULL);
+  }
+}
 
 typedef struct rpc {
   tt_client *client;
@@ -79,7 +94,7 @@ void tt_rpc_cq_cache_clear(tt_client *client) {
 }
 
 /* Other calls keep theirs here and cancel the call when it passes, with the status a sent
- * deadline gives: a deadline sent costs a timer on each side, 10 % of a small call's CPU. */
+ * deadline gives: a deadline sent costs a timer on each side of every call. */
 static void rpc_start(rpc *r, tt_client *client, tt_rpc_method method, int64_t timeout_ms) {
   memset(r, 0, sizeof(*r));
   r->client = client;
@@ -230,6 +245,19 @@ tt_status tt_rpc_unary(tt_client *client, tt_rpc_method method, const ProtobufCM
   tt_status st = tt_rpc_unary_quiet(client, method, request, response_type, out_response, err, sizeof(err));
   if (st != TT_OK) tt_client_fail(client, st, "%s", err);
   return st;
+}
+
+void tt_rpc_free_quiet(tt_client *client, uint64_t *handles, size_t n) {
+  if (n == 0) return;
+  Ttd__V1__FreeRequest req = TTD__V1__FREE_REQUEST__INIT;
+  req.handles = handles;
+  req.n_handles = n;
+  ProtobufCMessage *out = NULL;
+  char ignored[256];
+  if (tt_rpc_unary_quiet(client, TT_RPC_FREE, &req.base, &ttd__v1__free_response__descriptor, &out, ignored,
+                         sizeof(ignored)) == TT_OK) {
+    protobuf_c_message_free_unpacked(out, NULL);
+  }
 }
 
 static void keep_memory(void *p) { (void)p; } /* the caller's memory: nothing to release */

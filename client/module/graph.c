@@ -7,7 +7,10 @@
 #include <string.h>
 
 #include "graph/ops.h"
-#include "client_internal.h"
+#include "module/module.h"
+
+/* Layers whose parameters are named "<kind><n>.<part>", counted per kind. */
+typedef enum layer_kind { LAYER_LINEAR, LAYER_CONV, LAYER_NORM } layer_kind;
 
 static int fail(tt_graph *g, tt_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(tt_graph *g, tt_status code, const char *fmt, ...) {
@@ -22,7 +25,10 @@ static int fail(tt_graph *g, tt_status code, const char *fmt, ...) {
 
 tt_graph *tt_graph_create(tt_client *client, uint64_t seed) {
   tt_graph *g = calloc(1, sizeof(*g));
-  if (!g) return NULL;
+  if (!g) {
+    if (client) tt_client_fail(client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+    return NULL;
+  }
   g->client = client;
   g->rng = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
   return g;
@@ -78,7 +84,7 @@ static int find_name(const tt_graph *g, const char *name) {
 }
 
 /* Adds a named value; returns its index or -1 (error recorded). */
-static int add_value(tt_graph *g, const char *name, int kind, tt_dtype dtype, const int64_t *shape, int ndim) {
+static int add_value(tt_graph *g, const char *name, tt_graph_value_kind kind, tt_dtype dtype, const int64_t *shape, int ndim) {
   if (!name || !name[0]) return fail(g, TT_INVALID_ARGUMENT, "a graph value needs a non-empty name");
   if (find_name(g, name) >= 0) return fail(g, TT_INVALID_ARGUMENT, "the name '%s' is already used in this graph", name);
   if (ndim < 0 || ndim > TT_MAX_DIMS || (ndim && !shape)) {
@@ -104,7 +110,7 @@ static int add_value(tt_graph *g, const char *name, int kind, tt_dtype dtype, co
 tt_value tt_graph_input(tt_graph *g, const char *name, tt_dtype dtype, const int64_t *shape, int ndim) {
   if (!g) return -1;
   if (tt_dtype_size(dtype) == 0) return fail(g, TT_INVALID_ARGUMENT, "input '%s': dtype %d is not supported", name, (int)dtype);
-  return add_value(g, name, 0, dtype, shape, ndim);
+  return add_value(g, name, TT_GRAPH_INPUT, dtype, shape, ndim);
 }
 
 static double uniform01(tt_graph *g) {
@@ -158,7 +164,7 @@ static int init_param(tt_graph *g, int index, tt_init init, double a, double fan
 
 tt_value tt_graph_param(tt_graph *g, const char *name, const int64_t *shape, int ndim, tt_init init, double a) {
   if (!g) return -1;
-  int index = add_value(g, name, 1, TT_FLOAT32, shape, ndim);
+  int index = add_value(g, name, TT_GRAPH_PARAM, TT_FLOAT32, shape, ndim);
   return index < 0 ? -1 : init_param(g, index, init, a, 0);
 }
 
@@ -167,7 +173,7 @@ tt_value tt_graph_param_from(tt_graph *g, const char *name, const tt_tensor *dat
   if (!data || !tt_tensor_is_host(data) || (tt_tensor_dtype(data) != TT_FLOAT32 && tt_tensor_dtype(data) != TT_BFLOAT16)) {
     return fail(g, TT_INVALID_ARGUMENT, "parameter '%s' needs a float32 or bfloat16 host tensor", name ? name : "");
   }
-  int index = add_value(g, name, 1, tt_tensor_dtype(data), tt_tensor_shape(data), tt_tensor_ndim(data));
+  int index = add_value(g, name, TT_GRAPH_PARAM, tt_tensor_dtype(data), tt_tensor_shape(data), tt_tensor_ndim(data));
   if (index < 0) return -1;
   g->values[index].init = tt_tensor_from_host(g->client, tt_tensor_data((tt_tensor *)data), tt_tensor_dtype(data),
                                               tt_tensor_shape(data), tt_tensor_ndim(data));
@@ -253,7 +259,11 @@ tt_value tt_graph_op(tt_graph *g, const char *op, const tt_value *inputs, int n_
   node->op = strdup(op);
   node->inputs = calloc(3, sizeof(char *));
   for (int i = 0; node->inputs && i < n_inputs; i++) node->inputs[node->n_inputs++] = strdup(g->values[inputs[i]].name);
-  if (!node->name || !node->op || !node->inputs || parse_attrs(g, node, attrs) != 0) {
+  if (!node->name || !node->op || !node->inputs) {
+    free_node(node);
+    return fail(g, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  }
+  if (parse_attrs(g, node, attrs) != 0) {
     free_node(node);
     return -1;
   }
@@ -266,8 +276,7 @@ tt_value tt_graph_op(tt_graph *g, const char *op, const tt_value *inputs, int n_
   ttd_op_attrs parsed;
   ttd_status_t s = ttd_op_infer((ttd_op)op_index, node, ptrs, n_inputs, &parsed, &out);
   if (s) {
-    fail(g, (tt_status)ttd_status_code(s), "%s", ttd_status_message(s));
-    ttd_status_free(s);
+    tt_client_fail_status(g->client, s);
     free_node(node);
     return -1;
   }
@@ -275,7 +284,7 @@ tt_value tt_graph_op(tt_graph *g, const char *op, const tt_value *inputs, int n_
     free_node(node);
     return fail(g, TT_RESOURCE_EXHAUSTED, "out of host memory");
   }
-  int index = add_value(g, name, 2, (tt_dtype)out.dtype, out.shape.d, out.shape.ndim);
+  int index = add_value(g, name, TT_GRAPH_NODE, (tt_dtype)out.dtype, out.shape.d, out.shape.ndim);
   if (index < 0) {
     free_node(node);
     return -1;
@@ -301,7 +310,7 @@ int tt_graph_shape(const tt_graph *g, tt_value value, int64_t *out_shape, int *o
 }
 
 /* "<kind><n>.<part>" for layer parameters. */
-static void layer_name(tt_graph *g, int kind, const char *prefix, const char *part, char *buf, size_t len, int advance) {
+static void layer_name(tt_graph *g, layer_kind kind, const char *prefix, const char *part, char *buf, size_t len, int advance) {
   if (advance) g->layer_count[kind]++;
   snprintf(buf, len, "%s%d.%s", prefix, g->layer_count[kind], part);
 }
@@ -312,13 +321,13 @@ tt_value tt_nn_linear(tt_graph *g, tt_value x, int64_t out_features, int bias) {
   if (xv->ndim < 1) return fail(g, TT_INVALID_ARGUMENT, "linear needs an input with at least 1 dim");
   int64_t in = xv->shape[xv->ndim - 1];
   char wname[64], bname[64];
-  layer_name(g, 0, "linear", "weight", wname, sizeof(wname), 1);
-  layer_name(g, 0, "linear", "bias", bname, sizeof(bname), 0);
+  layer_name(g, LAYER_LINEAR, "linear", "weight", wname, sizeof(wname), 1);
+  layer_name(g, LAYER_LINEAR, "linear", "bias", bname, sizeof(bname), 0);
   int64_t wshape[2] = {out_features, in};
   tt_value w = tt_graph_param(g, wname, wshape, 2, TT_INIT_KAIMING_UNIFORM, sqrt(5.0));
   tt_value ins[3] = {x, w, -1};
   if (bias) {
-    int idx = add_value(g, bname, 1, TT_FLOAT32, &out_features, 1);
+    int idx = add_value(g, bname, TT_GRAPH_PARAM, TT_FLOAT32, &out_features, 1);
     ins[2] = idx < 0 ? -1 : init_param(g, idx, TT_INIT_UNIFORM, 1.0 / sqrt((double)(in ? in : 1)), 0);
   }
   return tt_graph_op(g, "linear", ins, bias ? 3 : 2, NULL);
@@ -331,13 +340,13 @@ tt_value tt_nn_conv2d(tt_graph *g, tt_value x, int64_t out_channels, int64_t ker
   if (xv->ndim != 4) return fail(g, TT_INVALID_ARGUMENT, "conv2d needs an [n, c, h, w] input, got %d dims", xv->ndim);
   int64_t c_in = xv->shape[1];
   char wname[64], bname[64], attrs[64];
-  layer_name(g, 1, "conv", "weight", wname, sizeof(wname), 1);
-  layer_name(g, 1, "conv", "bias", bname, sizeof(bname), 0);
+  layer_name(g, LAYER_CONV, "conv", "weight", wname, sizeof(wname), 1);
+  layer_name(g, LAYER_CONV, "conv", "bias", bname, sizeof(bname), 0);
   int64_t wshape[4] = {out_channels, c_in, kernel, kernel};
   tt_value w = tt_graph_param(g, wname, wshape, 4, TT_INIT_KAIMING_UNIFORM, sqrt(5.0));
   tt_value ins[3] = {x, w, -1};
   if (bias) {
-    int idx = add_value(g, bname, 1, TT_FLOAT32, &out_channels, 1);
+    int idx = add_value(g, bname, TT_GRAPH_PARAM, TT_FLOAT32, &out_channels, 1);
     ins[2] = idx < 0 ? -1 : init_param(g, idx, TT_INIT_UNIFORM, 1.0 / sqrt((double)(c_in * kernel * kernel)), 0);
   }
   snprintf(attrs, sizeof(attrs), "stride=%lld;padding=%lld", (long long)stride, (long long)padding);
@@ -350,8 +359,8 @@ tt_value tt_nn_layer_norm(tt_graph *g, tt_value x, double eps) {
   if (xv->ndim < 1) return fail(g, TT_INVALID_ARGUMENT, "layer_norm needs an input with at least 1 dim");
   int64_t d = xv->shape[xv->ndim - 1];
   char wname[64], bname[64], attrs[48];
-  layer_name(g, 2, "norm", "weight", wname, sizeof(wname), 1);
-  layer_name(g, 2, "norm", "bias", bname, sizeof(bname), 0);
+  layer_name(g, LAYER_NORM, "norm", "weight", wname, sizeof(wname), 1);
+  layer_name(g, LAYER_NORM, "norm", "bias", bname, sizeof(bname), 0);
   tt_value ins[3] = {x, tt_graph_param(g, wname, &d, 1, TT_INIT_ONES, 0), tt_graph_param(g, bname, &d, 1, TT_INIT_ZEROS, 0)};
   snprintf(attrs, sizeof(attrs), "eps=%.9e", eps);
   return tt_graph_op(g, "layer_norm", ins, 3, attrs);

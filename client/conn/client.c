@@ -1,51 +1,16 @@
-/* Connection, session, keep-alive and error reporting of libttclient. */
+/* Connection, session and keep-alive of libttclient. */
 #include <errno.h>
 #include <grpc/grpc_security.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "base/absl_deadlock.h"
-#include "client_internal.h"
+#include "conn/conn.h"
 
 extern const char *program_invocation_short_name;
-
-static const char *const rpc_paths[TT_RPC_COUNT] = {
-    "/ttd.v1.Device/OpenSession", "/ttd.v1.Device/KeepAlive", "/ttd.v1.Device/CloseSession",
-    "/ttd.v1.Device/ListDevices", "/ttd.v1.Device/Allocate",  "/ttd.v1.Device/Upload",
-    "/ttd.v1.Device/Download",    "/ttd.v1.Device/Move",      "/ttd.v1.Device/Free",
-    "/ttd.v1.Device/Compile",     "/ttd.v1.Device/Execute",   "/ttd.v1.Device/Backward",
-    "/ttd.v1.Device/ReleaseRun",  "/ttd.v1.Device/ZeroGrad",  "/ttd.v1.Device/OptimizerStep",
-    "/ttd.v1.Device/ListSessions", "/ttd.v1.Device/KillSession",
-};
-
-const char *tt_status_name(tt_status status) {
-  static const char *const names[] = {
-      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  if ((unsigned)status < sizeof(names) / sizeof(names[0])) return names[status];
-  return "UNKNOWN";
-}
-
-tt_status tt_client_fail(tt_client *client, tt_status code, const char *fmt, ...) {
-  pthread_mutex_lock(&client->error_lock);
-  client->errcode = code;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(client->errmsg, sizeof(client->errmsg), fmt, ap);
-  va_end(ap);
-  pthread_mutex_unlock(&client->error_lock);
-  return code;
-}
-
-tt_status tt_errcode(const tt_client *client) { return client ? client->errcode : TT_RESOURCE_EXHAUSTED; }
-
-const char *tt_last_error(const tt_client *client) { return client ? client->errmsg : "out of memory"; }
 
 uint64_t tt_session_id(const tt_client *client) { return client->session_id; }
 
@@ -248,10 +213,9 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = TTD_MAX_MESSAGE_BYTES},
       /* A restarted local daemon is back within a second: retry the connection quickly. The
        * minimum is also how long gRPC gives one connection attempt (its handshake and first
-       * SETTINGS frame): 2 s, for a TLS link across a slow network or a daemon busy starting
-       * (at 100 ms, a loaded host failed connections that were fine), yet short enough that
-       * an attempt that hangs is retried soon (at 10 s, one reconnect in a 64-client soak
-       * took 10 s). TTD_CONNECT_TIMEOUT_MS sets another (a daemon under valgrind). */
+       * SETTINGS frame): 2 s is long enough for a TLS link across a slow network, a loaded
+       * host or a daemon busy starting, and short enough that an attempt that hangs is soon
+       * retried. TTD_CONNECT_TIMEOUT_MS sets another (a daemon under valgrind). */
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, .value.integer = 100},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = (int)connect_ms},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 2000},
@@ -275,7 +239,7 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   grpc_channel_credentials_release(creds);
   free(channel_args.args != args ? channel_args.args : NULL);
   if (!c->channel) return tt_client_fail(c, TT_INVALID_ARGUMENT, "cannot create a channel to '%s'", c->target);
-  for (int i = 0; i < TT_RPC_COUNT; i++) c->registered[i] = grpc_channel_register_call(c->channel, rpc_paths[i], NULL, NULL);
+  tt_rpc_register(c);
 
   st = open_session(c, options);
   if (st != TT_OK) return st;

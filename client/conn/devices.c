@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "client_internal.h"
+#include "conn/conn.h"
 
 tt_status tt_list_devices(tt_client *client, tt_device_info **out_devices, size_t *out_count) {
   *out_devices = NULL;

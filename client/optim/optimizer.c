@@ -5,15 +5,14 @@
 #include <string.h>
 
 #include "device/optimizer_options.h"
-#include "client_internal.h"
-#include "module_internal.h"
+#include "optim/optim.h"
 
 struct tt_optimizer {
   tt_module *module;
-  int adam;
+  tt_optim_kind kind;
   Ttd__V1__SgdOptions sgd;
   Ttd__V1__AdamOptions adam_options;
-  int on_cpu;          /* update on the host: gradients down, parameters back up */
+  bool on_cpu;         /* update on the host: gradients down, parameters back up */
   float **state[2];    /* host optimizer state per parameter (made on first use) */
   int64_t *steps;
 };
@@ -25,13 +24,13 @@ tt_status tt_optimizer_on_cpu(tt_optimizer *o, int on_cpu) {
 
 /* One parameter's update on the host, torch's rules (the same kernels the card runs). */
 static tt_status host_update(tt_optimizer *o, int i, float *param, const float *grad, int64_t n) {
-  for (int k = 0; k < (o->adam ? 2 : 1); k++) {
+  for (int k = 0; k < (o->kind == TT_OPTIM_ADAM ? 2 : 1); k++) {
     if (!o->state[k][i] && !(o->state[k][i] = calloc((size_t)(n ? n : 1), sizeof(float)))) {
       return tt_client_fail(o->module->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
     }
   }
   int64_t step = ++o->steps[i];
-  if (o->adam) {
+  if (o->kind == TT_OPTIM_ADAM) {
     const Ttd__V1__AdamOptions *a = &o->adam_options;
     ttd_adam_params p = {a->lr, a->beta1 ? a->beta1 : 0.9f, a->beta2 ? a->beta2 : 0.999f, a->eps ? a->eps : 1e-8f,
                          a->weight_decay, a->decoupled};
@@ -79,12 +78,16 @@ static tt_status host_step(tt_optimizer *o) {
 
 static tt_optimizer *optimizer_new(tt_module *m) {
   tt_optimizer *o = calloc(1, sizeof(*o));
-  if (!o) return NULL;
+  if (!o) {
+    tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+    return NULL;
+  }
   o->module = m;
   o->state[0] = calloc((size_t)m->n_params + 1, sizeof(float *));
   o->state[1] = calloc((size_t)m->n_params + 1, sizeof(float *));
   o->steps = calloc((size_t)m->n_params + 1, sizeof(int64_t));
   if (!o->state[0] || !o->state[1] || !o->steps) {
+    tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
     tt_optimizer_free(o);
     return NULL;
   }
@@ -105,7 +108,7 @@ tt_optimizer *tt_sgd(tt_module *m, float lr, float momentum, float weight_decay,
 tt_optimizer *tt_adam(tt_module *m, float lr, float weight_decay, int decoupled) {
   tt_optimizer *o = optimizer_new(m);
   if (!o) return NULL;
-  o->adam = 1;
+  o->kind = TT_OPTIM_ADAM;
   ttd__v1__adam_options__init(&o->adam_options);
   o->adam_options.lr = lr;
   o->adam_options.weight_decay = weight_decay;
@@ -123,29 +126,26 @@ void tt_optimizer_free(tt_optimizer *o) {
   free(o);
 }
 
-/* Queues a tt_step (step 1) or tt_zero_grad (step 0) of a module on a card; it rides on the
- * module's next Execute or Backward. What the daemon would refuse about a step (its options,
- * a parameter's dtype) is refused now. Work that cannot follow what is queued (a second step,
- * a step after a zeroing) sends what is queued first. */
-static tt_status defer(tt_optimizer *o, int step) {
+/* Queues a tt_step or tt_zero_grad of a module on a card; it rides on the module's next
+ * Execute or Backward. What the daemon would refuse about a step (its options, a parameter's
+ * dtype) is refused now. Work that cannot follow what is queued (a second step, a step after
+ * a zeroing) sends what is queued first. */
+static tt_status defer(tt_optimizer *o, tt_param_op op) {
   tt_module *m = o->module;
-  if (step) {
+  if (op == TT_PARAM_STEP) {
     Ttd__V1__OptimizerStepRequest req = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
-    tt_module_step_options(&req, o->adam, &o->sgd, &o->adam_options);
+    tt_module_step_options(&req, o->kind, &o->sgd, &o->adam_options);
     ttd_optimizer_call oc;
     ttd_status_t s = ttd_optimizer_options_from_proto(&req, &oc);
     for (int i = 0; !s && i < m->n_params; i++) s = ttd_optimizer_check_dtype((ttd_dtype)m->params[i]->dtype);
-    if (s) {
-      tt_status st = tt_client_fail(m->client, (tt_status)ttd_status_code(s), "%s", ttd_status_message(s));
-      ttd_status_free(s);
-      return st;
-    }
+    if (s) return tt_client_fail_status(m->client, s);
   }
-  return tt_module_defer_work(m, step, o->adam, &o->sgd, &o->adam_options);
+  return tt_module_defer_work(m, op, o->kind, &o->sgd, &o->adam_options);
 }
 
-static tt_status param_rpc(tt_optimizer *o, int step) {
+static tt_status param_rpc(tt_optimizer *o, tt_param_op op) {
   tt_module *m = o->module;
+  bool step = op == TT_PARAM_STEP;
   if (step && (o->on_cpu || m->place.is_host)) return host_step(o);
   if (m->place.is_host) { /* zero_grad on the host */
     for (int i = 0; i < m->n_params; i++) {
@@ -153,7 +153,7 @@ static tt_status param_rpc(tt_optimizer *o, int step) {
     }
     return TT_OK;
   }
-  if (tt_inline_enabled(m->client)) return defer(o, step);
+  if (tt_inline_enabled(m->client)) return defer(o, op);
   uint64_t *handles = calloc((size_t)m->n_params + 1, sizeof(uint64_t));
   if (!handles) return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
   for (int i = 0; i < m->n_params; i++) handles[i] = m->params[i]->handle;
@@ -163,7 +163,7 @@ static tt_status param_rpc(tt_optimizer *o, int step) {
     Ttd__V1__OptimizerStepRequest req = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
     req.parameters = handles;
     req.n_parameters = (size_t)m->n_params;
-    tt_module_step_options(&req, o->adam, &o->sgd, &o->adam_options);
+    tt_module_step_options(&req, o->kind, &o->sgd, &o->adam_options);
     st = tt_rpc_unary(m->client, TT_RPC_OPTIMIZER_STEP, &req.base, &ttd__v1__optimizer_step_response__descriptor, &out);
   } else {
     Ttd__V1__ZeroGradRequest req = TTD__V1__ZERO_GRAD_REQUEST__INIT;
@@ -176,6 +176,6 @@ static tt_status param_rpc(tt_optimizer *o, int step) {
   return st;
 }
 
-tt_status tt_step(tt_optimizer *o) { return param_rpc(o, 1); }
-tt_status tt_zero_grad(tt_optimizer *o) { return param_rpc(o, 0); }
+tt_status tt_step(tt_optimizer *o) { return param_rpc(o, TT_PARAM_STEP); }
+tt_status tt_zero_grad(tt_optimizer *o) { return param_rpc(o, TT_PARAM_ZERO_GRAD); }
 

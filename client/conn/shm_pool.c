@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "wire/shm_protocol.h"
-#include "client_internal.h"
+#include "conn/conn.h"
 
 #define SEGMENT_ALIGN (1u << 20)
 #define POOL_KEEP_FREE_BYTES (512ull << 20) /* free segments kept for reuse, at most */

@@ -1,8 +1,8 @@
 /* Host tensors with autograd: losses computed on the CPU are recorded, and tt_backward walks
  * them in reverse. On reaching a tensor downloaded from a device output (tt_to(.., "cpu") of
  * a training forward) it sends the gradient back to the card and calls the module's
- * Backward: the register_hook flow of tt-forge-fe's proposal. A device output used twice,
- * or outputs of several runs, accumulate before anything is sent. */
+ * Backward, as a torch register_hook on that tensor would. A device output used twice, or
+ * outputs of several runs, accumulate before anything is sent. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,64 +10,35 @@
 
 #include "graph/ops.h"
 #include "kernels.h"
-#include "client_internal.h"
+#include "module/module.h"
 
-typedef enum node_kind { NODE_TO_CPU, NODE_L1, NODE_MSE, NODE_CROSS_ENTROPY, NODE_ADD, NODE_MUL, NODE_SUM, NODE_MEAN } node_kind;
+typedef enum node_kind { NODE_L1, NODE_MSE, NODE_CROSS_ENTROPY, NODE_ADD, NODE_MUL, NODE_SUM, NODE_MEAN } node_kind;
 
-struct tt_autograd_node {
+/* The op that made a host tensor (its grad_fn), with its inputs. */
+typedef struct autograd_node {
+  tt_tensor_tie tie; /* the tensor's hold on it; first */
   node_kind kind;
   tt_tensor *inputs[2]; /* one reference each */
-};
+} autograd_node;
 
-void tt_autograd_node_free(tt_autograd_node *node) {
-  if (!node) return;
+static void node_release(tt_tensor_tie *tie) {
+  autograd_node *node = (autograd_node *)tie;
   tt_tensor_free(node->inputs[0]);
   tt_tensor_free(node->inputs[1]);
   free(node);
 }
 
-/* ReleaseRun of ref's run, quietly: a run the daemon has already dropped is NOT_FOUND. */
-static void release_on_card(const tt_run_ref *ref) {
-  Ttd__V1__ReleaseRunRequest req = TTD__V1__RELEASE_RUN_REQUEST__INIT;
-  req.run = ref->run;
-  ProtobufCMessage *out = NULL;
-  char ignored[256];
-  if (tt_rpc_unary_quiet(ref->client, TT_RPC_RELEASE_RUN, &req.base, &ttd__v1__release_run_response__descriptor, &out,
-                         ignored, sizeof(ignored)) == TT_OK) {
-    protobuf_c_message_free_unpacked(out, NULL);
-  }
-}
-
-tt_run_ref *tt_run_ref_retain(tt_run_ref *ref) {
-  atomic_fetch_add(&ref->refs, 1);
-  return ref;
-}
-
-void tt_run_ref_release(tt_run_ref *ref) {
-  if (!ref || atomic_fetch_sub(&ref->refs, 1) != 1) return;
-  if (ref->local_run) tt_module_release_local(ref->module, ref);
-  if (ref->run) { /* never backpropagated: free its activations on the card */
-    tt_module_run_done(ref->module);
-    release_on_card(ref);
-  }
-  for (int i = 0; ref->output_grads && i < ref->n_outputs; i++) free(ref->output_grads[i]);
-  free(ref->output_grads);
-  tt_module_unref(ref->module); /* its reference */
-  free(ref);
-}
+static const autograd_node *node_of(const tt_tensor *t) { return (const autograd_node *)t->grad_fn; }
 
 static tt_status track(tt_tensor *out, node_kind kind, tt_tensor *a, tt_tensor *b) {
-  tt_autograd_node *n = calloc(1, sizeof(*n));
+  autograd_node *n = calloc(1, sizeof(*n));
   if (!n) return tt_client_fail(out->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  n->tie.release = node_release;
   n->kind = kind;
-  n->inputs[0] = tt_to(a, a->device_name); /* a new reference */
-  n->inputs[1] = b ? tt_to(b, b->device_name) : NULL;
-  out->grad_fn = n;
+  n->inputs[0] = tt_tensor_retain(a);
+  n->inputs[1] = tt_tensor_retain(b);
+  out->grad_fn = &n->tie;
   return TT_OK;
-}
-
-tt_status tt_autograd_track_to_cpu(tt_tensor *host, tt_tensor *device_output) {
-  return track(host, NODE_TO_CPU, device_output, NULL);
 }
 
 static int same_shape(const tt_tensor *a, const tt_tensor *b) {
@@ -202,10 +173,11 @@ static int add_grad(tt_tensor *t, const float *g, uint64_t n) {
   return 0;
 }
 
-static int needs_grad(const tt_tensor *t) { return t && (t->grad_fn || t->run); }
+/* Whether t's gradient goes anywhere: to an op's inputs, a module run, or a downloaded output's run. */
+static bool needs_grad(const tt_tensor *t) { return t && (t->grad_fn || t->run || t->from_output); }
 
 /* Gradients of add, mul, sum and mean for the inputs that need them. */
-static tt_status elementwise_backward(tt_client *c, const tt_autograd_node *node, const tt_tensor *t) {
+static tt_status elementwise_backward(tt_client *c, const autograd_node *node, const tt_tensor *t) {
   tt_tensor *a = node->inputs[0], *b = node->inputs[1];
   float *ga = needs_grad(a) ? malloc(sizeof(float) * (a->numel ? a->numel : 1)) : NULL;
   float *gb = needs_grad(b) ? malloc(sizeof(float) * (b->numel ? b->numel : 1)) : NULL;
@@ -234,10 +206,9 @@ static int collect(tt_tensor *t, tt_tensor ***list, int *n, int *cap) {
   for (int i = 0; i < *n; i++) {
     if ((*list)[i] == t) return 0;
   }
-  if (t->grad_fn && t->grad_fn->kind != NODE_TO_CPU) {
-    for (int k = 0; k < 2; k++) {
-      if (t->grad_fn->inputs[k] && collect(t->grad_fn->inputs[k], list, n, cap) != 0) return -1;
-    }
+  const autograd_node *node = node_of(t);
+  for (int k = 0; node && k < 2; k++) {
+    if (node->inputs[k] && collect(node->inputs[k], list, n, cap) != 0) return -1;
   }
   if (*n == *cap) {
     int cap2 = *cap ? *cap * 2 : 16;
@@ -248,177 +219,6 @@ static int collect(tt_tensor *t, tt_tensor ***list, int *n, int *cap) {
   }
   (*list)[(*n)++] = t;
   return 0;
-}
-
-/* The output gradients of a Backward, inline when they fit the inline limit (with the
- * module's queued parameter work riding along); else uploaded, and freed by the Backward
- * itself (its free list). With TTD_INLINE=0: uploads, then a Free, as before. */
-typedef struct backward_grads {
-  uint64_t *handles;
-  tt_tensor **uploaded;             /* TTD_INLINE=0: the uploads, freed after the call */
-  Ttd__V1__InlineTensor *wires;
-  Ttd__V1__InlineTensor **wire_ptrs;
-  Ttd__V1__TensorSpec *specs;
-  int64_t (*shapes)[TT_MAX_DIMS];
-  char (*devices)[16];
-} backward_grads;
-
-static void backward_grads_free(backward_grads *g, int n) {
-  for (int i = 0; g->uploaded && i < n; i++) tt_tensor_free(g->uploaded[i]);
-  free(g->uploaded);
-  free(g->handles);
-  free(g->wires);
-  free(g->wire_ptrs);
-  free(g->specs);
-  free(g->shapes);
-  free(g->devices);
-}
-
-static tt_status backward_grads_fill(tt_run_ref *ref, backward_grads *g, Ttd__V1__BackwardRequest *req) {
-  tt_client *c = ref->client;
-  size_t n = (size_t)ref->n_outputs + 1;
-  g->handles = calloc(n, sizeof(*g->handles));
-  g->uploaded = calloc(n, sizeof(*g->uploaded));
-  g->wires = calloc(n, sizeof(*g->wires));
-  g->wire_ptrs = calloc(n, sizeof(*g->wire_ptrs));
-  g->specs = calloc(n, sizeof(*g->specs));
-  g->shapes = calloc(n, sizeof(*g->shapes));
-  g->devices = calloc(n, sizeof(*g->devices));
-  if (!g->handles || !g->uploaded || !g->wires || !g->wire_ptrs || !g->specs || !g->shapes || !g->devices) {
-    return tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
-  }
-  int fast = tt_inline_enabled(c);
-  uint64_t total = 0;
-  for (int i = 0; i < ref->n_outputs; i++) {
-    if (!ref->output_grads[i]) continue;
-    int ndim = tt_module_output_dims(ref->module, i, g->shapes[i]);
-    uint64_t numel = 1;
-    for (int d = 0; d < ndim; d++) numel *= (uint64_t)g->shapes[i][d];
-    total += numel * sizeof(float);
-  }
-  int inline_grads = fast && total <= TTD_INLINE_MAX_BYTES;
-  tt_place place;
-  tt_place_parse(tt_module_device(ref->module), &place);
-  for (int i = 0; i < ref->n_outputs; i++) {
-    if (!ref->output_grads[i]) {
-      if (inline_grads) {
-        ttd__v1__inline_tensor__init(&g->wires[i]);
-        g->wire_ptrs[i] = &g->wires[i];
-      }
-      continue;
-    }
-    int ndim = tt_module_output_dims(ref->module, i, g->shapes[i]);
-    uint64_t numel = 1;
-    for (int d = 0; d < ndim; d++) numel *= (uint64_t)g->shapes[i][d];
-    if (inline_grads) {
-      ttd__v1__inline_tensor__init(&g->wires[i]);
-      ttd__v1__tensor_spec__init(&g->specs[i]);
-      snprintf(g->devices[i], sizeof(g->devices[i]), "tt:%d", place.device);
-      g->specs[i].dtype = TTD__V1__DTYPE__DTYPE_FLOAT32;
-      g->specs[i].n_shape = (size_t)ndim;
-      g->specs[i].shape = g->shapes[i];
-      g->specs[i].device = g->devices[i];
-      g->wires[i].spec = &g->specs[i];
-      g->wires[i].data.data = (uint8_t *)ref->output_grads[i];
-      g->wires[i].data.len = (size_t)(numel * sizeof(float));
-      g->wire_ptrs[i] = &g->wires[i];
-    } else if (fast) {
-      TT_RETURN_IF_FAILED(tt_inline_upload(c, &place, TT_FLOAT32, g->shapes[i], ndim, ref->output_grads[i],
-                                           numel * sizeof(float), 0, &g->handles[i]));
-      req->free = g->handles; /* freed by the Backward that uses them */
-    } else {
-      tt_tensor *host = tt_tensor_from_host(c, ref->output_grads[i], TT_FLOAT32, g->shapes[i], ndim);
-      g->uploaded[i] = host ? tt_to(host, tt_module_device(ref->module)) : NULL;
-      tt_tensor_free(host);
-      if (!g->uploaded[i]) return tt_errcode(c);
-      g->handles[i] = g->uploaded[i]->handle;
-    }
-  }
-  if (inline_grads) {
-    req->inline_output_grads = g->wire_ptrs;
-    req->n_inline_output_grads = (size_t)ref->n_outputs;
-  } else {
-    req->output_grads = g->handles;
-    req->n_output_grads = (size_t)ref->n_outputs;
-    if (req->free) req->n_free = (size_t)ref->n_outputs; /* the zeros are skipped */
-  }
-  return TT_OK;
-}
-
-/* The total bytes of ref's accumulated output gradients (float32). */
-static uint64_t output_grad_bytes(const tt_run_ref *ref) {
-  uint64_t total = 0;
-  for (int i = 0; i < ref->n_outputs; i++) {
-    if (!ref->output_grads[i]) continue;
-    int64_t shape[TT_MAX_DIMS];
-    int ndim = tt_module_output_dims(ref->module, i, shape);
-    uint64_t numel = 1;
-    for (int d = 0; d < ndim; d++) numel *= (uint64_t)shape[d];
-    total += numel * sizeof(float);
-  }
-  return total;
-}
-
-int tt_backward_can_wait(const tt_run_ref *ref) {
-  return !ref->local_run && ref->run && tt_inline_enabled(ref->client) && output_grad_bytes(ref) <= TTD_INLINE_MAX_BYTES;
-}
-
-tt_status tt_backward_call_begin(tt_run_ref *ref, tt_backward_call *bc) {
-  tt_client *c = ref->client;
-  ttd__v1__backward_request__init(&bc->req);
-  bc->grads = calloc(1, sizeof(*bc->grads));
-  if (!bc->grads) return tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
-  tt_status st = backward_grads_fill(ref, bc->grads, &bc->req);
-  if (st != TT_OK && bc->req.free) { /* uploads made before the failure: nothing will use them */
-    uint64_t made[64];
-    Ttd__V1__FreeRequest free_req = TTD__V1__FREE_REQUEST__INIT;
-    for (int i = 0; i < ref->n_outputs && free_req.n_handles < 64; i++) {
-      if (bc->grads->handles[i]) made[free_req.n_handles++] = bc->grads->handles[i];
-    }
-    free_req.handles = made;
-    ProtobufCMessage *out = NULL;
-    char ignored[256];
-    if (free_req.n_handles && tt_rpc_unary_quiet(c, TT_RPC_FREE, &free_req.base, &ttd__v1__free_response__descriptor, &out,
-                                                 ignored, sizeof(ignored)) == TT_OK) {
-      protobuf_c_message_free_unpacked(out, NULL);
-    }
-  }
-  bc->req.run = ref->run;
-  return st;
-}
-
-void tt_backward_call_end(tt_run_ref *ref, tt_backward_call *bc, tt_status st, const Ttd__V1__BackwardResponse *resp,
-                          int carried) {
-  tt_client *c = ref->client;
-  if (st != TT_OK && carried && ref->run) release_on_card(ref); /* the Execute may have failed before its Backward ran */
-  if (ref->run) tt_module_run_done(ref->module);
-  ref->run = 0; /* the daemon frees the activations after Backward, as torch frees the graph */
-  ref->backward_waiting = 0;
-  if (st == TT_OK && resp) {
-    uint64_t handles[64];
-    int n = (int)(resp->n_parameter_grads < 64 ? resp->n_parameter_grads : 64);
-    for (int i = 0; i < n; i++) handles[i] = resp->parameter_grads[i]->handle;
-    tt_module_set_grad_handles(ref->module, handles, n);
-    if (tt_inline_enabled(c)) tt_module_loop_enter(ref->module);
-  }
-  tt_param_work_clear(&bc->before);
-  if (bc->grads) backward_grads_free(bc->grads, ref->n_outputs);
-  free(bc->grads);
-  bc->grads = NULL;
-  for (int i = 0; i < ref->n_outputs; i++) {
-    free(ref->output_grads[i]);
-    ref->output_grads[i] = NULL;
-  }
-}
-
-tt_status tt_backward_call_send(tt_run_ref *ref, tt_backward_call *bc, tt_status st) {
-  ProtobufCMessage *out = NULL;
-  if (st == TT_OK) {
-    st = tt_rpc_unary(ref->client, TT_RPC_BACKWARD, &bc->req.base, &ttd__v1__backward_response__descriptor, &out);
-  }
-  tt_backward_call_end(ref, bc, st, st == TT_OK ? (Ttd__V1__BackwardResponse *)out : NULL, 0);
-  if (out) protobuf_c_message_free_unpacked(out, NULL);
-  return st;
 }
 
 /* Sends a touched run's accumulated output gradients to the card and runs Backward now,
@@ -438,7 +238,7 @@ static tt_status flush_run(tt_run_ref *ref) {
  * remembering the run for the flush. */
 static tt_status accumulate_output(tt_client *c, const tt_tensor *output, const tt_tensor *t, tt_run_ref **runs,
                                    int *n_runs) {
-  tt_run_ref *ref = output->run;
+  tt_run_ref *ref = tt_tensor_run(output);
   if ((!ref->run && !ref->local_run) || ref->backward_waiting) {
     return tt_client_fail(c, TT_FAILED_PRECONDITION,
                           "this loss reaches a module run that was already backpropagated or released; run forward again");
@@ -458,7 +258,7 @@ static tt_status accumulate_output(tt_client *c, const tt_tensor *output, const 
 tt_status tt_backward(tt_tensor *loss) {
   if (!loss) return TT_INVALID_ARGUMENT;
   tt_client *c = loss->client;
-  if ((!loss->grad_fn && !loss->run) || !loss->place.is_host || loss->numel != 1 || loss->dtype != TT_FLOAT32) {
+  if (!needs_grad(loss) || !loss->place.is_host || loss->numel != 1 || loss->dtype != TT_FLOAT32) {
     return tt_client_fail(c, TT_INVALID_ARGUMENT,
                           "backward needs a float32 scalar loss computed by tracked ops (tt_l1_loss, tt_mse_loss, "
                           "tt_cross_entropy) from outputs of a module in training mode");
@@ -469,31 +269,24 @@ tt_status tt_backward(tt_tensor *loss) {
   int n_runs = 0;
   tt_status st = collect(loss, &list, &n, &cap) == 0 ? TT_OK : tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
   float one = 1.0f;
-  if (st == TT_OK && add_grad(loss, &one, 1) != 0) st = TT_RESOURCE_EXHAUSTED;
+  if (st == TT_OK && add_grad(loss, &one, 1) != 0) st = tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
   for (int i = n - 1; st == TT_OK && i >= 0; i--) {
     tt_tensor *t = list[i];
-    tt_autograd_node *node = t->grad_fn;
-    if (t->run && t->place.is_host && t->grad) { /* an output of a module on "cpu" */
-      if (accumulate_output(c, t, t, runs, &n_runs) != TT_OK) {
-        st = tt_errcode(c);
-        break;
-      }
+    const autograd_node *node = node_of(t);
+    if (!t->grad) continue;
+    /* An output of a module on "cpu", or the download of a device output: to its run. */
+    tt_tensor *output = t->run && t->place.is_host ? t : t->from_output;
+    if (output) {
+      st = accumulate_output(c, output, t, runs, &n_runs);
       continue;
     }
-    if (!node || !t->grad) continue;
+    if (!node) continue;
     tt_tensor *a = node->inputs[0], *b = node->inputs[1];
-    if (node->kind == NODE_TO_CPU) {
-      if (accumulate_output(c, a, t, runs, &n_runs) != TT_OK) {
-        st = tt_errcode(c);
-        break;
-      }
-      continue;
-    }
     if (node->kind == NODE_ADD || node->kind == NODE_MUL || node->kind == NODE_SUM || node->kind == NODE_MEAN) {
       st = elementwise_backward(c, node, t);
       continue;
     }
-    if (!a->grad_fn && !a->run) continue; /* nothing upstream needs this gradient */
+    if (!needs_grad(a)) continue; /* nothing upstream needs this gradient */
     float *ga = malloc(sizeof(float) * (a->numel ? a->numel : 1));
     if (!ga) {
       st = tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
@@ -503,7 +296,7 @@ tt_status tt_backward(tt_tensor *loss) {
     if (node->kind == NODE_L1) ttd_k_l1_loss_backward(NULL, a->data, b->data, (int64_t)a->numel, g, ga, NULL);
     else if (node->kind == NODE_MSE) ttd_k_mse_loss_backward(NULL, a->data, b->data, (int64_t)a->numel, g, ga, NULL);
     else ttd_k_cross_entropy_backward(NULL, a->data, b->data, a->shape[0], a->shape[1], g, ga);
-    if (add_grad(a, ga, a->numel) != 0) st = TT_RESOURCE_EXHAUSTED;
+    if (add_grad(a, ga, a->numel) != 0) st = tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
     free(ga);
   }
   /* One run on a card: its Backward rides on the module's next Execute (one round trip a

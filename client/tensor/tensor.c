@@ -1,11 +1,11 @@
-/* Host and device tensors of libttclient: creation, reference counting, accessors. */
+/* Host and device tensors of libttclient: creation, storage, reference counting, accessors. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dtype.h"
-#include "client_internal.h"
+#include "tensor/tensor.h"
 
 size_t tt_dtype_size(tt_dtype dtype) { return ttd_dtype_size((ttd_dtype)dtype); }
 
@@ -18,6 +18,11 @@ tt_tensor *tt_tensor_alloc(tt_client *client) {
   atomic_init(&t->refs, 1);
   t->client = tt_client_retain(client);
   return t;
+}
+
+tt_tensor *tt_tensor_retain(tt_tensor *tensor) {
+  if (tensor) atomic_fetch_add_explicit(&tensor->refs, 1, memory_order_relaxed);
+  return tensor;
 }
 
 tt_tensor *tt_tensor_like(const tt_tensor *src, const tt_place *place, tt_dtype dtype) {
@@ -59,7 +64,9 @@ tt_status tt_tensor_describe(tt_client *client, tt_tensor *tensor, tt_dtype dtyp
   return TT_OK;
 }
 
-void *tt_host_alloc(tt_client *client, uint64_t bytes, uint64_t *out_segment, size_t *out_block) {
+/* Host data for a tensor of bytes (shared memory when large and available); NULL if out
+ * of memory. Freed with host_free. */
+static void *host_alloc(tt_client *client, uint64_t bytes, uint64_t *out_segment, size_t *out_block) {
   *out_segment = 0;
   *out_block = 0;
   if (bytes > SIZE_MAX) return NULL;
@@ -67,21 +74,28 @@ void *tt_host_alloc(tt_client *client, uint64_t bytes, uint64_t *out_segment, si
   return data ? data : ttd_block_cache_alloc(&client->blocks, (size_t)bytes, out_block);
 }
 
-void tt_host_free(tt_client *client, void *data, uint64_t segment, size_t block) {
+static void host_free(tt_client *client, void *data, uint64_t segment, size_t block) {
   if (segment) tt_shm_free(client, data);
   else ttd_block_cache_free(&client->blocks, data, block);
+}
+
+void tt_tensor_host_copy_free(tt_tensor *t) {
+  if (t->host_copy_segment) tt_shm_free(t->client, t->host_copy);
+  else free(t->host_copy);
+  t->host_copy = NULL;
+  t->host_copy_segment = 0;
 }
 
 tt_tensor *tt_tensor_host_uninit(tt_client *client, tt_dtype dtype, const int64_t *shape, int ndim) {
   tt_tensor *t = tt_tensor_alloc(client);
   if (!t) return NULL;
-  t->place.is_host = 1;
+  t->place.is_host = true;
   strcpy(t->device_name, "cpu");
   if (tt_tensor_describe(client, t, dtype, shape, ndim) != TT_OK) {
     tt_tensor_free(t);
     return NULL;
   }
-  if (!(t->data = tt_host_alloc(client, t->nbytes, &t->shm_segment, &t->host_block))) {
+  if (!(t->data = host_alloc(client, t->nbytes, &t->shm_segment, &t->host_block))) {
     tt_client_fail(client, TT_RESOURCE_EXHAUSTED, "out of host memory for a %" PRIu64 "-byte tensor", t->nbytes);
     tt_tensor_free(t);
     return NULL;
@@ -114,13 +128,12 @@ tt_tensor *tt_tensor_empty(tt_client *client, tt_dtype dtype, const int64_t *sha
   t->place = place;
   tt_place_format(&place, t->device_name, sizeof(t->device_name));
   char device_name[16];
-  snprintf(device_name, sizeof(device_name), "tt:%d", place.device);
   Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
+  spec.location = tt_place_wire(&place, device_name, sizeof(device_name));
   spec.dtype = (Ttd__V1__DType)dtype;
   spec.n_shape = (size_t)ndim;
   spec.shape = t->shape;
   spec.device = device_name;
-  spec.location = place.l1 ? TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_L1 : TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_DRAM;
   Ttd__V1__AllocateRequest req = TTD__V1__ALLOCATE_REQUEST__INIT;
   req.spec = &spec;
   ProtobufCMessage *out = NULL;
@@ -136,22 +149,15 @@ tt_tensor *tt_tensor_empty(tt_client *client, tt_dtype dtype, const int64_t *sha
 void tt_tensor_free(tt_tensor *tensor) {
   if (!tensor) return;
   if (atomic_fetch_sub_explicit(&tensor->refs, 1, memory_order_acq_rel) != 1) return;
-  tt_autograd_node_free(tensor->grad_fn);
-  tt_run_ref_release(tensor->run);
+  if (tensor->grad_fn) tensor->grad_fn->release(tensor->grad_fn);
+  if (tensor->run) tensor->run->release(tensor->run);
+  tt_tensor_free(tensor->from_output);
   free(tensor->grad);
-  tt_inline_host_copy_free(tensor);
+  tt_tensor_host_copy_free(tensor);
   if (tensor->place.is_host) {
-    tt_host_free(tensor->client, tensor->data, tensor->shm_segment, tensor->host_block);
+    host_free(tensor->client, tensor->data, tensor->shm_segment, tensor->host_block);
   } else if (tensor->handle && !tensor->borrowed) {
-    Ttd__V1__FreeRequest req = TTD__V1__FREE_REQUEST__INIT;
-    req.n_handles = 1;
-    req.handles = &tensor->handle;
-    ProtobufCMessage *out = NULL;
-    char ignored[256]; /* a session already closed has freed it anyway */
-    if (tt_rpc_unary_quiet(tensor->client, TT_RPC_FREE, &req.base, &ttd__v1__free_response__descriptor, &out, ignored,
-                           sizeof(ignored)) == TT_OK) {
-      protobuf_c_message_free_unpacked(out, NULL);
-    }
+    tt_rpc_free_quiet(tensor->client, &tensor->handle, 1); /* a session already closed has freed it anyway */
   }
   tt_client_release(tensor->client);
   free(tensor);
@@ -166,7 +172,3 @@ uint64_t tt_tensor_nbytes(const tt_tensor *tensor) { return tensor->nbytes; }
 const char *tt_tensor_device(const tt_tensor *tensor) { return tensor->device_name; }
 int tt_tensor_is_host(const tt_tensor *tensor) { return tensor->place.is_host; }
 void *tt_tensor_data(tt_tensor *tensor) { return tensor->place.is_host ? tensor->data : NULL; }
-uint64_t tt_tensor_handle(const tt_tensor *tensor) {
-  if (!tensor->place.is_host) tt_tensor_materialize((tt_tensor *)tensor); /* a deferred tensor gets its handle */
-  return tensor->place.is_host ? 0 : tensor->handle;
-}

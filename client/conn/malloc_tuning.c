@@ -1,9 +1,9 @@
 /* glibc's malloc thresholds in a program that uses libttclient. gRPC receives a big
  * Download's messages into buffers of up to a few MiB, freed as soon as they are copied into
  * the host tensor. With glibc's defaults the heap top they leave free is handed back to the
- * kernel (trimmed) and faulted in again for the next message: a 64 MiB Download over TCP then
- * took 1.3-2.3 GB/s in half the client processes and 3.0-4.2 in the others. With the mmap
- * threshold at 32 MiB and the trim threshold at 128 MiB, every process ran at 3.0-4.3 GB/s.
+ * kernel (trimmed) and faulted in again for the next message, which slows large Downloads
+ * in some processes and not in others. With the mmap threshold at 32 MiB and the trim
+ * threshold at 128 MiB, those buffers stay mapped between messages.
  * Raised once per process, at the first tt_connect; the program keeps its own settings when
  * it asks (TTD_MALLOC_TUNING=0, tt_connect_options.disable_malloc_tuning) or has set glibc's
  * malloc tunables (GLIBC_TUNABLES). */
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client_internal.h"
+#include "conn/conn.h"
 
 #define MMAP_THRESHOLD_BYTES (32 << 20)
 #define TRIM_THRESHOLD_BYTES (128 << 20)

@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "client_internal.h"
+#include "conn/conn.h"
 
 tt_status tt_list_sessions(tt_client *client, tt_session_info **out_sessions, size_t *out_count) {
   *out_sessions = NULL;

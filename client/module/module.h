@@ -1,0 +1,247 @@
+/* Layer client/module: graphs, modules (a compiled graph and its parameters, on "cpu" or a
+ * card), their forward and backward runs, queued parameter work, and host autograd. Calls
+ * only client/move, client/data, client/tensor, client/conn and the shared runtime. */
+#ifndef TT_CLIENT_MODULE_H
+#define TT_CLIENT_MODULE_H
+
+#include <stdbool.h>
+
+#include "device/program_run.h"
+#include "graph/program.h"
+#include "data/data.h"
+#include "move/move.h"
+
+/* ---- a graph under construction (graph.c); lifecycle.c turns it into a module ---- */
+
+typedef enum tt_graph_value_kind {
+  TT_GRAPH_INPUT,
+  TT_GRAPH_PARAM,
+  TT_GRAPH_NODE,
+} tt_graph_value_kind;
+
+typedef struct tt_graph_value {
+  char *name;
+  tt_graph_value_kind kind;
+  tt_dtype dtype;
+  int ndim;
+  int64_t shape[TT_MAX_DIMS];
+  tt_tensor *init; /* parameters: the initial host data */
+} tt_graph_value;
+
+struct tt_graph {
+  tt_client *client;
+  tt_graph_value *values;
+  int n_values, cap_values;
+  Ttd__V1__Node **nodes; /* owned; node i produces the value named like it */
+  int n_nodes, cap_nodes;
+  int *outputs;
+  int n_outputs, cap_outputs;
+  int layer_count[8]; /* per layer kind (graph.c), for parameter names */
+  uint64_t rng;
+};
+
+/* ---- the module ---- */
+
+typedef enum tt_optim_kind { TT_OPTIM_SGD, TT_OPTIM_ADAM } tt_optim_kind;
+
+/* What tt_step / tt_zero_grad queued on a module on a card: the step first, then the zeroing. */
+typedef struct tt_queued_work {
+  bool step, zero;
+  tt_optim_kind optim; /* the step's */
+  Ttd__V1__SgdOptions sgd;
+  Ttd__V1__AdamOptions adam;
+} tt_queued_work;
+
+typedef struct tt_run_ref tt_run_ref;
+
+struct tt_module {
+  atomic_int refs;       /* the user's, plus one per pending run's outputs */
+  tt_client *client;
+  Ttd__V1__Graph *graph; /* owned copy (protobuf-c allocated) */
+  ttd_program *local;    /* the graph compiled in process: shapes, and the CPU path */
+  int n_params;
+  tt_tensor **params;    /* where the module is */
+  tt_place place;
+  char device_name[24];
+  uint64_t program;      /* the daemon's program handle; 0 until compiled there */
+  bool training;         /* forward keeps activations for backward (torch's train()) */
+  uint64_t *grad_handles; /* per parameter: its .grad on the daemon (0: none yet) */
+  int pending_runs;      /* training forwards not yet backpropagated or released */
+  tt_tensor **host_grads; /* on "cpu": each parameter's .grad (NULL: none yet) */
+  /* Guarded by param_work.c's lock: */
+  tt_queued_work queued;        /* queued since the waiting Backward, if any */
+  tt_run_ref *waiting_backward; /* tt_backward left this run's Backward for the next Execute
+                                 * (one reference), with backward_before queued before it */
+  tt_queued_work backward_before;
+  bool listed;                  /* in the list of modules holding queued things */
+  struct tt_module *next_listed;
+  int loop_device; /* trained on this card (a Backward reached it since tt_module_to): counted in
+                    * client->training_loops[]; -1 otherwise */
+};
+
+static inline tt_module *tt_module_retain(tt_module *m) {
+  atomic_fetch_add(&m->refs, 1);
+  return m;
+}
+
+/* ---- the queued parameter work (param_work.c) ---- */
+
+/* A ParameterWork message with the storage it points into; release with tt_param_work_clear. */
+typedef struct tt_param_work {
+  Ttd__V1__ParameterWork work;
+  Ttd__V1__OptimizerStepRequest step;
+  Ttd__V1__ZeroGradRequest zero;
+  Ttd__V1__SgdOptions sgd;
+  Ttd__V1__AdamOptions adam;
+  uint64_t *handles;
+} tt_param_work;
+
+/* Which work tt_module_queue_work queues. */
+typedef enum tt_param_op { TT_PARAM_ZERO_GRAD, TT_PARAM_STEP } tt_param_op;
+
+/* Points req at the optimizer's options: Adam's or SGD's. */
+void tt_module_step_options(Ttd__V1__OptimizerStepRequest *req, tt_optim_kind optim, Ttd__V1__SgdOptions *sgd,
+                            Ttd__V1__AdamOptions *adam);
+
+/* Builds the ParameterWork message of queued into work for m's parameters; *out_work is NULL
+ * when nothing is queued. */
+tt_status tt_param_work_build(tt_module *m, tt_queued_work queued, tt_param_work *work,
+                              Ttd__V1__ParameterWork **out_work);
+void tt_param_work_clear(tt_param_work *work);
+
+/* Moves the work queued on m into work (as tt_param_work_build). */
+tt_status tt_module_take_work(tt_module *m, tt_param_work *work, Ttd__V1__ParameterWork **out_work);
+
+/* Queues op (a step with its optimizer's options) on m; false when it cannot follow what is
+ * queued (a second step, a step after a zeroing): send that first. */
+bool tt_module_try_queue_work(tt_module *m, tt_param_op op, tt_optim_kind optim, const Ttd__V1__SgdOptions *sgd,
+                              const Ttd__V1__AdamOptions *adam);
+
+/* Leaves ref's Backward (one more reference) on m, with the work queued so far before it;
+ * false when a Backward is already waiting there: send that first. */
+bool tt_module_try_park_backward(tt_module *m, tt_run_ref *ref);
+
+/* Takes the Backward waiting on m (NULL: none; the caller gets its reference) and the work
+ * queued before it. */
+tt_run_ref *tt_module_take_waiting_backward(tt_module *m, tt_queued_work *before);
+
+/* Up to max modules of client holding queued things, one reference each (tt_module_unref);
+ * a module whose last reference is going is left out. */
+int tt_module_list_queued(tt_client *client, tt_module **out_modules, int max);
+
+/* Takes m out of that list: queued work dies with the parameters. */
+void tt_module_unlist(tt_module *m);
+
+/* ---- references and what goes with the last (refs.c) ---- */
+
+/* Drops one internal reference of a module (runs hold one); tt_module_free is the user's. */
+void tt_module_unref(tt_module *m);
+
+/* Frees the daemon's handles of the parameters' .grad (they go with the parameters). */
+void tt_module_release_grads(tt_module *m);
+
+/* A backward of m on a card succeeded: in training mode it is in a training loop now. */
+void tt_module_loop_enter(tt_module *m);
+
+/* m moved or goes: it is in no training loop. */
+void tt_module_loop_leave(tt_module *m);
+
+/* ---- runs of a training forward and their Backward calls (run.c) ---- */
+
+/* A daemon run kept for Backward, shared by the outputs of one training forward. */
+struct tt_run_ref {
+  tt_tensor_tie tie; /* the outputs' hold on it (tensor->run); first */
+  atomic_int refs;
+  tt_client *client;
+  tt_module *module;
+  uint64_t run;        /* the daemon's run; 0 once backpropagated or released */
+  ttd_run *local_run;  /* a module on "cpu": the in-process run; NULL once used */
+  int n_outputs;
+  float **output_grads; /* host accumulators during tt_backward, then until its Backward is sent */
+  bool backward_waiting; /* tt_backward left its Backward for the module's next Execute */
+};
+
+static inline tt_run_ref *tt_run_ref_retain(tt_run_ref *ref) {
+  atomic_fetch_add(&ref->refs, 1);
+  return ref;
+}
+
+/* The run an output of a training forward holds (NULL for other tensors). */
+static inline tt_run_ref *tt_tensor_run(const tt_tensor *t) { return (tt_run_ref *)t->run; }
+
+/* A run shared by a training forward's outputs (run, or local_run on "cpu"); one reference
+ * for the caller, one on m. NULL (recorded) when out of memory. */
+tt_run_ref *tt_run_ref_create(tt_module *m, int n_outputs, uint64_t run, ttd_run *local_run);
+
+/* The last reference releases the daemon's run, or frees the in-process one. */
+void tt_run_ref_release(tt_run_ref *ref);
+
+/* Frees ref's in-process run: backpropagated, or never to be. */
+void tt_run_ref_free_local(tt_run_ref *ref);
+
+/* One Backward request for a run: the message, the storage of its gradients, and the
+ * parameter work that runs before it (req.before points into it when set). */
+typedef struct tt_backward_call {
+  Ttd__V1__BackwardRequest req;
+  struct backward_grads *grads;
+  tt_param_work before;
+} tt_backward_call;
+
+/* Makes ref's Backward request from the output gradients accumulated in ref: inline when
+ * they fit, else uploaded (freed by the Backward). bc->before is left to the caller. */
+tt_status tt_backward_call_begin(tt_run_ref *ref, tt_backward_call *bc);
+
+/* After the call that carried bc (a Backward, or an Execute when carried): with st OK,
+ * records resp's gradient handles; in any case the run counts as backpropagated (an Execute
+ * that failed also releases it, in case its Backward never ran), and bc and ref's
+ * gradients are freed. */
+void tt_backward_call_end(tt_run_ref *ref, tt_backward_call *bc, tt_status st, const Ttd__V1__BackwardResponse *resp,
+                          bool carried);
+
+/* Sends bc as a Backward call when st is OK (begin and the caller's work made it), then
+ * ends it as tt_backward_call_end does; returns the call's status, or st. */
+tt_status tt_backward_call_send(tt_run_ref *ref, tt_backward_call *bc, tt_status st);
+
+/* Whether tt_backward may leave ref's Backward for its module's next Execute: on a card,
+ * inline on, the gradients inline. */
+bool tt_backward_can_wait(const tt_run_ref *ref);
+
+/* ---- sending what is deferred on a module (deferred.c) ---- */
+
+/* Leaves ref's Backward (ref retained) for the module's next Execute, with the work queued
+ * so far running before it; a Backward already waiting is sent first. */
+tt_status tt_module_defer_backward(tt_module *m, tt_run_ref *ref);
+
+/* Sends the Backward waiting on the module, if any, on its own. */
+tt_status tt_module_flush_backward(tt_module *m);
+
+/* Drops the Backward waiting on the module, if any, releasing its run on the card. */
+void tt_module_cancel_backward(tt_module *m);
+
+/* Sends m's waiting Backward, then its queued work as OptimizerStep and ZeroGrad calls. */
+tt_status tt_module_flush(tt_module *m);
+
+/* Queues op on a module on a card; work that cannot follow what is queued sends that first. */
+tt_status tt_module_defer_work(tt_module *m, tt_param_op op, tt_optim_kind optim, const Ttd__V1__SgdOptions *sgd,
+                               const Ttd__V1__AdamOptions *adam);
+
+/* tt_to's hook (tt_to_set_pending_flush): sends queued work of tensor's client's modules
+ * before tensor (a parameter or a .grad) is read or moved; OK at once for other tensors. */
+tt_status tt_module_flush_pending(const tt_tensor *tensor);
+
+/* ---- modules on "cpu": the in-process card (local.c) ---- */
+
+/* Forward on the in-process card; a training forward's outputs share its run. */
+tt_status tt_module_forward_local(tt_module *m, tt_tensor *const *inputs, int n_inputs, tt_tensor **outputs);
+
+/* Backward of an in-process run: accumulates the parameters' host gradients and frees the run. */
+tt_status tt_module_backward_local(tt_module *m, tt_run_ref *ref);
+
+/* ---- making, moving and reading a module (lifecycle.c) ---- */
+
+/* A tensor becoming one of m's parameters: on a card it needs its handle now (a deferred
+ * tt_to is uploaded) and no host copy (optimizers write parameters in place). Takes t;
+ * NULL (recorded) on failure. */
+tt_tensor *tt_module_place_param(tt_tensor *t);
+
+#endif
