@@ -9,6 +9,7 @@
 
 #include "base/absl_deadlock.h"
 #include "conn/conn.h"
+#include "wire/address.h"
 
 extern const char *program_invocation_short_name;
 
@@ -57,6 +58,39 @@ static void *keepalive_main(void *arg) {
   return NULL;
 }
 
+/* Why a connection to ttd failed, from gRPC's text (why), in words that say what to fix. */
+static tt_status fail_unreachable(tt_client *c, const char *why) {
+  if (strstr(why, "certificate verify failed")) {
+    return tt_client_fail(c, TT_UNAVAILABLE,
+                          "the TLS handshake with ttd at %s failed: its certificate is not signed by a CA this client "
+                          "trusts; pass the CA that signed it (tls_ca_file, TTD_TLS_CA, ttctl --tls-ca) and check the "
+                          "name it is issued for (tls_server_name) [%s]", c->target, why);
+  }
+  if (strstr(why, "andshake") || strstr(why, "SSL_ERROR") || strstr(why, "alert")) {
+    return tt_client_fail(c, TT_UNAVAILABLE,
+                          "the TLS handshake with ttd at %s failed; ttd answers, so check the CA (tls_ca_file), the "
+                          "name (tls_server_name) and, if ttd asks for client certificates, your tls_cert_file and "
+                          "tls_key_file [%s]", c->target, why);
+  }
+  if (strstr(why, "Connection refused") || strstr(why, "No such file")) {
+    return tt_client_fail(c, TT_UNAVAILABLE,
+                          "nothing listens at %s: start ttd there (`ttd --listen ...`, or `sudo systemctl start ttd` "
+                          "for the service), or point TTD_ADDRESS at the ttd you mean [%s]", c->target, why);
+  }
+  if (strstr(why, "Socket closed") && strncmp(c->target, "unix", 4) != 0) {
+    return tt_client_fail(c, TT_UNAVAILABLE,
+                          "ttd at %s closed the connection during setup: a TLS listener refuses plain text (drop "
+                          "insecure and pass tls_ca_file), and a listener that needs a client certificate refuses "
+                          "a client without one [%s]", c->target, why);
+  }
+  if (strstr(why, "ermission denied")) {
+    return tt_client_fail(c, TT_UNAVAILABLE,
+                          "no permission to use the socket %s: add your user to its group (ttd for the service) "
+                          "[%s]", c->target, why);
+  }
+  return tt_client_fail(c, TT_UNAVAILABLE, "cannot reach ttd at %s: %s", c->target, why);
+}
+
 static tt_status open_session(tt_client *c, const tt_connect_options *options) {
   Ttd__V1__OpenSessionRequest req = TTD__V1__OPEN_SESSION_REQUEST__INIT;
   req.client_name = (char *)(options->client_name ? options->client_name : "");
@@ -68,8 +102,7 @@ static tt_status open_session(tt_client *c, const tt_connect_options *options) {
     if (st == TT_UNAVAILABLE) {
       char why[sizeof(c->errmsg)];
       snprintf(why, sizeof(why), "%s", c->errmsg);
-      return tt_client_fail(c, st, "cannot reach ttd at %s: %s (is ttd running? set TTD_ADDRESS or pass a target)",
-                            c->target, why);
+      return fail_unreachable(c, why);
     }
     return st;
   }
@@ -199,8 +232,11 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
       return tt_client_fail(c, TT_INVALID_ARGUMENT, "target is longer than %zu bytes", sizeof(c->target) - 1);
     }
     snprintf(c->target, sizeof(c->target), "%s", target);
-  } else if (tt_default_target(c->target, sizeof(c->target)) != 0) {
-    return tt_client_fail(c, TT_INVALID_ARGUMENT, "cannot work out the default socket path; pass a target");
+  } else {
+    char why[sizeof(c->errmsg) - 64];
+    if (ttd_find_default_daemon(c->target, sizeof(c->target), why, sizeof(why)) != 0) {
+      return tt_client_fail(c, TT_UNAVAILABLE, "no ttd answers at the default addresses: %s", why);
+    }
   }
 
   ttd_absl_deadlock_detection_off(); /* before grpc_init: see absl_deadlock.h */

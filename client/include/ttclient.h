@@ -101,7 +101,9 @@ typedef struct tt_connect_options {
 void tt_connect_options_init(tt_connect_options *options);
 
 /* Connects to ttd and opens a session. target: "unix:/path" or "host:port"; NULL means the
- * TTD_ADDRESS environment variable, then the default socket (tt_default_target). options may
+ * TTD_ADDRESS environment variable, then the first default socket where a ttd answers: the
+ * user's own (tt_default_target), then the system service's unix:/run/ttd/ttd.sock (open to
+ * group ttd). When none answers, UNAVAILABLE names every address tried. options may
  * be NULL for the defaults. *out_client is set even on failure (NULL only when out of
  * memory) so that tt_last_error can say why; release it with tt_disconnect either way.
  * A background thread renews the session every lease/3 unless disabled. Before it starts
@@ -114,8 +116,9 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
  * held keep the client's memory until they are freed, and report a closed client. NULL ok. */
 void tt_disconnect(tt_client *client);
 
-/* The default target: $XDG_RUNTIME_DIR/ttd.sock, /run/ttd/ttd.sock as root, else
- * /tmp/ttd-UID/ttd.sock, with the "unix:" prefix. Returns 0, or -1 if buf is too small. */
+/* The address a ttd started without --listen serves, and the first a client tries:
+ * $XDG_RUNTIME_DIR/ttd.sock, /run/ttd/ttd.sock as root, else /tmp/ttd-UID/ttd.sock, with the
+ * "unix:" prefix. Returns 0, or -1 if buf is too small. */
 int tt_default_target(char *buf, size_t len);
 
 /* The code and message of the most recent failing call on this client; TT_OK and "" when

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "ttctl.h"
+#include "wire/address.h"
 #include "ttd/v1/protocol.h"
 
 static void print_usage(FILE *out) {
@@ -25,7 +26,8 @@ static void print_usage(FILE *out) {
         "\n"
         "options (also as --name=VALUE):\n"
         "  --target T              unix:/path or host:port; default $TTD_ADDRESS, then the\n"
-        "                          default socket\n"
+        "                          first default socket where a ttd answers (yours, then\n"
+        "                          the service's /run/ttd/ttd.sock)\n"
         "  --token TOKEN           bearer token of an admin tenant; default $TTD_TOKEN (which\n"
         "                          keeps it out of the process list)\n"
         "  --tls-ca FILE           PEM roots for the daemon's certificate; default $TTD_TLS_CA\n"
@@ -83,8 +85,11 @@ void ttctl_target_text(const ttctl_options *options, char *buf, size_t size) {
     snprintf(buf, size, "%s", options->target);
   } else if (env && *env) {
     snprintf(buf, size, "%s", env);
-  } else if (tt_default_target(buf, size) != 0) {
-    snprintf(buf, size, "?");
+  } else {
+    char why[512];
+    if (ttd_find_default_daemon(buf, size, why, sizeof(why)) != 0 && tt_default_target(buf, size) != 0) {
+      snprintf(buf, size, "?");
+    }
   }
 }
 

@@ -307,6 +307,27 @@ START_TEST(test_default_target) {
 }
 END_TEST
 
+/* Told no address and finding no ttd, a client names every default address it tried, what
+ * each answered, and how to start ttd. A ttd on the user's own socket is found. */
+START_TEST(test_no_default_daemon_says_where_it_looked) {
+  if (access("/run/ttd/ttd.sock", F_OK) == 0) return; /* a real service answers here */
+  char dir[] = "/tmp/ttd-xdg-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  setenv("XDG_RUNTIME_DIR", dir, 1);
+  unsetenv("TTD_ADDRESS");
+  tt_client *c = NULL;
+  ck_assert_int_eq(tt_connect(NULL, NULL, &c), TT_UNAVAILABLE);
+  const char *e = tt_last_error(c);
+  ck_assert_msg(strstr(e, "no ttd answers at the default addresses") && strstr(e, "unix:/run/ttd/ttd.sock (no such socket)") &&
+                strstr(e, "systemctl start ttd") && strstr(e, "TTD_ADDRESS"), "%s", e);
+  char own[300];
+  snprintf(own, sizeof(own), "unix:%s/ttd.sock (no such socket)", dir);
+  if (geteuid() != 0) ck_assert_msg(strstr(e, own), "%s", e);
+  tt_disconnect(c);
+  rmdir(dir);
+}
+END_TEST
+
 typedef struct worker_arg {
   const ttd_proc *proc;
   int seed;
@@ -369,6 +390,7 @@ Suite *e2e_sessions_suite(void) {
   tcase_add_test(tc, test_call_timeout);
   tcase_add_test(tc, test_tcp_listener_and_env_target);
   tcase_add_test(tc, test_default_target);
+  tcase_add_test(tc, test_no_default_daemon_says_where_it_looked);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -89,6 +89,10 @@ static void start_tls(int mutual) {
 
 /* Connects over TCP with the given files (names in dir, NULL for none); returns the status
  * and, when it worked, checks a round trip of data. */
+static char last_error[2048]; /* connect_tcp's client's last error */
+
+/* Connects to tcp with the given files of dir (NULL: none), moves a tensor there and back;
+ * the status of the connection, and its error text in last_error. */
 static tt_status connect_tcp(const char *ca, const char *cert, const char *key, int insecure) {
   char ca_path[96], cert_path[96], key_path[96];
   tt_connect_options o;
@@ -125,6 +129,7 @@ static tt_status connect_tcp(const char *ca, const char *cert, const char *key, 
     tt_tensor_free(d);
     tt_tensor_free(h);
   }
+  snprintf(last_error, sizeof(last_error), "%s", c ? tt_last_error(c) : "");
   tt_disconnect(c);
   return st;
 }
@@ -207,8 +212,14 @@ START_TEST(test_tls) {
   start_tls(0);
   ck_assert_int_eq(connect_tcp("ca.pem", NULL, NULL, 0), TT_OK);
   /* A client that does not trust the CA, or speaks plain text, gets nowhere. */
+  /* Each says what went wrong, not "is ttd running?". */
   ck_assert_int_eq(connect_tcp("rogue-ca.pem", NULL, NULL, 0), TT_UNAVAILABLE);
+  ck_assert_msg(strstr(last_error, "TLS handshake with ttd at") && strstr(last_error, "not signed by a CA this client trusts"),
+                "%s", last_error);
   ck_assert_int_eq(connect_tcp(NULL, NULL, NULL, 1), TT_UNAVAILABLE);
+  ck_assert_msg(strstr(last_error, "closed the connection during setup: a TLS listener refuses plain text"), "%s",
+                last_error);
+  ck_assert(!strstr(last_error, "is ttd running"));
   /* The Unix socket beside it still serves (plain: its file mode guards it). */
   tt_client *c = harness_connect(&proc, 0);
   tt_disconnect(c);
@@ -238,7 +249,9 @@ START_TEST(test_mutual_tls) {
   ck_assert_int_eq(connect_tcp("ca.pem", "client.pem", "client.key", 0), TT_OK);
   /* No client certificate, or one from another CA: refused in the handshake. */
   ck_assert_int_eq(connect_tcp("ca.pem", NULL, NULL, 0), TT_UNAVAILABLE);
+  ck_assert_msg(strstr(last_error, "client certificate"), "%s", last_error);
   ck_assert_int_eq(connect_tcp("ca.pem", "rogue-client.pem", "rogue-client.key", 0), TT_UNAVAILABLE);
+  ck_assert_msg(strstr(last_error, "client certificate") || strstr(last_error, "tls_cert_file"), "%s", last_error);
   /* The environment variables work like the options. */
   char ca[96], cert[96], key[96];
   path(ca, sizeof(ca), "ca.pem");
