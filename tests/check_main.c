@@ -9,11 +9,15 @@ int main(void) {
   srunner_add_suite(sr, status_suite());
   srunner_add_suite(sr, absl_deadlock_suite());
   srunner_add_suite(sr, cq_spin_suite());
+  srunner_add_suite(sr, wire_frame_suite());
+  srunner_add_suite(sr, block_cache_suite());
   srunner_add_suite(sr, address_suite());
   srunner_add_suite(sr, handle_map_suite());
   srunner_add_suite(sr, config_suite());
   srunner_add_suite(sr, sim_backend_suite());
   srunner_add_suite(sr, session_suite());
+  srunner_add_suite(sr, tensor_proto_suite());
+  srunner_add_suite(sr, inline_tensor_suite());
   srunner_add_suite(sr, tokens_suite());
   srunner_add_suite(sr, scheduler_suite());
   srunner_add_suite(sr, work_queue_suite());

@@ -47,6 +47,11 @@ ttd_status_t ttd_inline_check(const ttd_core *core, const Ttd__V1__InlineTensor 
                            "%s %d ('%.128s') has both data and a shared-memory range; send one of them", what, index, name);
   }
   uint64_t have = wire->shm ? wire->shm->length : (uint64_t)wire->data.len;
+  if (out_spec->nbytes > TTD_INLINE_MAX_BYTES) { /* one alone past the limit: the sum cannot wrap */
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "%s %d ('%.128s') holds %" PRIu64 " bytes; at most %" PRIu64 " (4 MiB) travel inline: upload "
+                           "it and pass its handle", what, index, name, out_spec->nbytes, TTD_INLINE_MAX_BYTES);
+  }
   if (have != out_spec->nbytes) {
     char b1[128];
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,

@@ -12,7 +12,8 @@
 /* Checks one inline tensor against what the program expects (want: dtype and shape) and
  * fills *out_spec on device. what and index name it in messages ("inline input 0 ('x')").
  * INVALID_ARGUMENT for a missing or invalid spec, another device, another dtype or shape, or
- * data (or a shared-memory range) of the wrong size, or both data and a range. */
+ * data (or a shared-memory range) of the wrong size or over TTD_INLINE_MAX_BYTES, or both
+ * data and a range. */
 ttd_status_t ttd_inline_check(const ttd_core *core, const Ttd__V1__InlineTensor *wire, const ttd_value_type *want,
                               const char *what, int index, const char *name, int device, ttd_tensor_spec *out_spec);
 
@@ -21,7 +22,8 @@ ttd_status_t ttd_inline_check_total(uint64_t total, const char *what, const char
 
 /* A device tensor holding the wire tensor's bytes (its data, or its range of a shared-memory
  * segment of the session), charged to the call's session (counted as bytes to the device).
- * NOT_FOUND for a segment the session does not have, INVALID_ARGUMENT for a range outside it. */
+ * NOT_FOUND for a segment the session does not have, INVALID_ARGUMENT for a range outside it,
+ * RESOURCE_EXHAUSTED when the session's quota or the card's memory has no room. */
 ttd_status_t ttd_inline_create(ttd_call *call, const ttd_tensor_spec *spec, const Ttd__V1__InlineTensor *wire,
                                ttd_tensor **out_tensor);
 

@@ -4,6 +4,7 @@
 #include <string.h>
 
 ttd_status_t ttd_memloc_from_proto(int wire, ttd_memloc *out_loc) {
+  *out_loc = TTD_MEM_DRAM;
   switch (wire) {
     case TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_UNSPECIFIED:
     case TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_DRAM: *out_loc = TTD_MEM_DRAM; return TTD_OK;

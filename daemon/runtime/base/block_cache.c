@@ -22,7 +22,7 @@ void *ttd_block_cache_alloc(ttd_block_cache *cache, size_t bytes, size_t *out_si
     int best = -1;
     for (int k = 0; k < TTD_BLOCK_CACHE_SLOTS; k++) {
       size_t have = cache->sizes[k];
-      if (cache->blocks[k] && have >= bytes && have / 2 <= bytes && (best < 0 || have < cache->sizes[best])) best = k;
+      if (cache->blocks[k] && have >= bytes && have - bytes <= bytes && (best < 0 || have < cache->sizes[best])) best = k;
     }
     void *block = NULL;
     if (best >= 0) {

@@ -21,8 +21,9 @@ typedef struct ttd_block_cache {
 void ttd_block_cache_init(ttd_block_cache *cache);
 void ttd_block_cache_destroy(ttd_block_cache *cache); /* frees the blocks kept */
 
-/* 64-byte aligned memory of at least bytes: a kept block of bytes..2*bytes, or a new one;
- * *out_size is the block's real size (give it back to put). NULL when out of memory. */
+/* 64-byte aligned memory of at least bytes: the smallest kept block of bytes..2*bytes, or a
+ * new one; *out_size is the block's real size (pass it back to ttd_block_cache_free). NULL
+ * when out of memory. The cache keeps at most TTD_BLOCK_CACHE_SLOTS blocks. */
 void *ttd_block_cache_alloc(ttd_block_cache *cache, size_t bytes, size_t *out_size);
 
 /* Keeps the block (evicting the smallest kept one if it is smaller) or frees it. */

@@ -66,9 +66,9 @@ int ttd_wire_walk(grpc_byte_buffer *bb, const ttd_wire_visitor *visitor, void *c
     } else if (type == 1 || type == 5) {
       uint64_t v = 0;
       for (int i = 0; i < (type == 1 ? 8 : 4) && rc == 0; i++) {
-        uint8_t b;
+        uint8_t b = 0;
         rc = read_byte(&c, &b);
-        v |= (uint64_t)b << (8 * i);
+        if (rc == 0) v |= (uint64_t)b << (8 * i);
       }
       if (rc == 0 && visitor->number) rc = visitor->number(ctx, field, v);
     } else if (type == 2) {

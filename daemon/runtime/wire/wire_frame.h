@@ -26,7 +26,10 @@ typedef struct ttd_wire_visitor {
 } ttd_wire_visitor;
 
 /* Walks the top-level fields of the message in bb. Returns 0, -1 for a malformed message
- * (truncated, bad varint, group wire types), or what a visitor returned. */
+ * (truncated, bad varint, group wire types), or what a visitor returned. Fields before the
+ * fault have been reported by then: a caller undoes what they did. Unlike protobuf's
+ * readers, it reports a known field of an unexpected wire type to the visitor as it comes
+ * (number or bytes) and every occurrence of a repeated bytes field; the visitor decides. */
 int ttd_wire_walk(grpc_byte_buffer *bb, const ttd_wire_visitor *visitor, void *ctx);
 
 /* A message made of head (packed; may be NULL) followed by field `field` of wire type

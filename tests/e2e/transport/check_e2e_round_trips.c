@@ -667,7 +667,7 @@ START_TEST(test_bad_inline_rejected) {
   bx.inline_inputs = &wire;
   bx.n_inline_inputs = 1;
   rpc("Execute", &bx.base, NULL, 3,
-      "inline inputs add up to 4400000 bytes; at most 4194304 (4 MiB) travel inline: upload larger tensors and pass their handles");
+      "inline input 0 ('x') holds 4400000 bytes; at most 4194304 (4 MiB) travel inline: upload it and pass its handle");
   uint64_t big_handle = put(big, 1100, 1000);
   bx.inline_inputs = NULL;
   bx.n_inline_inputs = 0;
