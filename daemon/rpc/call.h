@@ -12,6 +12,7 @@
 
 #include <grpc/grpc.h>
 #include <protobuf-c/protobuf-c.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "core/core.h"
@@ -63,6 +64,7 @@ typedef struct ttd_call {
    * sending zero-copy views): the poller runs them itself instead of handing each one to a
    * work-queue thread, two thread wake-ups fewer per message. */
   bool light_events;
+  atomic_bool on_device; /* handed to the scheduler: queued for or running on a card */
   /* The server's list of calls a client has started (rpc/server.c). */
   struct ttd_call *active_prev, *active_next;
   bool active_listed;

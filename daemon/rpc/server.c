@@ -70,9 +70,13 @@ static void active_remove(ttd_call *c) {
 static const char shutting_down[] = "ttd is shutting down: its drain timeout passed before this call finished; "
                                     "reconnect when it is back";
 
+/* Device calls are left alone: a program on the card cannot be stopped, and the stop waits
+ * for it in any case, so it answers with its result; those queued behind it are answered
+ * UNAVAILABLE the moment their turn comes (the server is cancelling). */
 static void active_cancel_all(ttd_server *server) {
   pthread_mutex_lock(&server->lock);
   for (ttd_call *c = server->active; c; c = c->active_next) {
+    if (atomic_load(&c->on_device)) continue;
     grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE, shutting_down, NULL);
   }
   pthread_mutex_unlock(&server->lock);
@@ -290,6 +294,7 @@ static void on_call_arrived(ttd_call *c) {
         c->request = request;
         c->job.key = c->session ? c->session->id : 0;
         c->job.run = run_scheduled;
+        atomic_store(&c->on_device, true);
         ttd_scheduler_submit(c->core->scheduler, device, &c->job);
         return;
       }
@@ -756,7 +761,6 @@ void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
     atomic_store(&server->cancelling, true);
     if (!wait_shutdown_done(server, TTD_CANCEL_GRACE_MS)) {
       active_cancel_all(server);
-      grpc_server_cancel_all_calls(server->server); /* calls not yet started by a client */
       wait_shutdown_done(server, -1);
     }
   }
