@@ -254,10 +254,35 @@ ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *hand
   return status;
 }
 
+/* Whether a and b were compiled from the same graph (the cache may have made b anew). */
+static bool same_program(const ttd_program *a, const ttd_program *b) {
+  return a == b || (a->key && b->key && a->hash == b->hash && a->key_len == b->key_len &&
+                    memcmp(a->key, b->key, a->key_len) == 0);
+}
+
 ttd_status_t ttd_session_program_add(ttd_session *session, ttd_program *program, uint64_t *out_handle) {
-  ttd_program_retain(program);
-  ttd_status_t status = add_object(session, &session->programs, program, 0, out_handle);
-  if (status) ttd_program_release(program);
+  *out_handle = 0;
+  ttd_status_t status = TTD_OK;
+  pthread_mutex_lock(&session->lock);
+  const ttd_handle_map *m = &session->programs;
+  for (size_t i = 0; i < m->capacity && !*out_handle; i++) {
+    if (m->keys[i] && same_program(m->values[i], program)) *out_handle = m->keys[i];
+  }
+  if (*out_handle) {
+    /* already held */
+  } else if (session->closed) {
+    status = closed_status(session);
+  } else if (m->count >= TTD_SESSION_MAX_PROGRAMS) {
+    status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                             "session %016" PRIx64 " holds %d programs, the most one session may; compile fewer "
+                             "distinct graphs (or shapes) in one session, or open another session", session->id,
+                             TTD_SESSION_MAX_PROGRAMS);
+  } else {
+    ttd_program_retain(program);
+    status = add_locked(session, &session->programs, program, 0, out_handle);
+    if (status) ttd_program_release(program);
+  }
+  pthread_mutex_unlock(&session->lock);
   return status;
 }
 

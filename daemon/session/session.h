@@ -96,7 +96,13 @@ ttd_status_t ttd_handles_check_distinct(const uint64_t *handles, size_t count);
 ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *handles, size_t count,
                                       uint64_t *out_tensors, uint64_t *out_bytes);
 
-/* Adds a program under a new random handle (the session takes its own reference). */
+/* Programs one session may hold: each is host memory of the daemon. */
+#define TTD_SESSION_MAX_PROGRAMS 256
+
+/* The session's handle of program: the one it already has for a program of the same graph
+ * (compiling a graph again is idempotent), else a new random one (the session takes its own reference).
+ * RESOURCE_EXHAUSTED past TTD_SESSION_MAX_PROGRAMS distinct programs, FAILED_PRECONDITION
+ * when closed. */
 ttd_status_t ttd_session_program_add(ttd_session *session, ttd_program *program, uint64_t *out_handle);
 
 /* A new reference to the program under handle, or NOT_FOUND. */

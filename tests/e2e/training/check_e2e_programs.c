@@ -66,7 +66,7 @@ static Ttd__V1__CompileResponse *compile(graph_builder *b, int want_code, const 
 }
 
 /* A valid MLP compiles: parameters listed in order and the output shape inferred [64, 10];
- * compiling it again is served from the cache with a new handle. */
+ * compiling it again is served from the cache, under the same handle of the session. */
 START_TEST(test_compile_mlp_and_cache) {
   graph_builder b;
   mlp(&b);
@@ -83,9 +83,24 @@ START_TEST(test_compile_mlp_and_cache) {
   ck_assert_int_eq(r1->outputs[0]->shape[1], 10);
   Ttd__V1__CompileResponse *r2 = compile(&b, 0, NULL);
   ck_assert_int_eq(r2->cached, 1);
-  ck_assert_uint_ne(r2->program, r1->program);
+  ck_assert_uint_eq(r2->program, r1->program);
   ttd__v1__compile_response__free_unpacked(r1, NULL);
   ttd__v1__compile_response__free_unpacked(r2, NULL);
+}
+END_TEST
+
+/* A session holds at most TTD_SESSION_MAX_PROGRAMS distinct programs: one more is
+ * RESOURCE_EXHAUSTED naming the bound, while one it holds still compiles (to its handle). */
+START_TEST(test_programs_per_session_bounded) {
+  uint64_t first = gb_compile_relu(proc.target, session, 1, 1, 0);
+  for (int64_t n = 2; n <= 256; n++) gb_compile_relu(proc.target, session, 1, n, 0);
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, 1, 257, 0, 0, 0);
+  gb_node(&b, "y", "relu", "x", NULL, NULL);
+  gb_output(&b, "y");
+  ck_assert_ptr_null(compile(&b, 8, "holds 256 programs, the most one session may"));
+  ck_assert_uint_eq(gb_compile_relu(proc.target, session, 1, 1, 0), first);
 }
 END_TEST
 
@@ -619,6 +634,7 @@ Suite *e2e_programs_suite(void) {
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, test_compile_mlp_and_cache);
   tcase_add_test(tc, test_compile_conv_shapes);
+  tcase_add_test(tc, test_programs_per_session_bounded);
   tcase_add_test(tc, test_bad_graphs);
   tcase_add_test(tc, test_execute_mlp_matches_reference);
   tcase_add_test(tc, test_backward_matches_finite_differences);
