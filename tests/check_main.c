@@ -46,6 +46,7 @@ int main(void) {
   srunner_add_suite(sr, e2e_programs_suite());
   srunner_add_suite(sr, e2e_modules_suite());
   srunner_add_suite(sr, e2e_dropout_suite());
+  srunner_add_suite(sr, e2e_shapes_suite());
   srunner_add_suite(sr, e2e_metrics_suite());
   srunner_add_suite(sr, e2e_tenants_suite());
   srunner_add_suite(sr, e2e_fairness_suite());

@@ -260,6 +260,8 @@ tt_value tt_graph_param_from(tt_graph *graph, const char *name, const tt_tensor 
 tt_value tt_graph_op(tt_graph *graph, const char *op, const tt_value *inputs, int n_inputs, const char *attrs);
 /* Marks a value as an output of the graph (in call order). Returns 0 or -1. */
 int tt_graph_output(tt_graph *graph, tt_value value);
+/* The number of outputs marked so far; -1 for a NULL graph. */
+int tt_graph_output_count(const tt_graph *graph);
 /* The inferred shape of value: *out_ndim dims into out_shape (TT_MAX_DIMS long). -1 if invalid. */
 int tt_graph_shape(const tt_graph *graph, tt_value value, int64_t *out_shape, int *out_ndim);
 
@@ -292,16 +294,32 @@ const char *tt_module_device(const tt_module *module);
 
 int tt_module_param_count(const tt_module *module);
 const char *tt_module_param_name(const tt_module *module, int index); /* NULL if out of range */
+/* The number of outputs of the module's graph: tt_forward fills that many; -1 for NULL. */
+int tt_module_output_count(const tt_module *module);
 /* A new reference to the named parameter, where the module is; NULL (NOT_FOUND) if absent. */
 tt_tensor *tt_module_param(tt_module *module, const char *name);
 
 /* Runs forward: n_inputs tensors on the module's device, in the graph's input order, with
- * the declared dtypes and shapes; outputs[i] receives a new tensor on the module's device
- * for each graph output. */
+ * the declared dtypes and ranks; outputs[i] receives a new tensor on the module's device for
+ * each graph output (tt_module_output_count), of the shape this forward's inputs give.
+ * Dims may differ from the declared ones (a batch of 1, an epoch's last partial batch)
+ * wherever the graph's shape inference accepts them: the first forward at new input dims
+ * compiles the graph for them (on a card, a Compile call; an op that does not accept them,
+ * such as a reshape naming the declared batch, fails with INVALID_ARGUMENT naming the node),
+ * with the same parameters, and the module keeps that program for the next forward at those
+ * dims: 8 such programs besides the declared one, the least recently used dropped. Its
+ * backward, and the optimizer steps after it, follow. Another dtype or rank fails with
+ * INVALID_ARGUMENT naming the input and the declared dtype and shape. A module is used by one
+ * thread at a time. */
 tt_status tt_forward(tt_module *module, tt_tensor *const *inputs, int n_inputs, tt_tensor **outputs);
 
-/* Training mode (the default, as torch's train()): a forward on a card keeps what backward
- * needs until its outputs are freed or backpropagated. 0 turns it off (eval). */
+/* Training mode (the default, as torch's train()): a forward keeps what backward needs until
+ * its outputs are freed or backpropagated, and each forward draws new dropout masks (from
+ * each dropout node's seed and the count of the module's training forwards, on a card and on
+ * "cpu" alike, so the same forwards give the same masks on both). 0 is torch's eval():
+ * dropout passes its input through, and the count stays. On a ttd too old for dropout
+ * modes, a forward that needs one (in eval, or any training forward but the first) fails
+ * with TT_UNIMPLEMENTED. */
 void tt_module_train(tt_module *module, int training);
 
 /* Saves the module's parameters (wherever they are) as a safetensors file named by

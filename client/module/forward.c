@@ -1,7 +1,8 @@
-/* tt_forward: on "cpu" in process (local.c), on a card as one Execute call. An Execute
- * carries, before its forward, the Backward tt_backward left waiting on the module (with
- * the work queued before it) and the work queued since; small deferred inputs travel inside
- * it and small outputs come back inside its answer. */
+/* tt_forward: the program of the inputs' shapes (shapes.c), in the module's mode (eval, or
+ * training at its next dropout step), run on "cpu" in process (local.c) or on a card as one
+ * Execute call. An Execute carries, before its forward, the Backward tt_backward left waiting
+ * on the module (with the work queued before it) and the work queued since; small deferred
+ * inputs travel inside it and small outputs come back inside its answer. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,23 +25,11 @@ static tt_status check_inputs(tt_module *m, tt_tensor *const *inputs, int n_inpu
   return TT_OK;
 }
 
-static tt_status ensure_program(tt_module *m) {
-  if (m->program) return TT_OK;
-  Ttd__V1__CompileRequest req = TTD__V1__COMPILE_REQUEST__INIT;
-  req.graph = m->graph;
-  ProtobufCMessage *out = NULL;
-  tt_status st = tt_rpc_unary(m->client, TT_RPC_COMPILE, &req.base, &ttd__v1__compile_response__descriptor, &out);
-  if (st != TT_OK) return st;
-  m->program = ((Ttd__V1__CompileResponse *)out)->program;
-  protobuf_c_message_free_unpacked(out, NULL);
-  return TT_OK;
-}
-
-/* Bytes of all of m's outputs. */
-static uint64_t outputs_nbytes(const tt_module *m) {
+/* Bytes of all of program's outputs. */
+static uint64_t outputs_nbytes(const ttd_program *p) {
   uint64_t total = 0;
-  for (int o = 0; o < m->local->n_outputs; o++) {
-    const ttd_value_type *t = &m->local->values[m->local->outputs[o]].type;
+  for (int o = 0; o < p->n_outputs; o++) {
+    const ttd_value_type *t = &p->values[p->outputs[o]].type;
     total += (uint64_t)ttd_kshape_numel(&t->shape) * ttd_dtype_size(t->dtype);
   }
   return total;
@@ -86,10 +75,11 @@ static tt_status execute_inputs(execute_call *x, tt_tensor *const *inputs, int n
   return TT_OK;
 }
 
-/* Makes the Execute of m on inputs, with what is queued on m riding along: the previous
- * step's Backward (run first, with what was queued before it), then the work queued since
- * (the step), then this forward. */
-static tt_status execute_prepare(tt_module *m, tt_tensor *const *inputs, int n_inputs, execute_call *x) {
+/* Makes the Execute of program p of m on inputs, with what is queued on m riding along: the
+ * previous step's Backward (run first, with what was queued before it), then the work queued
+ * since (the step), then this forward, in m's mode (which takes a dropout step). */
+static tt_status execute_prepare(tt_module *m, const tt_module_program *p, tt_tensor *const *inputs, int n_inputs,
+                                 execute_call *x) {
   memset(x, 0, sizeof(*x));
   ttd__v1__execute_request__init(&x->req);
   size_t n = (size_t)n_inputs + 1;
@@ -110,7 +100,7 @@ static tt_status execute_prepare(tt_module *m, tt_tensor *const *inputs, int n_i
   }
   if (tt_inline_enabled(m->client)) TT_RETURN_IF_FAILED(tt_module_take_work(m, &x->work, &x->req.before));
   for (int i = 0; i < m->n_params; i++) x->par[i] = m->params[i]->handle;
-  x->req.program = m->program;
+  x->req.program = p->handle;
   x->req.inputs = x->in;
   x->req.n_inputs = (size_t)n_inputs;
   x->req.parameters = x->par;
@@ -119,11 +109,36 @@ static tt_status execute_prepare(tt_module *m, tt_tensor *const *inputs, int n_i
   x->req.inline_inputs = x->wire_ptrs;
   /* Outputs of a module in training, or trained on this card, come back as bytes only (the
    * loss runs on the CPU and backward needs the run, not them); else as handles too. */
-  if (tt_inline_enabled(m->client) && outputs_nbytes(m) <= TTD_INLINE_MAX_BYTES) {
+  if (tt_inline_enabled(m->client) && outputs_nbytes(p->local) <= TTD_INLINE_MAX_BYTES) {
     x->req.output_mode = m->training || m->loop_device >= 0 ? TTD__V1__OUTPUT_MODE__OUTPUT_MODE_INLINE
                                                             : TTD__V1__OUTPUT_MODE__OUTPUT_MODE_HANDLES_AND_INLINE;
   }
+  ttd_run_mode mode = tt_module_next_mode(m);
+  x->req.eval = mode.eval;
+  x->req.dropout_step = mode.dropout_step;
   return TT_OK;
+}
+
+/* A daemon that ignores ExecuteRequest.eval and dropout_step ran the forward in training at
+ * step 0: refused when the request asked for anything else. */
+static tt_status check_mode(tt_module *m, const Ttd__V1__ExecuteRequest *req, const Ttd__V1__ExecuteResponse *resp) {
+  if ((!req->eval && !req->dropout_step) || resp->mode_applied) return TT_OK;
+  return tt_client_fail(m->client, TT_UNIMPLEMENTED,
+                        "ttd is too old for dropout modes: it ran this forward in training at dropout step 0, not %s; "
+                        "upgrade ttd",
+                        req->eval ? "in eval mode" : "at the module's dropout step");
+}
+
+/* An answer refused here: its run is released and its outputs freed on the card. */
+static void discard_answer(tt_module *m, const Ttd__V1__ExecuteResponse *resp) {
+  if (resp->run) tt_run_ref_release(tt_run_ref_create(m, NULL, (int)resp->n_outputs, resp->run, NULL));
+  uint64_t *handles = calloc(resp->n_outputs + 1, sizeof(uint64_t));
+  size_t n = 0;
+  for (size_t o = 0; handles && o < resp->n_outputs; o++) {
+    if (resp->outputs[o]->handle) handles[n++] = resp->outputs[o]->handle;
+  }
+  if (n) tt_rpc_free_quiet(m->client, handles, n);
+  free(handles);
 }
 
 /* Ends the Backward the Execute carried, if any, as the answer (NULL: none, st says why)
@@ -143,9 +158,11 @@ static tt_status execute_end_carried(tt_module *m, execute_call *x, tt_status st
   return st;
 }
 
-/* The output tensors of an answered Execute, sharing its run (when kept for backward). */
-static tt_status take_outputs(tt_module *m, const Ttd__V1__ExecuteResponse *resp, tt_tensor **outputs) {
-  tt_run_ref *ref = resp->run ? tt_run_ref_create(m, (int)resp->n_outputs, resp->run, NULL) : NULL;
+/* The output tensors of an answered Execute of program, sharing its run (when kept for
+ * backward). */
+static tt_status take_outputs(tt_module *m, ttd_program *program, const Ttd__V1__ExecuteResponse *resp,
+                              tt_tensor **outputs) {
+  tt_run_ref *ref = resp->run ? tt_run_ref_create(m, program, (int)resp->n_outputs, resp->run, NULL) : NULL;
   if (resp->run && !ref) return TT_RESOURCE_EXHAUSTED;
   tt_status st = TT_OK;
   for (size_t o = 0; o < resp->n_outputs; o++) {
@@ -177,19 +194,21 @@ static tt_status take_outputs(tt_module *m, const Ttd__V1__ExecuteResponse *resp
   return st;
 }
 
-static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_inputs, tt_tensor **outputs) {
-  TT_RETURN_IF_FAILED(ensure_program(m));
+static tt_status forward_device(tt_module *m, tt_module_program *p, tt_tensor *const *inputs, int n_inputs,
+                                tt_tensor **outputs) {
+  TT_RETURN_IF_FAILED(tt_module_program_on_card(m, p));
   execute_call x;
-  tt_status st = execute_prepare(m, inputs, n_inputs, &x);
+  tt_status st = execute_prepare(m, p, inputs, n_inputs, &x);
   ProtobufCMessage *out = NULL;
   if (st == TT_OK) st = tt_rpc_unary(m->client, TT_RPC_EXECUTE, &x.req.base, &ttd__v1__execute_response__descriptor, &out);
   const Ttd__V1__ExecuteResponse *resp = (const Ttd__V1__ExecuteResponse *)out;
   st = execute_end_carried(m, &x, st, st == TT_OK ? resp : NULL);
+  if (st == TT_OK) st = check_mode(m, &x.req, resp);
   execute_call_free(&x);
   if (st == TT_OK) {
-    st = take_outputs(m, resp, outputs);
-  } else if (resp && resp->run) { /* answered, but refused here: its run is released on the card */
-    tt_run_ref_release(tt_run_ref_create(m, (int)resp->n_outputs, resp->run, NULL));
+    st = take_outputs(m, p->local, resp, outputs);
+  } else if (resp) { /* answered, but refused here */
+    discard_answer(m, resp);
   }
   if (out) protobuf_c_message_free_unpacked(out, NULL);
   return st;
@@ -198,8 +217,10 @@ static tt_status forward_device(tt_module *m, tt_tensor *const *inputs, int n_in
 tt_status tt_forward(tt_module *m, tt_tensor *const *inputs, int n_inputs, tt_tensor **outputs) {
   for (int o = 0; o < m->local->n_outputs; o++) outputs[o] = NULL;
   TT_RETURN_IF_FAILED(check_inputs(m, inputs, n_inputs));
-  tt_status st = m->place.is_host ? tt_module_forward_local(m, inputs, n_inputs, outputs)
-                                  : forward_device(m, inputs, n_inputs, outputs);
+  tt_module_program *p = tt_module_program_for(m, inputs, n_inputs);
+  if (!p) return tt_errcode(m->client);
+  tt_status st = m->place.is_host ? tt_module_forward_local(m, p, inputs, n_inputs, outputs)
+                                  : forward_device(m, p, inputs, n_inputs, outputs);
   if (st != TT_OK) {
     for (int o = 0; o < m->local->n_outputs; o++) {
       tt_tensor_free(outputs[o]);

@@ -302,6 +302,8 @@ int tt_graph_output(tt_graph *g, tt_value value) {
   return 0;
 }
 
+int tt_graph_output_count(const tt_graph *g) { return g ? g->n_outputs : -1; }
+
 int tt_graph_shape(const tt_graph *g, tt_value value, int64_t *out_shape, int *out_ndim) {
   if (!g || value < 0 || value >= g->n_values) return -1;
   *out_ndim = g->values[value].ndim;

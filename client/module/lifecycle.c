@@ -90,6 +90,7 @@ tt_module *tt_compile(tt_client *client, const tt_graph *graph) {
     tt_module_free(m);
     return NULL;
   }
+  m->declared.local = m->local;
   m->n_params = m->local->n_params;
   m->params = calloc((size_t)m->n_params + 1, sizeof(*m->params));
   m->grad_handles = calloc((size_t)m->n_params + 1, sizeof(uint64_t));
@@ -123,6 +124,12 @@ void tt_module_free(tt_module *m) {
 }
 
 void tt_module_train(tt_module *m, int training) { m->training = training != 0; }
+
+ttd_run_mode tt_module_next_mode(tt_module *m) {
+  ttd_run_mode mode = {.eval = !m->training};
+  if (m->training) mode.dropout_step = m->dropout_step++;
+  return mode;
+}
 
 tt_tensor *tt_module_place_param(tt_tensor *t) {
   if (!t) return NULL;
@@ -177,6 +184,7 @@ tt_status tt_module_to(tt_module *m, const char *device) {
 
 const char *tt_module_device(const tt_module *m) { return m->device_name; }
 int tt_module_param_count(const tt_module *m) { return m->n_params; }
+int tt_module_output_count(const tt_module *m) { return m ? m->local->n_outputs : -1; }
 
 const char *tt_module_param_name(const tt_module *m, int index) {
   if (index < 0 || index >= m->n_params) return NULL;

@@ -1,5 +1,6 @@
 /* Modules on "cpu": forward and backward in process, on the process's own simulated card,
- * which runs the kernels a card of the daemon runs; its capacity is host memory. */
+ * which runs the kernels a card of the daemon runs, in the mode a card would (eval, or the
+ * module's dropout step); its capacity is host memory. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +43,8 @@ static ttd_tensor *to_local(tt_client *c, const tt_tensor *t) {
   return out;
 }
 
-tt_status tt_module_forward_local(tt_module *m, tt_tensor *const *inputs, int n_inputs, tt_tensor **outputs) {
+tt_status tt_module_forward_local(tt_module *m, const tt_module_program *p, tt_tensor *const *inputs, int n_inputs,
+                                  tt_tensor **outputs) {
   if (!card(m->client)) return tt_errcode(m->client);
   int n = n_inputs + m->n_params;
   ttd_tensor **local = calloc((size_t)n + 1, sizeof(*local));
@@ -53,19 +55,21 @@ tt_status tt_module_forward_local(tt_module *m, tt_tensor *const *inputs, int n_
   }
   ttd_run *run = NULL;
   if (st == TT_OK) {
-    ttd_status_t s = ttd_run_forward(local_card, NULL, m->local, local, n_inputs, local + n_inputs, m->n_params, &run);
+    ttd_run_mode mode = tt_module_next_mode(m);
+    ttd_status_t s = ttd_run_forward_mode(local_card, NULL, p->local, local, n_inputs, local + n_inputs, m->n_params,
+                                          &mode, &run);
     if (s) st = tt_client_fail_status(m->client, s);
   }
-  for (int o = 0; st == TT_OK && o < m->local->n_outputs; o++) {
-    const ttd_tensor *t = run->values[m->local->outputs[o]];
+  for (int o = 0; st == TT_OK && o < p->local->n_outputs; o++) {
+    const ttd_tensor *t = run->values[p->local->outputs[o]];
     outputs[o] = tt_tensor_from_host(m->client, NULL, (tt_dtype)t->spec.dtype, t->spec.shape, t->spec.ndim);
     if (!outputs[o]) st = TT_RESOURCE_EXHAUSTED;
     else local_card->vtable->buffer_read(local_card, t->buffer, 0, outputs[o]->data, t->spec.nbytes);
   }
-  tt_run_ref *ref = st == TT_OK && m->training ? tt_run_ref_create(m, m->local->n_outputs, 0, run) : NULL;
+  tt_run_ref *ref = st == TT_OK && m->training ? tt_run_ref_create(m, p->local, p->local->n_outputs, 0, run) : NULL;
   if (ref) {
     run = NULL; /* the outputs keep it for backward */
-    for (int o = 0; o < m->local->n_outputs; o++) {
+    for (int o = 0; o < p->local->n_outputs; o++) {
       outputs[o]->run = &tt_run_ref_retain(ref)->tie;
       outputs[o]->output_index = o;
     }

@@ -54,16 +54,32 @@ typedef struct tt_queued_work {
 
 typedef struct tt_run_ref tt_run_ref;
 
+/* Programs of other input dims a module keeps (shapes.c), the least recently used evicted. */
+#define TT_MODULE_SHAPES 8
+
+/* The module's graph compiled for one set of input dims. */
+typedef struct tt_module_program {
+  ttd_program *local; /* compiled in process: output shapes, and the CPU path */
+  uint64_t handle;    /* the daemon's program handle; 0 until compiled there */
+  int64_t *dims;      /* the inputs' dims one after another (NULL: the graph's declared ones) */
+  uint64_t used;      /* the module's forward count when a forward last chose it */
+} tt_module_program;
+
 struct tt_module {
   atomic_int refs;       /* the user's, plus one per pending run's outputs */
   tt_client *client;
   Ttd__V1__Graph *graph; /* owned copy (protobuf-c allocated) */
-  ttd_program *local;    /* the graph compiled in process: shapes, and the CPU path */
+  ttd_program *local;    /* the graph compiled in process: names, counts, declared shapes */
+  tt_module_program declared;                 /* local (not another reference) and its handle */
+  tt_module_program shapes[TT_MODULE_SHAPES]; /* other input dims; n_shapes of them in use */
+  int n_shapes;
+  uint64_t forwards;     /* forwards begun: the clock of shapes[].used */
+  uint64_t dropout_step; /* training forwards run, on a card and on "cpu": each draws its own
+                          * dropout masks (ExecuteRequest.dropout_step) */
   int n_params;
   tt_tensor **params;    /* where the module is */
   tt_place place;
   char device_name[24];
-  uint64_t program;      /* the daemon's program handle; 0 until compiled there */
   bool training;         /* forward keeps activations for backward (torch's train()) */
   uint64_t *grad_handles; /* per parameter: its .grad on the daemon (0: none yet) */
   int pending_runs;      /* training forwards not yet backpropagated or released */
@@ -154,6 +170,8 @@ struct tt_run_ref {
   atomic_int refs;
   tt_client *client;
   tt_module *module;
+  ttd_program *program; /* its forward's (one reference): the outputs' shapes; NULL for a run
+                         * only released */
   uint64_t run;        /* the daemon's run; 0 once backpropagated or released */
   ttd_run *local_run;  /* a module on "cpu": the in-process run; NULL once used */
   int n_outputs;
@@ -169,9 +187,10 @@ static inline tt_run_ref *tt_run_ref_retain(tt_run_ref *ref) {
 /* The run an output of a training forward holds (NULL for other tensors). */
 static inline tt_run_ref *tt_tensor_run(const tt_tensor *t) { return (tt_run_ref *)t->run; }
 
-/* A run shared by a training forward's outputs (run, or local_run on "cpu"); one reference
- * for the caller, one on m. NULL (recorded) when out of memory. */
-tt_run_ref *tt_run_ref_create(tt_module *m, int n_outputs, uint64_t run, ttd_run *local_run);
+/* A run shared by a training forward's outputs (run, or local_run on "cpu") of program (the
+ * forward's, retained; NULL for a run only to release); one reference for the caller, one on
+ * m. NULL (recorded) when out of memory. */
+tt_run_ref *tt_run_ref_create(tt_module *m, ttd_program *program, int n_outputs, uint64_t run, ttd_run *local_run);
 
 /* The last reference releases the daemon's run, or frees the in-process one. */
 void tt_run_ref_release(tt_run_ref *ref);
@@ -229,15 +248,36 @@ tt_status tt_module_defer_work(tt_module *m, tt_param_op op, tt_optim_kind optim
  * before tensor (a parameter or a .grad) is read or moved; OK at once for other tensors. */
 tt_status tt_module_flush_pending(const tt_tensor *tensor);
 
+/* ---- programs per input shape (shapes.c) ---- */
+
+/* The program a forward of m on inputs (their count and place checked) runs: the declared
+ * one for the declared dims, and for a dtype or rank other than declared (the run refuses
+ * those with its usual message); else the one of the inputs' dims, from m's cache or
+ * compiled now (on a card by the daemon's Compile, whose error names the node) and cached,
+ * the least recently used of TT_MODULE_SHAPES evicted. NULL (recorded) on error. */
+tt_module_program *tt_module_program_for(tt_module *m, tt_tensor *const *inputs, int n_inputs);
+
+/* Compiles p on the daemon, unless it has its handle already. */
+tt_status tt_module_program_on_card(tt_module *m, tt_module_program *p);
+
+/* Lets go of m's programs of other dims (the declared one stays). */
+void tt_module_programs_clear(tt_module *m);
+
 /* ---- modules on "cpu": the in-process card (local.c) ---- */
 
-/* Forward on the in-process card; a training forward's outputs share its run. */
-tt_status tt_module_forward_local(tt_module *m, tt_tensor *const *inputs, int n_inputs, tt_tensor **outputs);
+/* Forward of program p on the in-process card, in the module's mode; a training forward's
+ * outputs share its run. */
+tt_status tt_module_forward_local(tt_module *m, const tt_module_program *p, tt_tensor *const *inputs, int n_inputs,
+                                  tt_tensor **outputs);
 
 /* Backward of an in-process run: accumulates the parameters' host gradients and frees the run. */
 tt_status tt_module_backward_local(tt_module *m, tt_run_ref *ref);
 
 /* ---- making, moving and reading a module (lifecycle.c) ---- */
+
+/* The mode of m's next forward, the same on a card and on "cpu": eval when m is not
+ * training; else training at m's next dropout step (counted). */
+ttd_run_mode tt_module_next_mode(tt_module *m);
 
 /* A tensor becoming one of m's parameters: on a card it needs its handle now (a deferred
  * tt_to is uploaded) and no host copy (optimizers write parameters in place). Takes t;

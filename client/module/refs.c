@@ -37,6 +37,7 @@ void tt_module_unref(tt_module *m) {
   free(m->grad_handles);
   for (int i = 0; m->host_grads && i < m->n_params; i++) tt_tensor_free(m->host_grads[i]);
   free(m->host_grads);
+  tt_module_programs_clear(m);
   ttd_program_release(m->local);
   if (m->graph) ttd__v1__graph__free_unpacked(m->graph, NULL);
   free(m);

@@ -8,9 +8,10 @@
 
 #include "module/module.h"
 
-/* The shape of output i of module into shape; returns its element count, *out_ndim its dims. */
-static uint64_t output_shape(const tt_module *m, int i, int64_t *shape, int *out_ndim) {
-  const ttd_kshape *s = &m->local->values[m->local->outputs[i]].type.shape;
+/* The shape of output i of ref's forward into shape (the program's: the input dims it ran
+ * at); returns its element count, *out_ndim its dims. */
+static uint64_t output_shape(const tt_run_ref *ref, int i, int64_t *shape, int *out_ndim) {
+  const ttd_kshape *s = &ref->program->values[ref->program->outputs[i]].type.shape;
   memcpy(shape, s->d, sizeof(int64_t) * (size_t)s->ndim);
   *out_ndim = s->ndim;
   uint64_t numel = 1;
@@ -34,7 +35,7 @@ static void release_on_card(const tt_run_ref *ref) {
 
 static void release_tie(tt_tensor_tie *tie) { tt_run_ref_release((tt_run_ref *)tie); }
 
-tt_run_ref *tt_run_ref_create(tt_module *m, int n_outputs, uint64_t run, ttd_run *local_run) {
+tt_run_ref *tt_run_ref_create(tt_module *m, ttd_program *program, int n_outputs, uint64_t run, ttd_run *local_run) {
   tt_run_ref *ref = calloc(1, sizeof(*ref));
   if (ref) ref->output_grads = calloc((size_t)n_outputs + 1, sizeof(float *));
   if (!ref || !ref->output_grads) {
@@ -46,6 +47,7 @@ tt_run_ref *tt_run_ref_create(tt_module *m, int n_outputs, uint64_t run, ttd_run
   atomic_init(&ref->refs, 1);
   ref->client = m->client;
   ref->module = tt_module_retain(m); /* outputs may outlive the user's module reference */
+  ref->program = program ? ttd_program_retain(program) : NULL; /* m's cache may evict it meanwhile */
   ref->run = run;
   ref->local_run = local_run;
   ref->n_outputs = n_outputs;
@@ -68,6 +70,7 @@ void tt_run_ref_release(tt_run_ref *ref) {
   }
   for (int i = 0; ref->output_grads && i < ref->n_outputs; i++) free(ref->output_grads[i]);
   free(ref->output_grads);
+  ttd_program_release(ref->program);
   tt_module_unref(ref->module); /* its reference */
   free(ref);
 }
@@ -103,7 +106,7 @@ static uint64_t output_grad_bytes(const tt_run_ref *ref) {
     if (!ref->output_grads[i]) continue;
     int64_t shape[TT_MAX_DIMS];
     int ndim;
-    total += output_shape(ref->module, i, shape, &ndim) * sizeof(float);
+    total += output_shape(ref, i, shape, &ndim) * sizeof(float);
   }
   return total;
 }
@@ -148,7 +151,7 @@ static tt_status backward_grads_fill(tt_run_ref *ref, backward_grads *g, Ttd__V1
       continue;
     }
     int ndim;
-    uint64_t numel = output_shape(ref->module, i, g->shapes[i], &ndim);
+    uint64_t numel = output_shape(ref, i, g->shapes[i], &ndim);
     if (inline_grads) {
       fill_inline(g, i, place, ref->output_grads[i], ndim, numel);
     } else if (fast) {

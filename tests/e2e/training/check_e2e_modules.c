@@ -1,6 +1,7 @@
 /* Graphs and modules through the client library and a real ttd: a model in a few lines with
  * shapes inferred at each line, torch's default initialisation, a module on "cpu" running in
- * process and the same module on the card giving the same outputs, and clear errors. */
+ * process and the same module on the card giving the same outputs, and clear errors; dropout
+ * following the module's mode and its count of training forwards, on the card and on "cpu". */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -9,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels.h"
 #include "suites.h"
 #include "ttd_harness.h"
 
@@ -51,10 +53,14 @@ START_TEST(test_graph_shapes_and_init) {
   ck_assert_int_eq(ndim, 2);
   ck_assert_int_eq(shape[0], N);
   ck_assert_int_eq(shape[1], H);
+  ck_assert_int_eq(tt_graph_output_count(g), 0);
   tt_graph_output(g, y);
+  ck_assert_int_eq(tt_graph_output(g, x), 0);
+  ck_assert_int_eq(tt_graph_output_count(g), 2);
   tt_module *m = tt_compile(client, g);
   tt_graph_free(g);
   ck_assert_ptr_nonnull(m);
+  ck_assert_int_eq(tt_module_output_count(m), 2);
   ck_assert_int_eq(tt_module_param_count(m), 2);
   ck_assert_str_eq(tt_module_param_name(m, 0), "linear1.weight");
   ck_assert_str_eq(tt_module_param_name(m, 1), "linear1.bias");
@@ -516,6 +522,142 @@ START_TEST(test_two_training_processes) {
 }
 END_TEST
 
+/* ---- dropout through modules ---- */
+
+enum { DR = 16, DC = 64, DN = DR * DC, DR_SMALL = 8 };
+#define DROP_SEED 4242u
+#define DROP_P 0.5f /* dropout's default p */
+
+static const char *const drop_devices[] = {"cpu", "tt"};
+static float drop_x[DN];
+
+/* y = dropout(x * w) of x [rows, DC] with w a [DC] parameter of ones: y is dropout(x) itself
+ * (x * 1 is x), and the gradient of w under sum(y) is the column sums of y. */
+static tt_module *dropout_module(const char *device) {
+  for (int i = 0; i < DN; i++) drop_x[i] = (float)(i % 89) * 0.25f - 10.125f; /* never 0 */
+  tt_graph *g = tt_graph_create(client, 3);
+  tt_value x = tt_graph_input(g, "x", TT_FLOAT32, (int64_t[]){DR, DC}, 2);
+  tt_value xw[2] = {x, tt_graph_param(g, "w", (int64_t[]){DC}, 1, TT_INIT_ONES, 0)};
+  tt_value y = tt_graph_op(g, "dropout", (tt_value[]){tt_graph_op(g, "mul", xw, 2, NULL)}, 1, "seed=4242");
+  ck_assert_int_eq(tt_graph_output(g, y), 0);
+  tt_module *m = tt_compile(client, g);
+  tt_graph_free(g);
+  ck_assert_msg(m != NULL, "%s", tt_last_error(client));
+  ck_assert_int_eq(tt_module_to(m, device), TT_OK);
+  return m;
+}
+
+/* The forward of m on the first rows of drop_x, on the host (holding the run in training). */
+static tt_tensor *drop_forward(tt_module *m, int rows) {
+  tt_tensor *h = tt_tensor_from_host(client, drop_x, TT_FLOAT32, (int64_t[]){rows, DC}, 2);
+  tt_tensor *x = tt_to(h, tt_module_device(m)), *y = NULL;
+  ck_assert_msg(tt_forward(m, &x, 1, &y) == TT_OK, "%s", tt_last_error(client));
+  tt_tensor *out = tt_to(y, "cpu");
+  ck_assert_ptr_nonnull(out);
+  tt_tensor_free(y);
+  tt_tensor_free(x);
+  tt_tensor_free(h);
+  return out;
+}
+
+/* y is dropout's output for the first rows of drop_x at dropout step, bit for bit. */
+static void assert_mask_of_step(tt_tensor *y, int rows, uint64_t step, const char *what) {
+  float want[DN];
+  ttd_k_dropout(NULL, drop_x, (int64_t)rows * DC, DROP_P, DROP_SEED, step, want);
+  ck_assert_msg(memcmp(tt_tensor_data(y), want, sizeof(float) * (size_t)rows * DC) == 0, "%s: not step %d's mask", what,
+                (int)step);
+}
+
+/* In eval a module with dropout returns its input exactly (at any batch) and leaves the count
+ * of training forwards alone; training forwards then draw the masks of steps 0 and 1, which
+ * differ. */
+START_TEST(test_dropout_eval_and_training_masks) {
+  tt_module *m = dropout_module(drop_devices[_i]);
+  tt_module_train(m, 0);
+  for (int k = 0; k < 2; k++) {
+    tt_tensor *y = drop_forward(m, k ? DR_SMALL : DR);
+    ck_assert_int_eq(memcmp(tt_tensor_data(y), drop_x, sizeof(float) * (k ? DR_SMALL : DR) * DC), 0);
+    tt_tensor_free(y);
+  }
+  tt_module_train(m, 1);
+  tt_tensor *y0 = drop_forward(m, DR), *y1 = drop_forward(m, DR);
+  assert_mask_of_step(y0, DR, 0, "first training forward");
+  assert_mask_of_step(y1, DR, 1, "second training forward");
+  const float *a = tt_tensor_data(y0), *b = tt_tensor_data(y1);
+  int differ = 0;
+  for (int i = 0; i < DN; i++) differ += (a[i] == 0.0f) != (b[i] == 0.0f);
+  ck_assert_msg(differ > DN / 4, "the two masks differ at %d of %d", differ, DN); /* about half */
+  tt_tensor_free(y0);
+  tt_tensor_free(y1);
+  tt_module_free(m);
+}
+END_TEST
+
+/* The same sequence of forwards (training and eval, two batch sizes) gives the same outputs,
+ * bit for bit, on the card and on "cpu". */
+START_TEST(test_dropout_card_equals_cpu) {
+  tt_module *cpu = dropout_module("cpu"), *card = dropout_module("tt");
+  static const struct { int training, rows; } seq[] = {{1, DR}, {1, DR}, {0, DR}, {1, DR_SMALL}, {0, DR_SMALL}, {1, DR}};
+  for (size_t k = 0; k < sizeof(seq) / sizeof(seq[0]); k++) {
+    tt_module_train(cpu, seq[k].training);
+    tt_module_train(card, seq[k].training);
+    tt_tensor *a = drop_forward(cpu, seq[k].rows), *b = drop_forward(card, seq[k].rows);
+    ck_assert_msg(memcmp(tt_tensor_data(a), tt_tensor_data(b), tt_tensor_nbytes(a)) == 0, "forward %d differs", (int)k);
+    tt_tensor_free(a);
+    tt_tensor_free(b);
+  }
+  tt_module_free(cpu);
+  tt_module_free(card);
+}
+END_TEST
+
+/* The gradient of w from sum(y): the column sums of y, within float rounding. */
+static void assert_grad_follows(tt_module *m, tt_tensor *y, const char *what) {
+  float want[DC] = {0};
+  const float *v = tt_tensor_data(y);
+  for (int i = 0; i < DN; i++) want[i % DC] += v[i];
+  tt_tensor *g = tt_param_grad(m, "w");
+  ck_assert_msg(g != NULL, "%s", tt_last_error(client));
+  tt_tensor *h = tt_to(g, "cpu");
+  const float *got = tt_tensor_data(h);
+  for (int c = 0; c < DC; c++) {
+    ck_assert_msg(fabsf(got[c] - want[c]) <= 1e-4f * (1.0f + fabsf(want[c])), "%s: grad w[%d] %g, want %g", what, c,
+                  (double)got[c], (double)want[c]);
+  }
+  tt_tensor_free(h);
+  tt_tensor_free(g);
+}
+
+/* Backward of sum(y) with .grad zeroed first. */
+static void drop_backward(tt_optimizer *opt, tt_tensor *y) {
+  tt_tensor *loss = tt_sum(y);
+  ck_assert_int_eq(tt_zero_grad(opt), TT_OK);
+  ck_assert_msg(tt_backward(loss) == TT_OK, "%s", tt_last_error(client));
+  tt_tensor_free(loss);
+}
+
+/* Each backward uses its own forward's mask: two forwards backpropagated in reverse order,
+ * and a backward left for the next forward's Execute (on the card, carried by it). */
+START_TEST(test_dropout_backward_uses_its_mask) {
+  tt_module *m = dropout_module(drop_devices[_i]);
+  tt_optimizer *opt = tt_sgd(m, 0.1f, 0, 0, 0);
+  tt_tensor *y1 = drop_forward(m, DR), *y2 = drop_forward(m, DR);
+  drop_backward(opt, y2);
+  assert_grad_follows(m, y2, "second forward, backpropagated first");
+  drop_backward(opt, y1);
+  assert_grad_follows(m, y1, "first forward, backpropagated second");
+  tt_tensor *y3 = drop_forward(m, DR);
+  drop_backward(opt, y3);
+  tt_tensor *y4 = drop_forward(m, DR); /* on the card, its Execute carries y3's Backward */
+  assert_grad_follows(m, y3, "a backward carried by the next forward");
+  assert_mask_of_step(y4, DR, 3, "the forward that carried it");
+  tt_tensor *done[] = {y1, y2, y3, y4};
+  for (int i = 0; i < 4; i++) tt_tensor_free(done[i]);
+  tt_optimizer_free(opt);
+  tt_module_free(m);
+}
+END_TEST
+
 Suite *e2e_modules_suite(void) {
   Suite *s = suite_create("e2e_modules");
   TCase *tc = tcase_create("modules");
@@ -530,6 +672,13 @@ Suite *e2e_modules_suite(void) {
   tcase_add_test(tc, test_output_used_twice_and_two_modules);
   tcase_add_test(tc, test_tensor_of_closed_client);
   suite_add_tcase(s, tc);
+  TCase *dropout = tcase_create("dropout");
+  tcase_add_checked_fixture(dropout, setup, teardown);
+  tcase_set_timeout(dropout, 60);
+  tcase_add_loop_test(dropout, test_dropout_eval_and_training_masks, 0, 2);
+  tcase_add_test(dropout, test_dropout_card_equals_cpu);
+  tcase_add_loop_test(dropout, test_dropout_backward_uses_its_mask, 0, 2);
+  suite_add_tcase(s, dropout);
   TCase *two = tcase_create("two_processes");
   tcase_add_checked_fixture(two, setup, teardown);
   tcase_set_timeout(two, 300);
