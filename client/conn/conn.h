@@ -48,6 +48,7 @@ typedef enum tt_rpc_method {
   TT_RPC_OPTIMIZER_STEP,
   TT_RPC_LIST_SESSIONS,
   TT_RPC_KILL_SESSION,
+  TT_RPC_OPTIMIZER_STATE,
   TT_RPC_COUNT
 } tt_rpc_method;
 

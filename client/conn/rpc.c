@@ -16,7 +16,7 @@ static const char *const rpc_paths[TT_RPC_COUNT] = {
     "/ttd.v1.Device/Download",    "/ttd.v1.Device/Move",      "/ttd.v1.Device/Free",
     "/ttd.v1.Device/Compile",     "/ttd.v1.Device/Execute",   "/ttd.v1.Device/Backward",
     "/ttd.v1.Device/ReleaseRun",  "/ttd.v1.Device/ZeroGrad",  "/ttd.v1.Device/OptimizerStep",
-    "/ttd.v1.Device/ListSessions", "/ttd.v1.Device/KillSession",
+    "/ttd.v1.Device/ListSessions", "/ttd.v1.Device/KillSession", "/ttd.v1.Device/OptimizerState",
 };
 
 void tt_rpc_register(tt_client *client) {
@@ -50,7 +50,7 @@ static gpr_timespec deadline_after(int64_t ms, gpr_clock_type clock) {
  * daemon's method table (daemon/methods/table.c): a new device method goes in both. */
 static bool daemon_uses_deadline(tt_rpc_method method) {
   return method == TT_RPC_EXECUTE || method == TT_RPC_BACKWARD || method == TT_RPC_ZERO_GRAD ||
-         method == TT_RPC_OPTIMIZER_STEP;
+         method == TT_RPC_OPTIMIZER_STEP || method == TT_RPC_OPTIMIZER_STATE;
 }
 
 #define CLOSED_MESSAGE "this client was disconnected (tt_disconnect): its session and device tensors are gone; connect again"

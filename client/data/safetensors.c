@@ -107,14 +107,25 @@ static int sync_parent_dir(const char *path) {
   return rc;
 }
 
-/* The padded JSON header for the tensors, in the given order. Records errors. */
+/* The padded JSON header for the tensors, in the given order, after the metadata (n_meta
+ * key, value pairs). Records errors. */
 static tt_status build_header(tt_client *client, const char *const *names, tt_tensor *const *tensors, int n,
-                              char **out_header, size_t *out_len) {
+                              const char *const *meta, int n_meta, char **out_header, size_t *out_len) {
   *out_header = NULL;
   *out_len = 0;
   json_t *root = json_object();
   if (!root) return tt_client_fail(client, TT_RESOURCE_EXHAUSTED, "out of host memory for a checkpoint header");
   tt_status st = TT_OK;
+  json_t *metadata = n_meta > 0 ? json_object() : NULL;
+  for (int i = 0; metadata && i < n_meta; i++) {
+    if (json_object_set_new(metadata, meta[2 * i], json_string(meta[2 * i + 1])) != 0) {
+      json_decref(metadata);
+      metadata = NULL;
+    }
+  }
+  if (n_meta > 0 && (!metadata || json_object_set_new(root, METADATA_KEY, metadata) != 0)) {
+    st = tt_client_fail(client, TT_INVALID_ARGUMENT, "the checkpoint's metadata is not valid UTF-8 (or host memory ran out)");
+  }
   uint64_t offset = 0;
   for (int i = 0; i < n && st == TT_OK; i++) {
     const char *name = names[i];
@@ -205,6 +216,11 @@ static tt_status write_file(tt_client *client, const char *path, const char *tmp
 
 tt_status tt_safetensors_save(tt_client *client, const char *path, const char *const *names, tt_tensor *const *tensors,
                               int n) {
+  return tt_safetensors_save_metadata(client, path, names, tensors, n, NULL, 0);
+}
+
+tt_status tt_safetensors_save_metadata(tt_client *client, const char *path, const char *const *names,
+                                       tt_tensor *const *tensors, int n, const char *const *metadata, int n_metadata) {
   if (!client && n > 0 && tensors && tensors[0]) client = tt_tensor_client(tensors[0]);
   if (!client) return TT_INVALID_ARGUMENT;
   if (!path || !*path) return tt_client_fail(client, TT_INVALID_ARGUMENT, "the checkpoint path is NULL or empty");
@@ -214,7 +230,7 @@ tt_status tt_safetensors_save(tt_client *client, const char *path, const char *c
   }
   char *header = NULL;
   size_t header_len = 0;
-  tt_status st = build_header(client, names, tensors, n, &header, &header_len);
+  tt_status st = build_header(client, names, tensors, n, metadata, n_metadata, &header, &header_len);
   if (st != TT_OK) return st;
   size_t path_len = strlen(path);
   char *tmp = malloc(path_len + sizeof(".tmp"));
@@ -483,6 +499,10 @@ tt_status tt_safetensors_open(tt_client *client, const char *path, tt_safetensor
 }
 
 int tt_safetensors_count(const tt_safetensors *file) { return file ? file->count : 0; }
+
+const char *tt_safetensors_metadata(const tt_safetensors *file, const char *key) {
+  return file && key ? json_string_value(json_object_get(json_object_get(file->header, METADATA_KEY), key)) : NULL;
+}
 
 const char *tt_safetensors_name(const tt_safetensors *file, int index) {
   if (!file || index < 0 || index >= file->count) return NULL;

@@ -357,21 +357,84 @@ float tt_tensor_item(const tt_tensor *tensor);
  * FAILED_PRECONDITION before the first backward. Free the returned tensor; .grad stays. */
 tt_tensor *tt_param_grad(tt_module *module, const char *name);
 
-/* ---- optimizers: on the device, parameters never leave the card ---- */
+/* ---- optimizers: on the device, parameters never leave the card ----
+ * torch.optim's SGD, Adam and AdamW over all of a module's parameters. An optimizer borrows
+ * its module, which must outlive it, and belongs to one thread at a time. */
 typedef struct tt_optimizer tt_optimizer;
+
+/* torch.optim.SGD's arguments. */
+typedef struct tt_sgd_options {
+  float lr;           /* tt_sgd_options_init: 1e-3 (torch 2's default; torch 1 has none) */
+  float momentum;     /* 0 */
+  float dampening;    /* 0 */
+  float weight_decay; /* 0: L2 added to the gradient */
+  int nesterov;       /* 0; 1 needs momentum > 0 and dampening 0 */
+} tt_sgd_options;
+
+/* torch.optim.Adam's arguments, or AdamW's with decoupled = 1. */
+typedef struct tt_adam_options {
+  float lr;           /* 1e-3 */
+  float beta1, beta2; /* 0.9, 0.999: torch's betas */
+  float eps;          /* 1e-8 */
+  float weight_decay; /* 0 (torch's AdamW defaults to 1e-2: set it) */
+  int decoupled;      /* 0: Adam (L2 added to the gradient); 1: AdamW (decoupled decay) */
+} tt_adam_options;
+
+/* Fill options with torch's defaults. */
+void tt_sgd_options_init(tt_sgd_options *options);
+void tt_adam_options_init(tt_adam_options *options);
+
+/* A new optimizer of module's parameters (the caller's: tt_optimizer_free), or NULL.
+ * options NULL: the defaults. The arguments are checked here, as torch.optim's constructors
+ * check theirs, and every value must also be finite: lr, momentum and weight_decay >= 0, a
+ * finite dampening, nesterov only with momentum > 0 and dampening 0; beta1 and beta2 in
+ * [0, 1), eps > 0. A bad one is TT_INVALID_ARGUMENT naming it, its value and the range, e.g.
+ * "tt_adam_opts: beta2 is 1; it must be a finite number in [0, 1)". NULL module: NULL, no
+ * message. */
+tt_optimizer *tt_sgd_opts(tt_module *module, const tt_sgd_options *options);
+tt_optimizer *tt_adam_opts(tt_module *module, const tt_adam_options *options);
+/* The same with the common arguments (dampening 0; Adam's betas and eps torch's defaults). */
 tt_optimizer *tt_sgd(tt_module *module, float lr, float momentum, float weight_decay, int nesterov);
 tt_optimizer *tt_adam(tt_module *module, float lr, float weight_decay, int decoupled); /* decoupled: AdamW */
+
+/* The learning rate, torch's param_groups[0]["lr"]; NAN for NULL. set_lr changes it for the
+ * steps that follow (a scheduler's job), on the card and on the CPU alike; a step already
+ * queued keeps the rate it was queued with. A negative or non-finite lr is
+ * TT_INVALID_ARGUMENT ("tt_optimizer_set_lr: lr is nan; ..."), the rate unchanged. */
+float tt_optimizer_lr(const tt_optimizer *optimizer);
+tt_status tt_optimizer_set_lr(tt_optimizer *optimizer, float lr);
+
 /* On a card, tt_step and tt_zero_grad are queued on the module and ride on its next forward
  * or backward (or go out first when a parameter or .grad is read), with the same results as
  * separate calls: a training step is one call. What the daemon would refuse about a step
- * (its options, a parameter's dtype) is refused here; a failure on the device (e.g. the quota,
- * for optimizer state) is reported by the call it rode on. TTD_INLINE=0: sent at once. */
+ * (a parameter's dtype) is refused here; a failure on the device (e.g. the quota, for
+ * optimizer state) is reported by the call it rode on. TTD_INLINE=0: sent at once. */
 tt_status tt_step(tt_optimizer *optimizer);      /* one update from the current .grad */
 tt_status tt_zero_grad(tt_optimizer *optimizer); /* .grad = 0 */
 void tt_optimizer_free(tt_optimizer *optimizer); /* accepts NULL */
 /* The alternative: update on the CPU (each .grad comes down, the parameter is updated on the
- * host and goes back up into the same handle). A module on "cpu" always updates on the host. */
+ * host and goes back up into the same handle). A module on "cpu" always updates on the host.
+ * The optimizer state lives where the updates run (beside each parameter on the card, or in
+ * the optimizer on the host): switching does not carry it over. */
 tt_status tt_optimizer_on_cpu(tt_optimizer *optimizer, int on_cpu);
+
+/* The optimizer's state, torch's optimizer.state_dict(), to a safetensors file of its own
+ * (beside tt_module_save's, as torch saves model and optimizer state dicts apart): per
+ * parameter "<name>.step" (I32, the steps it took; 0 before its first) and, once it has
+ * stepped, "<name>.momentum_buffer" (SGD with momentum) or "<name>.exp_avg" and
+ * "<name>.exp_avg_sq" (Adam, AdamW), float32 shaped like the parameter; the optimizer and
+ * its arguments in the "__metadata__" ("optimizer": "SGD", "Adam" or "AdamW", "lr", ...).
+ * Saved wherever the state is (on the card it is read there after queued work is sent),
+ * atomically as tt_safetensors_save does. */
+tt_status tt_optimizer_save(tt_optimizer *optimizer, const char *path);
+/* Replaces the optimizer's state with a file's, as torch's load_state_dict does: the state
+ * of every parameter and the arguments (lr, momentum, betas, ...), so that a run resumed
+ * from tt_module_load and tt_optimizer_load, in either order, continues bit for bit as if
+ * it had not stopped. Checked whole before anything changes (the optimizer is unchanged
+ * on error): TT_INVALID_ARGUMENT for a file of another optimizer ("... was saved by SGD;
+ * this optimizer is Adam"), one that is not an optimizer state, a parameter it lacks or
+ * holds with another shape (named); file errors as tt_safetensors_open's. */
+tt_status tt_optimizer_load(tt_optimizer *optimizer, const char *path);
 
 /* ---- datasets ----
  * IDX files (the MNIST format) loaded into host memory. Functions are thread-safe (no

@@ -5,6 +5,36 @@
 
 #include "module/module.h"
 
+/* On a card, the optimizer state the daemon keeps beside each parameter moves to the
+ * parameter's new tensor, as torch's load_state_dict leaves the optimizer's state alone (on
+ * "cpu" it lives in the optimizer). A daemon without OptimizerState has none to move. */
+static tt_status keep_optimizer_state(tt_module *m, tt_tensor *const *loaded) {
+  Ttd__V1__ParameterState *states = calloc((size_t)m->n_params + 1, sizeof(*states));
+  Ttd__V1__ParameterState **set = calloc((size_t)m->n_params + 1, sizeof(*set));
+  tt_status st = states && set ? TT_OK : tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  for (int i = 0; st == TT_OK && i < m->n_params; i++) {
+    ttd__v1__parameter_state__init(&states[i]);
+    states[i].parameter = loaded[i]->handle;
+    states[i].from_parameter = m->params[i]->handle;
+    set[i] = &states[i];
+  }
+  if (st == TT_OK) {
+    Ttd__V1__OptimizerStateRequest req = TTD__V1__OPTIMIZER_STATE_REQUEST__INIT;
+    req.set = set;
+    req.n_set = (size_t)m->n_params;
+    ProtobufCMessage *resp = NULL;
+    char err[512];
+    st = tt_rpc_unary_quiet(m->client, TT_RPC_OPTIMIZER_STATE, &req.base, &ttd__v1__optimizer_state_response__descriptor,
+                            &resp, err, sizeof(err));
+    if (st == TT_OK) protobuf_c_message_free_unpacked(resp, NULL);
+    else if (st == TT_UNIMPLEMENTED) st = TT_OK;
+    else st = tt_client_fail(m->client, st, "keeping the optimizer state of the loaded parameters: %s", err);
+  }
+  free(set);
+  free(states);
+  return st;
+}
+
 tt_status tt_module_save(tt_module *m, const char *path) {
   tt_tensor **host = calloc((size_t)m->n_params + 1, sizeof(*host));
   const char **names = calloc((size_t)m->n_params + 1, sizeof(*names));
@@ -44,6 +74,7 @@ tt_status tt_module_load(tt_module *m, const char *path) {
   }
   tt_safetensors_close(file);
   if (st == TT_OK) st = tt_module_flush(m); /* queued work applies to the parameters it was queued for */
+  if (st == TT_OK && !m->place.is_host && m->n_params > 0) st = keep_optimizer_state(m, loaded);
   if (st == TT_OK) {
     tt_module_release_grads(m);
     for (int i = 0; i < m->n_params; i++) {

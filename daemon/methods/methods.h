@@ -31,10 +31,12 @@ ttd_status_t ttd_method_zero_grad(ttd_call *call, const ProtobufCMessage *reques
 ttd_status_t ttd_method_optimizer_step(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 ttd_status_t ttd_method_list_sessions(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 ttd_status_t ttd_method_kill_session(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
+ttd_status_t ttd_method_optimizer_state(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 /* The device a call of Execute, Backward, ZeroGrad or OptimizerStep works on (rpc/method.h). */
 int ttd_device_of_execute(ttd_call *call, const ProtobufCMessage *request);
 int ttd_device_of_backward(ttd_call *call, const ProtobufCMessage *request);
 int ttd_device_of_parameters(ttd_call *call, const ProtobufCMessage *request);
+int ttd_device_of_optimizer_state(ttd_call *call, const ProtobufCMessage *request); /* OptimizerState */
 
 ttd_status_t ttd_method_free(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response);
 

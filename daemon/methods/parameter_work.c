@@ -13,13 +13,17 @@ static ttd_status_t zero_one(ttd_backend *backend, ttd_tensor *param, uint64_t *
   return status;
 }
 
-/* A zeroed float32 tensor shaped like t (optimizer state is float32 for any parameter). */
-static ttd_status_t zeroed_like(ttd_backend *backend, const ttd_tensor *t, ttd_tensor **out) {
-  if (*out) return TTD_OK;
-  ttd_tensor_spec spec = t->spec;
-  spec.dtype = TTD_DTYPE_FLOAT32;
+ttd_status_t ttd_optimizer_state_create(ttd_backend *backend, const ttd_tensor *param, ttd_tensor **out_state) {
+  *out_state = NULL;
+  ttd_tensor_spec spec = param->spec;
+  spec.dtype = TTD_DTYPE_FLOAT32; /* optimizer state is float32 for any parameter */
   TTD_RETURN_IF_ERROR(ttd_tensor_spec_finish(&spec));
-  return ttd_tensor_create_zeroed(backend, t->quota, &spec, out); /* charged like the parameter */
+  return ttd_tensor_create_zeroed(backend, param->quota, &spec, out_state); /* charged like the parameter */
+}
+
+/* A zeroed float32 tensor shaped like t into *out, unless there is one already. */
+static ttd_status_t zeroed_like(ttd_backend *backend, const ttd_tensor *t, ttd_tensor **out) {
+  return *out ? TTD_OK : ttd_optimizer_state_create(backend, t, out);
 }
 
 /* One parameter's step: its state is made on first use and lives with the parameter. */

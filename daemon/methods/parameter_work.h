@@ -19,6 +19,11 @@ ttd_status_t ttd_zero_grad_handles(ttd_call *call, const Ttd__V1__ZeroGradReques
  * Parameters without a .grad are skipped, as torch skips them. */
 ttd_status_t ttd_optimizer_step_handles(ttd_call *call, const Ttd__V1__OptimizerStepRequest *req, uint64_t *out_updated);
 
+/* A zeroed float32 tensor shaped like param, on its device and in its memory: one buffer of
+ * its optimizer state (made on first use by a step, or by OptimizerState), charged to the
+ * parameter's quota. One reference for the caller. */
+ttd_status_t ttd_optimizer_state_create(ttd_backend *backend, const ttd_tensor *param, ttd_tensor **out_state);
+
 /* What can be told of work (NULL: nothing) before it runs: its optimizer options and that
  * no parameter is listed twice. Backward checks its after-work so, before the backward
  * accumulates any gradient. */

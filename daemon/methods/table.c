@@ -51,6 +51,8 @@ const ttd_method ttd_methods[] = {
      .needs_admin = true, .unary = ttd_method_list_sessions},
     {.path = "/ttd.v1.Device/KillSession", .kind = TTD_METHOD_UNARY, .request = &ttd__v1__kill_session_request__descriptor,
      .needs_admin = true, .unary = ttd_method_kill_session},
+    DEVICE_WORK("OptimizerState", ttd__v1__optimizer_state_request__descriptor, ttd_method_optimizer_state,
+                ttd_device_of_optimizer_state),
 };
 
 const size_t ttd_method_count = sizeof(ttd_methods) / sizeof(ttd_methods[0]);

@@ -43,6 +43,9 @@
   .optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_ADAM,                                 \
   .adam = NEW(Ttd__V1__AdamOptions, ttd__v1__adam_options__descriptor, __VA_ARGS__)
 #define WORK(...) NEW(Ttd__V1__ParameterWork, ttd__v1__parameter_work__descriptor, __VA_ARGS__)
+#define OPT_STATE(...) REQ(Ttd__V1__OptimizerStateRequest, ttd__v1__optimizer_state_request__descriptor, __VA_ARGS__)
+#define PSTATE(...) NEW(Ttd__V1__ParameterState, ttd__v1__parameter_state__descriptor, __VA_ARGS__)
+#define SETS(...) .n_set = N(Ttd__V1__ParameterState *, __VA_ARGS__), .set = (Ttd__V1__ParameterState *[]){__VA_ARGS__}
 #define KILL(s) REQ(Ttd__V1__KillSessionRequest, ttd__v1__kill_session_request__descriptor, .session_id = s)
 #define OPEN(...) REQ(Ttd__V1__OpenSessionRequest, ttd__v1__open_session_request__descriptor, __VA_ARGS__)
 #define INLINE(len_, ...)                                                                            \
@@ -183,7 +186,7 @@ typedef struct zero_row {
 
 /* The hand-written rows, RPC by RPC, run in this order: the session RPCs (OpenSession,
  * KeepAlive, ListDevices, CloseSession), the tensor RPCs (Allocate .. Free), the program RPCs
- * (Compile .. OptimizerStep), the admin RPCs (ListSessions, KillSession). Handles of others
+ * (Compile .. OptimizerStep, OptimizerState), the admin RPCs (ListSessions, KillSession). Handles of others
  * (bad_inputs_foreign_rows) and the metadata rows of every method (run_metadata) are
  * generated. */
 extern const bad_row bad_inputs_session_rows[], bad_inputs_tensor_rows[], bad_inputs_program_rows[],

@@ -38,5 +38,12 @@ const bad_row bad_inputs_foreign_rows[] = {
         .msg = {&ZERO_GRAD(HANDLES(parameters, H(FX_T)))->base}),
     ROW(FOREIGN, "OptimizerStep", AS_ALICE, "OptimizerStep of alice's weight and %s tensor", NOT_FOUND,
         "not found in this session", .msg = {&STEP(HANDLES(parameters, H(T_W), H(FX_T)), ADAM(.lr = 0.1f))->base}),
+    ROW(FOREIGN, "OptimizerState", AS_ALICE, "OptimizerState reading %s tensor's state", NOT_FOUND,
+        "not found in this session", .msg = {OPT_STATE(HANDLES(parameters, H(T_W), H(FX_T)))}),
+    ROW(FOREIGN, "OptimizerState", AS_ALICE, "OptimizerState writing alice's bias from %s tensor", NOT_FOUND,
+        "not found in this session",
+        .msg = {OPT_STATE(SETS(PSTATE(.parameter = H(T_B), .step = 1, HANDLES(buffers, H(FX_T)))))}),
+    ROW(FOREIGN, "OptimizerState", AS_ALICE, "OptimizerState moving %s tensor's state to alice's bias", NOT_FOUND,
+        "not found in this session", .msg = {OPT_STATE(SETS(PSTATE(.parameter = H(T_B), .from_parameter = H(FX_T))))}),
 };
 const size_t bad_inputs_foreign_rows_count = sizeof(bad_inputs_foreign_rows) / sizeof(bad_inputs_foreign_rows[0]);

@@ -63,6 +63,7 @@ static const struct {
     {"Upload", 1, 0},      {"Download", 1, 0},   {"Move", 1, 0},         {"Free", 1, 0},           {"Compile", 1, 0},
     {"Execute", 1, 0},     {"Backward", 1, 0},   {"ReleaseRun", 1, 0},   {"ZeroGrad", 1, 0},       {"OptimizerStep", 1, 0},
     {"ListSessions", 0, 1}, {"KillSession", 0, 1},
+    {"OptimizerState", 1, 0},
 };
 enum { N_METHODS = sizeof(methods) / sizeof(methods[0]) };
 
