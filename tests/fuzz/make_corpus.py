@@ -31,7 +31,7 @@ def method_order():
     with open(os.path.join(HERE, "..", "..", "daemon", "methods/table.c")) as f:
         text = f.read()
     table = text[text.index("ttd_methods[] = {"):]
-    return re.findall(r'UNARY\("(\w+)"|DEVICE_WORK\("(\w+)"|/ttd\.v1\.Device/(\w+)"', table)
+    return re.findall(r'(?:UNARY|HEAVY|DEVICE_WORK)\("(\w+)"|/ttd\.v1\.Device/(\w+)"', table)
 
 
 METHODS = ["".join(m) for m in method_order()]
@@ -143,6 +143,20 @@ def rpc_seeds():
             before=pb.ParameterWork(zero_grad=pb.ZeroGradRequest(parameters=[FIRST])))),
         call("ReleaseRun", pb.ReleaseRunRequest(run=FIRST + 4)),
         call("ReleaseRun", pb.ReleaseRunRequest(run=FIRST + 4)),
+    ])
+    state = pb.OptimizerStateRequest
+    s["optimizer-state"] = b"".join([
+        call("Allocate", pb.AllocateRequest(spec=spec(F32, [2, 3]))),  # parameter: FIRST
+        call("Allocate", pb.AllocateRequest(spec=spec(F32, [2, 3]))),  # a buffer: FIRST + 1
+        call("Allocate", pb.AllocateRequest(spec=spec(F32, [3, 2]))),  # a wrong shape: FIRST + 2
+        call("OptimizerState", state(parameters=[FIRST, FIRST])),
+        call("OptimizerState", state(set=[pb.ParameterState(parameter=FIRST, step=3, buffers=[FIRST + 1, FIRST + 1])])),
+        call("OptimizerState", state(parameters=[FIRST])),  # two copies: FIRST + 3, FIRST + 4
+        call("OptimizerState", state(set=[pb.ParameterState(parameter=FIRST, buffers=[FIRST + 2])])),
+        call("OptimizerState", state(set=[pb.ParameterState(parameter=FIRST + 1, from_parameter=FIRST)])),
+        call("OptimizerState", state(set=[pb.ParameterState(parameter=FIRST, step=-1)])),
+        call("OptimizerState", state(parameters=[FIRST], set=[pb.ParameterState(parameter=FIRST)])),
+        call("Free", pb.FreeRequest(handles=[FIRST + 3, FIRST + 4])),
     ])
     s["execute-by-handle"] = b"".join([
         call("Allocate", pb.AllocateRequest(spec=spec(F32, [2, 2]))),  # FIRST
