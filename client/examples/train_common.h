@@ -44,15 +44,14 @@ usage:
   return -1;
 }
 
-/* Copies examples order[first .. first+batch) (zero rows past the end) into x and y. */
+/* Copies examples order[first .. first+batch) (order NULL: first ..) into x and y; the
+ * caller keeps first + batch within the dataset. */
 static void train_gather(const tt_dataset *d, const int64_t *order, int64_t first, int batch, float *x, int32_t *y) {
   int64_t pixels = (int64_t)d->rows * d->cols;
   for (int i = 0; i < batch; i++) {
-    int64_t k = first + i;
-    int64_t e = k < d->count ? (order ? order[k] : k) : -1;
-    if (e >= 0) memcpy(x + i * pixels, d->images + e * pixels, sizeof(float) * (size_t)pixels);
-    else memset(x + i * pixels, 0, sizeof(float) * (size_t)pixels);
-    y[i] = e >= 0 ? d->labels[e] : 0;
+    int64_t e = order ? order[first + i] : first + i;
+    memcpy(x + i * pixels, d->images + e * pixels, sizeof(float) * (size_t)pixels);
+    y[i] = d->labels[e];
   }
 }
 
@@ -74,7 +73,10 @@ static tt_tensor *train_loss(tt_client *c, loss_kind kind, tt_tensor *out_cpu, c
 }
 
 /* Trains m (on the card) for o->epochs, then prints the test accuracy. x_shape is the
- * graph input's shape (batch first). Returns 0 on success. */
+ * graph input's shape (batch first). Training drops an epoch's last partial batch (torch's
+ * drop_last: one small batch at the end of an epoch moves these models' accuracy by several
+ * points); the test set's last batch holds what is left, since a module runs on any batch
+ * size. Returns 0 on success. */
 static int train_run(tt_client *c, tt_module *m, tt_optimizer *opt, const train_options *o, loss_kind kind,
                      const int64_t *x_shape, int x_ndim) {
   char err[512];
@@ -92,6 +94,8 @@ static int train_run(tt_client *c, tt_module *m, tt_optimizer *opt, const train_
   for (int64_t i = 0; i < train->count; i++) order[i] = i;
   uint64_t rng = 12345;
   int64_t steps = train->count / batch;
+  int64_t shape[TT_MAX_DIMS];
+  memcpy(shape, x_shape, sizeof(int64_t) * (size_t)x_ndim);
   int rc = 0;
   for (int epoch = 0; epoch < o->epochs && !rc; epoch++) {
     for (int64_t i = train->count - 1; i > 0; i--) {
@@ -106,7 +110,8 @@ static int train_run(tt_client *c, tt_module *m, tt_optimizer *opt, const train_
     double loss_sum = 0;
     for (int64_t s = 0; s < steps && !rc; s++) {
       train_gather(train, order, s * batch, batch, xb, yb);
-      tt_tensor *xh = tt_tensor_from_host(c, xb, TT_FLOAT32, x_shape, x_ndim);
+      shape[0] = batch;
+      tt_tensor *xh = tt_tensor_from_host(c, xb, TT_FLOAT32, shape, x_ndim);
       tt_tensor *xd = tt_to(xh, tt_module_device(m)), *out = NULL, *out_cpu = NULL, *loss = NULL;
       if (!xd || tt_forward(m, &xd, 1, &out) != TT_OK || !(out_cpu = tt_to(out, "cpu")) ||
           !(loss = train_loss(c, kind, out_cpu, yb, batch)) || tt_zero_grad(opt) != TT_OK || tt_backward(loss) != TT_OK ||
@@ -124,14 +129,16 @@ static int train_run(tt_client *c, tt_module *m, tt_optimizer *opt, const train_
   tt_module_train(m, 0);
   int64_t correct = 0;
   for (int64_t first = 0; first < test->count && !rc; first += batch) {
-    train_gather(test, NULL, first, batch, xb, yb);
-    tt_tensor *xh = tt_tensor_from_host(c, xb, TT_FLOAT32, x_shape, x_ndim);
+    int n = (int)(test->count - first < batch ? test->count - first : batch);
+    train_gather(test, NULL, first, n, xb, yb);
+    shape[0] = n;
+    tt_tensor *xh = tt_tensor_from_host(c, xb, TT_FLOAT32, shape, x_ndim);
     tt_tensor *xd = tt_to(xh, tt_module_device(m)), *out = NULL, *out_cpu = NULL;
     if (!xd || tt_forward(m, &xd, 1, &out) != TT_OK || !(out_cpu = tt_to(out, "cpu"))) {
       rc = train_die(c, "evaluation");
     } else {
       const float *l = tt_tensor_data(out_cpu);
-      for (int i = 0; i < batch && first + i < test->count; i++) {
+      for (int i = 0; i < n; i++) {
         int best = 0;
         for (int k = 1; k < 10; k++) best = l[i * 10 + k] > l[i * 10 + best] ? k : best;
         correct += best == yb[i];
