@@ -409,7 +409,11 @@ tt_status tt_optimizer_set_lr(tt_optimizer *optimizer, float lr);
  * separate calls: a training step is one call. What the daemon would refuse about a step
  * (a parameter's dtype) is refused here; a failure on the device (e.g. the quota, for
  * optimizer state) is reported by the call it rode on. TTD_INLINE=0: sent at once. */
-tt_status tt_step(tt_optimizer *optimizer);      /* one update from the current .grad */
+/* One update from the current .grad. The optimizer's state (momentum, Adam's moments) lives
+ * where it stepped: after the module moved (tt_module_to) or the optimizer switched sides
+ * (tt_optimizer_on_cpu), a step is TT_FAILED_PRECONDITION until tt_optimizer_load puts
+ * a saved state where the module is (plain SGD has none and always steps). */
+tt_status tt_step(tt_optimizer *optimizer);
 tt_status tt_zero_grad(tt_optimizer *optimizer); /* .grad = 0 */
 void tt_optimizer_free(tt_optimizer *optimizer); /* accepts NULL */
 /* The alternative: update on the CPU (each .grad comes down, the parameter is updated on the

@@ -171,6 +171,7 @@ tt_status tt_module_to(tt_module *m, const char *device) {
   for (int i = 0; i < m->n_params; i++) tt_tensor_free(m->params[i]);
   free(m->params);
   m->params = moved;
+  m->param_generation++;
   tt_module_release_grads(m); /* .grad belonged to the old tensors */
   for (int i = 0; i < m->n_params; i++) {
     tt_tensor_free(m->host_grads[i]);

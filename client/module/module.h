@@ -78,6 +78,8 @@ struct tt_module {
                           * dropout masks (ExecuteRequest.dropout_step) */
   int n_params;
   tt_tensor **params;    /* where the module is */
+  uint64_t param_generation; /* bumped each time tt_module_to replaces params: optimizer state
+                              * on a card stays with the tensors it was made beside */
   tt_place place;
   char device_name[24];
   bool training;         /* forward keeps activations for backward (torch's train()) */

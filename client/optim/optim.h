@@ -17,7 +17,15 @@ struct tt_optimizer {
   bool on_cpu;                      /* update on the host: gradients down, parameters back up */
   float **state[TT_OPTIM_BUFFERS];  /* host optimizer state per parameter (made on first use) */
   int64_t *steps;                   /* host steps per parameter */
+  /* Where the state of its steps lives (none for plain SGD): on the host, or beside the
+   * module's parameters of one generation on a card. A step elsewhere is refused. */
+  bool has_state;
+  bool state_on_host;
+  uint64_t state_generation;
 };
+
+/* Records that o's state now lives where its steps run. */
+void tt_optimizer_note_state(tt_optimizer *o);
 
 /* "SGD", "Adam" or "AdamW": torch's class of o. */
 const char *tt_optimizer_kind_name(const tt_optimizer *o);

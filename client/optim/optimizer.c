@@ -200,6 +200,28 @@ static tt_status defer(tt_optimizer *o, tt_param_op op) {
   return tt_module_defer_work(m, op, o->kind, &o->sgd, &o->adam_options);
 }
 
+void tt_optimizer_note_state(tt_optimizer *o) {
+  o->has_state = tt_optimizer_buffer_count(o) > 0;
+  o->state_on_host = tt_optimizer_on_host(o);
+  o->state_generation = o->module->param_generation;
+}
+
+/* A step where the optimizer's state is not (the module moved, or tt_optimizer_on_cpu
+ * switched, after it stepped) would silently start from fresh moments: refused instead. */
+static tt_status check_state_home(tt_optimizer *o) {
+  if (!o->has_state) return TT_OK;
+  bool host = tt_optimizer_on_host(o);
+  if (host == o->state_on_host && (host || o->state_generation == o->module->param_generation)) return TT_OK;
+  return tt_client_fail(o->module->client, TT_FAILED_PRECONDITION,
+                        "tt_step: this %s optimizer's state (%s) is %s, but the module's parameters were moved "
+                        "(tt_module_to) or the optimizer switched sides (tt_optimizer_on_cpu) since; save the state "
+                        "with tt_optimizer_save before the move and load it with tt_optimizer_load after, or make a "
+                        "new optimizer to start afresh",
+                        tt_optimizer_kind_name(o), o->kind == TT_OPTIM_ADAM ? "exp_avg, exp_avg_sq" : "momentum_buffer",
+                        o->state_on_host ? "on the host" : "beside the parameters on the card they were on");
+}
+
+/* A step or a zeroing, on the host or on the card. */
 static tt_status param_rpc(tt_optimizer *o, tt_param_op op) {
   tt_module *m = o->module;
   bool step = op == TT_PARAM_STEP;
@@ -233,5 +255,10 @@ static tt_status param_rpc(tt_optimizer *o, tt_param_op op) {
   return st;
 }
 
-tt_status tt_step(tt_optimizer *o) { return param_rpc(o, TT_PARAM_STEP); }
+tt_status tt_step(tt_optimizer *o) {
+  TT_RETURN_IF_FAILED(check_state_home(o));
+  tt_status st = param_rpc(o, TT_PARAM_STEP);
+  if (st == TT_OK) tt_optimizer_note_state(o);
+  return st;
+}
 tt_status tt_zero_grad(tt_optimizer *o) { return param_rpc(o, TT_PARAM_ZERO_GRAD); }

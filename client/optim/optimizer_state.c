@@ -417,6 +417,7 @@ tt_status tt_optimizer_load(tt_optimizer *o, const char *path) {
   if (st == TT_OK) {
     o->sgd = args.sgd;
     o->adam_options = args.adam_options;
+    tt_optimizer_note_state(o); /* the state is where the module is now */
   }
   return st;
 }

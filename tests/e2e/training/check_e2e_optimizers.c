@@ -411,6 +411,50 @@ static void resume(const char *device, int adam, int optimizer_first, int on_cpu
   remove(state_path);
 }
 
+/* A module moved after its optimizer stepped would go on from fresh moments: the next step
+ * is refused, saying what to do. Saving the state before the move and loading it after
+ * carries it over: the result equals three steps that never moved. Plain SGD keeps no state
+ * and steps on after a move. */
+START_TEST(test_move_after_steps) {
+  char state_path[160];
+  path_in(state_path, sizeof(state_path), "moved.safetensors");
+  tt_module *stay = tiny("cpu");
+  tt_optimizer *os = tt_adam(stay, 0.1f, 0, 0);
+  tiny_steps(stay, os, 3);
+
+  tt_module *m = tiny("tt");
+  tt_optimizer *o = tt_adam(m, 0.1f, 0, 0);
+  tiny_steps(m, o, 2);
+  ck_assert_msg(tt_optimizer_save(o, state_path) == TT_OK, "%s", tt_last_error(client));
+  ck_assert_int_eq(tt_module_to(m, "cpu"), TT_OK);
+  ck_assert_int_eq(tt_step(o), TT_FAILED_PRECONDITION);
+  ck_assert_msg(strstr(tt_last_error(client), "Adam optimizer's state (exp_avg, exp_avg_sq)") &&
+                strstr(tt_last_error(client), "tt_optimizer_save before the move"), "%s", tt_last_error(client));
+  ck_assert_int_eq(tt_module_to(m, "tt"), TT_OK); /* back on a card, but beside new tensors */
+  ck_assert_int_eq(tt_step(o), TT_FAILED_PRECONDITION);
+  ck_assert_int_eq(tt_module_to(m, "cpu"), TT_OK);
+  ck_assert_msg(tt_optimizer_load(o, state_path) == TT_OK, "%s", tt_last_error(client));
+  tiny_steps(m, o, 1);
+  float want[8], got[8];
+  param_values(stay, "w", want, 6);
+  param_values(stay, "b", want + 6, 2);
+  param_values(m, "w", got, 6);
+  param_values(m, "b", got + 6, 2);
+  for (int i = 0; i < 8; i++) ck_assert_msg(fabsf(got[i] - want[i]) <= 1e-6f, "%d: %.9g against %.9g", i, got[i], want[i]);
+
+  tt_optimizer *plain = tt_sgd(m, 0.1f, 0, 0, 0);
+  tiny_steps(m, plain, 1);
+  ck_assert_int_eq(tt_module_to(m, "tt"), TT_OK);
+  tiny_steps(m, plain, 1);
+  tt_optimizer_free(plain);
+  tt_optimizer_free(o);
+  tt_module_free(m);
+  tt_optimizer_free(os);
+  tt_module_free(stay);
+  remove(state_path);
+}
+END_TEST
+
 START_TEST(test_resume_on_card_bit_identical) {
   for (int adam = 0; adam < 2; adam++) {
     for (int order = 0; order < 2; order++) resume("tt", adam, order, 0);
@@ -793,6 +837,7 @@ Suite *e2e_optimizers_suite(void) {
   tcase_add_test(tc, test_set_lr_checked);
   tcase_add_test(tc, test_options_reach_the_update);
   tcase_add_test(tc, test_lr_change_between_steps);
+  tcase_add_test(tc, test_move_after_steps);
   tcase_add_test(tc, test_resume_on_card_bit_identical);
   tcase_add_test(tc, test_resume_on_cpu_bit_identical);
   tcase_add_test(tc, test_resume_on_card_without_inline);
