@@ -546,6 +546,28 @@ START_TEST(test_sample_config) {
 }
 END_TEST
 
+/* make demo's script: with its admin listener on a port it picked, it runs the main job,
+ * shows ttd's metrics and stops ttd cleanly; when ttd cannot start, it fails and prints
+ * ttd's log instead of deleting it. */
+START_TEST(test_demo_script) {
+  char root[PATH_MAX], build[PATH_MAX], cmd[3 * PATH_MAX];
+  repo_root(root, sizeof(root));
+  build_dir(root, build, sizeof(build));
+  char *out = NULL;
+  snprintf(cmd, sizeof(cmd), "cd '%s' && MLP_ARGS='--epochs 1' scripts/demo.sh '%s'", root, build);
+  int rc = run(cmd, &out);
+  ck_assert_msg(rc == 0 && strstr(out, "test accuracy: ") && strstr(out, "a few of ttd's metrics (http://127.0.0.1:") &&
+                strstr(out, "ttd_rpc_total{method=\"Execute\"") && strstr(out, "== ttd stopped cleanly"),
+                "demo: exit %d:\n%s", rc, out);
+  free(out);
+  snprintf(cmd, sizeof(cmd), "cd '%s' && DEMO_ADMIN=nohost scripts/demo.sh '%s'", root, build);
+  rc = run(cmd, &out);
+  ck_assert_msg(rc != 0 && strstr(out, "make demo failed; ttd's log") && strstr(out, "event=start-failed") &&
+                strstr(out, "--admin must be host:port"), "demo with a bad admin address: exit %d:\n%s", rc, out);
+  free(out);
+}
+END_TEST
+
 /* The number of lines of text. */
 static int count_lines(const char *text) {
   int n = 0;
@@ -649,6 +671,7 @@ Suite *e2e_service_suite(void) {
   tcase_add_test(packaging, test_unit_file_verifies);
   tcase_add_test(packaging, test_make_install);
   tcase_add_test(packaging, test_sample_config);
+  tcase_add_test(packaging, test_demo_script);
   tcase_set_timeout(packaging, 300);
   tcase_set_tags(packaging, "packaging"); /* builds and installs; valgrind-e2e skips it */
   suite_add_tcase(s, packaging);
