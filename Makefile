@@ -158,6 +158,13 @@ test-asan:
 check-layers:
 	@scripts/check-layers
 
+# The Python package (client/python, `import ttd.torch`): its pytest suites with Debian's
+# python3 and torch, against libttclient.so of this build and a real ttd.
+.PHONY: test-python
+test-python: all
+	TTD_BIN=$(abspath $(BUILD))/bin/ttd TTD_LIB=$(abspath $(BUILD))/lib/libttclient.so \
+	  /usr/bin/python3 -m pytest -q -p no:cacheprovider client/python/tests
+
 # Every code block of README.md and docs/ compiled or run against this build and a real ttd.
 .PHONY: check-docs
 check-docs: all
@@ -167,6 +174,7 @@ test: deps
 	$(MAKE) check-layers
 	$(MAKE) all
 	$(MAKE) test-unit
+	$(MAKE) --no-print-directory test-python
 	$(MAKE) --no-print-directory check-docs
 	$(MAKE) test-asan
 	$(MAKE) --no-print-directory faults-short

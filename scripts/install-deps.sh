@@ -10,11 +10,14 @@ PACKAGES=(
   protobuf-compiler python3 python3-grpcio python3-protobuf
   zlib1g-dev libjansson-dev dataset-fashion-mnist
   libsystemd-dev systemd libssl-dev openssl curl groff-base
+  python3-torch python3-numpy python3-pytest
 )
 
-# --bench: also what `make bench` needs (OpenBLAS for the sgemm reference, PyTorch for the
-# training-step reference); neither is needed to build, test or run ttd.
-if [ "${1:-}" = "--bench" ]; then PACKAGES+=(libopenblas-dev python3-torch); fi
+# PyTorch, numpy and pytest: the Python package's tests (make test-python), and the bench's
+# training-step reference.
+# --bench: also OpenBLAS, the sgemm reference of `make bench`, which building, testing and
+# running ttd do not need.
+if [ "${1:-}" = "--bench" ]; then PACKAGES+=(libopenblas-dev); fi
 # --fuzz: also what `make fuzz` needs (clang and its libFuzzer runtime); the corpus replay of
 # `make test` builds with gcc and needs neither.
 if [ "${1:-}" = "--fuzz" ]; then PACKAGES+=(clang libclang-rt-14-dev); fi

@@ -1,0 +1,40 @@
+"""Starts a real ttd (TTD_BIN, default build/bin/ttd of this repository) on a temporary Unix
+socket with --admin off for the test session, points TTD_ADDRESS at it, stops it after."""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "client", "python"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ttd_daemon():
+    binary = os.environ.get("TTD_BIN", os.path.join(REPO, "build", "bin", "ttd"))
+    if not os.path.exists(binary):
+        pytest.exit(f"no ttd at {binary}: run `make all` or set TTD_BIN", returncode=2)
+    tmp = tempfile.mkdtemp(prefix="ttd-pytest-")
+    sock = os.path.join(tmp, "ttd.sock")
+    log = open(os.path.join(tmp, "ttd.log"), "w")
+    proc = subprocess.Popen([binary, "--listen", f"unix:{sock}", "--admin", "off", "--log-level", "warn"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 10
+    while not os.path.exists(sock):
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.exit(f"ttd did not start: see {log.name}", returncode=2)
+        time.sleep(0.02)
+    os.environ["TTD_ADDRESS"] = f"unix:{sock}"
+    yield f"unix:{sock}"
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()

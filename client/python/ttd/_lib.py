@@ -1,0 +1,297 @@
+"""The one binding to libttclient (ctypes): every call into the C library goes through here.
+
+Finds the library as $TTD_LIB, else the build tree's build/lib/libttclient.so (relative to
+this package's source), else the installed libttclient.so.1. Errors become TTError carrying
+tt_last_error's text. Objects here own one C reference each and release it when collected;
+each keeps what it was made from (its client, its module) alive so frees happen in order."""
+import ctypes
+import os
+from ctypes import POINTER, c_char_p, c_float, c_int, c_int64, c_uint64, c_void_p
+
+FLOAT32, BFLOAT16, INT32 = 1, 2, 3
+MAX_DIMS = 8
+
+
+class TTError(RuntimeError):
+    """A libttclient call failed; code is its tt_status (gRPC's canonical codes)."""
+
+    def __init__(self, code, message):
+        self.code = code
+        super().__init__(f"{message} ({_L.tt_status_name(code).decode()})")
+
+
+def _find_library():
+    env = os.environ.get("TTD_LIB")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    built = os.path.normpath(os.path.join(here, "..", "..", "..", "build", "lib", "libttclient.so"))
+    if os.path.exists(built):
+        return built
+    return "libttclient.so.1"
+
+
+class _SgdOptions(ctypes.Structure):
+    _fields_ = [("lr", c_float), ("momentum", c_float), ("dampening", c_float), ("weight_decay", c_float),
+                ("nesterov", c_int)]
+
+
+_L = ctypes.CDLL(_find_library())
+_P = c_void_p
+
+
+def _sig(name, restype, *argtypes):
+    f = getattr(_L, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+
+
+_sig("tt_connect", c_int, c_char_p, _P, POINTER(_P))
+_sig("tt_disconnect", None, _P)
+_sig("tt_errcode", c_int, _P)
+_sig("tt_status_name", c_char_p, c_int)
+_sig("tt_last_error", c_char_p, _P)
+_sig("tt_tensor_from_host", _P, _P, c_void_p, c_int, POINTER(c_int64), c_int)
+_sig("tt_tensor_free", None, _P)
+_sig("tt_to", _P, _P, c_char_p)
+_sig("tt_to_dtype", _P, _P, c_char_p, c_int)
+_sig("tt_tensor_client", _P, _P)
+_sig("tt_tensor_dtype", c_int, _P)
+_sig("tt_tensor_ndim", c_int, _P)
+_sig("tt_tensor_shape", POINTER(c_int64), _P)
+_sig("tt_tensor_nbytes", c_uint64, _P)
+_sig("tt_tensor_device", c_char_p, _P)
+_sig("tt_tensor_is_host", c_int, _P)
+_sig("tt_tensor_data", c_void_p, _P)
+_sig("tt_graph_create", _P, _P, c_uint64)
+_sig("tt_graph_free", None, _P)
+_sig("tt_graph_input", c_int, _P, c_char_p, c_int, POINTER(c_int64), c_int)
+_sig("tt_graph_param_from", c_int, _P, c_char_p, _P)
+_sig("tt_graph_op", c_int, _P, c_char_p, POINTER(c_int), c_int, c_char_p)
+_sig("tt_graph_output", c_int, _P, c_int)
+_sig("tt_compile", _P, _P, _P)
+_sig("tt_module_free", None, _P)
+_sig("tt_module_to", c_int, _P, c_char_p)
+_sig("tt_module_device", c_char_p, _P)
+_sig("tt_module_param_count", c_int, _P)
+_sig("tt_module_param_name", c_char_p, _P, c_int)
+_sig("tt_module_output_count", c_int, _P)
+_sig("tt_module_param", _P, _P, c_char_p)
+_sig("tt_forward", c_int, _P, POINTER(_P), c_int, POINTER(_P))
+_sig("tt_module_train", None, _P, c_int)
+_sig("tt_mul", _P, _P, _P)
+_sig("tt_sum", _P, _P)
+_sig("tt_backward", c_int, _P)
+_sig("tt_param_grad", _P, _P, c_char_p)
+_sig("tt_sgd_options_init", None, POINTER(_SgdOptions))
+_sig("tt_sgd_opts", _P, _P, POINTER(_SgdOptions))
+_sig("tt_step", c_int, _P)
+_sig("tt_zero_grad", c_int, _P)
+_sig("tt_optimizer_free", None, _P)
+
+
+def _b(s):
+    return None if s is None else s.encode()
+
+
+class Client:
+    """A session with ttd (tt_connect)."""
+
+    def __init__(self, target=None):
+        p = _P()
+        st = _L.tt_connect(_b(target), None, ctypes.byref(p))
+        if st != 0:
+            msg = _L.tt_last_error(p).decode() if p else "out of memory"
+            _L.tt_disconnect(p)
+            raise TTError(st, msg)
+        self._p = p.value
+
+    def error(self):
+        return TTError(_L.tt_errcode(self._p), _L.tt_last_error(self._p).decode())
+
+    def check(self, status):
+        if status != 0:
+            raise self.error()
+
+    def checked(self, ptr):
+        if not ptr:
+            raise self.error()
+        return ptr
+
+    def __del__(self):
+        if getattr(self, "_p", None) and _L is not None:
+            _L.tt_disconnect(self._p)
+            self._p = None
+
+
+def _shape_array(shape):
+    return (c_int64 * max(len(shape), 1))(*shape)
+
+
+class Tensor:
+    """One reference to a tt_tensor (host or device)."""
+
+    def __init__(self, client, ptr, keep=None):
+        self.client = client
+        self._p = client.checked(ptr)
+        self._keep = keep  # what must outlive this tensor (e.g. the module of a run)
+
+    @classmethod
+    def from_host(cls, client, data_ptr, dtype, shape):
+        """A host tensor holding a copy of numel * size bytes at data_ptr (tt_tensor_from_host
+        copies: libttclient has no borrowing constructor)."""
+        return cls(client, _L.tt_tensor_from_host(client._p, c_void_p(data_ptr), dtype, _shape_array(shape),
+                                                  len(shape)))
+
+    def to(self, device, dtype=None):
+        if dtype is None or dtype == self.dtype:
+            return Tensor(self.client, _L.tt_to(self._p, device.encode()), self._keep)
+        return Tensor(self.client, _L.tt_to_dtype(self._p, device.encode(), dtype), self._keep)
+
+    @property
+    def shape(self):
+        n = _L.tt_tensor_ndim(self._p)
+        s = _L.tt_tensor_shape(self._p)
+        return tuple(s[i] for i in range(n))
+
+    @property
+    def dtype(self):
+        return _L.tt_tensor_dtype(self._p)
+
+    @property
+    def device(self):
+        return _L.tt_tensor_device(self._p).decode()
+
+    @property
+    def is_host(self):
+        return bool(_L.tt_tensor_is_host(self._p))
+
+    @property
+    def nbytes(self):
+        return _L.tt_tensor_nbytes(self._p)
+
+    def copy_to(self, dst_ptr):
+        """Copies a host tensor's bytes to dst_ptr (nbytes long)."""
+        src = _L.tt_tensor_data(self._p)
+        if not src:
+            raise TTError(3, f"a tensor on {self.device} has no host data: move it to \"cpu\" first")
+        ctypes.memmove(dst_ptr, src, self.nbytes)
+
+    def mul(self, other):
+        return Tensor(self.client, _L.tt_mul(self._p, other._p))
+
+    def sum(self):
+        return Tensor(self.client, _L.tt_sum(self._p))
+
+    def backward(self):
+        """tt_backward of this host scalar: reaches the module runs it came from."""
+        self.client.check(_L.tt_backward(self._p))
+
+    def __del__(self):
+        if getattr(self, "_p", None) and _L is not None:
+            _L.tt_tensor_free(self._p)
+            self._p = None
+
+
+class Graph:
+    """A graph being built (tt_graph_*); values are ints, a failed one raises at once."""
+
+    def __init__(self, client, seed=0):
+        self.client = client
+        self._p = client.checked(_L.tt_graph_create(client._p, seed))
+
+    def _v(self, v):
+        if v < 0:
+            raise self.client.error()
+        return v
+
+    def input(self, name, dtype, shape):
+        return self._v(_L.tt_graph_input(self._p, name.encode(), dtype, _shape_array(shape), len(shape)))
+
+    def param_from(self, name, tensor):
+        return self._v(_L.tt_graph_param_from(self._p, name.encode(), tensor._p))
+
+    def op(self, op, inputs, attrs=None):
+        arr = (c_int * max(len(inputs), 1))(*inputs)
+        return self._v(_L.tt_graph_op(self._p, op.encode(), arr, len(inputs), _b(attrs)))
+
+    def output(self, value):
+        if _L.tt_graph_output(self._p, value) != 0:
+            raise self.client.error()
+
+    def __del__(self):
+        if getattr(self, "_p", None) and _L is not None:
+            _L.tt_graph_free(self._p)
+            self._p = None
+
+
+class Module:
+    """A compiled module (tt_compile), starting on "cpu"."""
+
+    def __init__(self, graph):
+        self.client = graph.client
+        self._p = self.client.checked(_L.tt_compile(self.client._p, graph._p))
+
+    def to(self, device):
+        self.client.check(_L.tt_module_to(self._p, device.encode()))
+
+    @property
+    def device(self):
+        return _L.tt_module_device(self._p).decode()
+
+    def param_names(self):
+        return [_L.tt_module_param_name(self._p, i).decode() for i in range(_L.tt_module_param_count(self._p))]
+
+    def param(self, name):
+        return Tensor(self.client, _L.tt_module_param(self._p, name.encode()), self)
+
+    def param_grad(self, name):
+        """The .grad of a parameter where the module is; None before the first backward."""
+        p = _L.tt_param_grad(self._p, name.encode())
+        if not p:
+            err = self.client.error()
+            if err.code == 9:  # FAILED_PRECONDITION: no backward yet
+                return None
+            raise err
+        return Tensor(self.client, p, self)
+
+    def train(self, training):
+        _L.tt_module_train(self._p, 1 if training else 0)
+
+    def forward(self, inputs):
+        n_out = _L.tt_module_output_count(self._p)
+        ins = (_P * max(len(inputs), 1))(*[t._p for t in inputs])
+        outs = (_P * max(n_out, 1))()
+        self.client.check(_L.tt_forward(self._p, ins, len(inputs), outs))
+        return [Tensor(self.client, outs[i], self) for i in range(n_out)]
+
+    def __del__(self):
+        if getattr(self, "_p", None) and _L is not None:
+            _L.tt_module_free(self._p)
+            self._p = None
+
+
+class Optimizer:
+    """tt_sgd_opts over all of a module's parameters, stepping where the module is."""
+
+    def __init__(self, module, ptr):
+        self.module = module
+        self._p = module.client.checked(ptr)
+
+    @classmethod
+    def sgd(cls, module, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
+        o = _SgdOptions()
+        _L.tt_sgd_options_init(ctypes.byref(o))
+        o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov = lr, momentum, dampening, weight_decay, int(nesterov)
+        return cls(module, _L.tt_sgd_opts(module._p, ctypes.byref(o)))
+
+    def step(self):
+        self.module.client.check(_L.tt_step(self._p))
+
+    def zero_grad(self):
+        self.module.client.check(_L.tt_zero_grad(self._p))
+
+    def __del__(self):
+        if getattr(self, "_p", None) and _L is not None:
+            _L.tt_optimizer_free(self._p)
+            self._p = None
