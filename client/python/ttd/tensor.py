@@ -1,0 +1,87 @@
+"""Device tensors: `t.to("tt")` on a plain torch tensor, and what a tensor on a tt device
+answers (shape, dtype, device, repr, .to); any other op raises, naming it."""
+import torch
+
+from .autograd import _Download
+from .convert import _DTYPES, _TORCH_DTYPES, Device, _host_from_torch, _is_tt, _torch_from_host
+
+
+class Tensor(torch.Tensor):
+    """A tensor on a tt device: shape, dtype, device, repr and .to() work; any other op raises."""
+
+    @staticmethod
+    def __new__(cls, tt, run=None):
+        r = torch.Tensor._make_wrapper_subclass(cls, tt.shape, dtype=_TORCH_DTYPES[tt.dtype], device="meta")
+        r._tt = tt
+        r._run = run  # the compiled module whose training forward made it, if any
+        return r
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # Metadata (shape, dtype, size(), dim(), ...) is the wrapper's own; any op raises here,
+        # named as the user called it (l1_loss, not the aten sub it decomposes into).
+        name = getattr(func, "__name__", str(func))
+        if name == "__get__" or func in _METADATA:
+            with torch._C.DisableTorchFunction():
+                return func(*args, **(kwargs or {}))
+        raise RuntimeError(f"{name} is not supported on a tt device tensor (no CPU fallback): move it to the CPU "
+                           f"first with .to(\"cpu\")")
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        name = getattr(getattr(func, "overloadpacket", func), "__name__", str(func))
+        raise RuntimeError(f"{name} is not supported on a tt device tensor (no CPU fallback): move it to the CPU "
+                           f"first with .to(\"cpu\")")
+
+    @property
+    def device(self):
+        return Device(self._tt.device)
+
+    @property
+    def is_tt(self):
+        return True
+
+    def __repr__(self, *args, **kwargs):
+        return f"tensor(<on {self._tt.device}>, size={tuple(self.shape)}, dtype={self.dtype}, device='{self._tt.device}')"
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def to(self, *args, **kwargs):
+        device = kwargs.get("device", args[0] if args else None)
+        dtype = kwargs.get("dtype", args[1] if len(args) > 1 else None)
+        if isinstance(device, torch.dtype):
+            device, dtype = None, device
+        if isinstance(device, torch.device):
+            device = str(device)
+        if device is None:
+            device = self._tt.device
+        if _is_tt(device):
+            tt_dtype = None if dtype is None else _DTYPES[dtype]
+            return Tensor(self._tt.to(device, tt_dtype))
+        if device != "cpu":
+            raise RuntimeError(f"a tt tensor moves to \"cpu\" or a \"tt\" device, not {device!r}")
+        if self._run is not None and self._run.training and torch.is_grad_enabled():
+            out = _Download.apply(torch.empty(0, requires_grad=True), self)
+        else:
+            out = _torch_from_host(self._tt.to("cpu"))
+        return out if dtype is None else out.to(dtype)
+
+
+_METADATA = {torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel, torch.Tensor.element_size,
+             torch.Tensor.is_floating_point, torch.Tensor.__format__}
+
+
+_orig_to = torch.Tensor.to
+
+
+def _tensor_to(self, *args, **kwargs):
+    device = kwargs.get("device", args[0] if args else None)
+    if _is_tt(device):
+        dtype = kwargs.get("dtype", args[1] if len(args) > 1 else None)
+        src = self if dtype is None or dtype == self.dtype else _orig_to(self, dtype)
+        return Tensor(_host_from_torch(src).to(device))
+    return _orig_to(self, *args, **kwargs)
+
+
+torch.Tensor.to = _tensor_to
