@@ -9,7 +9,8 @@
 - `ttd.optim.SGD` steps on the card with torch.optim.SGD's arguments (ttd/optim.py).
 
 The package's layers, bottom-up: _lib (the one binding to libttclient), convert, autograd,
-tensor, module, optim; this module only gathers their names."""
+tensor, lower (torch ops onto ttd graphs), module, optim; this module only gathers their
+names."""
 from . import optim
 from .convert import TTError, connect
 from .module import compile
