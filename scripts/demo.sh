@@ -2,7 +2,10 @@
 # make demo: starts ttd on a temporary socket and a free admin port, runs the main job
 # against it, shows a few of its metrics, and stops it. The main job: tt_demo (devices,
 # tensors moved both ways), then mlp, which trains a Fashion-MNIST MLP on the card with the
-# loss on the CPU and prints its test accuracy. When anything fails, ttd's log is printed.
+# loss on the CPU and prints its test accuracy, then the same flow in PyTorch
+# (client/python/examples/mlp.py: x.to("tt"), ttd.compile, loss.backward() into the card).
+# MLP_ARGS go to the C mlp; PY_MLP_ARGS (default --epochs 1) to the PyTorch one.
+# When anything fails, ttd's log is printed.
 # DEMO_ADMIN=off runs ttd without its admin listener.
 set -uo pipefail
 BUILD=${1:-build}
@@ -51,6 +54,9 @@ echo "== ttd started (pid $pid) on $sock, admin ${admin}"
 TTD_ADDRESS="$sock" "$BUILD/bin/tt_demo" || fail "tt_demo failed"
 echo "== training: mlp"
 TTD_ADDRESS="$sock" "$BUILD/bin/mlp" ${MLP_ARGS:-} || fail "mlp failed"
+echo "== training in PyTorch: client/python/examples/mlp.py"
+TTD_ADDRESS="$sock" TTD_LIB="$(realpath "$BUILD/lib/libttclient.so")" \
+  /usr/bin/python3 "$(dirname "$0")/../client/python/examples/mlp.py" ${PY_MLP_ARGS:---epochs 1} || fail "the PyTorch mlp example failed"
 
 if [ "$admin" != off ]; then
   host=${admin%:*}

@@ -60,13 +60,25 @@ def test_module_to_tt_before_compile():
 
 
 def test_unsupported_op_fails_at_compile():
-    """An op ttd.compile does not map fails at compile time naming the op and the node."""
+    """An op ttd.compile does not map fails at compile time naming the op, the node and the
+    line of forward that made it."""
     class M(torch.nn.Module):
         def forward(self, x):
-            return torch.sin(x)
+            return torch.sin(x)  # the line named
     import pytest
-    with pytest.raises(NotImplementedError, match=r"sin.*node sin"):
+    with pytest.raises(NotImplementedError, match=r"sin.*node sin") as e:
         ttd.compile(M())
+    assert "test_snippet.py" in str(e.value) and "the line named" in str(e.value), str(e.value)
+
+
+def test_int64_indices_reach_an_embedding():
+    """torch's int64 indices (what nn.Embedding takes) go to the card as int32."""
+    emb = torch.nn.Embedding(10, 4)
+    idx = torch.tensor([[1, 2, 9], [0, 3, 3]])
+    m = ttd.compile(emb)
+    m.to("tt")
+    out = m(idx.to("tt")).to("cpu")
+    assert torch.allclose(out, emb(idx).detach(), atol=1e-6)
 
 
 class FunctionalMLP(torch.nn.Module):

@@ -36,6 +36,18 @@ class _SgdOptions(ctypes.Structure):
                 ("nesterov", c_int)]
 
 
+class _AdamOptions(ctypes.Structure):
+    _fields_ = [("lr", c_float), ("beta1", c_float), ("beta2", c_float), ("eps", c_float),
+                ("weight_decay", c_float), ("decoupled", c_int)]
+
+
+class _ConnectOptions(ctypes.Structure):
+    _fields_ = [("client_name", c_char_p), ("disable_keepalive", c_int), ("call_timeout_ms", c_int64),
+                ("quota_bytes", c_uint64), ("token", c_char_p), ("insecure", c_int), ("tls_ca_file", c_char_p),
+                ("tls_cert_file", c_char_p), ("tls_key_file", c_char_p), ("tls_server_name", c_char_p),
+                ("disable_shm", c_int), ("disable_spin", c_int), ("disable_malloc_tuning", c_int)]
+
+
 _L = ctypes.CDLL(_find_library())
 _P = c_void_p
 
@@ -69,6 +81,7 @@ _sig("tt_graph_input", c_int, _P, c_char_p, c_int, POINTER(c_int64), c_int)
 _sig("tt_graph_param_from", c_int, _P, c_char_p, _P)
 _sig("tt_graph_op", c_int, _P, c_char_p, POINTER(c_int), c_int, c_char_p)
 _sig("tt_graph_output", c_int, _P, c_int)
+_sig("tt_graph_shape", c_int, _P, c_int, POINTER(c_int64), POINTER(c_int))
 _sig("tt_compile", _P, _P, _P)
 _sig("tt_module_free", None, _P)
 _sig("tt_module_to", c_int, _P, c_char_p)
@@ -88,6 +101,16 @@ _sig("tt_sgd_opts", _P, _P, POINTER(_SgdOptions))
 _sig("tt_step", c_int, _P)
 _sig("tt_zero_grad", c_int, _P)
 _sig("tt_optimizer_free", None, _P)
+_sig("tt_adam_options_init", None, POINTER(_AdamOptions))
+_sig("tt_adam_opts", _P, _P, POINTER(_AdamOptions))
+_sig("tt_optimizer_lr", c_float, _P)
+_sig("tt_optimizer_set_lr", c_int, _P, c_float)
+_sig("tt_optimizer_save", c_int, _P, c_char_p)
+_sig("tt_optimizer_load", c_int, _P, c_char_p)
+_sig("tt_connect_options_init", None, POINTER(_ConnectOptions))
+_sig("tt_module_save", c_int, _P, c_char_p)
+_sig("tt_module_load", c_int, _P, c_char_p)
+_sig("tt_safetensors_save", c_int, _P, c_char_p, POINTER(c_char_p), POINTER(_P), c_int)
 
 
 def _b(s):
@@ -97,9 +120,21 @@ def _b(s):
 class Client:
     """A session with ttd (tt_connect)."""
 
-    def __init__(self, target=None):
+    def __init__(self, target=None, options=None):
+        """options: None, or a dict of tt_connect_options fields (strings for the char * ones)."""
+        opts = None
+        if options:
+            opts = _ConnectOptions()
+            _L.tt_connect_options_init(ctypes.byref(opts))
+            self._opt_strings = []  # kept alive for the call
+            for k, v in options.items():
+                if isinstance(v, str):
+                    v = v.encode()
+                    self._opt_strings.append(v)
+                setattr(opts, k, v)
+            opts = ctypes.byref(opts)
         p = _P()
-        st = _L.tt_connect(_b(target), None, ctypes.byref(p))
+        st = _L.tt_connect(_b(target), opts, ctypes.byref(p))
         if st != 0:
             msg = _L.tt_last_error(p).decode() if p else "out of memory"
             _L.tt_disconnect(p)
@@ -118,10 +153,15 @@ class Client:
             raise self.error()
         return ptr
 
-    def __del__(self):
+    def close(self):
+        """Closes the session (tt_disconnect); tensors still held keep the client's memory until
+        they are freed."""
         if getattr(self, "_p", None) and _L is not None:
             _L.tt_disconnect(self._p)
             self._p = None
+
+    def __del__(self):
+        self.close()
 
 
 def _shape_array(shape):
@@ -193,6 +233,13 @@ class Tensor:
             self._p = None
 
 
+def safetensors_save(client, path, named):
+    """tt_safetensors_save of [(name, host Tensor)]."""
+    names = (c_char_p * max(len(named), 1))(*[n.encode() for n, _ in named])
+    ts = (_P * max(len(named), 1))(*[t._p for _, t in named])
+    client.check(_L.tt_safetensors_save(client._p, path.encode(), names, ts, len(named)))
+
+
 class Graph:
     """A graph being built (tt_graph_*); values are ints, a failed one raises at once."""
 
@@ -218,6 +265,13 @@ class Graph:
     def output(self, value):
         if _L.tt_graph_output(self._p, value) != 0:
             raise self.client.error()
+
+    def shape(self, value):
+        """The inferred shape of a value (tt_graph_shape)."""
+        dims, nd = (c_int64 * 8)(), c_int()
+        if _L.tt_graph_shape(self._p, value, dims, ctypes.byref(nd)) != 0:
+            raise self.client.error()
+        return tuple(dims[:nd.value])
 
     def __del__(self):
         if getattr(self, "_p", None) and _L is not None:
@@ -258,6 +312,14 @@ class Module:
     def train(self, training):
         _L.tt_module_train(self._p, 1 if training else 0)
 
+    def save(self, path):
+        """tt_module_save: the parameters, wherever they are, to a safetensors file."""
+        self.client.check(_L.tt_module_save(self._p, path.encode()))
+
+    def load(self, path):
+        """tt_module_load: every parameter from a safetensors file, where the module is."""
+        self.client.check(_L.tt_module_load(self._p, path.encode()))
+
     def forward(self, inputs):
         n_out = _L.tt_module_output_count(self._p)
         ins = (_P * max(len(inputs), 1))(*[t._p for t in inputs])
@@ -284,6 +346,26 @@ class Optimizer:
         _L.tt_sgd_options_init(ctypes.byref(o))
         o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov = lr, momentum, dampening, weight_decay, int(nesterov)
         return cls(module, _L.tt_sgd_opts(module._p, ctypes.byref(o)))
+
+    @classmethod
+    def adam(cls, module, lr, beta1, beta2, eps, weight_decay, decoupled):
+        o = _AdamOptions()
+        _L.tt_adam_options_init(ctypes.byref(o))
+        o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.decoupled = lr, beta1, beta2, eps, weight_decay, int(decoupled)
+        return cls(module, _L.tt_adam_opts(module._p, ctypes.byref(o)))
+
+    @property
+    def lr(self):
+        return _L.tt_optimizer_lr(self._p)
+
+    def set_lr(self, lr):
+        self.module.client.check(_L.tt_optimizer_set_lr(self._p, lr))
+
+    def save(self, path):
+        self.module.client.check(_L.tt_optimizer_save(self._p, path.encode()))
+
+    def load(self, path):
+        self.module.client.check(_L.tt_optimizer_load(self._p, path.encode()))
 
     def step(self):
         self.module.client.check(_L.tt_step(self._p))

@@ -1,5 +1,7 @@
 """Between torch and libttclient: the process's client, dtypes, the "tt" device object, and
 host tensors copied either way. Below every other module of the package but _lib."""
+import atexit
+
 import torch
 
 from . import _lib
@@ -11,12 +13,37 @@ _TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
 _client = None
 
 
-def connect(target=None):
-    """Connects (or reconnects) the process's session: target None means $TTD_ADDRESS, then the
-    default sockets (as tt_connect)."""
+def connect(target=None, token=None, tls_ca=None, insecure=False, tls_cert=None, tls_key=None,
+            tls_server_name=None, client_name=None, timeout=None, quota_bytes=0, keepalive=True, shm=True):
+    """Connects (or reconnects) the process's session (tt_connect with tt_connect_options).
+
+    target: "unix:/path" or "host:port"; None means $TTD_ADDRESS, then the default sockets.
+    token: the tenant's bearer token (None: $TTD_TOKEN). TCP uses TLS unless insecure=True;
+    tls_ca, tls_cert, tls_key: PEM files (None: $TTD_TLS_CA, $TTD_TLS_CERT, $TTD_TLS_KEY);
+    tls_server_name: the name to check in the server's certificate. timeout: seconds of each
+    unary call (None: 60). quota_bytes: device memory asked for (0: the most ttd allows).
+    keepalive=False: no background renewal; shm=False: no same-host shared memory.
+    Raises TTError (UNAVAILABLE naming the addresses tried) when no ttd answers."""
     global _client
-    _client = _lib.Client(target)
+    opts = {"token": token, "insecure": int(bool(insecure)), "tls_ca_file": tls_ca, "tls_cert_file": tls_cert,
+            "tls_key_file": tls_key, "tls_server_name": tls_server_name, "client_name": client_name,
+            "call_timeout_ms": 0 if timeout is None else max(1, int(timeout * 1000)),
+            "quota_bytes": int(quota_bytes), "disable_keepalive": int(not keepalive), "disable_shm": int(not shm)}
+    # libttclient's UNAVAILABLE already names the addresses tried and how to start ttd there
+    client = _lib.Client(target, {k: v for k, v in opts.items() if v is not None})
+    _client = client
     return _client
+
+
+def _close():
+    """At exit: the session is closed (its tensors freed at once) rather than left to its lease."""
+    global _client
+    if _client is not None:
+        _client.close()
+        _client = None
+
+
+atexit.register(_close)
 
 
 def _get_client():
@@ -50,7 +77,13 @@ class Device:
 
 
 def _host_from_torch(t):
-    """A libttclient host tensor with a copy of a CPU torch tensor's values."""
+    """A libttclient host tensor with a copy of a CPU torch tensor's values. torch's int64
+    indices (torch.long, what Embedding takes) become int32 when they fit."""
+    if t.dtype == torch.int64:
+        if t.numel() and (t.min() < -2**31 or t.max() >= 2**31):
+            raise ValueError("an int64 tensor with values outside int32's range cannot go to a tt device, "
+                             "which holds int32 indices")
+        t = t.to(torch.int32)
     if t.dtype not in _DTYPES:
         raise TypeError(f"a tt device holds float32, bfloat16 or int32, not {t.dtype}: convert it first "
                         f"(e.g. .float())")

@@ -1,25 +1,65 @@
 """torch.fx graphs lowered onto libttclient graphs: which torch ops ttd runs, and the error
-naming the op and the node for any other. Below module.py."""
+naming the op, the node and the forward's line for any other. Below module.py."""
+import linecache
+import operator
+import re
+
 import torch
 import torch.fx
 
 from . import _lib
 from .convert import _DTYPES, _get_client, _host_from_torch
 
-
-def _linear_weights(graph, name, lin_w, lin_b, x):
-    w = graph.param_from(f"{name}.weight", _host_from_torch(lin_w))
-    ins = [x, w]
-    if lin_b is not None:
-        ins.append(graph.param_from(f"{name}.bias", _host_from_torch(lin_b)))
-    return graph.op("linear", ins)
+F = torch.nn.functional
 
 
-def _softmax_dim(node, args, kwargs):
-    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
-    if dim != -1 or kwargs.get("dtype") is not None:
-        raise NotImplementedError(f"ttd.compile: softmax over dim={dim} (node {node.name}) is not supported: only "
-                                  f"the last dim (dim=-1)")
+def _where(node):
+    """", at FILE:LINE: SOURCE" of the user's forward that made node, where fx recorded it
+    (a torch.fx.Tracer with record_stack_traces=True); "" otherwise."""
+    m = re.search(r'File "([^"]+)", line (\d+), in (\w+)', node.stack_trace or "")
+    if not m:
+        return ""
+    src = linecache.getline(m.group(1), int(m.group(2))).strip()
+    return f", at {m.group(1)}:{m.group(2)} in {m.group(3)}" + (f": {src}" if src else "")
+
+
+def _fail(node, what, why):
+    raise NotImplementedError(f"ttd.compile: {what} (node {node.name}{_where(node)}) {why}")
+
+
+def _arg(node, i, name, default=None):
+    if name in node.kwargs:
+        return node.kwargs[name]
+    return node.args[i] if len(node.args) > i else default
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _ints(v):
+    return "[" + ",".join(str(int(x)) for x in v) + "]"
+
+
+def _attrs(**kw):
+    return ";".join(f"{k}={_ints(v) if isinstance(v, (tuple, list)) else v}" for k, v in kw.items()) or None
+
+
+_UNARY = {"relu": (F.relu, torch.relu), "sigmoid": (torch.sigmoid, F.sigmoid), "tanh": (torch.tanh, F.tanh),
+          "exp": (torch.exp,), "log": (torch.log,)}
+_BINARY = {"add": (operator.add, torch.add, operator.iadd), "sub": (operator.sub, torch.sub, operator.isub),
+           "mul": (operator.mul, torch.mul, operator.imul),
+           "div": (operator.truediv, torch.div, torch.true_divide, operator.itruediv)}
+
+
+def _is_size(n):
+    """x.size(dim) with an integer dim (a torch.Size is not supported)."""
+    return isinstance(n, torch.fx.Node) and n.op == "call_method" and n.target == "size" and \
+        isinstance(_arg(n, 1, "dim"), int)
+
+
+def _named(t, name, fns):
+    return t == name or t in fns
 
 
 class Lowering:
@@ -33,53 +73,274 @@ class Lowering:
 
     def _check_ops(self):
         for node in self._gm.graph.nodes:
-            self._lower(node, None, None, check_only=True)
+            if node.op not in ("placeholder", "output"):
+                self._plan(node)
 
-    # One node onto the graph; check_only: say at compile time if it is unsupported.
     def _lower(self, node, graph, env, check_only=False):
-        F = torch.nn.functional
-        if node.op in ("placeholder", "output") and check_only:
-            return None
-        if node.op == "get_attr":  # a parameter used by a functional op (F.linear(x, self.w, self.b))
-            p = self._gm.get_parameter(node.target) if node.target in self._params else None
-            if p is None:
-                raise NotImplementedError(f"ttd.compile: attribute {node.target} (node {node.name}) is not a "
-                                          f"parameter: buffers and constants are not supported yet")
-            return None if check_only else graph.param_from(node.target, _host_from_torch(p))
-        if node.op == "call_module":
-            sub = self._gm.get_submodule(node.target)
-            if isinstance(sub, torch.nn.Linear):
-                return None if check_only else _linear_weights(graph, node.target, sub.weight, sub.bias,
-                                                               env[node.args[0].name])
-            if isinstance(sub, torch.nn.ReLU):
-                return None if check_only else graph.op("relu", [env[node.args[0].name]])
-            if isinstance(sub, torch.nn.Softmax):
-                if sub.dim != -1 and check_only:
-                    raise NotImplementedError(f"ttd.compile: Softmax(dim={sub.dim}) (node {node.name}) is not "
-                                              f"supported: only the last dim")
-                return None if check_only else graph.op("softmax", [env[node.args[0].name]])
-            raise NotImplementedError(f"ttd.compile: module {type(sub).__name__} ({node.target}, node {node.name}) is "
-                                      f"not supported yet")
-        if node.op == "call_function" or node.op == "call_method":
-            t = node.target
-            if t in (F.relu, torch.relu) or t == "relu":
-                return None if check_only else graph.op("relu", [env[node.args[0].name]])
-            if t in (F.softmax, torch.softmax) or t == "softmax":
-                if check_only:
-                    _softmax_dim(node, node.args, node.kwargs)
-                return None if check_only else graph.op("softmax", [env[node.args[0].name]])
-            if t is F.linear:
-                w = node.kwargs.get("weight", node.args[1] if len(node.args) > 1 else None)
-                b = node.kwargs.get("bias", node.args[2] if len(node.args) > 2 else None)
-                ins = [a for a in (node.args[0], w, b) if a is not None]
-                if any(not isinstance(a, torch.fx.Node) for a in ins):
-                    raise NotImplementedError(f"ttd.compile: F.linear (node {node.name}) with a constant argument is "
-                                              f"not supported yet")
-                return None if check_only else graph.op("linear", [env[a.name] for a in ins])
-            what = getattr(t, "__name__", str(t))
-            raise NotImplementedError(f"ttd.compile: {node.op} {what} (node {node.name}) is not supported yet")
-        raise NotImplementedError(f"ttd.compile: {node.op} {node.target} (node {node.name}) is not supported")
+        emit = self._plan(node)
+        return None if check_only else emit(graph, env)
 
+    # A node's plan: checked now (raises naming the op, the node and the line), emitted by
+    # calling it with (graph, env) at build time.
+    def _plan(self, node):
+        if node.op == "get_attr":  # a parameter used by a functional op (F.linear(x, self.w, self.b))
+            if node.target not in self._params:
+                _fail(node, f"attribute {node.target}", "is not a parameter: buffers and constants are not supported")
+            p = self._gm.get_parameter(node.target)
+            return lambda g, env: g.param_from(node.target, _host_from_torch(p))
+        if node.op == "call_module":
+            return self._plan_module(node, self._gm.get_submodule(node.target))
+        if node.op in ("call_function", "call_method"):
+            return self._plan_function(node, node.target)
+        _fail(node, f"{node.op} {node.target}", "is not supported")
+
+    @staticmethod
+    def _op(node, op, ins, attrs=None):
+        """A plan of one ttd op on ins (fx nodes, or (name, tensor) parameters)."""
+        for a in ins:
+            if not isinstance(a, (torch.fx.Node, tuple)):
+                _fail(node, op, f"with a constant argument {a!r} is not supported: ttd's {op} takes tensors only")
+
+        def emit(g, env):
+            vals = [env[a.name] if isinstance(a, torch.fx.Node) else g.param_from(a[0], _host_from_torch(a[1]))
+                    for a in ins]
+            return g.op(op, vals, attrs)
+        return emit
+
+    def _view_sizes(self, node, x, shape):
+        """view/reshape with x.size(d) entries: resolved from the built shapes; an entry that is
+        some input's size(0) becomes -1 (the batch follows), the -1 it replaces the product."""
+        def emit(g, env):
+            dims, batch = [], None
+            for i, d in enumerate(shape):
+                if isinstance(d, int):
+                    dims.append(d)
+                    continue
+                src, k = d.args[0], _arg(d, 1, "dim")
+                dims.append(g.shape(env[src.name])[k])
+                if k == 0 and batch is None:
+                    batch = i
+            if -1 in dims:
+                known = 1
+                for d in dims:
+                    known *= d if d != -1 else 1
+                n = 1
+                for d in g.shape(env[x.name]):
+                    n *= d
+                dims[dims.index(-1)] = n // known if known else 0
+            if batch is not None:
+                dims[batch] = -1
+            return g.op("reshape", [env[x.name]], _attrs(shape=dims))
+        return emit
+
+    def _reshape_plan(self, node, x, shape_of):
+        """reshape whose shape depends on the input's (shape_of(input shape) -> new shape); a
+        leading -1 keeps the batch free."""
+        def emit(g, env):
+            shape = list(shape_of(g.shape(env[x.name])))
+            if -1 not in shape and shape:
+                shape[0] = -1
+            return g.op("reshape", [env[x.name]], _attrs(shape=shape))
+        return emit
+
+    # ---- modules ----
+    def _plan_module(self, node, sub):
+        nn = torch.nn
+        x = node.args[0] if node.args else None
+        name = type(sub).__name__
+        par = lambda attr: (f"{node.target}.{attr}", getattr(sub, attr))  # noqa: E731
+        if isinstance(sub, nn.Linear):
+            return self._op(node, "linear", [x, par("weight")] + ([par("bias")] if sub.bias is not None else []))
+        if isinstance(sub, (nn.ReLU, nn.Sigmoid, nn.Tanh)):
+            return self._op(node, name.lower(), [x])
+        if isinstance(sub, nn.GELU):
+            if sub.approximate != "none":
+                _fail(node, f"GELU(approximate={sub.approximate!r})",
+                      "is not supported: ttd's gelu is the exact (erf) one")
+            return self._op(node, "gelu", [x])
+        if isinstance(sub, (nn.Softmax, nn.LogSoftmax)):
+            return self._softmax(node, "softmax" if isinstance(sub, nn.Softmax) else "log_softmax", x, sub.dim, None)
+        if isinstance(sub, nn.Conv2d):
+            return self._conv(node, x, par("weight"), par("bias") if sub.bias is not None else None, sub.stride,
+                              sub.padding, sub.dilation, sub.groups, sub.padding_mode)
+        if isinstance(sub, nn.LayerNorm):
+            wb = [par("weight"), par("bias")] if sub.elementwise_affine else []
+            return self._layer_norm(node, x, sub.normalized_shape, wb, sub.eps)
+        if isinstance(sub, nn.Embedding):
+            return self._embedding(node, x, par("weight"), sub.padding_idx, sub.max_norm, sub.scale_grad_by_freq,
+                                   sub.sparse)
+        if isinstance(sub, nn.Dropout):
+            return self._op(node, "dropout", [x], _attrs(p=float(sub.p)))
+        if isinstance(sub, (nn.MaxPool2d, nn.AvgPool2d)):
+            return self._pool(node, x, sub)
+        if isinstance(sub, nn.Flatten):
+            return self._flatten(node, x, sub.start_dim, sub.end_dim)
+        if isinstance(sub, nn.Unflatten):
+            return self._unflatten(node, x, sub.dim, sub.unflattened_size)
+        if isinstance(sub, nn.Identity):
+            return lambda g, env: env[x.name]
+        _fail(node, f"module {name} ({node.target})", "is not supported")
+
+    # ---- functions and tensor methods ----
+    def _plan_function(self, node, t):
+        x = _arg(node, 0, "input")
+        what = t if isinstance(t, str) else getattr(t, "__name__", str(t))
+        for op, fns in _UNARY.items():
+            if _named(t, op, fns):
+                return self._op(node, op, [x])
+        if _named(t, "gelu", (F.gelu,)):
+            if _arg(node, 1, "approximate", "none") != "none":
+                _fail(node, "gelu(approximate='tanh')", "is not supported: ttd's gelu is the exact (erf) one")
+            return self._op(node, "gelu", [x])
+        for op, fn in (("softmax", (F.softmax, torch.softmax)), ("log_softmax", (F.log_softmax, torch.log_softmax))):
+            if _named(t, op, fn):
+                return self._softmax(node, op, x, _arg(node, 1, "dim"), _arg(node, 3 if t in fn[:1] else 2, "dtype"))
+        for op, fns in _BINARY.items():
+            if _named(t, op, fns):
+                if node.kwargs.get("alpha", 1) != 1 or node.kwargs.get("rounding_mode") is not None:
+                    _fail(node, what, f"with {dict(node.kwargs)} is not supported")
+                a, b = node.args[0], _arg(node, 1, "other")
+                if not (isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node)):
+                    _fail(node, f"{op} of a tensor and a constant", "is not supported: ttd's add/sub/mul/div take "
+                          "two tensors (make the constant a parameter or a second input)")
+                return self._op(node, op, [a, b])
+        if _named(t, "matmul", (operator.matmul, torch.matmul)):
+            return self._op(node, "matmul", [node.args[0], _arg(node, 1, "other")])
+        if t is F.linear:
+            return self._op(node, "linear", [a for a in (x, _arg(node, 1, "weight"), _arg(node, 2, "bias"))
+                                              if a is not None])
+        if t is F.conv2d:
+            return self._conv(node, x, _arg(node, 1, "weight"), _arg(node, 2, "bias"), _arg(node, 3, "stride", 1),
+                              _arg(node, 4, "padding", 0), _arg(node, 5, "dilation", 1), _arg(node, 6, "groups", 1),
+                              "zeros")
+        if t is F.layer_norm:
+            wb = [_arg(node, 2, "weight"), _arg(node, 3, "bias")]
+            if (wb[0] is None) != (wb[1] is None):
+                _fail(node, "layer_norm", "with a weight but no bias (or a bias but no weight) is not supported")
+            return self._layer_norm(node, x, _arg(node, 1, "normalized_shape"), [w for w in wb if w is not None],
+                                    _arg(node, 4, "eps", 1e-5))
+        if t is F.embedding:
+            return self._embedding(node, x, _arg(node, 1, "weight"), _arg(node, 2, "padding_idx"),
+                                   _arg(node, 3, "max_norm"), _arg(node, 5, "scale_grad_by_freq", False),
+                                   _arg(node, 6, "sparse", False))
+        if t is F.dropout:
+            if not _arg(node, 2, "training", True):
+                return lambda g, env: env[x.name]
+            return self._op(node, "dropout", [x], _attrs(p=float(_arg(node, 1, "p", 0.5))))
+        if t in (F.max_pool2d, F.avg_pool2d):
+            k = _arg(node, 1, "kernel_size")
+            spec = dict(kernel_size=k, stride=_arg(node, 2, "stride") or k, padding=_arg(node, 3, "padding", 0))
+            if t is F.max_pool2d:
+                spec.update(dilation=_arg(node, 4, "dilation", 1), ceil_mode=_arg(node, 5, "ceil_mode", False),
+                            return_indices=_arg(node, 6, "return_indices", False))
+                return self._pool(node, x, torch.nn.MaxPool2d(**spec))
+            spec.update(ceil_mode=_arg(node, 4, "ceil_mode", False),
+                        count_include_pad=_arg(node, 5, "count_include_pad", True),
+                        divisor_override=_arg(node, 6, "divisor_override"))
+            return self._pool(node, x, torch.nn.AvgPool2d(**spec))
+        if _named(t, "flatten", (torch.flatten,)):
+            return self._flatten(node, x, _arg(node, 1, "start_dim", 0), _arg(node, 2, "end_dim", -1))
+        if _is_size(node):  # only as a size of view/reshape (x.view(x.size(0), -1)), checked there
+            for user in node.users:
+                if not (user.op == "call_method" and user.target in ("view", "reshape")) and user.target is not \
+                        torch.reshape:
+                    _fail(node, "size", f"used by {user.name} is not supported: only in view/reshape's shape")
+            return lambda g, env: None
+        if _named(t, "unflatten", ()):
+            return self._unflatten(node, x, _arg(node, 1, "dim"), _arg(node, 2, "sizes"))
+        if _named(t, "view", ()) or _named(t, "reshape", (torch.reshape,)):
+            shape = node.args[1:] if len(node.args) > 1 else (node.kwargs.get("shape") or node.kwargs.get("size"),)
+            if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+                shape = tuple(shape[0])
+            if all(isinstance(d, int) for d in shape):
+                return self._op(node, "reshape", [x], _attrs(shape=list(shape)))
+            if not all(isinstance(d, int) or _is_size(d) for d in shape):
+                _fail(node, what, f"to a shape computed at run time ({shape}) is not supported: give the sizes as "
+                      "integers or x.size(dim), -1 for the batch")
+            return self._view_sizes(node, x, shape)
+        if _named(t, "transpose", (torch.transpose,)):
+            return self._op(node, "transpose", [x], _attrs(dim0=_arg(node, 1, "dim0"), dim1=_arg(node, 2, "dim1")))
+        if _named(t, "permute", (torch.permute,)):
+            perm = node.args[1:] if len(node.args) > 1 else (node.kwargs.get("dims"),)
+            if len(perm) == 1 and isinstance(perm[0], (tuple, list)):
+                perm = tuple(perm[0])
+            return self._op(node, "permute", [x], _attrs(perm=list(perm)))
+        for op, fn in (("sum", torch.sum), ("mean", torch.mean)):
+            if _named(t, op, (fn,)):
+                dim, keep = _arg(node, 1, "dim"), _arg(node, 2, "keepdim", False)
+                if node.kwargs.get("dtype") is not None:
+                    _fail(node, what, "with dtype= is not supported")
+                axes = None if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+                kw = {"keepdim": int(bool(keep))}
+                if axes is not None:
+                    kw["axes"] = axes
+                return self._op(node, op, [x], _attrs(**kw))
+        _fail(node, f"{node.op} {what}", "is not supported")
+
+    # ---- shared by the module and functional forms ----
+    def _softmax(self, node, op, x, dim, dtype):
+        if dim is None or dtype is not None or not isinstance(dim, int):
+            _fail(node, f"{op}(dim={dim}, dtype={dtype})", "is not supported: give dim (the last one, -1), no dtype")
+        if dim >= 0:  # ttd checks at build time that it is the last dim
+            return self._op(node, op, [x], _attrs(axis=dim))
+        if dim != -1:
+            _fail(node, f"{op}(dim={dim})", "is not supported: ttd's softmax is over the last dim only (dim=-1)")
+        return self._op(node, op, [x])
+
+    def _conv(self, node, x, w, b, stride, padding, dilation, groups, padding_mode):
+        if isinstance(padding, str):
+            if padding != "valid":
+                _fail(node, f"conv2d(padding={padding!r})", "is not supported: give the padding as integers")
+            padding = 0
+        if _pair(dilation) != (1, 1) or groups != 1 or padding_mode != "zeros":
+            _fail(node, f"conv2d(dilation={dilation}, groups={groups}, padding_mode={padding_mode!r})",
+                  "is not supported: ttd's conv2d has dilation 1, groups 1 and zero padding")
+        return self._op(node, "conv2d", [x, w] + ([b] if b is not None else []),
+                        _attrs(stride=_pair(stride), padding=_pair(padding)))
+
+    def _layer_norm(self, node, x, shape, wb, eps):
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        if len(shape) != 1:
+            _fail(node, f"layer_norm(normalized_shape={shape})", "is not supported: ttd normalises the last dim only")
+        return self._op(node, "layer_norm", [x] + wb, _attrs(eps=repr(float(eps))))
+
+    def _embedding(self, node, x, w, padding_idx, max_norm, scale_grad_by_freq, sparse):
+        if padding_idx is not None or max_norm is not None or scale_grad_by_freq or sparse:
+            _fail(node, "embedding(padding_idx/max_norm/scale_grad_by_freq/sparse)",
+                  "is not supported: ttd's embedding is the plain lookup")
+        return self._op(node, "embedding", [x, w])
+
+    def _pool(self, node, x, sub):
+        op = "max_pool2d" if isinstance(sub, torch.nn.MaxPool2d) else "avg_pool2d"
+        if sub.ceil_mode:
+            _fail(node, f"{op}(ceil_mode=True)", "is not supported")
+        if op == "max_pool2d" and (_pair(sub.dilation) != (1, 1) or sub.return_indices):
+            _fail(node, f"{op}(dilation={sub.dilation}, return_indices={sub.return_indices})", "is not supported")
+        if op == "avg_pool2d" and (not sub.count_include_pad or sub.divisor_override is not None):
+            _fail(node, f"{op}(count_include_pad={sub.count_include_pad}, divisor_override={sub.divisor_override})",
+                  "is not supported: ttd divides by the whole window")
+        stride = sub.stride if sub.stride else sub.kernel_size
+        return self._op(node, op, [x], _attrs(kernel=_pair(sub.kernel_size), stride=_pair(stride),
+                                              padding=_pair(sub.padding)))
+
+    def _flatten(self, node, x, start, end):
+        if end == -1:
+            return self._op(node, "flatten", [x], _attrs(start_dim=start))
+        if start < 0 or end < 0:
+            _fail(node, f"flatten(start_dim={start}, end_dim={end})", "is not supported: give end_dim=-1, or both "
+                  "dims counted from 0")
+
+        def shape_of(s):
+            n = 1
+            for d in s[start:end + 1]:
+                n *= d
+            return list(s[:start]) + [n] + list(s[end + 1:])
+        return self._reshape_plan(node, x, shape_of)
+
+    def _unflatten(self, node, x, dim, sizes):
+        if not isinstance(dim, int):
+            _fail(node, f"Unflatten(dim={dim!r})", "with a named dim is not supported")
+        return self._reshape_plan(node, x, lambda s: list(s[:dim % len(s)]) + list(sizes) + list(s[dim % len(s) + 1:]))
 
     def build(self, example):
         """A libttclient graph for the inputs' dtypes and shapes; also sets n_outputs and

@@ -1,5 +1,9 @@
 """ttd.compile's module: traced with torch.fx, lowered onto a libttclient graph at the first
 call, run on a card or in process, with torch's manners (to, train/eval, parameters)."""
+import collections
+import os
+import tempfile
+
 import torch
 import torch.fx
 
@@ -21,8 +25,9 @@ class Parameter:
         return Device(self._owner._device) if _is_tt(self._owner._device) else torch.device("cpu")
 
     def _value(self):
-        m = self._owner._built()
-        return _torch_from_host(m.param(self.name).to("cpu"))
+        if self._owner._module is None:  # not run yet: the traced module's value
+            return self._owner._gm.get_parameter(self.name).detach().clone()
+        return _torch_from_host(self._owner._module.param(self.name).to("cpu"))
 
     def cpu(self):
         return self._value()
@@ -38,7 +43,7 @@ class Parameter:
 
     @property
     def grad(self):
-        if self._owner._module is None:
+        if self._owner._module is None or self._owner._grad_none:
             return None
         g = self._owner._module.param_grad(self.name)
         return None if g is None else _torch_from_host(g.to("cpu"))
@@ -52,11 +57,15 @@ class CompiledModule:
 
     def __init__(self, module):
         self._source = module
-        self._gm = torch.fx.symbolic_trace(module)
+        tracer = torch.fx.Tracer()
+        tracer.record_stack_traces = True  # compile errors name the line of forward
+        self._gm = torch.fx.GraphModule(module, tracer.trace(module))
         self._params = {n: Parameter(self, n, p.shape, p.dtype) for n, p in module.named_parameters()}
         self._device = getattr(module, "_ttd_device", "cpu")
         self.training = module.training
         self._module = None
+        self._zeroer = None  # a stateless SGD whose tt_zero_grad serves zero_grad()
+        self._grad_none = False  # zero_grad(set_to_none=True) until the next training run
         self._lowering = Lowering(self._gm, set(self._params))
 
     def _build(self, example):
@@ -94,6 +103,57 @@ class CompiledModule:
     def eval(self):
         return self.train(False)
 
+    def zero_grad(self, set_to_none=False):
+        """torch's Module.zero_grad (set_to_none defaults to False in torch 1.13): every .grad
+        becomes 0, or None until the next training run with set_to_none."""
+        if self._module is not None:
+            if self._zeroer is None:
+                self._zeroer = _lib.Optimizer.sgd(self._module, 0.0)
+            self._zeroer.zero_grad()
+        if set_to_none:
+            self._grad_none = True
+
+    def state_dict(self):
+        """torch's state_dict: CPU copies of the parameters, under torch's names."""
+        return collections.OrderedDict((n, p._value()) for n, p in self._params.items())
+
+    def load_state_dict(self, state_dict, strict=True):
+        """torch's load_state_dict: the values onto the module wherever it is. Missing or
+        unexpected keys (strict) and shape mismatches raise RuntimeError as torch's do, and
+        leave the module unchanged; returns (missing_keys, unexpected_keys)."""
+        missing = [k for k in self._params if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in self._params]
+        errors = []
+        if strict:
+            if unexpected:
+                errors.append("Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected) + ". ")
+            if missing:
+                errors.append("Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + ". ")
+        values = {}
+        for name, p in self._params.items():
+            if name not in state_dict:
+                continue
+            v = state_dict[name]
+            v = v if isinstance(v, torch.Tensor) and not isinstance(v, Tensor) else v.to("cpu")
+            if tuple(v.shape) != tuple(p.shape):
+                errors.append(f"size mismatch for {name}: copying a param with shape {v.shape} from checkpoint, the "
+                              f"shape in current model is {p.shape}.")
+            values[name] = v.detach().to(p.dtype).contiguous()
+        if errors:
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(self._source).__name__}:\n\t" +
+                               "\n\t".join(errors))
+        if self._module is None:  # not run yet: the traced module's values, read at the first call
+            with torch.no_grad():
+                for name, v in values.items():
+                    self._gm.get_parameter(name).copy_(v)
+        elif values:
+            named = [(n, _host_from_torch(values[n] if n in values else p._value())) for n, p in self._params.items()]
+            with tempfile.TemporaryDirectory(prefix="ttd-") as tmp:
+                path = os.path.join(tmp, "state.safetensors")
+                _lib.safetensors_save(self._module.client, path, named)
+                self._module.load(path)
+        return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
+
     def parameters(self):
         return iter(list(self._params.values()))
 
@@ -119,6 +179,8 @@ class CompiledModule:
             if self.training and not training:
                 self._module.train(True)
         run = self if training else None
+        if training:
+            self._grad_none = False
         res = [Tensor(o, run) for o in outs]
         if not on_tt:  # a module left on "cpu" runs in process and answers CPU tensors
             res = [r.to("cpu") for r in res]

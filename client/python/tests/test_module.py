@@ -1,0 +1,133 @@
+"""A compiled module's torch manners (parameters, state_dict, load_state_dict, zero_grad) and
+ttd.connect, compared against plain torch on the CPU."""
+import copy
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ttd.torch as ttd
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.relu, self.l2 = torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.l2(self.relu(self.l1(x)))
+
+
+def _pair(device="tt"):
+    torch.manual_seed(0)
+    ref = MLP()
+    return ref, ttd.compile(copy.deepcopy(ref)).to(device)
+
+
+def _assert_same(sd, want):
+    assert list(sd) == list(want)
+    for k in want:
+        assert sd[k].device.type == "cpu"
+        assert torch.equal(sd[k], want[k]), k
+
+
+def test_parameters_before_the_first_call():
+    """parameters() and named_parameters() answer before the module has run, with torch's names
+    and shapes, and give their values."""
+    ref, m = _pair()
+    assert [n for n, _ in m.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    assert [p.shape for p in m.parameters()] == [p.shape for p in ref.parameters()]
+    assert all(p.grad is None for p in m.parameters())
+    assert torch.equal(next(m.parameters()).cpu(), ref.l1.weight.detach())
+
+
+@pytest.mark.parametrize("device", ["tt", "cpu"])
+def test_state_dict_names_and_values_are_torchs(device):
+    """state_dict() gives CPU tensors under torch's names, before and after the first call."""
+    ref, m = _pair(device)
+    _assert_same(m.state_dict(), ref.state_dict())
+    x = torch.randn(3, 16)
+    m(x.to(device) if device == "tt" else x)
+    _assert_same(m.state_dict(), ref.state_dict())
+
+
+@pytest.mark.parametrize("device", ["tt", "cpu"])
+@pytest.mark.parametrize("built", [False, True])
+def test_load_state_dict_round_trip(device, built):
+    """Values loaded go onto the module wherever it is, run or not; the outputs follow them."""
+    ref, m = _pair(device)
+    x = torch.randn(3, 16)
+    run = (lambda: m(x.to(device) if device == "tt" else x).to("cpu"))
+    if built:
+        run()
+    torch.manual_seed(7)
+    other = MLP()
+    res = m.load_state_dict(other.state_dict())
+    assert res.missing_keys == [] and res.unexpected_keys == []
+    _assert_same(m.state_dict(), other.state_dict())
+    torch.testing.assert_close(run(), other(x), rtol=1e-5, atol=1e-6)
+    m.load_state_dict(ref.state_dict())
+    _assert_same(m.state_dict(), ref.state_dict())
+    torch.testing.assert_close(run(), ref(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("built", [False, True])
+def test_load_state_dict_errors_as_torchs(built):
+    """Missing and unexpected keys (strict) and a wrong shape raise RuntimeError, as torch's
+    load_state_dict does, and leave the module unchanged."""
+    ref, m = _pair()
+    if built:
+        m(torch.randn(2, 16).to("tt"))
+    sd = ref.state_dict()
+    missing = {k: v for k, v in sd.items() if k != "l2.bias"}
+    with pytest.raises(RuntimeError, match='Missing key\\(s\\) in state_dict: "l2.bias"'):
+        m.load_state_dict(missing)
+    with pytest.raises(RuntimeError, match='Missing key\\(s\\) in state_dict: "l2.bias"'):
+        ref.load_state_dict(missing)
+    with pytest.raises(RuntimeError, match='Unexpected key\\(s\\) in state_dict: "extra"'):
+        m.load_state_dict({**sd, "extra": torch.zeros(1)})
+    bad = {**sd, "l1.weight": torch.zeros(5, 5)}
+    with pytest.raises(RuntimeError, match="size mismatch for l1.weight"):
+        m.load_state_dict(bad)
+    with pytest.raises(RuntimeError, match="size mismatch for l1.weight"):
+        ref.load_state_dict(bad)
+    _assert_same(m.state_dict(), ref.state_dict())
+    res = m.load_state_dict({**missing, "extra": torch.zeros(1)}, strict=False)
+    assert res.missing_keys == ["l2.bias"] and res.unexpected_keys == ["extra"]
+    _assert_same(m.state_dict(), ref.state_dict())
+
+
+def test_module_zero_grad():
+    """zero_grad() on the module zeroes every .grad; set_to_none=True reads None."""
+    ref, m = _pair()
+    m.zero_grad()  # before the first call: nothing to do
+    x, y = torch.randn(4, 16), torch.randint(0, 4, (4,))
+    F.cross_entropy(m(x.to("tt")).to("cpu"), y).backward()
+    F.cross_entropy(ref(x), y).backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    m.zero_grad()
+    assert all(torch.count_nonzero(p.grad) == 0 for p in m.parameters())
+    m.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in m.parameters())
+
+
+def test_connect_with_options(ttd_daemon):
+    """ttd.connect takes tt_connect_options' options; a session made with them works."""
+    c = ttd.connect(ttd_daemon, client_name="pytest", timeout=30, shm=False)
+    assert c is not None
+    assert torch.equal(torch.arange(6.0).to("tt").cpu(), torch.arange(6.0))
+    ttd.connect()  # back to $TTD_ADDRESS, the defaults
+
+
+def test_connect_to_nothing_says_how_to_start_ttd():
+    """When no ttd answers, TTError names the address and how to start ttd there."""
+    with tempfile.TemporaryDirectory() as tmp:
+        target = f"unix:{os.path.join(tmp, 'nothing.sock')}"
+        with pytest.raises(ttd.TTError) as e:
+            ttd.connect(target)
+    msg = str(e.value)
+    assert target in msg and "ttd --listen" in msg and "UNAVAILABLE" in msg
+    assert torch.equal(torch.ones(2).to("tt").cpu(), torch.ones(2))  # the session in place still works
