@@ -10,7 +10,7 @@ PACKAGES=(
   protobuf-compiler python3 python3-grpcio python3-protobuf
   zlib1g-dev libjansson-dev dataset-fashion-mnist
   libsystemd-dev systemd libssl-dev openssl curl groff-base
-  python3-torch python3-numpy python3-pytest
+  python3-torch python3-numpy python3-pytest python3-tqdm
 )
 
 # PyTorch, numpy and pytest: the Python package's tests (make test-python), and the bench's
