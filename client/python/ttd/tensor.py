@@ -2,7 +2,7 @@
 answers (shape, dtype, device, repr, .to); any other op raises, naming it."""
 import torch
 
-from .autograd import _Download
+from .autograd import download
 from .convert import _DTYPES, _TORCH_DTYPES, Device, _host_from_torch, _is_tt, _torch_from_host
 
 
@@ -14,6 +14,7 @@ class Tensor(torch.Tensor):
         r = torch.Tensor._make_wrapper_subclass(cls, tt.shape, dtype=_TORCH_DTYPES[tt.dtype], device="meta")
         r._tt = tt
         r._run = run  # the compiled module whose training forward made it, if any
+        r._link = None  # its link into torch's graph, made at its first download (autograd.download)
         return r
 
     @classmethod
@@ -62,7 +63,7 @@ class Tensor(torch.Tensor):
         if device != "cpu":
             raise RuntimeError(f"a tt tensor moves to \"cpu\" or a \"tt\" device, not {device!r}")
         if self._run is not None and self._run.training and torch.is_grad_enabled():
-            out = _Download.apply(torch.empty(0, requires_grad=True), self)
+            out = download(self)
         else:
             out = _torch_from_host(self._tt.to("cpu"))
         return out if dtype is None else out.to(dtype)

@@ -1,0 +1,101 @@
+"""Misuse: each raises the error that says what went wrong, never a crash."""
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+import torch
+
+import ttd.torch as ttd
+from ttd import convert
+
+from conftest import REPO
+
+
+def test_device_tensor_given_to_a_cpu_op():
+    """A device output given to a CPU op raises naming the op and "cpu"."""
+    cm = ttd.compile(torch.nn.Linear(784, 10).to("tt"))
+    out = cm(torch.randn(1, 784).to("tt"))
+    with pytest.raises(RuntimeError, match=r"relu is not supported on a tt device tensor.*\.to\(\"cpu\"\)"):
+        torch.relu(out)
+    with pytest.raises(RuntimeError, match=r"cross_entropy.*\"cpu\""):
+        torch.nn.functional.cross_entropy(out, torch.tensor([3]))
+
+
+def test_module_moved_while_a_training_run_is_pending():
+    """.to("cpu") with a training forward not yet backpropagated: libttclient's refusal surfaces."""
+    cm = ttd.compile(torch.nn.Linear(784, 10).to("tt"))
+    out = cm(torch.randn(1, 784).to("tt"))
+    with pytest.raises(ttd.TTError, match=r"1 forward run\(s\) pending.*before moving it.*FAILED_PRECONDITION"):
+        cm.to("cpu")
+    out.to("cpu").sum().backward()  # the run backpropagated: the move goes through
+    cm.to("cpu")
+    assert cm(torch.randn(1, 784)).shape == (1, 10)
+
+
+def test_daemon_down_names_the_address_and_how_to_start_ttd():
+    """ttd.connect where nothing listens: TTError naming the address and how to start ttd."""
+    before = convert._client
+    addr = "unix:" + os.path.join(tempfile.mkdtemp(prefix="ttd-none-"), "ttd.sock")
+    with pytest.raises(ttd.TTError, match=r"nothing listens at " + addr + r": start ttd there.*ttd --listen"):
+        ttd.connect(addr)
+    assert convert._client is before  # the process's session is unchanged
+
+
+def _start_ttd(sock):
+    binary = os.environ.get("TTD_BIN", os.path.join(REPO, "build", "bin", "ttd"))
+    proc = subprocess.Popen([binary, "--listen", f"unix:{sock}", "--admin", "off", "--log-level", "error"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 10
+    while not os.path.exists(sock):
+        assert proc.poll() is None and time.time() < deadline, "private ttd did not start"
+        time.sleep(0.02)
+    return proc
+
+
+def _stop_ttd(proc):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def private_ttd():
+    """A ttd of this test's own on a fresh socket, the process's session pointed at it; the
+    shared session is put back after."""
+    sock = os.path.join(tempfile.mkdtemp(prefix="ttd-private-"), "ttd.sock")
+    state = {"proc": _start_ttd(sock), "sock": sock}
+    before = convert._client
+    ttd.connect(f"unix:{sock}")
+    yield state
+    convert._client.close()
+    convert._client = before
+    _stop_ttd(state["proc"])
+
+
+def test_daemon_restarted_under_the_program(private_ttd):
+    """ttd stopped and a new one started on the same socket: the next call raises TTError with
+    libttclient's message, no crash."""
+    cm = ttd.compile(torch.nn.Linear(784, 10).to("tt"))
+    x = torch.randn(2, 784).to("tt")
+    cm(x).to("cpu")
+    _stop_ttd(private_ttd["proc"])
+    if os.path.exists(private_ttd["sock"]):
+        os.unlink(private_ttd["sock"])
+    private_ttd["proc"] = _start_ttd(private_ttd["sock"])
+    with pytest.raises(ttd.TTError) as e:
+        cm(x).to("cpu")
+    assert "daemon restarted, tensors are gone" in str(e.value) and "reconnect" in str(e.value)
+
+
+def test_feature_size_other_than_the_compiled_one():
+    """Input [1, 783] to a module compiled at [1, 784]: an error naming the shapes."""
+    cm = ttd.compile(torch.nn.Linear(784, 10).to("tt"))
+    cm(torch.randn(1, 784).to("tt"))
+    with pytest.raises(ttd.TTError, match=r"\[1, 783\].*\[10, 784\].*INVALID_ARGUMENT"):
+        cm(torch.randn(1, 783).to("tt"))
