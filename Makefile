@@ -250,6 +250,11 @@ clean:
 PREFIX ?= /usr/local
 TTCLIENT_VERSION := $(VERSION)
 INSTALL_GEN := $(BUILD)/install
+# The Python package ttd (`import ttd.torch`), its .py files only, where Debian's /usr/bin/python3
+# looks: /usr/lib/python3/dist-packages for PREFIX=/usr, else PREFIX/lib/python3.X/dist-packages
+# (Debian's site.py adds /usr/local/lib/python3.X/dist-packages, not .../python3/...).
+PY_VERSION := $(shell /usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+PYTHONDIR ?= $(if $(filter /usr,$(PREFIX)),$(PREFIX)/lib/python3/dist-packages,$(PREFIX)/lib/python$(PY_VERSION)/dist-packages)
 
 install: $(TTD) $(LIB_A) $(LIB_SO) $(BUILD)/bin/ttctl
 	@mkdir -p $(INSTALL_GEN)
@@ -267,6 +272,8 @@ install: $(TTD) $(LIB_A) $(LIB_SO) $(BUILD)/bin/ttctl
 	install -D -m 0644 $(INSTALL_GEN)/ttd.service $(DESTDIR)/lib/systemd/system/ttd.service
 	install -D -m 0644 scripts/ttd.sysusers $(DESTDIR)/usr/lib/sysusers.d/ttd.conf
 	if [ ! -e $(DESTDIR)/etc/ttd/ttd.conf ]; then install -D -m 0644 scripts/ttd.conf $(DESTDIR)/etc/ttd/ttd.conf; fi
+	install -d -m 0755 $(DESTDIR)$(PYTHONDIR)/ttd
+	install -m 0644 $(wildcard client/python/ttd/*.py) $(DESTDIR)$(PYTHONDIR)/ttd/
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 

@@ -3,6 +3,7 @@
  * into a DESTDIR with a program built against the installed ttclient.pc, and the sample
  * config loaded and kept in step with `ttd --help`. */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
@@ -346,8 +347,8 @@ static void assert_mode(const char *path, mode_t type, mode_t perm) {
 }
 
 /* `make install DESTDIR PREFIX=/usr` puts the daemon, library (.a, .so.1 and the .so link),
- * header, ttclient.pc, the unit with ExecStart in PREFIX and the sample config in place, keeps
- * an existing ttd.conf on a second install, and a program including <ttclient.h> builds with
+ * header, the Python package ttd (importable), ttclient.pc, the unit with ExecStart in PREFIX
+ * and the sample config in place, keeps an existing ttd.conf on a second install, and a program including <ttclient.h> builds with
  * `pkg-config --cflags --libs ttclient` against the installed .so and runs. */
 START_TEST(test_make_install) {
   char root[PATH_MAX], build[PATH_MAX], dest[64], path[PATH_MAX + 64], cmd[4 * PATH_MAX];
@@ -431,6 +432,44 @@ START_TEST(test_make_install) {
   text = read_file(path);
   ck_assert_str_eq(text, "# the admin's own\n");
   free(text);
+
+  /* The Python package: every .py file of client/python/ttd at mode 0644, nothing else (no tests, no
+   * __pycache__), and `import ttd.torch` works from there against the installed library. */
+  char pkg[PATH_MAX + 64], src_dir[PATH_MAX + 32];
+  snprintf(pkg, sizeof(pkg), "%s/usr/lib/python3/dist-packages/ttd", dest);
+  snprintf(src_dir, sizeof(src_dir), "%s/client/python/ttd", root);
+  DIR *dir = opendir(src_dir);
+  ck_assert_msg(dir != NULL, "%s: %s", src_dir, strerror(errno));
+  int n_py = 0;
+  for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+    size_t len = strlen(e->d_name);
+    if (len < 4 || strcmp(e->d_name + len - 3, ".py") != 0) continue;
+    char file[sizeof(pkg) + 256];
+    snprintf(file, sizeof(file), "%s/%s", pkg, e->d_name);
+    assert_mode(file, S_IFREG, 0644);
+    n_py++;
+  }
+  closedir(dir);
+  ck_assert_int_gt(n_py, 0);
+  dir = opendir(pkg);
+  ck_assert_msg(dir != NULL, "%s: %s", pkg, strerror(errno));
+  for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+    size_t len = strlen(e->d_name);
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    ck_assert_msg(len >= 4 && strcmp(e->d_name + len - 3, ".py") == 0, "%s/%s: not a .py file of the package",
+                  pkg, e->d_name);
+  }
+  closedir(dir);
+#ifndef __SANITIZE_ADDRESS__ /* an ASan-built libttclient cannot be loaded into an uninstrumented python */
+  snprintf(cmd, sizeof(cmd),
+           "cd '%s' && PYTHONPATH='%s/usr/lib/python3/dist-packages' TTD_LIB='%s/usr/lib/libttclient.so.1' "
+           "PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -c 'import ttd.torch, ttd; print(ttd.__file__)' 2>&1",
+           dest, dest, dest);
+  rc = run(cmd, &out);
+  ck_assert_msg(rc == 0, "import ttd.torch from the install: exit %d:\n%s", rc, out);
+  ck_assert_msg(strstr(out, pkg) != NULL, "ttd was imported from elsewhere than %s:\n%s", pkg, out);
+  free(out);
+#endif
 
   /* A program built the pkg-config way, against the installed .so (found through the link). */
   char prog[PATH_MAX];
