@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Issue 17's speed lines, through the PyTorch front end (`import ttd.torch as ttd`):
+
+- torch_mlp_step_b64, _b256: ms per training step of the 784-512-10 MLP made as
+  client/python/examples/mlp.py makes it (x.to("tt"), the compiled model on the card,
+  out.to("cpu"), F.cross_entropy on the CPU, loss.backward(), ttd.optim.SGD step and
+  zero_grad on the card), random data, against the same step in plain PyTorch on the CPU
+  (scripts/bench/torch_step.py --serve in a child process, the faster of 1 thread and all
+  cores), repetitions alternating, each preceded by untimed steps, medians.
+- torch_layer_share_b64: the share in % of the ttd.torch step spent outside libttclient:
+  every function of ttd._lib._L is wrapped (in this process only) to sum the time spent in
+  the C calls; share = 1 - C time / step time, median over repetitions; reference 15 %.
+
+Prints JSON lines {name, ours, reference, unit, ratio, better} for scripts/bench/bench.
+
+  PYTHONPATH=client/python TTD_LIB=build/lib/libttclient.so \\
+    bench_torch.py --target unix:SOCK [--daemon-pid PID] [--reps 15 --steps 50]"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WARMUP = 10  # untimed steps before each repetition, as bench_train and torch_step.py
+
+
+def log(msg):
+    print(f"  bench_torch: {msg}", file=sys.stderr, flush=True)
+
+
+def record(name, ours, reference, unit, better="lower"):
+    ratio = ours / reference if reference else float("nan")
+    print(json.dumps({"name": name, "ours": float(f"{ours:.6g}"), "reference": float(f"{reference:.6g}"),
+                      "unit": unit, "ratio": float(f"{ratio:.4g}"), "better": better}), flush=True)
+    log(f"{name:<24} ours {ours:10.4g}  reference {reference:10.4g} {unit:<8} ratio {ratio:.3f} ({better} is better)")
+
+
+def cpu_ns(pid):
+    total = 0
+    try:
+        for t in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except OSError:
+                pass
+    except OSError:
+        return None
+    return total
+
+
+def wait_idle(pid, max_ms=2000, window_ms=10, busy=0.02):
+    """As bench_wait_idle: until pid's threads ran under 2 % of a 10 ms window."""
+    if not pid:
+        return
+    start, before = time.perf_counter(), cpu_ns(pid)
+    if before is None:
+        return
+    while True:
+        time.sleep(window_ms / 1e3)
+        after = cpu_ns(pid)
+        if after is None or after - before < window_ms * 1e6 * busy or (time.perf_counter() - start) * 1e3 >= max_ms:
+            return
+        before = after
+
+
+class MLP(nn.Module):  # as client/python/examples/mlp.py
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 512)
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Linear(512, 10)
+
+    def forward(self, x):
+        return self.fc2(self.relu(self.fc1(x)))
+
+
+class TTStep:
+    """The example's step through ttd.torch, on four fixed random batches used in turn."""
+
+    def __init__(self, ttd, batch):
+        torch.manual_seed(1)
+        self.model = ttd.compile(MLP())
+        self.model.to("tt")
+        self.model.train()
+        self.opt = ttd.optim.SGD(self.model.parameters(), lr=0.1)
+        self.xs = [torch.rand(batch, 784) for _ in range(4)]
+        self.ys = [torch.randint(0, 10, (batch,)) for _ in range(4)]
+        self.i = 0
+
+    def run(self, steps):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            k = self.i % 4
+            self.i += 1
+            out = self.model(self.xs[k].to("tt"))
+            loss = F.cross_entropy(out.to("cpu"), self.ys[k])
+            loss.backward()
+            self.opt.step()
+            self.opt.zero_grad()
+        return (time.perf_counter() - t0) * 1e3 / max(steps, 1)
+
+
+class Reference:
+    """torch_step.py --serve: "BATCH THREADS STEPS WARMUP" in, ms per step out."""
+
+    def __init__(self, python):
+        self.p = subprocess.Popen([python, os.path.join(HERE, "torch_step.py"), "--serve"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def rep(self, batch, threads, steps):
+        self.p.stdin.write(f"{batch} {threads} {steps} {WARMUP}\n")
+        self.p.stdin.flush()
+        return float(self.p.stdout.readline())
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait()
+
+
+class LibTimer:
+    """Wraps every libttclient function of ttd._lib._L to sum the seconds spent in C."""
+
+    def __init__(self, lib):
+        self.L, self.seconds, self.calls, self.orig = lib._L, 0.0, 0, {}
+        self.per = {}
+
+    def install(self):
+        pc = time.perf_counter
+        names = [n for n in dir(self.L) if n.startswith("tt_")]
+        for n in names:
+            f = getattr(self.L, n)
+            if not callable(f):
+                continue
+            self.orig[n] = f
+
+            def wrap(*a, _f=f, _n=n):
+                t0 = pc()
+                try:
+                    return _f(*a)
+                finally:
+                    dt = pc() - t0
+                    self.seconds += dt
+                    self.calls += 1
+                    c = self.per.get(_n)
+                    self.per[_n] = (c[0] + 1, c[1] + dt) if c else (1, dt)
+            setattr(self.L, n, wrap)
+
+    def uninstall(self):
+        for n, f in self.orig.items():
+            setattr(self.L, n, f)
+        self.orig = {}
+
+    def reset(self):
+        self.seconds, self.calls, self.per = 0.0, 0, {}
+
+
+def wrapper_cost():
+    """Seconds one wrapped call adds over an unwrapped one: logged only, not subtracted, so the
+    Python share stays an upper bound."""
+    pc = time.perf_counter
+    acc = [0.0]
+
+    def f():
+        return None
+
+    def w(*a):
+        t0 = pc()
+        try:
+            return f(*a)
+        finally:
+            acc[0] += pc() - t0
+    n = 20000
+    t0 = pc()
+    for _ in range(n):
+        f()
+    t1 = pc()
+    for _ in range(n):
+        w()
+    t2 = pc()
+    return ((t2 - t1) - (t1 - t0)) / n
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=None)
+    ap.add_argument("--daemon-pid", type=int, default=0)
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--reps", type=int, default=int(os.environ.get("BENCH_REPS", 0) or 15))
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--batches", default="64,256")
+    a = ap.parse_args()
+
+    ref = Reference(a.python)  # before ttd's client starts its gRPC threads
+    import ttd.torch as ttd
+    from ttd import _lib
+    if a.target:
+        ttd.connect(a.target)
+    threads = sorted({1, os.cpu_count() or 1})
+    steps = {}
+    for batch in (int(b) for b in a.batches.split(",")):
+        s = steps[batch] = TTStep(ttd, batch)
+        s.run(WARMUP)
+        ours, theirs = [], {t: [] for t in threads}
+        for _ in range(a.reps):
+            wait_idle(ref.p.pid)
+            s.run(WARMUP)
+            ours.append(s.run(a.steps))
+            wait_idle(a.daemon_pid)
+            for t in threads:
+                theirs[t].append(ref.rep(batch, t, a.steps))
+        med = {t: statistics.median(v) for t, v in theirs.items()}
+        log(f"PyTorch at batch {batch}: " + ", ".join(f"{v:.3f} ms/step on {t} thread(s)" for t, v in med.items()))
+        record(f"torch_mlp_step_b{batch}", statistics.median(ours), min(med.values()), "ms")
+    ref.close()
+
+    # The Python layer's share at batch 64: wrapped C calls against the whole step.
+    s = steps.get(64) or TTStep(ttd, 64)
+    timer = LibTimer(_lib)
+    timer.install()
+    shares, step_ms = [], []
+    try:
+        s.run(WARMUP)
+        for _ in range(a.reps):
+            wait_idle(a.daemon_pid)
+            s.run(WARMUP)
+            timer.reset()
+            ms = s.run(a.steps)
+            c_ms = timer.seconds * 1e3 / a.steps
+            step_ms.append(ms)
+            shares.append(100.0 * (1 - c_ms / ms))
+        per = sorted(timer.per.items(), key=lambda kv: -kv[1][1])
+    finally:
+        timer.uninstall()
+    share = statistics.median(shares)
+    log(f"batch 64 with wrapped calls: {statistics.median(step_ms):.3f} ms/step, {timer.calls / a.steps:.0f} "
+        f"libttclient calls/step (wrapper adds ~{wrapper_cost() * 1e6:.2f} us each, counted as Python)")
+    log("C time per step, last repetition: " + ", ".join(
+        f"{n} {c // a.steps}x {t * 1e3 / a.steps:.3f} ms" for n, (c, t) in per[:6]))
+    record("torch_layer_share_b64", share, 15.0, "%")
+
+
+if __name__ == "__main__":
+    main()
