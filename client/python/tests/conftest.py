@@ -13,28 +13,43 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def ttd_daemon():
+def start_ttd(sock, log):
+    """A ttd (TTD_BIN) serving unix:sock with --admin off, its output to the file log; None if it
+    exited or did not make its socket within 10 s (then it is killed)."""
     binary = os.environ.get("TTD_BIN", os.path.join(REPO, "build", "bin", "ttd"))
     if not os.path.exists(binary):
         pytest.exit(f"no ttd at {binary}: run `make all` or set TTD_BIN", returncode=2)
-    tmp = tempfile.mkdtemp(prefix="ttd-pytest-")
-    sock = os.path.join(tmp, "ttd.sock")
-    log = open(os.path.join(tmp, "ttd.log"), "w")
     proc = subprocess.Popen([binary, "--listen", f"unix:{sock}", "--admin", "off", "--log-level", "warn"],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 10
     while not os.path.exists(sock):
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
-            pytest.exit(f"ttd did not start: see {log.name}", returncode=2)
+            proc.wait()
+            return None
         time.sleep(0.02)
-    os.environ["TTD_ADDRESS"] = f"unix:{sock}"
-    yield f"unix:{sock}"
+    return proc
+
+
+def stop_ttd(proc):
+    """SIGTERM, then SIGKILL if it has not stopped within 15 s."""
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ttd_daemon():
+    tmp = tempfile.mkdtemp(prefix="ttd-pytest-")
+    sock = os.path.join(tmp, "ttd.sock")
+    log = open(os.path.join(tmp, "ttd.log"), "w")
+    proc = start_ttd(sock, log)
+    if proc is None:
+        pytest.exit(f"ttd did not start: see {log.name}", returncode=2)
+    os.environ["TTD_ADDRESS"] = f"unix:{sock}"
+    yield f"unix:{sock}"
+    stop_ttd(proc)
     log.close()

@@ -1,9 +1,7 @@
 """Misuse: each raises the error that says what went wrong, never a crash."""
 import os
-import signal
 import subprocess
 import tempfile
-import time
 
 import pytest
 import torch
@@ -11,7 +9,7 @@ import torch
 import ttd.torch as ttd
 from ttd import convert
 
-from conftest import REPO
+from conftest import start_ttd, stop_ttd
 
 
 def test_device_tensor_given_to_a_cpu_op():
@@ -44,24 +42,10 @@ def test_daemon_down_names_the_address_and_how_to_start_ttd():
     assert convert._client is before  # the process's session is unchanged
 
 
-def _start_ttd(sock):
-    binary = os.environ.get("TTD_BIN", os.path.join(REPO, "build", "bin", "ttd"))
-    proc = subprocess.Popen([binary, "--listen", f"unix:{sock}", "--admin", "off", "--log-level", "error"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 10
-    while not os.path.exists(sock):
-        assert proc.poll() is None and time.time() < deadline, "private ttd did not start"
-        time.sleep(0.02)
+def _private_ttd(sock):
+    proc = start_ttd(sock, subprocess.DEVNULL)
+    assert proc is not None, "private ttd did not start"
     return proc
-
-
-def _stop_ttd(proc):
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture
@@ -69,13 +53,13 @@ def private_ttd():
     """A ttd of this test's own on a fresh socket, the process's session pointed at it; the
     shared session is put back after."""
     sock = os.path.join(tempfile.mkdtemp(prefix="ttd-private-"), "ttd.sock")
-    state = {"proc": _start_ttd(sock), "sock": sock}
+    state = {"proc": _private_ttd(sock), "sock": sock}
     before = convert._client
     ttd.connect(f"unix:{sock}")
     yield state
     convert._client.close()
     convert._client = before
-    _stop_ttd(state["proc"])
+    stop_ttd(state["proc"])
 
 
 def test_daemon_restarted_under_the_program(private_ttd):
@@ -84,10 +68,10 @@ def test_daemon_restarted_under_the_program(private_ttd):
     cm = ttd.compile(torch.nn.Linear(784, 10).to("tt"))
     x = torch.randn(2, 784).to("tt")
     cm(x).to("cpu")
-    _stop_ttd(private_ttd["proc"])
+    stop_ttd(private_ttd["proc"])
     if os.path.exists(private_ttd["sock"]):
         os.unlink(private_ttd["sock"])
-    private_ttd["proc"] = _start_ttd(private_ttd["sock"])
+    private_ttd["proc"] = _private_ttd(private_ttd["sock"])
     with pytest.raises(ttd.TTError) as e:
         cm(x).to("cpu")
     assert "daemon restarted, tensors are gone" in str(e.value) and "reconnect" in str(e.value)
