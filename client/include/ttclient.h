@@ -351,6 +351,41 @@ tt_tensor *tt_mean(tt_tensor *a);
  * tt_module_free drops it. A second tt_backward through the same run fails at once.
  * TTD_INLINE=0 makes every Backward its own call, answered before tt_backward returns. */
 tt_status tt_backward(tt_tensor *loss);
+/* torch.autograd.backward(tensors, grad_tensors, retain_graph): backward from n (<= 64)
+ * tensors at once, each an output of a training forward (on a card, or on "cpu"), a
+ * download of one, or a tensor tracked ops made of them; grads[i] is tensors[i]'s gradient,
+ * a float32 host tensor of its shape (grads NULL, or an entry NULL, for a one-element tensor:
+ * 1). Gradients reaching one run are summed, and each run's Backward runs once, as
+ * tt_backward's. retain_graph 0 frees each run reached after its Backward, as torch frees
+ * the graph; 1 keeps it for another backward, until tt_release_run or until its outputs are
+ * freed. tt_backward(loss) is tt_backward_grads(&loss, NULL, 1, 0). INVALID_ARGUMENT names
+ * the tensor or gradient at fault; FAILED_PRECONDITION when a run was already
+ * backpropagated without retain_graph, or released. */
+tt_status tt_backward_grads(tt_tensor *const *tensors, tt_tensor *const *grads, int n, int retain_graph);
+/* Frees what the training forward that made output (or whose output it is a download of)
+ * keeps for backward, at once: its activations on the card or in process, as torch frees a
+ * graph it no longer needs. A Backward of it still waiting for the module's next Execute
+ * frees them there instead (no call now). A later backward through it fails; the outputs
+ * stay valid tensors. INVALID_ARGUMENT for a tensor of no training forward. */
+tt_status tt_release_run(tt_tensor *output);
+
+/* ---- gradients of a forward's inputs: torch's requires_grad ----
+ * A float tensor marked here and given to a training forward (tt_forward, on a card or on
+ * "cpu") gets its gradient from that forward's backward, accumulated (summed over backwards
+ * and over the forwards it fed) into its .grad, a float32 tensor of its shape where it is.
+ * So a chain of modules trains: the gradient of the second module's input is the first
+ * module's output gradient (tt_backward_grads). Such a Backward is answered before
+ * tt_backward returns (it does not wait for the next Execute). Not thread-safe for one
+ * tensor. */
+/* 1 marks, 0 unmarks (the .grad stays). INVALID_ARGUMENT for an int32 tensor, as torch. */
+tt_status tt_tensor_set_requires_grad(tt_tensor *tensor, int requires_grad);
+int tt_tensor_requires_grad(const tt_tensor *tensor); /* 0 for NULL */
+/* A new reference to the tensor's .grad (free it; .grad stays); NULL with FAILED_PRECONDITION
+ * before any backward reached it. */
+tt_tensor *tt_tensor_grad(tt_tensor *tensor);
+/* torch's tensor.grad = None: the next backward starts a new .grad. Accepts NULL. */
+void tt_tensor_clear_grad(tt_tensor *tensor);
+
 /* The value of a one-element host tensor (NaN otherwise). */
 float tt_tensor_item(const tt_tensor *tensor);
 /* The named parameter's .grad on the module's device (read it with tt_to(.., "cpu")).

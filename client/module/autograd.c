@@ -235,13 +235,17 @@ static tt_status flush_run(tt_run_ref *ref) {
 }
 
 /* Adds t's gradient into the run of output (a module output: device, or host on "cpu"),
- * remembering the run for the flush. */
+ * remembering the run for the flush. A run kept by an earlier backward (retain_graph) whose
+ * Backward still waits sends that one first. */
 static tt_status accumulate_output(tt_client *c, const tt_tensor *output, const tt_tensor *t, tt_run_ref **runs,
                                    int *n_runs) {
   tt_run_ref *ref = tt_tensor_run(output);
+  if (ref->backward_waiting && ref->keep) TT_RETURN_IF_FAILED(tt_module_flush_backward(ref->module));
   if ((!ref->run && !ref->local_run) || ref->backward_waiting) {
     return tt_client_fail(c, TT_FAILED_PRECONDITION,
-                          "this loss reaches a module run that was already backpropagated or released; run forward again");
+                          "this backward reaches a module run that was already backpropagated or released (as torch "
+                          "frees a graph after backward); run forward again, or keep the run for another backward "
+                          "with retain_graph");
   }
   float **acc = &ref->output_grads[output->output_index];
   if (!*acc) *acc = calloc(t->numel ? t->numel : 1, sizeof(float));
@@ -255,27 +259,69 @@ static tt_status accumulate_output(tt_client *c, const tt_tensor *output, const 
   return TT_OK;
 }
 
+/* Checks tensors[i] and grads[i] (NULL: 1 for a scalar), and seeds each tensor's gradient. */
+static tt_status seed(tt_client *c, tt_tensor *const *tensors, tt_tensor *const *grads, int n) {
+  for (int i = 0; i < n; i++) {
+    const tt_tensor *t = tensors[i], *g = grads ? grads[i] : NULL;
+    char b1[96], b2[96];
+    if (!t) return tt_client_fail(c, TT_INVALID_ARGUMENT, "tensor %d is NULL", i);
+    if (!needs_grad(t) || t->dtype != TT_FLOAT32) {
+      return tt_client_fail(c, TT_INVALID_ARGUMENT,
+                            "tensor %d does not lead back to a training forward: give float32 outputs of a module "
+                            "in training mode, their downloads, or what tracked ops (tt_l1_loss, tt_mse_loss, "
+                            "tt_cross_entropy, tt_add, tt_mul, tt_sum, tt_mean) made of them",
+                            i);
+    }
+    if (!g && t->numel != 1) {
+      ttd_kshape ts = kshape_of(t);
+      return tt_client_fail(c, TT_INVALID_ARGUMENT, "tensor %d has shape %s: give its gradient (only a one-element "
+                            "tensor's gradient may be left implicit, as torch's)", i, ttd_kshape_format(&ts, b1, sizeof(b1)));
+    }
+    if (g && (!g->place.is_host || g->dtype != TT_FLOAT32 || !same_shape(g, t))) {
+      ttd_kshape ts = kshape_of(t), gs = kshape_of(g);
+      return tt_client_fail(c, TT_INVALID_ARGUMENT, "the gradient of tensor %d must be a float32 host tensor of its "
+                            "shape %s, got %s %s on %s", i, ttd_kshape_format(&ts, b1, sizeof(b1)),
+                            g->dtype == TT_FLOAT32 ? "float32" : "non-float32", ttd_kshape_format(&gs, b2, sizeof(b2)),
+                            g->device_name);
+    }
+  }
+  float one = 1.0f;
+  for (int i = 0; i < n; i++) {
+    if (add_grad(tensors[i], grads && grads[i] ? (const float *)grads[i]->data : &one, tensors[i]->numel) != 0) {
+      return tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
+    }
+  }
+  return TT_OK;
+}
+
 tt_status tt_backward(tt_tensor *loss) {
   if (!loss) return TT_INVALID_ARGUMENT;
-  tt_client *c = loss->client;
   if (!needs_grad(loss) || !loss->place.is_host || loss->numel != 1 || loss->dtype != TT_FLOAT32) {
-    return tt_client_fail(c, TT_INVALID_ARGUMENT,
+    return tt_client_fail(loss->client, TT_INVALID_ARGUMENT,
                           "backward needs a float32 scalar loss computed by tracked ops (tt_l1_loss, tt_mse_loss, "
                           "tt_cross_entropy) from outputs of a module in training mode");
   }
+  return tt_backward_grads(&loss, NULL, 1, 0);
+}
+
+tt_status tt_backward_grads(tt_tensor *const *tensors, tt_tensor *const *grads, int n, int retain_graph) {
+  if (!tensors || n <= 0 || n > 64 || !tensors[0]) return TT_INVALID_ARGUMENT;
+  tt_client *c = tensors[0]->client;
   tt_tensor **list = NULL;
-  int n = 0, cap = 0;
+  int count = 0, cap = 0;
   tt_run_ref *runs[16];
   int n_runs = 0;
-  tt_status st = collect(loss, &list, &n, &cap) == 0 ? TT_OK : tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
-  float one = 1.0f;
-  if (st == TT_OK && add_grad(loss, &one, 1) != 0) st = tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
-  for (int i = n - 1; st == TT_OK && i >= 0; i--) {
+  tt_status st = seed(c, tensors, grads, n);
+  for (int i = 0; st == TT_OK && i < n; i++) {
+    if (collect(tensors[i], &list, &count, &cap) != 0) st = tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  }
+  for (int i = count - 1; st == TT_OK && i >= 0; i--) {
     tt_tensor *t = list[i];
     const autograd_node *node = node_of(t);
     if (!t->grad) continue;
-    /* An output of a module on "cpu", or the download of a device output: to its run. */
-    tt_tensor *output = t->run && t->place.is_host ? t : t->from_output;
+    /* A module output (on a card, or a host one on "cpu"), or the download of a device
+     * output: to its run. */
+    tt_tensor *output = t->run ? t : t->from_output;
     if (output) {
       st = accumulate_output(c, output, t, runs, &n_runs);
       continue;
@@ -299,6 +345,7 @@ tt_status tt_backward(tt_tensor *loss) {
     if (add_grad(a, ga, a->numel) != 0) st = tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
     free(ga);
   }
+  for (int r = 0; r < n_runs; r++) runs[r]->keep = retain_graph != 0;
   /* One run on a card: its Backward rides on the module's next Execute (one round trip a
    * step). Else later runs first: a run's output may feed a later run only through the host. */
   if (st == TT_OK && n_runs == 1 && tt_backward_can_wait(runs[0])) {
@@ -306,7 +353,12 @@ tt_status tt_backward(tt_tensor *loss) {
   } else {
     for (int r = n_runs - 1; st == TT_OK && r >= 0; r--) st = flush_run(runs[r]);
   }
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; i < n; i++) { /* seeded, maybe not collected */
+    if (!tensors[i]) continue;
+    free(tensors[i]->grad);
+    tensors[i]->grad = NULL;
+  }
+  for (int i = 0; i < count; i++) {
     free(list[i]->grad);
     list[i]->grad = NULL;
   }

@@ -152,19 +152,19 @@ static tt_status execute_end_carried(tt_module *m, execute_call *x, tt_status st
                         "upgrade ttd, or set TTD_INLINE=0");
     answered = NULL;
   }
-  tt_backward_call_end(x->waiting, &x->carried, st, answered ? answered->backward : NULL, true);
+  st = tt_backward_call_end(x->waiting, &x->carried, st, answered ? answered->backward : NULL, true);
   tt_run_ref_release(x->waiting);
   x->waiting = NULL;
   return st;
 }
 
 /* The output tensors of an answered Execute of program, sharing its run (when kept for
- * backward). */
+ * backward), which watches the inputs that require grad. */
 static tt_status take_outputs(tt_module *m, ttd_program *program, const Ttd__V1__ExecuteResponse *resp,
-                              tt_tensor **outputs) {
+                              tt_tensor *const *inputs, int n_inputs, tt_tensor **outputs) {
   tt_run_ref *ref = resp->run ? tt_run_ref_create(m, program, (int)resp->n_outputs, resp->run, NULL) : NULL;
   if (resp->run && !ref) return TT_RESOURCE_EXHAUSTED;
-  tt_status st = TT_OK;
+  tt_status st = ref ? tt_run_ref_watch_inputs(ref, inputs, n_inputs) : TT_OK;
   for (size_t o = 0; o < resp->n_outputs; o++) {
     tt_tensor *t = tt_tensor_alloc(m->client);
     const Ttd__V1__TensorSpec *spec = resp->outputs[o]->spec;
@@ -206,7 +206,7 @@ static tt_status forward_device(tt_module *m, tt_module_program *p, tt_tensor *c
   if (st == TT_OK) st = check_mode(m, &x.req, resp);
   execute_call_free(&x);
   if (st == TT_OK) {
-    st = take_outputs(m, p->local, resp, outputs);
+    st = take_outputs(m, p->local, resp, inputs, n_inputs, outputs);
   } else if (resp) { /* answered, but refused here */
     discard_answer(m, resp);
   }

@@ -69,6 +69,7 @@ tt_status tt_module_forward_local(tt_module *m, const tt_module_program *p, tt_t
   tt_run_ref *ref = st == TT_OK && m->training ? tt_run_ref_create(m, p->local, p->local->n_outputs, 0, run) : NULL;
   if (ref) {
     run = NULL; /* the outputs keep it for backward */
+    st = tt_run_ref_watch_inputs(ref, inputs, n_inputs);
     for (int o = 0; o < p->local->n_outputs; o++) {
       outputs[o]->run = &tt_run_ref_retain(ref)->tie;
       outputs[o]->output_index = o;
@@ -96,7 +97,9 @@ tt_status tt_module_backward_local(tt_module *m, tt_run_ref *ref) {
   const ttd_program *p = run->program;
   ttd_tensor **out_grads = calloc((size_t)p->n_outputs + 1, sizeof(*out_grads));
   ttd_tensor **param_grads = calloc((size_t)p->n_params + 1, sizeof(*param_grads));
-  tt_status st = out_grads && param_grads ? TT_OK : tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
+  ttd_tensor **input_grads = calloc((size_t)p->n_inputs + 1, sizeof(*input_grads));
+  tt_status st = out_grads && param_grads && input_grads ? TT_OK
+                                                         : tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
   for (int o = 0; st == TT_OK && o < p->n_outputs; o++) {
     if (!ref->output_grads[o]) continue;
     const ttd_tensor *out = run->values[p->outputs[o]];
@@ -106,8 +109,18 @@ tt_status tt_module_backward_local(tt_module *m, tt_run_ref *ref) {
     if (s) st = tt_client_fail_status(m->client, s);
   }
   if (st == TT_OK) {
-    ttd_status_t s = ttd_run_backward(run, local_card, out_grads, param_grads, NULL);
+    ttd_status_t s = ttd_run_backward(run, local_card, out_grads, param_grads, ref->grad_inputs ? input_grads : NULL);
     if (s) st = tt_client_fail_status(m->client, s);
+  }
+  for (int i = 0; st == TT_OK && i < ref->n_inputs; i++) { /* into the watched inputs' host .grad */
+    if (!ref->grad_inputs[i] || !input_grads[i]) continue;
+    tt_tensor *g = tt_tensor_from_host(m->client, NULL, TT_FLOAT32, ref->grad_inputs[i]->shape, ref->grad_inputs[i]->ndim);
+    if (!g) {
+      st = TT_RESOURCE_EXHAUSTED;
+      break;
+    }
+    local_card->vtable->buffer_read(local_card, input_grads[i]->buffer, 0, g->data, g->nbytes);
+    st = tt_input_grad_add(ref->grad_inputs[i], g);
   }
   for (int i = 0; st == TT_OK && i < p->n_params; i++) { /* accumulate into the module's host .grad */
     if (!param_grads[i]) continue;
@@ -120,14 +133,21 @@ tt_status tt_module_backward_local(tt_module *m, tt_run_ref *ref) {
     }
     st = accumulate(m->client, param_grads[i], m->host_grads[i]->data);
   }
+  for (int i = 0; i < p->n_params; i++) { /* the run's copies start the next backward at none */
+    ttd_tensor *param = run->operands[p->n_inputs + i];
+    ttd_tensor_release(param->grad);
+    param->grad = NULL;
+  }
   for (int o = 0; out_grads && o < p->n_outputs; o++) ttd_tensor_release(out_grads[o]);
   for (int i = 0; param_grads && i < p->n_params; i++) ttd_tensor_release(param_grads[i]);
+  for (int i = 0; input_grads && i < p->n_inputs; i++) ttd_tensor_release(input_grads[i]);
   free(out_grads);
   free(param_grads);
+  free(input_grads);
   for (int o = 0; o < ref->n_outputs; o++) {
     free(ref->output_grads[o]);
     ref->output_grads[o] = NULL;
   }
-  tt_run_ref_free_local(ref); /* as torch frees the graph after backward */
+  if (!ref->keep) tt_run_ref_free_local(ref); /* as torch frees the graph after backward */
   return st;
 }

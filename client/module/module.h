@@ -179,6 +179,10 @@ struct tt_run_ref {
   int n_outputs;
   float **output_grads; /* host accumulators during tt_backward, then until its Backward is sent */
   bool backward_waiting; /* tt_backward left its Backward for the module's next Execute */
+  bool keep;             /* retain_graph: the next Backward keeps the run for another */
+  tt_tensor **grad_inputs; /* per input: the input (one reference) whose gradient the Backward
+                            * returns (tt_tensor_set_requires_grad), or NULL; NULL if none does */
+  int n_inputs;
 };
 
 static inline tt_run_ref *tt_run_ref_retain(tt_run_ref *ref) {
@@ -213,19 +217,36 @@ typedef struct tt_backward_call {
 tt_status tt_backward_call_begin(tt_run_ref *ref, tt_backward_call *bc);
 
 /* After the call that carried bc (a Backward, or an Execute when carried): with st OK,
- * records resp's gradient handles; in any case the run counts as backpropagated (an Execute
- * that failed also releases it, in case its Backward never ran), and bc and ref's
- * gradients are freed. */
-void tt_backward_call_end(tt_run_ref *ref, tt_backward_call *bc, tt_status st, const Ttd__V1__BackwardResponse *resp,
-                          bool carried);
+ * records resp's gradient handles and accumulates its input gradients into ref's watched
+ * inputs; the run counts as backpropagated unless the Backward kept it (keep_run) and
+ * succeeded (a failed one is released, in case its Backward never ran or kept it), and bc
+ * and ref's gradients are freed. Returns st, or why the input gradients were not taken. */
+tt_status tt_backward_call_end(tt_run_ref *ref, tt_backward_call *bc, tt_status st, const Ttd__V1__BackwardResponse *resp,
+                               bool carried);
 
 /* Sends bc as a Backward call when st is OK (begin and the caller's work made it), then
  * ends it as tt_backward_call_end does; returns the call's status, or st. */
 tt_status tt_backward_call_send(tt_run_ref *ref, tt_backward_call *bc, tt_status st);
 
 /* Whether tt_backward may leave ref's Backward for its module's next Execute: on a card,
- * inline on, the gradients inline. */
+ * inline on, the gradients inline, and no input gradient asked for (they are wanted now). */
 bool tt_backward_can_wait(const tt_run_ref *ref);
+
+/* ---- gradients of a forward's inputs (input_grad.c) ---- */
+
+/* Makes ref keep (one reference each) the inputs that require grad, for its Backward to
+ * return their gradients; nothing when none does. */
+tt_status tt_run_ref_watch_inputs(tt_run_ref *ref, tt_tensor *const *inputs, int n_inputs);
+
+/* Drops ref's watched inputs. */
+void tt_run_ref_unwatch_inputs(tt_run_ref *ref);
+
+/* Accumulates g (taken; float32 of target's shape, at target's place) into target's .grad. */
+tt_status tt_input_grad_add(tt_tensor *target, tt_tensor *g);
+
+/* Accumulates the input gradients of a Backward answer into ref's watched inputs (handles of
+ * inputs not watched are freed). */
+tt_status tt_run_ref_take_input_grads(tt_run_ref *ref, const Ttd__V1__BackwardResponse *resp);
 
 /* ---- sending what is deferred on a module (deferred.c) ---- */
 

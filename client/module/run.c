@@ -70,6 +70,7 @@ void tt_run_ref_release(tt_run_ref *ref) {
   }
   for (int i = 0; ref->output_grads && i < ref->n_outputs; i++) free(ref->output_grads[i]);
   free(ref->output_grads);
+  tt_run_ref_unwatch_inputs(ref);
   ttd_program_release(ref->program);
   tt_module_unref(ref->module); /* its reference */
   free(ref);
@@ -178,7 +179,8 @@ static tt_status backward_grads_fill(tt_run_ref *ref, backward_grads *g, Ttd__V1
 }
 
 bool tt_backward_can_wait(const tt_run_ref *ref) {
-  return !ref->local_run && ref->run && tt_inline_enabled(ref->client) && output_grad_bytes(ref) <= TTD_INLINE_MAX_BYTES;
+  return !ref->local_run && ref->run && !ref->grad_inputs && tt_inline_enabled(ref->client) &&
+         output_grad_bytes(ref) <= TTD_INLINE_MAX_BYTES;
 }
 
 tt_status tt_backward_call_begin(tt_run_ref *ref, tt_backward_call *bc) {
@@ -196,6 +198,8 @@ tt_status tt_backward_call_begin(tt_run_ref *ref, tt_backward_call *bc) {
     tt_rpc_free_quiet(c, made, n);
   }
   bc->req.run = ref->run;
+  bc->req.keep_run = ref->keep;
+  bc->req.input_grads = ref->grad_inputs != NULL;
   return st;
 }
 
@@ -208,16 +212,21 @@ static void set_grad_handles(tt_module *m, const Ttd__V1__BackwardResponse *resp
   }
 }
 
-void tt_backward_call_end(tt_run_ref *ref, tt_backward_call *bc, tt_status st, const Ttd__V1__BackwardResponse *resp,
-                          bool carried) {
+tt_status tt_backward_call_end(tt_run_ref *ref, tt_backward_call *bc, tt_status st, const Ttd__V1__BackwardResponse *resp,
+                               bool carried) {
   tt_client *c = ref->client;
-  if (st != TT_OK && carried && ref->run) release_on_card(ref); /* the Execute may have failed before its Backward ran */
-  if (ref->run) run_done(ref->module);
-  ref->run = 0; /* the daemon frees the activations after Backward, as torch frees the graph */
+  /* The Execute may have failed before its Backward ran; a failed Backward keeping the run
+   * kept it anyway. */
+  if (st != TT_OK && ref->run && (carried || bc->req.keep_run)) release_on_card(ref);
+  if (st != TT_OK || !bc->req.keep_run) { /* the daemon frees the activations after Backward, as torch frees the graph */
+    if (ref->run) run_done(ref->module);
+    ref->run = 0;
+  }
   ref->backward_waiting = false;
   if (st == TT_OK && resp) {
     set_grad_handles(ref->module, resp);
     if (tt_inline_enabled(c)) tt_module_loop_enter(ref->module);
+    st = tt_run_ref_take_input_grads(ref, resp);
   }
   tt_param_work_clear(&bc->before);
   if (bc->grads) backward_grads_free(bc->grads, ref->n_outputs);
@@ -227,6 +236,28 @@ void tt_backward_call_end(tt_run_ref *ref, tt_backward_call *bc, tt_status st, c
     free(ref->output_grads[i]);
     ref->output_grads[i] = NULL;
   }
+  return st;
+}
+
+tt_status tt_release_run(tt_tensor *output) {
+  if (!output) return TT_INVALID_ARGUMENT;
+  const tt_tensor *o = output->run ? output : output->from_output;
+  tt_run_ref *ref = o ? tt_tensor_run(o) : NULL;
+  if (!ref) {
+    return tt_client_fail(output->client, TT_INVALID_ARGUMENT,
+                          "the tensor is neither an output of a training forward nor a download of one: it has no "
+                          "run to release");
+  }
+  ref->keep = false;
+  if (ref->backward_waiting) return TT_OK; /* the Backward waiting for the next Execute frees it */
+  if (ref->local_run) tt_run_ref_free_local(ref);
+  if (ref->run) {
+    run_done(ref->module);
+    release_on_card(ref);
+    ref->run = 0;
+  }
+  tt_run_ref_unwatch_inputs(ref);
+  return TT_OK;
 }
 
 tt_status tt_backward_call_send(tt_run_ref *ref, tt_backward_call *bc, tt_status st) {
@@ -234,7 +265,7 @@ tt_status tt_backward_call_send(tt_run_ref *ref, tt_backward_call *bc, tt_status
   if (st == TT_OK) {
     st = tt_rpc_unary(ref->client, TT_RPC_BACKWARD, &bc->req.base, &ttd__v1__backward_response__descriptor, &out);
   }
-  tt_backward_call_end(ref, bc, st, st == TT_OK ? (Ttd__V1__BackwardResponse *)out : NULL, false);
+  st = tt_backward_call_end(ref, bc, st, st == TT_OK ? (Ttd__V1__BackwardResponse *)out : NULL, false);
   if (out) protobuf_c_message_free_unpacked(out, NULL);
   return st;
 }

@@ -152,6 +152,7 @@ void tt_tensor_free(tt_tensor *tensor) {
   if (tensor->grad_fn) tensor->grad_fn->release(tensor->grad_fn);
   if (tensor->run) tensor->run->release(tensor->run);
   tt_tensor_free(tensor->from_output);
+  tt_tensor_free(tensor->acc_grad);
   free(tensor->grad);
   tt_tensor_host_copy_free(tensor);
   if (tensor->place.is_host) {

@@ -50,6 +50,8 @@ struct tt_tensor {
   void *host_copy;        /* device tensors: their bytes on the host (move/inline.c). With handle 0
                            * the tensor is deferred: it travels inline or is uploaded when needed */
   uint64_t host_copy_segment; /* host_copy lies in this shared-memory segment (offset 0), or 0 */
+  bool requires_grad;         /* tt_tensor_set_requires_grad: Backward of a forward it fed fills acc_grad */
+  tt_tensor *acc_grad;        /* its .grad (float32, its shape and place; one reference), or NULL */
 };
 
 /* ---- device strings (place.c) ---- */

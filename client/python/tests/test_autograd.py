@@ -3,6 +3,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import ttd.torch as ttd
 
@@ -66,11 +67,6 @@ def test_second_backward_through_a_released_run_says_so():
         loss.backward()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="libttclient has no call for the gradient of a module's input: tt_backward only "
-                          "accumulates parameter .grad (ttclient.h has tt_param_grad, no input grad), though "
-                          "the protocol's BackwardRequest.input_grads (proto/ttd/v1/ttd.proto) and ttd's "
-                          "program_run.c compute them")
 def test_cpu_layer_upstream_of_the_card_trains():
     """A CPU nn.Linear feeding x.to("tt") into a compiled module: its .grad equals torch's."""
     torch.manual_seed(4)
@@ -84,3 +80,142 @@ def test_cpu_layer_upstream_of_the_card_trains():
     assert pre.weight.grad is not None, "no gradient reached the CPU layer upstream of the card"
     torch.testing.assert_close(pre.weight.grad, pre_ref.weight.grad, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(pre.bias.grad, pre_ref.bias.grad, rtol=1e-4, atol=1e-5)
+
+
+def _assert_same_grads(pairs):
+    """Every (torch parameter, its twin: a torch parameter or a compiled module's) .grad equal."""
+    for ref, got in pairs:
+        assert got.grad is not None, "no gradient reached it"
+        torch.testing.assert_close(got.grad, ref.grad, rtol=1e-4, atol=1e-5)
+
+
+def _twins(ref_module, cm):
+    got = dict(cm.named_parameters())
+    return [(p, got[n]) for n, p in ref_module.named_parameters()]
+
+
+def test_retain_graph_second_backward_as_torchs():
+    """backward(retain_graph=True) then backward(): the gradients add up as torch's; a third
+    raises torch's own error for a freed graph."""
+    ref, cm = _pair(5)
+    x = torch.randn(3, 784)
+    loss = cm(x.to("tt")).to("cpu").pow(2).sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    r = ref(x).pow(2).sum()
+    r.backward(retain_graph=True)
+    r.backward()
+    _grads_match(ref, cm)
+    with pytest.raises(RuntimeError, match="second time"):
+        loss.backward()
+
+
+def test_card_module_between_two_cpu_modules():
+    """CPU Linear -> card module -> CPU Linear -> loss: all three train as in torch."""
+    torch.manual_seed(6)
+    pre_ref, mid_ref, post_ref = torch.nn.Linear(8, 16), torch.nn.Linear(16, 12), torch.nn.Linear(12, 3)
+    pre, post = copy.deepcopy(pre_ref), copy.deepcopy(post_ref)
+    mid = ttd.compile(copy.deepcopy(mid_ref)).to("tt")
+    x, t = torch.randn(5, 8), torch.randn(5, 3)
+    F.mse_loss(post(mid(pre(x).to("tt")).to("cpu")), t).backward()
+    F.mse_loss(post_ref(mid_ref(pre_ref(x))), t).backward()
+    _assert_same_grads(list(zip(pre_ref.parameters(), pre.parameters())) + _twins(mid_ref, mid) +
+                       list(zip(post_ref.parameters(), post.parameters())))
+
+
+def test_two_card_modules_in_a_chain():
+    """x.to("tt") -> module A -> module B on the card (no host trip between them) -> loss:
+    both train as in torch, and a CPU leaf x that requires grad gets its gradient."""
+    torch.manual_seed(7)
+    a_ref, b_ref = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh()), torch.nn.Linear(10, 4)
+    a, b = ttd.compile(copy.deepcopy(a_ref)).to("tt"), ttd.compile(copy.deepcopy(b_ref)).to("tt")
+    x = torch.randn(3, 6, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    h = a(x.to("tt"))
+    assert h.device == "tt:0"
+    F.l1_loss(b(h).to("cpu"), torch.zeros(3, 4)).backward()
+    F.l1_loss(b_ref(a_ref(x_ref)), torch.zeros(3, 4)).backward()
+    _assert_same_grads(_twins(a_ref, a) + _twins(b_ref, b) + [(x_ref, x)])
+
+
+def test_device_tensor_fed_to_two_modules():
+    """One device input used by two modules: its CPU source gets the summed gradient."""
+    torch.manual_seed(8)
+    r1, r2 = torch.nn.Linear(4, 2), torch.nn.Linear(4, 3)
+    m1, m2 = ttd.compile(copy.deepcopy(r1)).to("tt"), ttd.compile(copy.deepcopy(r2)).to("tt")
+    x = torch.randn(2, 4, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    xd = x.to("tt")
+    (m1(xd).to("cpu").sum() + m2(xd).to("cpu").pow(2).sum()).backward()
+    (r1(x_ref).sum() + r2(x_ref).pow(2).sum()).backward()
+    _assert_same_grads(_twins(r1, m1) + _twins(r2, m2) + [(x_ref, x)])
+
+
+class _TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.h1, self.h2 = torch.nn.Linear(6, 8), torch.nn.Linear(8, 2), torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        z = torch.relu(self.body(x))
+        return self.h1(z), self.h2(z)
+
+
+@pytest.mark.parametrize("device", ["tt", "cpu"])
+def test_two_outputs_of_one_run_in_one_loss(device):
+    """Both outputs of one forward in one loss: one backward of the run, gradients as torch's;
+    and only one of them used: the other sends nothing."""
+    torch.manual_seed(9)
+    ref = _TwoHeads()
+    cm = ttd.compile(copy.deepcopy(ref)).to(device)
+    x = torch.randn(4, 6)
+    y1, y2 = cm(x.to(device))
+    (y1.to("cpu").sum() * 2 + y2.to("cpu").pow(2).mean()).backward()
+    r1, r2 = ref(x)
+    (r1.sum() * 2 + r2.pow(2).mean()).backward()
+    _assert_same_grads(_twins(ref, cm))
+    cm.zero_grad()
+    ref.zero_grad()
+    _, y2 = cm(x.to(device))
+    y2.to("cpu").sum().backward()
+    ref(x)[1].sum().backward()
+    _assert_same_grads(_twins(ref, cm))
+
+
+def test_upstream_gradient_through_a_module_on_cpu():
+    """A compiled module left on "cpu" passes its input gradient upstream as well."""
+    torch.manual_seed(10)
+    pre_ref, post_ref = torch.nn.Linear(5, 7), torch.nn.Linear(7, 2)
+    pre, post = copy.deepcopy(pre_ref), ttd.compile(copy.deepcopy(post_ref))
+    x = torch.randn(3, 5)
+    post(pre(x)).pow(2).sum().backward()
+    post_ref(pre_ref(x)).pow(2).sum().backward()
+    _assert_same_grads(list(zip(pre_ref.parameters(), pre.parameters())) + _twins(post_ref, post))
+
+
+def test_bfloat16_upload_passes_a_float_gradient_back():
+    """x.to("tt", dtype=torch.bfloat16) of a float32 x that requires grad: x.grad is float32."""
+    torch.manual_seed(11)
+    cm = ttd.compile(torch.nn.Linear(4, 2)).to("tt")
+    x = torch.randn(2, 4, requires_grad=True)
+    cm(x.to("tt", dtype=torch.bfloat16)).to("cpu").sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.float32 and x.grad.shape == x.shape
+
+
+def test_runs_live_as_long_as_torchs_graph():
+    """A run's activations go when torch frees its graph: after a backward without
+    retain_graph the module can move even with every loss still referenced; a retained graph
+    keeps its run pending until the loss is dropped."""
+    _, cm = _pair(12)
+    x = torch.randn(2, 784)
+    losses = []
+    for _ in range(3):
+        losses.append(cm(x.to("tt")).to("cpu").sum())
+        losses[-1].backward()
+    cm.to("cpu").to("tt")
+    kept = cm(x.to("tt")).to("cpu").sum()
+    kept.backward(retain_graph=True)
+    with pytest.raises(ttd.TTError, match=r"1 forward run\(s\) pending"):
+        cm.to("cpu")
+    del kept
+    cm.to("cpu")

@@ -92,9 +92,11 @@ _sig("tt_module_output_count", c_int, _P)
 _sig("tt_module_param", _P, _P, c_char_p)
 _sig("tt_forward", c_int, _P, POINTER(_P), c_int, POINTER(_P))
 _sig("tt_module_train", None, _P, c_int)
-_sig("tt_mul", _P, _P, _P)
-_sig("tt_sum", _P, _P)
-_sig("tt_backward", c_int, _P)
+_sig("tt_backward_grads", c_int, POINTER(_P), POINTER(_P), c_int, c_int)
+_sig("tt_release_run", c_int, _P)
+_sig("tt_tensor_set_requires_grad", c_int, _P, c_int)
+_sig("tt_tensor_grad", _P, _P)
+_sig("tt_tensor_clear_grad", None, _P)
 _sig("tt_param_grad", _P, _P, c_char_p)
 _sig("tt_sgd_options_init", None, POINTER(_SgdOptions))
 _sig("tt_sgd_opts", _P, _P, POINTER(_SgdOptions))
@@ -217,20 +219,35 @@ class Tensor:
             raise TTError(3, f"a tensor on {self.device} has no host data: move it to \"cpu\" first")
         ctypes.memmove(dst_ptr, src, self.nbytes)
 
-    def mul(self, other):
-        return Tensor(self.client, _L.tt_mul(self._p, other._p))
+    def set_requires_grad(self):
+        """tt_tensor_set_requires_grad: a Backward of a forward this tensor feeds fills its .grad."""
+        self.client.check(_L.tt_tensor_set_requires_grad(self._p, 1))
 
-    def sum(self):
-        return Tensor(self.client, _L.tt_sum(self._p))
+    def take_grad(self):
+        """This tensor's .grad (tt_tensor_grad), which it then drops; None when it has none."""
+        p = _L.tt_tensor_grad(self._p)
+        if not p:
+            return None
+        _L.tt_tensor_clear_grad(self._p)
+        return Tensor(self.client, p, self._keep)
 
-    def backward(self):
-        """tt_backward of this host scalar: reaches the module runs it came from."""
-        self.client.check(_L.tt_backward(self._p))
+    def release_run(self):
+        """tt_release_run: the activations of the training forward that made this output go."""
+        self.client.check(_L.tt_release_run(self._p))
 
     def __del__(self):
         if getattr(self, "_p", None) and _L is not None:
             _L.tt_tensor_free(self._p)
             self._p = None
+
+
+def backward(outputs, grads, retain_graph):
+    """tt_backward_grads: outputs[i] (device or host outputs of training forwards) get the
+    host float32 gradients grads[i]; each run reached runs its Backward once."""
+    n = len(outputs)
+    outs = (_P * n)(*[t._p for t in outputs])
+    gs = (_P * n)(*[g._p for g in grads])
+    outputs[0].client.check(_L.tt_backward_grads(outs, gs, n, 1 if retain_graph else 0))
 
 
 def safetensors_save(client, path, named):

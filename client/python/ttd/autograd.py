@@ -1,37 +1,104 @@
-"""The boundary of torch's autograd and the card's: a device output brought to the CPU joins
-torch's graph, and its backward runs the module's backward on the card."""
+"""The boundary of torch's autograd and the card's.
+
+Device tensors stay out of torch's graph. One that gradients must reach has an anchor: a CPU
+tensor of its shape in torch's graph (zeros expanded: no memory). A tensor uploaded from a
+CPU tensor that requires grad is anchored to it (_Upload passes the gradient through); the
+outputs of a training run are anchored to the run (_Run), whose inputs are the anchors of
+the run's inputs; a download (.to("cpu")) hangs from its tensor's anchor (_Copy). So torch
+sums every gradient reaching a device tensor at its anchor, and calls each run's backward
+once with the gradients of all of its outputs. That backward sends them to the card
+(tt_backward_grads) and hands its inputs' gradients, brought to the CPU, to the anchors
+upstream: CPU layers before the card, and modules before it in a chain, train too.
+
+A run's activations live as long as torch's graph keeps the run: its Backward keeps the
+run (retain_graph, in libttclient), and when torch frees the graph (after a backward
+without retain_graph, or when the graph is dropped) a finalizer releases it; a Backward
+still waiting for the module's next Execute then frees it there, with no call of its own."""
+import weakref
+
 import torch
 
+from . import _lib
 from .convert import _host_from_torch, _torch_from_host
 
+_LEAF = torch.empty(0, requires_grad=True)  # makes every run's anchors require grad; gets no gradient
 
-class _Download(torch.autograd.Function):
-    """The link of one device output into torch's graph, made at its first .to("cpu") and kept
-    on the device tensor: its output is an anchor (zeros expanded to the output's shape, no
-    memory) that every download of that output (_Copy) hangs from, so torch sums the gradients
-    of all of them, and of every use of each, before this backward runs once.
-    Backward: the CPU gradient goes to the card as sum(out_host * grad) through libttclient's
-    autograd (tt_mul, tt_sum, tt_backward), which sends it and runs the module's backward."""
+
+def _anchor(shape):
+    return torch.zeros(()).expand(tuple(shape))
+
+
+class _Upload(torch.autograd.Function):
+    """x.to("tt") of a CPU tensor that requires grad: the device tensor's anchor, whose
+    gradient is x's."""
 
     @staticmethod
-    def forward(ctx, token, host):
-        ctx.host = host  # the download remembers the run it came from
-        return torch.zeros(()).expand(tuple(host.shape))
+    def forward(ctx, x):
+        ctx.dtype = x.dtype
+        return _anchor(x.shape)
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.host is None:
-            raise RuntimeError("trying to backward through a tt run a second time: its buffers were freed after "
-                               "the first backward (the run is released, as torch's retain_graph=False)")
-        g = _host_from_torch(grad.float())
-        ctx.host.mul(g).sum().backward()
-        ctx.host = None
-        return torch.zeros(0), None
+        return grad.to(ctx.dtype)
+
+
+class _RunState:
+    """What a run's backward needs: the libttclient tensors of its outputs and of its inputs
+    that take a gradient (in the order of _Run's anchors)."""
+
+    def __init__(self, outputs, inputs):
+        self.outputs, self.inputs = outputs, inputs
+
+    def release(self):
+        """torch freed the graph holding the run: its activations go (tt_release_run)."""
+        outputs, self.outputs, self.inputs = self.outputs, None, None
+        try:
+            outputs[0].release_run()
+        except _lib.TTError:
+            pass  # a session already gone has freed it
+
+
+class _Run(torch.autograd.Function):
+    """One training forward of a compiled module, as a node of torch's graph: the anchors of
+    its inputs in, the anchors of its outputs out."""
+
+    @staticmethod
+    def forward(ctx, state, leaf, *input_anchors):
+        ctx.state = state
+        ctx.set_materialize_grads(False)  # outputs no loss used get None, and send nothing
+        alive = torch.empty(0)  # freed with the graph's saved tensors, so the run goes with them
+        weakref.finalize(alive, state.release).atexit = False
+        ctx.save_for_backward(alive)
+        return tuple(_anchor(o.shape) for o in state.outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.saved_tensors  # torch's own error for a graph already freed (no retain_graph)
+        state = ctx.state
+        pairs = [(o, _host_from_torch(g.float())) for o, g in zip(state.outputs, grads) if g is not None]
+        if pairs:
+            _lib.backward([o for o, _ in pairs], [g for _, g in pairs], retain_graph=True)
+        input_grads = []
+        for t in state.inputs:
+            g = t.take_grad()
+            input_grads.append(None if g is None else _torch_from_host(g.to("cpu")))
+        return (None, None, *input_grads)
+
+
+def run(outputs, inputs, input_anchors):
+    """The anchors of a training run's outputs (libttclient tensors), in torch's graph after
+    the anchors of the inputs that take a gradient (inputs: their libttclient tensors)."""
+    return _Run.apply(_RunState(outputs, inputs), _LEAF, *input_anchors)
+
+
+def upload_anchor(x):
+    """The anchor of x.to("tt") for a CPU tensor x: None unless x takes a gradient."""
+    return _Upload.apply(x) if x.requires_grad and torch.is_grad_enabled() else None
 
 
 class _Copy(torch.autograd.Function):
-    """One download of a device output: a CPU copy of its values whose gradient goes to the
-    output's anchor (_Download)."""
+    """One download of a device tensor: a CPU copy of its values whose gradient goes to the
+    tensor's anchor."""
 
     @staticmethod
     def forward(ctx, anchor, host):
@@ -42,11 +109,9 @@ class _Copy(torch.autograd.Function):
         return grad, None
 
 
-def download(dev):
-    """dev (a device output of a training run) on the CPU, in torch's graph; downloading it
-    again gives another copy whose gradient is summed with the others'."""
-    link = getattr(dev, "_link", None)
-    if link is None:
-        host = dev._tt.to("cpu")
-        link = dev._link = (_Download.apply(torch.empty(0, requires_grad=True), host), host)
-    return _Copy.apply(*link)
+def download(host, anchor):
+    """host (a libttclient host tensor) as a CPU torch tensor, in torch's graph below anchor
+    when there is one (and grad is enabled)."""
+    if anchor is None or not torch.is_grad_enabled():
+        return _torch_from_host(host)
+    return _Copy.apply(anchor, host)

@@ -7,7 +7,7 @@ import tempfile
 import torch
 import torch.fx
 
-from . import _lib
+from . import _lib, autograd
 from .convert import Device, _host_from_torch, _is_tt, _torch_from_host
 from .lower import Lowering
 from .tensor import Tensor
@@ -171,6 +171,12 @@ class CompiledModule:
             self._build(inputs)
         tts = [x._tt if on_tt else _host_from_torch(x) for x in inputs]
         training = self.training and torch.is_grad_enabled()
+        # The inputs whose gradient torch wants (a CPU layer or a module upstream): their
+        # anchors in torch's graph (a CPU input is its own), and the run returns their gradients.
+        anchors = [x._anchor if on_tt else (x if x.requires_grad else None) for x in inputs] if training else []
+        watched = [(t, a) for t, a in zip(tts, anchors) if a is not None]
+        for t, _ in watched:
+            t.set_requires_grad()
         if self.training and not training:
             self._module.train(False)  # torch.no_grad(): keep no run
         try:
@@ -178,10 +184,12 @@ class CompiledModule:
         finally:
             if self.training and not training:
                 self._module.train(True)
-        run = self if training else None
         if training:
             self._grad_none = False
-        res = [Tensor(o, run) for o in outs]
+            out_anchors = autograd.run(outs, [t for t, _ in watched], [a for _, a in watched])
+        else:
+            out_anchors = [None] * len(outs)
+        res = [Tensor(o, a) for o, a in zip(outs, out_anchors)]
         if not on_tt:  # a module left on "cpu" runs in process and answers CPU tensors
             res = [r.to("cpu") for r in res]
         return tuple(res) if self._tuple_out else res[0]

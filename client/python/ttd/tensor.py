@@ -2,19 +2,18 @@
 answers (shape, dtype, device, repr, .to); any other op raises, naming it."""
 import torch
 
-from .autograd import download
-from .convert import _DTYPES, _TORCH_DTYPES, Device, _host_from_torch, _is_tt, _torch_from_host
+from .autograd import download, upload_anchor
+from .convert import _DTYPES, _TORCH_DTYPES, Device, _host_from_torch, _is_tt
 
 
 class Tensor(torch.Tensor):
     """A tensor on a tt device: shape, dtype, device, repr and .to() work; any other op raises."""
 
     @staticmethod
-    def __new__(cls, tt, run=None):
+    def __new__(cls, tt, anchor=None):
         r = torch.Tensor._make_wrapper_subclass(cls, tt.shape, dtype=_TORCH_DTYPES[tt.dtype], device="meta")
         r._tt = tt
-        r._run = run  # the compiled module whose training forward made it, if any
-        r._link = None  # its link into torch's graph, made at its first download (autograd.download)
+        r._anchor = anchor  # its place in torch's graph when gradients reach it (autograd.py), else None
         return r
 
     @classmethod
@@ -59,13 +58,10 @@ class Tensor(torch.Tensor):
             device = self._tt.device
         if _is_tt(device):
             tt_dtype = None if dtype is None else _DTYPES[dtype]
-            return Tensor(self._tt.to(device, tt_dtype))
+            return Tensor(self._tt.to(device, tt_dtype), self._anchor)  # the gradient of both is the anchor's
         if device != "cpu":
             raise RuntimeError(f"a tt tensor moves to \"cpu\" or a \"tt\" device, not {device!r}")
-        if self._run is not None and self._run.training and torch.is_grad_enabled():
-            out = download(self)
-        else:
-            out = _torch_from_host(self._tt.to("cpu"))
+        out = download(self._tt.to("cpu"), self._anchor)
         return out if dtype is None else out.to(dtype)
 
 
@@ -81,7 +77,7 @@ def _tensor_to(self, *args, **kwargs):
     if _is_tt(device):
         dtype = kwargs.get("dtype", args[1] if len(args) > 1 else None)
         src = self if dtype is None or dtype == self.dtype else _orig_to(self, dtype)
-        return Tensor(_host_from_torch(src).to(device))
+        return Tensor(_host_from_torch(src).to(device), upload_anchor(self))
     return _orig_to(self, *args, **kwargs)
 
 
