@@ -7,6 +7,7 @@
  * declared one, evicting the least recently used; no call of the daemon releases a program
  * handle, so an evicted one stays in the session (a reference to the tenant's shared
  * program, no device memory) until it closes. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,6 +90,27 @@ static void program_drop(tt_module_program *p) {
   memset(p, 0, sizeof(*p));
 }
 
+/* A graph refusing the inputs' dims: the error names the first input whose dims differ
+ * from the declared ones, both shapes, and then why the graph refused. */
+static void explain_refusal(tt_module *m, tt_tensor *const *inputs, int n) {
+  tt_status st = tt_errcode(m->client);
+  if (st != TT_INVALID_ARGUMENT) return;
+  char why[512], want[96], got[96];
+  snprintf(why, sizeof(why), "%s", tt_last_error(m->client));
+  for (int i = 0; i < n; i++) {
+    const ttd_kshape *declared = &m->local->values[i].type.shape;
+    if (memcmp(inputs[i]->shape, declared->d, sizeof(int64_t) * (size_t)declared->ndim) == 0) continue;
+    ttd_kshape k = {.ndim = inputs[i]->ndim};
+    memcpy(k.d, inputs[i]->shape, sizeof(int64_t) * (size_t)k.ndim);
+    tt_client_fail(m->client, st,
+                   "input %d ('%s') is %s but the module was built for %s; only dims its ops leave free (such as the "
+                   "batch) may differ: %s",
+                   i, m->local->values[i].name, ttd_kshape_format(&k, got, sizeof(got)),
+                   ttd_kshape_format(declared, want, sizeof(want)), why);
+    return;
+  }
+}
+
 /* Compiles the graph for the inputs' dims (on a card, the daemon first: its error is the one
  * reported) into a free slot, or over the least recently used. NULL (recorded) on error. */
 static tt_module_program *program_add(tt_module *m, tt_tensor *const *inputs, int n) {
@@ -111,6 +133,7 @@ static tt_module_program *program_add(tt_module *m, tt_tensor *const *inputs, in
   }
   shaped_graph_free(&sg);
   if (st != TT_OK) {
+    explain_refusal(m, inputs, n);
     free(made.dims);
     return NULL;
   }
