@@ -1,0 +1,51 @@
+"""torch.compile(model, backend="tt"), the proposal's torch 2 spelling of ttd.compile.
+
+Where torch >= 2.0 is installed, importing ttd.torch registers the backend "tt" with
+TorchDynamo. Dynamo hands it each graph it captures (an fx GraphModule holding the model's
+submodules and parameters) with example inputs; the backend compiles it with ttd.compile,
+places it on the card, and returns a function that runs it there: CPU inputs go to the card,
+outputs come back as CPU tensors in torch's graph, so a loss on the CPU and its backward
+reach the card as with ttd.compile. The card holds the parameters, which start from the
+model's values; `ttd.dynamo_modules()` lists the modules the backend compiled, whose
+parameters ttd.optim steps. With torch 1.13 (Debian's) there is no torch.compile and nothing is
+registered; `backend` itself works with any fx GraphModule."""
+import torch
+
+from .module import CompiledModule
+from .tensor import Tensor
+
+_compiled = []  # every module the backend compiled, in order
+
+
+def backend(gm, example_inputs, device="tt"):
+    """A TorchDynamo backend: gm compiled with ttd.compile on device; the function returned
+    takes and gives what gm.forward does, with CPU tensors (device tensors pass as they are)."""
+    cm = CompiledModule(gm).to(device)
+    _compiled.append(cm)
+
+    def run(*args):
+        moved = [a if isinstance(a, Tensor) or not isinstance(a, torch.Tensor) else a.to(device) for a in args]
+        out = cm(*moved)
+        if isinstance(out, tuple):
+            return tuple(o.to("cpu") for o in out)
+        return out.to("cpu")
+
+    run.ttd_module = cm
+    return run
+
+
+def dynamo_modules():
+    """The modules the "tt" backend compiled so far (oldest first), e.g. to give their
+    parameters to ttd.optim."""
+    return list(_compiled)
+
+
+def register():
+    """Registers backend as "tt" with TorchDynamo when this torch has it (>= 2.0); returns
+    whether it did."""
+    try:
+        from torch._dynamo import register_backend
+    except ImportError:
+        return False
+    register_backend(compiler_fn=backend, name="tt")
+    return True
