@@ -1,5 +1,5 @@
 """Starts a real ttd (TTD_BIN, default build/bin/ttd of this repository) on a temporary Unix
-socket with --admin off for the test session, points TTD_ADDRESS at it, stops it after."""
+socket with two simulated cards and --admin off for the test session, points TTD_ADDRESS at it, stops it after."""
 import os
 import signal
 import subprocess
@@ -19,7 +19,8 @@ def start_ttd(sock, log):
     binary = os.environ.get("TTD_BIN", os.path.join(REPO, "build", "bin", "ttd"))
     if not os.path.exists(binary):
         pytest.exit(f"no ttd at {binary}: run `make all` or set TTD_BIN", returncode=2)
-    proc = subprocess.Popen([binary, "--listen", f"unix:{sock}", "--admin", "off", "--log-level", "warn"],
+    proc = subprocess.Popen([binary, "--listen", f"unix:{sock}", "--admin", "off", "--log-level", "warn",
+                             "--devices", "2"],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 10
     while not os.path.exists(sock):
