@@ -59,6 +59,12 @@ void gb_int(graph_builder *b, Ttd__V1__Node *n, const char *name, int64_t v) {
   a->i = v;
 }
 
+void gb_float(graph_builder *b, Ttd__V1__Node *n, const char *name, float v) {
+  Ttd__V1__Attr *a = gb_attr(b, n, name);
+  a->value_case = TTD__V1__ATTR__VALUE_F;
+  a->f = v;
+}
+
 
 void gb_output(graph_builder *b, const char *name) { b->outputs[b->graph.n_outputs++] = (char *)name; }
 

@@ -30,8 +30,11 @@ void gb_value(graph_builder *b, int param, const char *name, int dtype, int ndim
 Ttd__V1__Node *gb_node(graph_builder *b, const char *name, const char *op, const char *in0, const char *in1,
                        const char *in2);
 
-/* Adds an integer attribute to a node. */
+/* Adds an integer attribute to a node (at most 2 attributes a node). */
 void gb_int(graph_builder *b, Ttd__V1__Node *n, const char *name, int64_t v);
+
+/* Adds a float attribute to a node. */
+void gb_float(graph_builder *b, Ttd__V1__Node *n, const char *name, float v);
 
 void gb_output(graph_builder *b, const char *name);
 

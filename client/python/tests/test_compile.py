@@ -90,6 +90,8 @@ CASES = {
                           w=nn.Parameter(torch.randn(6, 3))), _vec),
     "arith": (lambda: Fn(lambda s, x: (x + s.b) * s.b - x / (s.b.exp()) + torch.add(x, x) + x.mul(s.b),
                          b=nn.Parameter(torch.randn(6))), _vec),
+    "scalar-arith": (lambda: Fn(lambda s, x: (x * 0.5 + 2 - x / 3.0) * (1 - x) + 4 / (x + 3) - 2 * x +
+                                torch.add(x, 1.5) + x.div(7) + torch.mul(x, -2)), _vec),
     "view-reshape": (lambda: Fn(lambda s, x: x.view(-1, 2, 3).reshape(4, 6) + torch.reshape(x, (4, 6))), _vec),
     "view-size": (lambda: Fn(lambda s, x: x.view(x.size(0), -1) + x.reshape(x.size(0), x.size(1), -1).flatten(1)),
                   _img),
@@ -159,7 +161,8 @@ def test_parameter_names_are_torchs():
 
 
 BAD = {
-    "tensor+scalar": (lambda: Fn(lambda s, x: x + 2), "add of a tensor and a constant"),
+    "tensor*inf": (lambda: Fn(lambda s, x: x * float("inf")), "mul by inf"),
+    "tensor*bool": (lambda: Fn(lambda s, x: x * True), "mul of x and True"),
     "softmax-dim0": (lambda: nn.Softmax(dim=-2), "softmax(dim=-2)"),
     "gelu-tanh": (lambda: nn.GELU(approximate="tanh"), "GELU(approximate='tanh')"),
     "conv-dilation": (lambda: nn.Conv2d(3, 2, 3, dilation=2), "dilation=(2, 2)"),

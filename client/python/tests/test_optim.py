@@ -1,4 +1,6 @@
-"""ttd.optim's SGD, Adam and AdamW stepping on the card, against torch.optim on the CPU."""
+"""ttd.optim's SGD, Adam and AdamW stepping on the card, against torch.optim on the CPU: learning rates
+changed between steps, schedulers, arguments, zero_grad and state_dict (whole models trained 20
+steps: test_parity.py)."""
 import copy
 
 import pytest
@@ -6,97 +8,26 @@ import torch
 import torch.nn.functional as F
 
 import ttd.torch as ttd
+from training import MLP, OPTIMIZERS, assert_trains_as_torch, cross_entropy, train
 
 
-class MNISTLinear(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l1 = torch.nn.Linear(784, 10)
-
-    def forward(self, x):
-        return F.softmax(self.l1(x), dim=-1)
-
-
-class MLP(torch.nn.Module):
-    def __init__(self, softmax):
-        super().__init__()
-        self.l1, self.relu, self.l2 = torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
-        self.softmax = softmax
-
-    def forward(self, x):
-        y = self.l2(self.relu(self.l1(x)))
-        return F.softmax(y, dim=-1) if self.softmax else y
-
-
-# Settings where 20 steps stay well-conditioned: with L1 on MNISTLinear's softmax, Adam with
-# betas (0.8, 0.99) amplifies float32 rounding (1e-7) exponentially from step 12 on, in torch
-# against itself on another summation order as much as against the card.
-OPTIMIZERS = {
-    "sgd": (torch.optim.SGD, ttd.optim.SGD, dict(lr=0.1)),
-    "sgd_momentum": (torch.optim.SGD, ttd.optim.SGD, dict(lr=0.05, momentum=0.9, weight_decay=1e-3)),
-    "sgd_nesterov": (torch.optim.SGD, ttd.optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True)),
-    "adam": (torch.optim.Adam, ttd.optim.Adam, dict(lr=1e-2)),
-    "adam_wd": (torch.optim.Adam, ttd.optim.Adam, dict(lr=5e-3, betas=(0.85, 0.99), weight_decay=1e-2)),
-    "adamw": (torch.optim.AdamW, ttd.optim.AdamW, dict(lr=1e-2)),
-}
-
-
-def _modules(name):
+def _mlp():
+    """The MLP (seed 0), a batch of 8 and its labels."""
     torch.manual_seed(0)
-    if name == "mnist":
-        return MNISTLinear(), torch.rand(8, 784), "l1"
-    return MLP(softmax=name == "mlp_softmax"), torch.randn(8, 32), "ce"
-
-
-def _train(model, opt, x, y, loss_kind, steps, device, lr_at=None):
-    losses = []
-    for step in range(steps):
-        if lr_at and step in lr_at:
-            opt.param_groups[0]["lr"] = lr_at[step]
-        out = model(x.to(device) if device == "tt" else x)
-        out = out.to("cpu")
-        loss = F.l1_loss(out, y) if loss_kind == "l1" else F.cross_entropy(out, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
-def _parity(model_name, opt_name, steps=20, lr_at=None):
-    ref, x, loss_kind = _modules(model_name)
-    torch.manual_seed(1)
-    y = torch.rand(8, 10) if loss_kind == "l1" else torch.randint(0, 10, (8,))
-    tt_model = ttd.compile(copy.deepcopy(ref)).to("tt")
-    torch_cls, ttd_cls, kw = OPTIMIZERS[opt_name]
-    ref_losses = _train(ref, torch_cls(ref.parameters(), **kw), x, y, loss_kind, steps, "cpu", lr_at)
-    tt_losses = _train(tt_model, ttd_cls(tt_model.parameters(), **kw), x, y, loss_kind, steps, "tt", lr_at)
-    torch.testing.assert_close(torch.tensor(tt_losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-6)
-    got, want = tt_model.state_dict(), ref.state_dict()
-    assert list(got) == list(want)
-    for k in want:  # relative 1e-4 of the tensor's scale: Adam moves near-zero entries by ~lr whatever
-        # their gradient's rounding, so an entry-wise rtol alone cannot hold there
-        atol = 1e-4 * want[k].abs().max().item()
-        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=atol, msg=lambda m: f"{k}: {m}")
-
-
-@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
-@pytest.mark.parametrize("model_name", ["mnist", "mlp", "mlp_softmax"])
-def test_parity_with_torch_optim(model_name, opt_name):
-    """20 steps through ttd match torch.optim on the CPU: each loss and every parameter."""
-    _parity(model_name, opt_name)
+    model, x = MLP(False), torch.randn(8, 32)
+    return model, x, torch.randint(0, 10, (8,))
 
 
 @pytest.mark.parametrize("opt_name", ["sgd_momentum", "adam"])
 def test_lr_change_between_steps(opt_name):
     """param_groups[0]["lr"] set between steps (a scheduler's job) matches torch."""
-    _parity("mlp", opt_name, steps=12, lr_at={4: 0.02, 8: 0.001})
+    model, x, y = _mlp()
+    assert_trains_as_torch(model, x, y, cross_entropy, opt_name, steps=12, lr_at={4: 0.02, 8: 0.001})
 
 
 def test_step_lr_scheduler():
     """torch's StepLR drives a ttd optimizer as it drives torch's."""
-    ref, x, _ = _modules("mlp")
-    y = torch.randint(0, 10, (8,))
+    ref, x, y = _mlp()
     tt_model = ttd.compile(copy.deepcopy(ref)).to("tt")
     losses = []
     for model, cls, dev in ((ref, torch.optim.SGD, "cpu"), (tt_model, ttd.optim.SGD, "tt")):
@@ -148,8 +79,7 @@ def test_adamw_default_weight_decay_is_torchs():
 def test_zero_grad_set_to_none():
     """zero_grad() leaves zeros (torch 1.13's default); set_to_none=True leaves None until the
     next backward, which then accumulates from zero."""
-    ref, x, _ = _modules("mlp")
-    y = torch.randint(0, 10, (8,))
+    ref, x, y = _mlp()
     m = ttd.compile(copy.deepcopy(ref)).to("tt")
     opt = ttd.optim.SGD(m.parameters(), lr=0.1)
     F.cross_entropy(m(x.to("tt")).to("cpu"), y).backward()
@@ -171,11 +101,10 @@ def test_zero_grad_set_to_none():
 def test_optimizer_state_dict_resumes(opt_name):
     """An optimizer's state_dict loaded into a fresh one continues as the original would."""
     torch_cls, ttd_cls, kw = OPTIMIZERS[opt_name]
-    ref, x, _ = _modules("mlp")
-    y = torch.randint(0, 10, (8,))
+    ref, x, y = _mlp()
     a = ttd.compile(copy.deepcopy(ref)).to("tt")
     opt_a = ttd_cls(a.parameters(), **kw)
-    _train(a, opt_a, x, y, "ce", 5, "tt")
+    train(a, opt_a, x, y, cross_entropy, 5, "tt")
     sd, msd = opt_a.state_dict(), a.state_dict()
     assert set(sd["state"]) == set(range(4)) and float(sd["state"][0]["step"]) == 5
     b = ttd.compile(copy.deepcopy(ref)).to("tt")
@@ -183,6 +112,6 @@ def test_optimizer_state_dict_resumes(opt_name):
     b(x.to("tt"))
     opt_b = ttd_cls(b.parameters(), **kw)
     opt_b.load_state_dict(sd)
-    la = _train(a, opt_a, x, y, "ce", 5, "tt")
-    lb = _train(b, opt_b, x, y, "ce", 5, "tt")
+    la = train(a, opt_a, x, y, cross_entropy, 5, "tt")
+    lb = train(b, opt_b, x, y, cross_entropy, 5, "tt")
     assert la == lb

@@ -1,6 +1,7 @@
 """torch.fx graphs lowered onto libttclient graphs: which torch ops ttd runs, and the error
 naming the op, the node and the forward's line for any other. Below module.py."""
 import linecache
+import math
 import operator
 import re
 
@@ -200,10 +201,9 @@ class Lowering:
                 if node.kwargs.get("alpha", 1) != 1 or node.kwargs.get("rounding_mode") is not None:
                     _fail(node, what, f"with {dict(node.kwargs)} is not supported")
                 a, b = node.args[0], _arg(node, 1, "other")
-                if not (isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node)):
-                    _fail(node, f"{op} of a tensor and a constant", "is not supported: ttd's add/sub/mul/div take "
-                          "two tensors (make the constant a parameter or a second input)")
-                return self._op(node, op, [a, b])
+                if isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node):
+                    return self._op(node, op, [a, b])
+                return self._scalar_op(node, op, a, b)
         if _named(t, "matmul", (operator.matmul, torch.matmul)):
             return self._op(node, "matmul", [node.args[0], _arg(node, 1, "other")])
         if t is F.linear:
@@ -286,6 +286,24 @@ class Lowering:
         if dim != -1:
             _fail(node, f"{op}(dim={dim})", "is not supported: ttd's softmax is over the last dim only (dim=-1)")
         return self._op(node, op, [x])
+
+    def _scalar_op(self, node, op, a, b):
+        """op of a tensor and a Python number: ttd's op with one input and the attribute scalar
+        (reverse=1 for number op tensor), computed in float32 as torch computes it."""
+        x, c, reverse = (a, b, False) if isinstance(a, torch.fx.Node) else (b, a, True)
+        if not isinstance(x, torch.fx.Node) or isinstance(c, bool) or not isinstance(c, (int, float)):
+            _fail(node, f"{op} of {a!r} and {b!r}", "is not supported: ttd's add/sub/mul/div take two tensors, or a "
+                  "tensor and a Python number (make any other constant a parameter or a second input)")
+        try:
+            value = float(c)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            _fail(node, f"{op} by {c!r}", "is not supported: the number must be finite")
+        attrs = {"scalar": repr(value)}
+        if reverse and op in ("sub", "div"):
+            attrs["reverse"] = 1
+        return self._op(node, op, [x], _attrs(**attrs))
 
     def _conv(self, node, x, w, b, stride, padding, dilation, groups, padding_mode):
         if isinstance(padding, str):

@@ -159,10 +159,37 @@ static ttd_status_t infer_linear(const Ttd__V1__Node *node, const ttd_value_type
   return TTD_OK;
 }
 
+/* A number attribute given as a float (field f) or an integer (field i); def when absent. */
+static ttd_status_t attr_number(const Ttd__V1__Node *node, const char *name, float def, float *out) {
+  const Ttd__V1__Attr *a = find_attr(node, name);
+  *out = def;
+  if (a && a->value_case == TTD__V1__ATTR__VALUE_I) {
+    *out = (float)a->i;
+    return TTD_OK;
+  }
+  return attr_float(node, name, def, out);
+}
+
+/* Two tensors with numpy broadcasting, or one tensor and the attribute `scalar` (x op
+ * scalar; with reverse=1, scalar op x), which keeps the tensor's shape. */
 static ttd_status_t infer_binary(const Ttd__V1__Node *node, const ttd_value_type *const *in, int n, ttd_op_attrs *a,
                                  ttd_value_type *out) {
-  (void)a;
   TTD_RETURN_IF_ERROR(need_all_float(node, in, n));
+  int has_scalar = find_attr(node, "scalar") != NULL;
+  if (n == 1) {
+    if (!has_scalar) return bad(node, "takes two inputs, or one input and the attribute 'scalar'");
+    int64_t reverse;
+    TTD_RETURN_IF_ERROR(attr_number(node, "scalar", 0.0f, &a->scalar));
+    TTD_RETURN_IF_ERROR(attr_int(node, "reverse", 0, &reverse));
+    if (reverse != 0 && reverse != 1) return bad(node, "attribute 'reverse' must be 0 or 1, got %lld", (long long)reverse);
+    a->scalar_operand = true;
+    a->reverse = reverse == 1;
+    set_float(out, &in[0]->shape);
+    return TTD_OK;
+  }
+  if (has_scalar || find_attr(node, "reverse")) {
+    return bad(node, "attributes 'scalar' and 'reverse' go with one input; with two inputs give neither");
+  }
   ttd_kshape o;
   char b1[96], b2[96];
   if (ttd_broadcast_shape(&in[0]->shape, &in[1]->shape, &o) != 0) {
@@ -463,10 +490,10 @@ static ttd_status_t infer_embedding(const Ttd__V1__Node *node, const ttd_value_t
 static const op_def ops[TTD_OP_COUNT] = {
     [TTD_OP_MATMUL] = {"matmul", 2, 2, "transpose_a,transpose_b", infer_matmul},
     [TTD_OP_LINEAR] = {"linear", 2, 3, "", infer_linear},
-    [TTD_OP_ADD] = {"add", 2, 2, "", infer_binary},
-    [TTD_OP_SUB] = {"sub", 2, 2, "", infer_binary},
-    [TTD_OP_MUL] = {"mul", 2, 2, "", infer_binary},
-    [TTD_OP_DIV] = {"div", 2, 2, "", infer_binary},
+    [TTD_OP_ADD] = {"add", 1, 2, "scalar,reverse", infer_binary},
+    [TTD_OP_SUB] = {"sub", 1, 2, "scalar,reverse", infer_binary},
+    [TTD_OP_MUL] = {"mul", 1, 2, "scalar,reverse", infer_binary},
+    [TTD_OP_DIV] = {"div", 1, 2, "scalar,reverse", infer_binary},
     [TTD_OP_RELU] = {"relu", 1, 1, "", infer_same},
     [TTD_OP_GELU] = {"gelu", 1, 1, "", infer_same},
     [TTD_OP_SIGMOID] = {"sigmoid", 1, 1, "", infer_same},

@@ -4,6 +4,7 @@
 #ifndef TTD_OPS_H
 #define TTD_OPS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "dtype.h"
@@ -24,6 +25,9 @@ typedef enum ttd_op {
 /* Parsed attributes; each op reads the fields it declares. */
 typedef struct ttd_op_attrs {
   int transpose_a, transpose_b;       /* matmul */
+  bool scalar_operand;                /* add, sub, mul, div of one input and `scalar`: */
+  bool reverse;                       /* x op scalar, or with reverse scalar op x */
+  float scalar;
   uint32_t axes_mask;                 /* sum, mean */
   int keepdim;
   int perm[TTD_MAX_DIMS];            /* permute, transpose */

@@ -1,7 +1,8 @@
-/* Whole-program gradient checks, in process on the simulated card: an MLP, LeNet-5 and a
- * transformer block (attention + MLP + layer_norm) are compiled, run forward and backward
- * by the daemon's executor, and every parameter's gradient is compared with central finite
- * differences of the program's own loss at sampled elements. */
+/* Whole-program gradient checks, in process on the simulated card: an MLP, LeNet-5, a
+ * transformer block (attention + MLP + layer_norm) and a chain of the binary ops' scalar
+ * forms are compiled, run forward and backward by the daemon's executor, and every
+ * parameter's gradient is compared with central finite differences of the program's own
+ * loss at sampled elements. */
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
@@ -295,6 +296,89 @@ START_TEST(test_transformer_block_gradients) {
 }
 END_TEST
 
+/* The four binary ops with a number in place of their second input (the attribute scalar;
+ * reverse=1 puts it first, as 2 - b and 4 / d below): forward values match a double
+ * reference, the weight's gradient through all of them matches finite differences. */
+START_TEST(test_scalar_operands) {
+  enum { N = 4, D = 6 };
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "x", F32, 2, N, D, 0, 0);
+  gb_value(&b, 0, "target", F32, 2, N, D, 0, 0);
+  gb_value(&b, 1, "w", F32, 2, D, D, 0, 0);
+  gb_node(&b, "h", "linear", "x", "w", NULL);
+  gb_float(&b, gb_node(&b, "a", "mul", "h", NULL, NULL), "scalar", 0.5f);
+  gb_int(&b, gb_node(&b, "b", "div", "a", NULL, NULL), "scalar", 3); /* an integer number too */
+  Ttd__V1__Node *c = gb_node(&b, "c", "sub", "b", NULL, NULL);
+  gb_float(&b, c, "scalar", 2.0f);
+  gb_int(&b, c, "reverse", 1);
+  gb_float(&b, gb_node(&b, "d", "add", "c", NULL, NULL), "scalar", 1.5f);
+  Ttd__V1__Node *e = gb_node(&b, "e", "div", "d", NULL, NULL);
+  gb_float(&b, e, "scalar", 4.0f);
+  gb_int(&b, e, "reverse", 1);
+  gb_float(&b, gb_node(&b, "f", "sub", "e", NULL, NULL), "scalar", 0.25f);
+  Ttd__V1__Node *g = gb_node(&b, "g", "mul", "f", NULL, NULL);
+  gb_float(&b, g, "scalar", -2.0f);
+  gb_int(&b, g, "reverse", 1);
+  gb_node(&b, "loss", "mse_loss", "g", "target", NULL);
+  gb_output(&b, "loss");
+  gb_output(&b, "g");
+  harness h;
+  harness_setup(&h, &b, 0.5f, 1);
+  float x[N * D], w[D * D], got[N * D];
+  h.backend->vtable->buffer_read(h.backend, h.inputs[0]->buffer, 0, x, sizeof(x));
+  h.backend->vtable->buffer_read(h.backend, h.params[0]->buffer, 0, w, sizeof(w));
+  ttd_run *run = NULL;
+  ck_assert_ptr_null(ttd_run_forward(h.backend, NULL, h.program, h.inputs, 2, h.params, 1, &run));
+  h.backend->vtable->buffer_read(h.backend, run->values[h.program->outputs[1]]->buffer, 0, got, sizeof(got));
+  ttd_run_free(run);
+  for (int i = 0; i < N; i++) {
+    for (int j = 0; j < D; j++) {
+      double hv = 0;
+      for (int k = 0; k < D; k++) hv += (double)x[i * D + k] * w[j * D + k];
+      double want = -2.0 * (4.0 / ((2.0 - hv * 0.5 / 3.0) + 1.5) - 0.25);
+      ck_assert_msg(fabs(got[i * D + j] - want) <= 1e-5 * fabs(want) + 1e-6, "g[%d][%d] = %.7g, want %.7g", i, j,
+                    (double)got[i * D + j], want);
+    }
+  }
+  check_gradients(&h, 12, 1e-2f, 3e-2, 2e-3);
+  harness_teardown(&h);
+}
+END_TEST
+
+/* The scalar form's misuse fails to compile, naming the node: one input without scalar, two
+ * inputs with it, a reverse other than 0 or 1. */
+START_TEST(test_scalar_operand_errors) {
+  static const struct {
+    int inputs, scalar;
+    int64_t reverse; /* -1: absent */
+    const char *why;
+  } cases[] = {
+      {1, 0, -1, "node 'y' (mul): takes two inputs, or one input and the attribute 'scalar'"},
+      {1, 0, 1, "takes two inputs, or one input and the attribute 'scalar'"},
+      {2, 1, -1, "attributes 'scalar' and 'reverse' go with one input"},
+      {2, 0, 0, "attributes 'scalar' and 'reverse' go with one input"},
+      {1, 1, 2, "attribute 'reverse' must be 0 or 1, got 2"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    graph_builder b;
+    gb_init(&b);
+    gb_value(&b, 0, "x", F32, 1, 3, 0, 0, 0);
+    Ttd__V1__Node *y = gb_node(&b, "y", "mul", "x", cases[i].inputs == 2 ? "x" : NULL, NULL);
+    if (cases[i].scalar) gb_float(&b, y, "scalar", 2.0f);
+    if (cases[i].reverse >= 0) gb_int(&b, y, "reverse", cases[i].reverse);
+    gb_output(&b, "y");
+    ttd_program *p = NULL;
+    ttd_status_t s = ttd_program_compile(&b.graph, &p);
+    ck_assert_msg(s != NULL, "case %zu compiled", i);
+    ck_assert_msg(strstr(ttd_status_message(s), cases[i].why) != NULL, "case %zu: '%s' lacks '%s'", i,
+                  ttd_status_message(s), cases[i].why);
+    ttd_status_free(s);
+    ck_assert_ptr_null(p);
+  }
+}
+END_TEST
+
 /* bfloat16 storage: a program whose input and parameters are bfloat16 computes in float32
  * exactly as the float32 program on the rounded values, and its gradients (float32) match. */
 START_TEST(test_bfloat16_storage_matches_float32) {
@@ -367,6 +451,8 @@ Suite *program_grad_suite(void) {
   tcase_add_test(tc, test_backward_without_input_grads);
   tcase_add_test(tc, test_lenet_gradients);
   tcase_add_test(tc, test_transformer_block_gradients);
+  tcase_add_test(tc, test_scalar_operands);
+  tcase_add_test(tc, test_scalar_operand_errors);
   tcase_add_test(tc, test_bfloat16_storage_matches_float32);
   suite_add_tcase(s, tc);
   return s;

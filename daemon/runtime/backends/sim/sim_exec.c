@@ -16,6 +16,9 @@ _Static_assert(TTD_OP_RELU - TTD_OP_RELU == TTD_UN_RELU && TTD_OP_GELU - TTD_OP_
                    TTD_OP_EXP - TTD_OP_RELU == TTD_UN_EXP && TTD_OP_LOG - TTD_OP_RELU == TTD_UN_LOG,
                "ttd_op's relu..log must follow ttd_unary_op's order");
 
+/* The 0-d shape of a binary op's scalar operand (the node's `scalar` attribute). */
+static const ttd_kshape scalar_shape = {0};
+
 #define F(i) ((float *)call->inputs[i]->data)
 #define I32(i) ((const int32_t *)call->inputs[i]->data)
 #define OUT ((float *)call->output->data)
@@ -96,9 +99,13 @@ ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_c
       ttd_k_linear(pool, F(0), F(1), call->inputs[2] ? F(2) : NULL, leading_rows(s0), in, out, OUT);
       return TTD_OK;
     }
-    case TTD_OP_ADD: case TTD_OP_SUB: case TTD_OP_MUL: case TTD_OP_DIV:
-      ttd_k_binary(pool, (ttd_binary_op)(node->op - TTD_OP_ADD), F(0), s0, F(1), s1, OUT, os);
+    case TTD_OP_ADD: case TTD_OP_SUB: case TTD_OP_MUL: case TTD_OP_DIV: {
+      ttd_binary_op op = (ttd_binary_op)(node->op - TTD_OP_ADD);
+      if (!a->scalar_operand) ttd_k_binary(pool, op, F(0), s0, F(1), s1, OUT, os);
+      else if (a->reverse) ttd_k_binary(pool, op, &a->scalar, &scalar_shape, F(0), s0, OUT, os);
+      else ttd_k_binary(pool, op, F(0), s0, &a->scalar, &scalar_shape, OUT, os);
       return TTD_OK;
+    }
     case TTD_OP_RELU: case TTD_OP_GELU: case TTD_OP_SIGMOID: case TTD_OP_TANH: case TTD_OP_EXP: case TTD_OP_LOG:
       ttd_k_unary(pool, (ttd_unary_op)(node->op - TTD_OP_RELU), F(0), OUT, n_out);
       return TTD_OK;
@@ -189,9 +196,13 @@ ttd_status_t ttd_sim_run_node_backward(ttd_backend *backend, int device, const t
       ttd_k_linear_backward(pool, F(0), F(1), DY, leading_rows(s0), in, out, DIN(0), DIN(1), DIN(2));
       return TTD_OK;
     }
-    case TTD_OP_ADD: case TTD_OP_SUB: case TTD_OP_MUL: case TTD_OP_DIV:
-      ttd_k_binary_backward(pool, (ttd_binary_op)(node->op - TTD_OP_ADD), F(0), s0, F(1), s1, DY, os, DIN(0), DIN(1));
+    case TTD_OP_ADD: case TTD_OP_SUB: case TTD_OP_MUL: case TTD_OP_DIV: {
+      ttd_binary_op op = (ttd_binary_op)(node->op - TTD_OP_ADD);
+      if (!a->scalar_operand) ttd_k_binary_backward(pool, op, F(0), s0, F(1), s1, DY, os, DIN(0), DIN(1));
+      else if (a->reverse) ttd_k_binary_backward(pool, op, &a->scalar, &scalar_shape, F(0), s0, DY, os, NULL, DIN(0));
+      else ttd_k_binary_backward(pool, op, F(0), s0, &a->scalar, &scalar_shape, DY, os, DIN(0), NULL);
       return TTD_OK;
+    }
     case TTD_OP_RELU: case TTD_OP_GELU: case TTD_OP_SIGMOID: case TTD_OP_TANH: case TTD_OP_EXP: case TTD_OP_LOG:
       ttd_k_unary_backward(pool, (ttd_unary_op)(node->op - TTD_OP_RELU), F(0), Y, DY, DIN(0), n_out);
       return TTD_OK;
