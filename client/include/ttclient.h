@@ -184,6 +184,33 @@ tt_status tt_kill_session(tt_client *client, uint64_t session_id, uint64_t *out_
  * zeros). ndim 0 makes a scalar. NULL on error (bad dtype or shape): see tt_last_error. */
 tt_tensor *tt_tensor_from_host(tt_client *client, const void *data, tt_dtype dtype, const int64_t *shape, int ndim);
 
+/* A new host tensor whose data is the caller's memory, not a copy (torch's from_blob): data
+ * holds numel * dtype size bytes, row-major, aligned to the element size. libttclient reads
+ * it where it is and never writes or frees it. tt_to(.., "tt") streams the Upload straight
+ * from it; only the same-host shared-memory path (256 KiB and more) copies it, once, into a
+ * segment, and a deferred tt_to keeps a copy of the values it had then. A module on "cpu"
+ * reads it at tt_forward; ops that keep their inputs for backward (tt_mul, tt_add, the
+ * losses) read it again at tt_backward, which sees the values there then. tt_tensor_data
+ * returns data itself.
+ * Ownership: the tensor is the caller's (tt_tensor_free) and reference counted like any
+ * other; libttclient may hold more references than the caller's (tt_to(t, "cpu") returns t
+ * again; the result of tt_mul or a loss keeps its inputs until it is freed), so the memory
+ * must stay valid until release(ctx) is called: exactly once, after the last reference is
+ * gone. release NULL: nothing is called, and the memory must outlive every reference
+ * (static data, say).
+ * NULL: client NULL returns NULL (no message); data may be NULL only for a shape with a 0
+ * dim (shape may be NULL when ndim is 0).
+ * Threads: any thread may call it. release runs on the thread that drops the last
+ * reference, inside that tt_tensor_free (of this tensor, or of a tensor holding it, such as
+ * a loss); no libttclient lock is held then, and it must not use this tensor.
+ * Errors: NULL with tt_last_error saying why, and release is not called (the memory stays
+ * the caller's): TT_INVALID_ARGUMENT for a dtype other than TT_FLOAT32, TT_BFLOAT16 or
+ * TT_INT32, ndim outside 0..TT_MAX_DIMS or a NULL shape with ndim > 0, a negative dim, a
+ * shape whose byte size overflows int64, NULL data with elements, data not aligned to the
+ * element size; TT_RESOURCE_EXHAUSTED when out of host memory. */
+tt_tensor *tt_tensor_wrap_host(tt_client *client, void *data, tt_dtype dtype, const int64_t *shape, int ndim,
+                               void (*release)(void *ctx), void *ctx);
+
 /* A new zero-filled tensor on device ("cpu", "tt", "tt:N", "tt:N/l1"); on a device it is
  * allocated by the daemon. NULL on error. */
 tt_tensor *tt_tensor_empty(tt_client *client, tt_dtype dtype, const int64_t *shape, int ndim, const char *device);
@@ -217,7 +244,8 @@ uint64_t tt_tensor_nbytes(const tt_tensor *tensor);
 /* "cpu", "tt:0", "tt:1/l1", ... */
 const char *tt_tensor_device(const tt_tensor *tensor);
 int tt_tensor_is_host(const tt_tensor *tensor);
-/* Host data (numel * dtype size bytes), writable; NULL for a device tensor. */
+/* Host data (numel * dtype size bytes), writable; NULL for a device tensor. For a tensor
+ * of tt_tensor_wrap_host: the caller's memory it wraps. */
 void *tt_tensor_data(tt_tensor *tensor);
 /* The daemon's handle of a device tensor (a deferred one is uploaded first: 0 if that
  * fails); 0 for a host tensor. */

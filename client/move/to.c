@@ -27,11 +27,24 @@ static tt_tensor *host_to_host(tt_tensor *src, tt_dtype dtype) {
   return t;
 }
 
+/* Uploads src as a new tensor of dtype at place. Its bytes go from where they are: a
+ * shared-memory segment the daemon reads, or the host memory the Upload streams from (no
+ * copy here). A wrapped tensor's memory is the caller's and in no segment: large enough for
+ * the same-host path, it is copied once into a pooled segment, which beats streaming it. */
 static tt_tensor *upload(tt_tensor *src, const tt_place *place, tt_dtype dtype) {
   tt_tensor *t = tt_tensor_like(src, place, dtype);
   if (!t) return NULL;
-  if (tt_upload_new(src->client, place, dtype, src->dtype, src->shape, src->ndim, src->data, src->nbytes,
-                    src->shm_segment, &t->handle) != TT_OK) {
+  const void *data = src->data;
+  uint64_t segment = src->shm_segment;
+  void *staged = src->wrapped ? tt_shm_alloc(src->client, src->nbytes, TT_SHM_MIN_BYTES, &segment) : NULL;
+  if (staged) {
+    memcpy(staged, src->data, (size_t)src->nbytes);
+    data = staged;
+  }
+  tt_status st =
+      tt_upload_new(src->client, place, dtype, src->dtype, src->shape, src->ndim, data, src->nbytes, segment, &t->handle);
+  if (staged) tt_shm_free(src->client, staged);
+  if (st != TT_OK) {
     tt_tensor_free(t);
     return NULL;
   }

@@ -1,5 +1,7 @@
 /* Host and device tensors of libttclient: creation, storage, reference counting, accessors. */
 #include <inttypes.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,7 +88,8 @@ void tt_tensor_host_copy_free(tt_tensor *t) {
   t->host_copy_segment = 0;
 }
 
-tt_tensor *tt_tensor_host_uninit(tt_client *client, tt_dtype dtype, const int64_t *shape, int ndim) {
+/* A new host tensor struct of dtype and shape with no storage yet; NULL on error. */
+static tt_tensor *host_struct(tt_client *client, tt_dtype dtype, const int64_t *shape, int ndim) {
   tt_tensor *t = tt_tensor_alloc(client);
   if (!t) return NULL;
   t->place.is_host = true;
@@ -95,6 +98,12 @@ tt_tensor *tt_tensor_host_uninit(tt_client *client, tt_dtype dtype, const int64_
     tt_tensor_free(t);
     return NULL;
   }
+  return t;
+}
+
+tt_tensor *tt_tensor_host_uninit(tt_client *client, tt_dtype dtype, const int64_t *shape, int ndim) {
+  tt_tensor *t = host_struct(client, dtype, shape, ndim);
+  if (!t) return NULL;
   if (!(t->data = host_alloc(client, t->nbytes, &t->shm_segment, &t->host_block))) {
     tt_client_fail(client, TT_RESOURCE_EXHAUSTED, "out of host memory for a %" PRIu64 "-byte tensor", t->nbytes);
     tt_tensor_free(t);
@@ -108,6 +117,36 @@ tt_tensor *tt_tensor_from_host(tt_client *client, const void *data, tt_dtype dty
   if (!t) return NULL;
   if (data) memcpy(t->data, data, (size_t)t->nbytes);
   else memset(t->data, 0, (size_t)t->nbytes);
+  return t;
+}
+
+tt_tensor *tt_tensor_wrap_host(tt_client *client, void *data, tt_dtype dtype, const int64_t *shape, int ndim,
+                               void (*release)(void *ctx), void *ctx) {
+  static max_align_t no_elements; /* data of an empty tensor given none */
+  if (!client) return NULL;
+  tt_tensor *t = host_struct(client, dtype, shape, ndim);
+  if (!t) return NULL;
+  size_t esize = tt_dtype_size(dtype);
+  if (!data && t->numel) {
+    tt_client_fail(client, TT_INVALID_ARGUMENT,
+                   "tt_tensor_wrap_host: data is NULL for a tensor of %" PRIu64 " elements; pass the memory of its "
+                   "%" PRIu64 " bytes (NULL only for a shape with a 0 dim)",
+                   t->numel, t->nbytes);
+    tt_tensor_free(t);
+    return NULL;
+  }
+  if ((uintptr_t)data % esize) {
+    tt_client_fail(client, TT_INVALID_ARGUMENT,
+                   "tt_tensor_wrap_host: data %p is not aligned to the %zu bytes of a %s element; "
+                   "pass aligned memory or copy it with tt_tensor_from_host",
+                   data, esize, ttd_dtype_name((ttd_dtype)dtype));
+    tt_tensor_free(t);
+    return NULL;
+  }
+  t->data = data ? data : &no_elements;
+  t->wrapped = true;
+  t->release = release;
+  t->release_ctx = ctx;
   return t;
 }
 
@@ -155,7 +194,9 @@ void tt_tensor_free(tt_tensor *tensor) {
   tt_tensor_free(tensor->acc_grad);
   free(tensor->grad);
   tt_tensor_host_copy_free(tensor);
-  if (tensor->place.is_host) {
+  if (tensor->wrapped) {
+    if (tensor->release) tensor->release(tensor->release_ctx); /* the memory goes back to its owner */
+  } else if (tensor->place.is_host) {
     host_free(tensor->client, tensor->data, tensor->shm_segment, tensor->host_block);
   } else if (tensor->handle && !tensor->borrowed) {
     tt_rpc_free_quiet(tensor->client, &tensor->handle, 1); /* a session already closed has freed it anyway */

@@ -38,6 +38,9 @@ struct tt_tensor {
   void *data;           /* host tensors */
   uint64_t shm_segment; /* host data in this shared-memory segment (offset 0), or 0 */
   size_t host_block;    /* else: the size of the block cache's block behind data */
+  bool wrapped;         /* host data is the caller's (tt_tensor_wrap_host): read, never written or freed */
+  void (*release)(void *ctx); /* a wrapped tensor's last free calls release(release_ctx), when set */
+  void *release_ctx;
   uint64_t handle;      /* device tensors */
   tt_tensor_tie *grad_fn; /* host tensors made by tracked ops: their autograd node (module/autograd.c) */
   tt_tensor *from_output; /* host tensors downloaded from a device output of a training forward:

@@ -39,6 +39,7 @@ Suite *kernels_embedding_suite(void);
 Suite *kernels_dropout_suite(void);
 Suite *dataset_suite(void);
 Suite *progress_suite(void);
+Suite *tensor_wrap_suite(void);
 
 /* end-to-end suites: a real ttd on a temporary Unix socket */
 Suite *e2e_transfer_suite(void);

@@ -1,8 +1,12 @@
 """Tensors moved with .to("tt") / .to("cpu"), compared against plain torch."""
+import gc
+import weakref
+
 import pytest
 import torch
 
 import ttd.torch as ttd
+from ttd import _lib, convert
 
 
 def test_round_trip_float32_is_exact():
@@ -55,3 +59,63 @@ def test_other_devices_untouched():
     x = torch.ones(2)
     assert x.to("cpu") is x
     assert x.to(torch.float64).dtype == torch.float64
+
+
+def _data_ptr(host):
+    """Where a libttclient host tensor's bytes are."""
+    return _lib._L.tt_tensor_data(host._p)
+
+
+def test_contiguous_tensors_go_to_libttclient_without_a_copy():
+    """A contiguous float32, bfloat16 or int32 CPU tensor is lent to libttclient: the host
+    tensor's data is the torch tensor's memory. A non-contiguous one, or one converted first
+    (int64 indices to int32, float64 with dtype=torch.float32), goes as a copy; float64 alone
+    is refused. The values arrive on the card either way."""
+    for x in [torch.randn(64, 784), torch.randn(5, 3).to(torch.bfloat16), torch.arange(12, dtype=torch.int32)]:
+        h = convert._host_from_torch(x)
+        assert _data_ptr(h) == x.data_ptr()
+        assert torch.equal(convert._torch_from_host(h.to("tt").to("cpu")), x)
+    for x in [torch.randn(6, 4).t(), torch.randn(3, 8)[:, ::2], torch.arange(7)]:
+        src = x if x.dtype != torch.int64 else x.int()
+        h = convert._host_from_torch(x)
+        assert _data_ptr(h) != x.data_ptr()
+        assert torch.equal(convert._torch_from_host(h.to("tt").to("cpu")), src)
+    y = torch.randn(4, 4, dtype=torch.float64)
+    with pytest.raises(TypeError, match="float64"):
+        convert._host_from_torch(y)
+    d = y.to("tt", dtype=torch.float32)  # converted by torch, a copy
+    assert torch.equal(d.to("cpu"), y.float())
+
+
+def test_lent_tensor_lives_while_libttclient_holds_it():
+    """The torch tensor stays alive as long as libttclient holds the host tensor over it, past
+    the last Python reference to either: here through the product that keeps its input."""
+    x = torch.randn(256, 784)
+    expected = x.clone()
+    alive = weakref.ref(x)
+    gc.collect()
+    held = len(_lib._borrowed)
+    h = _lib.Tensor.borrow(convert._get_client(), x, x.data_ptr(), _lib.FLOAT32, tuple(x.shape))
+    product = h.mul(convert._host_from_torch(torch.ones(256, 784)))
+    del x, h
+    gc.collect()
+    assert alive() is not None
+    junk = [torch.full((256, 784), 7.0) for _ in range(8)]  # would reuse the memory, were it freed
+    assert torch.equal(convert._torch_from_host(product), expected)
+    del product, junk
+    gc.collect()
+    assert alive() is None
+    assert len(_lib._borrowed) == held
+
+
+def test_lent_tensor_uploads_after_python_lets_go():
+    """A host tensor made by .to("tt")'s path keeps its torch tensor alive: deleting the torch
+    tensor and collecting leaves the host tensor's values intact for an upload."""
+    x = torch.randn(256, 784)
+    expected = x.clone()
+    h = convert._host_from_torch(x)
+    del x
+    gc.collect()
+    junk = [torch.full((256, 784), 3.0) for _ in range(8)]
+    assert torch.equal(convert._torch_from_host(h.to("tt").to("cpu")), expected)
+    del junk

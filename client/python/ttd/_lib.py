@@ -64,6 +64,7 @@ _sig("tt_errcode", c_int, _P)
 _sig("tt_status_name", c_char_p, c_int)
 _sig("tt_last_error", c_char_p, _P)
 _sig("tt_tensor_from_host", _P, _P, c_void_p, c_int, POINTER(c_int64), c_int)
+_sig("tt_tensor_wrap_host", _P, _P, c_void_p, c_int, POINTER(c_int64), c_int, _P, c_void_p)
 _sig("tt_tensor_free", None, _P)
 _sig("tt_to", _P, _P, c_char_p)
 _sig("tt_to_dtype", _P, _P, c_char_p, c_int)
@@ -170,6 +171,24 @@ def _shape_array(shape):
     return (c_int64 * max(len(shape), 1))(*shape)
 
 
+# Borrowed host memory (Tensor.borrow): the Python object owning it, by the key libttclient
+# hands back to _release_borrowed when it drops a borrowed tensor's last reference. That can
+# happen inside any call that frees a tensor, on any thread, after the Tensor object is gone
+# (a loss keeps its inputs), so the callback only drops the entry, under the GIL ctypes takes.
+_borrowed = {}
+_borrow_keys = iter(range(1, 2**63))
+
+
+@ctypes.CFUNCTYPE(None, c_void_p)
+def _release_borrowed(key, borrowed=_borrowed):
+    borrowed.pop(key, None)
+
+
+# Never freed: libttclient may call it until the process ends, even while modules are torn down.
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_release_borrowed))
+_release_borrowed_ptr = ctypes.cast(_release_borrowed, c_void_p)
+
+
 class Tensor:
     """One reference to a tt_tensor (host or device)."""
 
@@ -180,10 +199,26 @@ class Tensor:
 
     @classmethod
     def from_host(cls, client, data_ptr, dtype, shape):
-        """A host tensor holding a copy of numel * size bytes at data_ptr (tt_tensor_from_host
-        copies: libttclient has no borrowing constructor)."""
+        """A host tensor holding a copy of numel * size bytes at data_ptr (tt_tensor_from_host)."""
         return cls(client, _L.tt_tensor_from_host(client._p, c_void_p(data_ptr), dtype, _shape_array(shape),
                                                   len(shape)))
+
+    @classmethod
+    def borrow(cls, client, owner, data_ptr, dtype, shape):
+        """A host tensor over the numel * size bytes at data_ptr, not a copy (tt_tensor_wrap_host):
+        owner, the object whose memory that is (a contiguous CPU torch tensor), stays alive
+        until libttclient drops the tensor's last reference, which may outlive this object.
+        The memory is read, never written."""
+        key = next(_borrow_keys)
+        _borrowed[key] = owner
+        p = None
+        try:
+            p = _L.tt_tensor_wrap_host(client._p, c_void_p(data_ptr), dtype, _shape_array(shape), len(shape),
+                                       _release_borrowed_ptr, c_void_p(key))
+        finally:
+            if not p:  # refused: libttclient never calls release
+                del _borrowed[key]
+        return cls(client, p)
 
     def to(self, device, dtype=None):
         if dtype is None or dtype == self.dtype:

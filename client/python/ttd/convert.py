@@ -1,5 +1,6 @@
 """Between torch and libttclient: the process's client, dtypes, the "tt" device object, and
-host tensors copied either way. Below every other module of the package but _lib."""
+host tensors either way (torch's memory lent to libttclient, libttclient's copied into torch's).
+Below every other module of the package but _lib."""
 import atexit
 
 import torch
@@ -77,7 +78,9 @@ class Device:
 
 
 def _host_from_torch(t):
-    """A libttclient host tensor with a copy of a CPU torch tensor's values. torch's int64
+    """A libttclient host tensor of a torch tensor's values, over the tensor's own memory when
+    it is a contiguous CPU tensor of a tt dtype (no copy: libttclient keeps the torch tensor
+    alive as long as it holds the host tensor), else over a contiguous CPU copy. torch's int64
     indices (torch.long, what Embedding takes) become int32 when they fit."""
     if t.dtype == torch.int64:
         if t.numel() and (t.min() < -2**31 or t.max() >= 2**31):
@@ -87,8 +90,8 @@ def _host_from_torch(t):
     if t.dtype not in _DTYPES:
         raise TypeError(f"a tt device holds float32, bfloat16 or int32, not {t.dtype}: convert it first "
                         f"(e.g. .float())")
-    src = t.detach().contiguous()
-    return _lib.Tensor.from_host(_get_client(), src.data_ptr(), _DTYPES[src.dtype], tuple(src.shape))
+    src = t.detach().cpu().contiguous()  # t itself, or a copy of its values
+    return _lib.Tensor.borrow(_get_client(), src, src.data_ptr(), _DTYPES[src.dtype], tuple(src.shape))
 
 
 def _torch_from_host(h):
