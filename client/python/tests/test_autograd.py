@@ -219,3 +219,14 @@ def test_runs_live_as_long_as_torchs_graph():
         cm.to("cpu")
     del kept
     cm.to("cpu")
+
+
+def test_download_in_the_graph_keeps_every_bit():
+    """A download that joins torch's graph carries the card's values bit for bit (-0.0, inf,
+    NaN, denormals included) and passes the gradient back."""
+    x = torch.tensor([[-0.0, 0.0, float("inf"), float("-inf"), float("nan"), 1e-45, -3.5]], requires_grad=True)
+    y = x.to("tt").to("cpu")
+    assert y.requires_grad
+    assert torch.equal(y.detach().view(torch.int32), x.detach().view(torch.int32))
+    (y * torch.arange(7.0)).sum().backward()  # NaN loss, finite gradient
+    assert torch.equal(x.grad, torch.arange(7.0).unsqueeze(0))

@@ -227,13 +227,19 @@ class Tensor:
 
     @property
     def shape(self):
-        n = _L.tt_tensor_ndim(self._p)
-        s = _L.tt_tensor_shape(self._p)
-        return tuple(s[i] for i in range(n))
+        shape = self.__dict__.get("_shape")
+        if shape is None:  # a tensor's shape never changes: asked once
+            n = _L.tt_tensor_ndim(self._p)
+            s = _L.tt_tensor_shape(self._p)
+            shape = self._shape = tuple(s[i] for i in range(n))
+        return shape
 
     @property
     def dtype(self):
-        return _L.tt_tensor_dtype(self._p)
+        dtype = self.__dict__.get("_dtype")
+        if dtype is None:
+            dtype = self._dtype = _L.tt_tensor_dtype(self._p)
+        return dtype
 
     @property
     def device(self):

@@ -1,10 +1,11 @@
 """The boundary of torch's autograd and the card's.
 
 Device tensors stay out of torch's graph. One that gradients must reach has an anchor: a CPU
-tensor of its shape in torch's graph (zeros expanded: no memory). A tensor uploaded from a
-CPU tensor that requires grad is anchored to it (_Upload passes the gradient through); the
-outputs of a training run are anchored to the run (_Run), whose inputs are the anchors of
-the run's inputs; a download (.to("cpu")) hangs from its tensor's anchor (_Copy). So torch
+tensor of its shape and dtype in torch's graph, -0.0 expanded (no memory). A tensor uploaded
+from a CPU tensor that requires grad is anchored to it (_Upload passes the gradient through);
+the outputs of a training run are anchored to the run (_Run), whose inputs are the anchors of
+the run's inputs; a download (.to("cpu")) is its values plus the anchor: adding -0.0 changes
+no float, and torch's add hands the download's gradient to the anchor. So torch
 sums every gradient reaching a device tensor at its anchor, and calls each run's backward
 once with the gradients of all of its outputs. That backward sends them to the card
 (tt_backward_grads) and hands its inputs' gradients, brought to the CPU, to the anchors
@@ -19,13 +20,13 @@ import weakref
 import torch
 
 from . import _lib
-from .convert import _host_from_torch, _torch_from_host
+from .convert import _TORCH_DTYPES, _host_from_torch, _torch_from_host
 
 _LEAF = torch.empty(0, requires_grad=True)  # makes every run's anchors require grad; gets no gradient
 
 
-def _anchor(shape):
-    return torch.zeros(()).expand(tuple(shape))
+def _anchor(shape, dtype=torch.float32):
+    return torch.full((), -0.0, dtype=dtype).expand(tuple(shape))
 
 
 class _Upload(torch.autograd.Function):
@@ -35,7 +36,7 @@ class _Upload(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         ctx.dtype = x.dtype
-        return _anchor(x.shape)
+        return _anchor(x.shape, x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -69,7 +70,7 @@ class _Run(torch.autograd.Function):
         alive = torch.empty(0)  # freed with the graph's saved tensors, so the run goes with them
         weakref.finalize(alive, state.release).atexit = False
         ctx.save_for_backward(alive)
-        return tuple(_anchor(o.shape) for o in state.outputs)
+        return tuple(_anchor(o.shape, _TORCH_DTYPES[o.dtype]) for o in state.outputs)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -96,22 +97,10 @@ def upload_anchor(x):
     return _Upload.apply(x) if x.requires_grad and torch.is_grad_enabled() else None
 
 
-class _Copy(torch.autograd.Function):
-    """One download of a device tensor: a CPU copy of its values whose gradient goes to the
-    tensor's anchor."""
-
-    @staticmethod
-    def forward(ctx, anchor, host):
-        return _torch_from_host(host)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
 def download(host, anchor):
     """host (a libttclient host tensor) as a CPU torch tensor, in torch's graph below anchor
     when there is one (and grad is enabled)."""
+    values = _torch_from_host(host)
     if anchor is None or not torch.is_grad_enabled():
-        return _torch_from_host(host)
-    return _Copy.apply(anchor, host)
+        return values
+    return values + anchor  # the same values (x + -0.0 == x, bit for bit), the gradient to anchor
