@@ -95,7 +95,7 @@ static void check_gradients(harness *h, int samples, float eps, double rtol, dou
   ck_assert_ptr_null(ttd_run_forward(h->backend, NULL, h->program, h->inputs, h->program->n_inputs, h->params,
                                      h->program->n_params, &run));
   ttd_tensor *dloss = unit_loss_grad(h->backend);
-  ttd_tensor *out_grads[1] = {dloss}, *param_grads[MAXV] = {0};
+  ttd_tensor *out_grads[MAXV] = {dloss}, *param_grads[MAXV] = {0}; /* the loss is output 0; others get none */
   ttd_status_t s = ttd_run_backward(run, h->backend, out_grads, param_grads, NULL);
   ck_assert_msg(s == NULL, "backward: %s", ttd_status_message(s));
   ttd_run_free(run);
