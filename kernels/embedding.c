@@ -1,4 +1,7 @@
-/* Embedding lookup and its backward (kernels.h). */
+/* Embedding lookup and its backward (kernels.h). The indices are client data another call
+ * may be rewriting: each one is read once, into a local, and checked there before it
+ * addresses the table, whatever an earlier pass saw. */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -11,12 +14,22 @@ typedef struct emb_job {
   const int32_t *indices;
   int64_t n, vocab, dim;
   float *y, *dtable;
+  atomic_llong bad; /* gather: the first position found out of range, or -1 */
 } emb_job;
 
 static void gather_rows(void *ctx, size_t begin, size_t end) {
-  const emb_job *j = ctx;
-  for (size_t i = begin; i < end; i++)
-    memcpy(j->y + (int64_t)i * j->dim, j->table + (int64_t)j->indices[i] * j->dim, (size_t)j->dim * sizeof(float));
+  emb_job *j = ctx;
+  for (size_t i = begin; i < end; i++) {
+    int32_t idx = j->indices[i];
+    float *dst = j->y + (int64_t)i * j->dim;
+    if (idx < 0 || idx >= j->vocab) { /* changed since the check: refused, the row zeroed */
+      long long none = -1;
+      atomic_compare_exchange_strong(&j->bad, &none, (long long)i);
+      memset(dst, 0, (size_t)j->dim * sizeof(float));
+      continue;
+    }
+    memcpy(dst, j->table + (int64_t)idx * j->dim, (size_t)j->dim * sizeof(float));
+  }
 }
 
 /* Each task owns a block of dtable columns and scatters every row into it, in index order:
@@ -46,8 +59,14 @@ int ttd_k_embedding(ttd_pool *pool, const float *table, const int32_t *indices, 
       return -1;
     }
   if (n <= 0 || dim <= 0) return 0;
-  emb_job j = {.table = table, .indices = indices, .dim = dim, .y = y};
+  emb_job j = {.table = table, .indices = indices, .vocab = vocab, .dim = dim, .y = y};
+  atomic_init(&j.bad, -1);
   ttd_pool_parallel_for(pool, (size_t)n, (size_t)(dim >= 4096 ? 1 : 4096 / dim), gather_rows, &j);
+  long long bad = atomic_load(&j.bad);
+  if (bad >= 0) {
+    if (out_bad_index) *out_bad_index = bad;
+    return -1;
+  }
   return 0;
 }
 

@@ -88,7 +88,9 @@ void ttd_k_log_softmax_backward(ttd_pool *pool, const float *y, const float *dy,
 
 /* ---- losses (mean reduction, scalar output) ---- */
 /* logits [n, c], labels int32 [n] in [0, c). Returns 0, or -1 with *out_bad_index = the
- * first sample whose label is out of range. */
+ * first sample whose label is out of range. Each label is read once, into a local, and
+ * checked where it is used: a label another thread makes out of range during the call is
+ * refused the same way, never followed. */
 int ttd_k_cross_entropy(ttd_pool *pool, const float *logits, const int32_t *labels, int64_t n, int64_t c, float *loss,
                         int64_t *out_bad_index);
 /* dlogits = dloss * (softmax - onehot) / n. */
@@ -167,7 +169,11 @@ void ttd_k_layer_norm_backward(ttd_pool *pool, const float *x, const float *weig
                                const float *rstd, const float *dy, int64_t rows, int64_t cols, float *dx,
                                float *dweight, float *dbias);
 
-/* ---- embedding: table [vocab, dim], indices int32 [n] -> y [n, dim] ---- */
+/* ---- embedding: table [vocab, dim], indices int32 [n] -> y [n, dim] ----
+ * Returns 0, or -1 with *out_bad_index = a position whose index is outside [0, vocab). Each
+ * index is read once, into a local, and checked where it addresses the table (forward and
+ * backward): one another thread changes during the call is refused (its row of y zeroed),
+ * never followed. */
 int ttd_k_embedding(ttd_pool *pool, const float *table, const int32_t *indices, int64_t n, int64_t vocab, int64_t dim,
                     float *y, int64_t *out_bad_index);
 /* dtable (overwritten, zeros where no index points) from dy. */

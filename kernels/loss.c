@@ -2,6 +2,7 @@
  * mean squared error and mean absolute error, forward and backward. The forward sums go
  * through ttd_ksum_blocks, so the loss is the same for any thread count. */
 #include <math.h>
+#include <stdatomic.h>
 
 #include "kernel_internal.h"
 #include "kernels.h"
@@ -10,10 +11,11 @@
 
 typedef struct ce_job {
   const float *logits;
-  const int32_t *labels;
+  const int32_t *labels; /* client data: each read once into a local and checked there */
   int64_t c;
   float scale; /* backward: dloss / n */
   float *dlogits;
+  atomic_llong bad; /* forward: the first row whose label is out of range, or -1 */
 } ce_job;
 
 /* logsumexp(x[0, c)) - x[label], in double. */
@@ -26,7 +28,15 @@ TTD_KHOT static double ce_row(const float *restrict x, int64_t c, int32_t label)
 static double ce_rows(void *ctx, int64_t begin, int64_t end) {
   ce_job *job = ctx;
   double total = 0.0;
-  for (int64_t r = begin; r < end; r++) total += ce_row(job->logits + r * job->c, job->c, job->labels[r]);
+  for (int64_t r = begin; r < end; r++) {
+    int32_t label = job->labels[r];
+    if (label < 0 || (int64_t)label >= job->c) { /* changed since the check: refused */
+      long long none = -1;
+      atomic_compare_exchange_strong(&job->bad, &none, (long long)r);
+      continue;
+    }
+    total += ce_row(job->logits + r * job->c, job->c, label);
+  }
   return total;
 }
 
@@ -47,7 +57,13 @@ int ttd_k_cross_entropy(ttd_pool *pool, const float *logits, const int32_t *labe
     return 0;
   }
   ce_job job = {.logits = logits, .labels = labels, .c = c};
+  atomic_init(&job.bad, -1);
   double total = ttd_ksum_blocks(pool, n, (int64_t)rows_per_chunk(c), ce_rows, &job);
+  long long bad = atomic_load(&job.bad);
+  if (bad >= 0) {
+    if (out_bad_index) *out_bad_index = bad;
+    return -1;
+  }
   *loss = (float)(total / (double)n);
   return 0;
 }

@@ -147,9 +147,16 @@ static ttd_status_t execute(ttd_call *call, const ProtobufCMessage *request, Pro
   }
   int n_inputs = req->n_inline_inputs ? program->n_inputs : (int)req->n_inputs;
   ttd_run_mode run_mode = {.eval = req->eval, .dropout_step = req->dropout_step};
+  /* No Upload rewrites an operand while the forward reads it, nor starts meanwhile. */
+  if (!status && !(status = ttd_tensors_read_begin(inputs, n_inputs, "input"))) {
+    status = ttd_tensors_read_begin(params, (int)req->n_parameters, "parameter");
+    if (status) ttd_tensors_read_end(inputs, n_inputs);
+  }
   if (!status) {
     status = ttd_run_forward_mode(call->core->backend, call->session->quota, program, inputs, n_inputs, params,
                                   (int)req->n_parameters, &run_mode, &run);
+    ttd_tensors_read_end(inputs, n_inputs);
+    ttd_tensors_read_end(params, (int)req->n_parameters);
   }
   if (!status) {
     resp->mode_applied = true;

@@ -120,7 +120,12 @@ static ttd_status_t backward(ttd_call *call, const ProtobufCMessage *request, Pr
     status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   }
   if (!status) status = gather_output_grads(call, run, req, out_grads);
-  if (!status) status = ttd_run_backward(run, call->core->backend, out_grads, param_grads, req->input_grads ? input_grads : NULL);
+  int n_operands = p->n_inputs + p->n_params;
+  if (!status) status = ttd_tensors_read_begin(run->operands, n_operands, "operand"); /* no Upload under it */
+  if (!status) {
+    status = ttd_run_backward(run, call->core->backend, out_grads, param_grads, req->input_grads ? input_grads : NULL);
+    ttd_tensors_read_end(run->operands, n_operands);
+  }
   if (!status) {
     resp->n_parameter_grads = (size_t)p->n_params;
     resp->parameter_grads = ttd_call_alloc(call, sizeof(void *) * (size_t)(p->n_params + 1));

@@ -13,6 +13,7 @@
 typedef struct upload_state {
   ttd_tensor *tensor;     /* one reference */
   bool is_new;            /* created by this upload; added to the session at the end */
+  bool writing;           /* an allocated tensor marked written (ttd_tensor_write_begin) */
   uint64_t handle;        /* for an existing tensor */
   ttd_dtype source_dtype;
   uint64_t expected;      /* source bytes the stream must deliver */
@@ -28,6 +29,7 @@ typedef struct upload_state {
 static void state_free(ttd_call *call) {
   upload_state *st = call->stream;
   if (!st) return;
+  if (st->writing) ttd_tensor_write_end(st->tensor);
   ttd_tensor_release(st->tensor);
   free(st->scratch);
   free(st);
@@ -52,6 +54,13 @@ static ttd_status_t begin(ttd_call *call, const Ttd__V1__UploadHeader *header, u
   } else if (header->target_case == TTD__V1__UPLOAD_HEADER__TARGET_HANDLE) {
     TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, header->handle, &st->tensor));
     st->handle = header->handle;
+    if (!ttd_tensor_write_begin(st->tensor)) { /* a program reading it must not see its bytes change */
+      return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                             "tensor %016" PRIx64 " is being read by a running Execute or Backward, or written by "
+                             "another Upload: upload into it after that call answers, or into a new tensor",
+                             header->handle);
+    }
+    st->writing = true;
     tensor_dtype = st->tensor->spec.dtype;
     st->source_dtype = header->source_dtype ? (ttd_dtype)header->source_dtype : tensor_dtype;
     if (!ttd_dtype_convertible(st->source_dtype, tensor_dtype)) goto not_convertible;

@@ -2,7 +2,9 @@
 #include "kernel_testing.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -199,4 +201,39 @@ void kt_check_grad(const char *what, void *ctx, kt_forward_fn f, int64_t ny, con
                   (long long)i, (double)grad[i], fd);
   }
   free(y);
+}
+
+struct kt_flipper {
+  pthread_t thread;
+  volatile int32_t *values;
+  int64_t n;
+  int32_t good, bad;
+  atomic_int stop;
+};
+
+static void *flip(void *arg) {
+  kt_flipper *f = arg;
+  for (uint64_t round = 0; !atomic_load_explicit(&f->stop, memory_order_relaxed); round++) {
+    int32_t v = (round & 1) ? f->bad : f->good;
+    for (int64_t i = 0; i < f->n; i++) f->values[i] = v;
+  }
+  return NULL;
+}
+
+kt_flipper *kt_flipper_start(int32_t *values, int64_t n, int32_t good, int32_t bad) {
+  kt_flipper *f = malloc(sizeof(*f));
+  ck_assert_ptr_nonnull(f);
+  f->values = values;
+  f->n = n;
+  f->good = good;
+  f->bad = bad;
+  atomic_init(&f->stop, 0);
+  ck_assert_int_eq(pthread_create(&f->thread, NULL, flip, f), 0);
+  return f;
+}
+
+void kt_flipper_stop(kt_flipper *f) {
+  atomic_store(&f->stop, 1);
+  pthread_join(f->thread, NULL);
+  free(f);
 }

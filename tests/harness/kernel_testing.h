@@ -86,4 +86,11 @@ typedef void (*kt_forward_fn)(void *ctx, float *y);
 void kt_check_grad(const char *what, void *ctx, kt_forward_fn f, int64_t ny, const float *dy, float *param, int64_t np,
                    const float *grad, float h);
 
+/* ---- hostile client memory ----
+ * A thread that rewrites n int32 values without pause, each between good and bad, as an
+ * Upload from a racing client would while a kernel reads them; stop it with kt_flipper_stop. */
+typedef struct kt_flipper kt_flipper;
+kt_flipper *kt_flipper_start(int32_t *values, int64_t n, int32_t good, int32_t bad);
+void kt_flipper_stop(kt_flipper *f);
+
 #endif

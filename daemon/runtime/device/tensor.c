@@ -16,6 +16,7 @@ ttd_status_t ttd_tensor_create(ttd_backend *backend, ttd_quota *quota, const ttd
   }
   t->quota = ttd_quota_retain(quota);
   atomic_init(&t->refs, 1);
+  atomic_init(&t->access, 0);
   pthread_mutex_init(&t->train_lock, NULL);
   t->spec = *spec;
   t->backend = backend;
@@ -32,6 +33,41 @@ ttd_status_t ttd_tensor_create_zeroed(ttd_backend *backend, ttd_quota *quota, co
     *out_tensor = NULL;
   }
   return status;
+}
+
+bool ttd_tensor_read_begin(ttd_tensor *tensor) {
+  int v = atomic_load_explicit(&tensor->access, memory_order_relaxed);
+  do {
+    if (v < 0) return false;
+  } while (!atomic_compare_exchange_weak_explicit(&tensor->access, &v, v + 1, memory_order_acquire, memory_order_relaxed));
+  return true;
+}
+
+void ttd_tensor_read_end(ttd_tensor *tensor) { atomic_fetch_sub_explicit(&tensor->access, 1, memory_order_release); }
+
+bool ttd_tensor_write_begin(ttd_tensor *tensor) {
+  int idle = 0;
+  return atomic_compare_exchange_strong_explicit(&tensor->access, &idle, -1, memory_order_acquire, memory_order_relaxed);
+}
+
+void ttd_tensor_write_end(ttd_tensor *tensor) { atomic_store_explicit(&tensor->access, 0, memory_order_release); }
+
+ttd_status_t ttd_tensors_read_begin(ttd_tensor *const *tensors, int n, const char *what) {
+  for (int i = 0; i < n; i++) {
+    if (!tensors[i] || ttd_tensor_read_begin(tensors[i])) continue;
+    ttd_tensors_read_end(tensors, i);
+    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                           "%s %d is being written by an Upload of this session: send this call after that Upload "
+                           "answers",
+                           what, i);
+  }
+  return TTD_OK;
+}
+
+void ttd_tensors_read_end(ttd_tensor *const *tensors, int n) {
+  for (int i = 0; i < n; i++) {
+    if (tensors[i]) ttd_tensor_read_end(tensors[i]);
+  }
 }
 
 ttd_tensor *ttd_tensor_retain(ttd_tensor *tensor) {

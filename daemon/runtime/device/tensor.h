@@ -28,6 +28,9 @@ typedef struct ttd_tensor {
   uint64_t grad_handle;        /* the grad's handle in the owning session, 0 if none */
   struct ttd_tensor *opt_state[2];
   int64_t opt_step;
+  /* Who uses the bytes now: > 0 calls reading them (a program run), -1 an Upload writing
+   * them, 0 none. A run never reads a tensor while an Upload rewrites it, nor the reverse. */
+  atomic_int access;
 } ttd_tensor;
 
 /* Allocates device memory for spec (already finished and validated), charged to quota
@@ -40,6 +43,20 @@ ttd_status_t ttd_tensor_create_zeroed(ttd_backend *backend, ttd_quota *quota, co
                                       ttd_tensor **out_tensor);
 
 ttd_tensor *ttd_tensor_retain(ttd_tensor *tensor);
+
+/* Marks the tensor read by one more call; false (nothing marked) while an Upload writes it. */
+bool ttd_tensor_read_begin(ttd_tensor *tensor);
+void ttd_tensor_read_end(ttd_tensor *tensor);
+
+/* Marks the tensor written by an Upload; false (nothing marked) while any call reads or
+ * writes it. */
+bool ttd_tensor_write_begin(ttd_tensor *tensor);
+void ttd_tensor_write_end(ttd_tensor *tensor);
+
+/* Marks n tensors (NULL entries skipped) read, all or none: FAILED_PRECONDITION naming the
+ * first one an Upload is writing ("what %d", i). Undo with ttd_tensors_read_end. */
+ttd_status_t ttd_tensors_read_begin(ttd_tensor *const *tensors, int n, const char *what);
+void ttd_tensors_read_end(ttd_tensor *const *tensors, int n);
 
 /* Drops a reference; the last one frees the device memory. Accepts NULL. */
 void ttd_tensor_release(ttd_tensor *tensor);

@@ -59,12 +59,44 @@ START_TEST(test_embedding_backward) {
 }
 END_TEST
 
+/* Indices rewritten by another thread during the call, between a good index and one far
+ * past the table (as a racing Upload would): every call either gathers the good row
+ * everywhere or refuses with a position in range, and never reads outside the table. */
+START_TEST(test_embedding_indices_changing_under_the_kernel) {
+  enum { N = 4096, VOCAB = 8, DIM = 4, CALLS = 3000 };
+  float table[VOCAB * DIM], *y = malloc(sizeof(float) * N * DIM);
+  int32_t *idx = malloc(sizeof(int32_t) * N);
+  for (int i = 0; i < VOCAB * DIM; i++) table[i] = (float)i;
+  for (int i = 0; i < N; i++) idx[i] = 1;
+  ttd_pool *pool = ttd_pool_create(2);
+  kt_flipper *f = kt_flipper_start(idx, N, 1, 0x3fffffff);
+  int ok = 0, refused = 0;
+  for (int call = 0; call < CALLS; call++) {
+    int64_t bad = -2;
+    if (ttd_k_embedding(pool, table, idx, N, VOCAB, DIM, y, &bad) == 0) {
+      ok++;
+      for (int i = 0; i < N * DIM; i++) ck_assert_float_eq(y[i], table[DIM + i % DIM]);
+    } else {
+      refused++;
+      ck_assert(bad >= 0 && bad < N);
+    }
+  }
+  kt_flipper_stop(f);
+  ck_assert_int_eq(ok + refused, CALLS);
+  ck_assert_int_gt(refused, 0);
+  ttd_pool_destroy(pool);
+  free(y), free(idx);
+}
+END_TEST
+
 Suite *kernels_embedding_suite(void) {
   Suite *s = suite_create("kernels_embedding");
   TCase *tc = tcase_create("embedding");
   tcase_add_test(tc, test_embedding_forward);
   tcase_add_test(tc, test_embedding_bad_index);
   tcase_add_test(tc, test_embedding_backward);
+  tcase_add_test(tc, test_embedding_indices_changing_under_the_kernel);
+  tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -160,6 +160,33 @@ START_TEST(test_l1_subgradient_at_equality) {
 }
 END_TEST
 
+/* Labels rewritten by another thread during the call, between a good label and one far past
+ * the row: every call gives the good label's loss or refuses with a row in range, and
+ * never reads outside the logits. */
+START_TEST(test_cross_entropy_labels_changing_under_the_kernel) {
+  enum { N = 4096, C = 4, CALLS = 3000 };
+  float *logits = kt_fbuf(N * C);
+  int32_t *labels = kt_alloc(sizeof(int32_t) * N);
+  for (int i = 0; i < N * C; i++) logits[i] = (float)(i % C);
+  for (int i = 0; i < N; i++) labels[i] = 2;
+  double want = log(exp(0.0) + exp(1.0) + exp(2.0) + exp(3.0)) - 2.0;
+  kt_flipper *f = kt_flipper_start(labels, N, 2, 0x3fffffff);
+  int refused = 0;
+  for (int call = 0; call < CALLS; call++) {
+    float loss = NAN;
+    int64_t bad = -2;
+    if (ttd_k_cross_entropy(kt_pool, logits, labels, N, C, &loss, &bad) == 0) {
+      ck_assert_msg(fabs(loss - want) < 1e-5, "loss %g, want %g", loss, want);
+    } else {
+      refused++;
+      ck_assert(bad >= 0 && bad < N);
+    }
+  }
+  kt_flipper_stop(f);
+  ck_assert_int_gt(refused, 0);
+}
+END_TEST
+
 Suite *kernels_loss_suite(void) {
   Suite *s = suite_create("kernels_loss");
   TCase *tc = tcase_create("loss");
@@ -167,6 +194,7 @@ Suite *kernels_loss_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_cross_entropy_forward);
   tcase_add_test(tc, test_cross_entropy_bad_label);
+  tcase_add_test(tc, test_cross_entropy_labels_changing_under_the_kernel);
   tcase_add_test(tc, test_cross_entropy_backward);
   tcase_add_test(tc, test_mse_l1_forward);
   tcase_add_test(tc, test_mse_l1_backward);
