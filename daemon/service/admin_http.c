@@ -1,21 +1,81 @@
 #include "service/admin_http.h"
 
+#include <errno.h>
 #include <event2/buffer.h>
 #include <event2/http.h>
+#include <event2/listener.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "telemetry/log.h"
 #include "rpc/method.h"
 
 struct ttd_admin {
   struct evhttp *http;
+  struct evconnlistener *listener; /* evhttp's, for pausing after a failed accept */
+  struct event *resume;            /* re-enables it */
   ttd_core *core;
   bool ready;
 };
+
+/* At most one line a second for a repeating message, then the count of those left out. */
+typedef struct log_limit {
+  time_t second;
+  uint64_t suppressed;
+} log_limit;
+
+static bool log_allowed(log_limit *l, uint64_t *out_suppressed) {
+  time_t now = time(NULL);
+  if (now == l->second) {
+    l->suppressed++;
+    return false;
+  }
+  l->second = now;
+  *out_suppressed = l->suppressed;
+  l->suppressed = 0;
+  return true;
+}
+
+static log_limit libevent_limit, accept_limit; /* the loop's thread only */
+
+/* The admin listener whose accept failed: libevent hands the error callback evhttp's own
+ * argument, and a process has one admin listener. */
+static ttd_admin *accepting_admin;
+
+static void libevent_log(int severity, const char *msg) {
+  uint64_t left_out;
+  if (!log_allowed(&libevent_limit, &left_out)) return;
+  ttd_log_level level = severity >= EVENT_LOG_ERR ? TTD_LOG_ERROR : severity >= EVENT_LOG_WARN ? TTD_LOG_WARN : TTD_LOG_DEBUG;
+  TTD_LOG(level, "event=libevent message=\"%s\" left_out=%llu", msg, (unsigned long long)left_out);
+}
+
+void ttd_admin_route_libevent_log(void) { event_set_log_callback(libevent_log); }
+
+static void resume_accepting(evutil_socket_t fd, short what, void *arg) {
+  (void)fd, (void)what;
+  ttd_admin *admin = arg;
+  evconnlistener_enable(admin->listener);
+}
+
+/* accept failed (EMFILE, ENFILE, ENOBUFS, ...): pause rather than spin, then go on. */
+static void on_accept_error(struct evconnlistener *listener, void *arg) {
+  (void)arg; /* evhttp's */
+  ttd_admin *admin = accepting_admin;
+  int err = EVUTIL_SOCKET_ERROR();
+  uint64_t left_out;
+  if (log_allowed(&accept_limit, &left_out)) {
+    TTD_LOG(TTD_LOG_WARN, "event=admin-accept-failed error=\"%s\" retry_ms=%d left_out=%llu",
+            evutil_socket_error_to_string(err), ADMIN_ACCEPT_RETRY_MS, (unsigned long long)left_out);
+  }
+  if (!admin) return;
+  evconnlistener_disable(listener);
+  struct timeval tv = {0, ADMIN_ACCEPT_RETRY_MS * 1000};
+  event_add(admin->resume, &tv);
+}
 
 /* A growing text buffer. */
 typedef struct text {
@@ -165,7 +225,8 @@ static void on_request(struct evhttp_request *req, void *arg) {
   }
 }
 
-ttd_status_t ttd_admin_start(struct event_base *base, ttd_core *core, const char *address, ttd_admin **out_admin) {
+ttd_status_t ttd_admin_start(struct event_base *base, ttd_core *core, const char *address, int64_t timeout_ms,
+                             ttd_admin **out_admin) {
   *out_admin = NULL;
   const char *colon = strrchr(address, ':');
   char host[256];
@@ -178,11 +239,21 @@ ttd_status_t ttd_admin_start(struct event_base *base, ttd_core *core, const char
   if (!admin) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
   admin->core = core;
   admin->http = evhttp_new(base);
-  if (!admin->http || evhttp_bind_socket(admin->http, host, (ev_uint16_t)port) != 0) {
+  admin->resume = evtimer_new(base, resume_accepting, admin);
+  struct evhttp_bound_socket *bound =
+      admin->http && admin->resume ? evhttp_bind_socket_with_handle(admin->http, host, (ev_uint16_t)port) : NULL;
+  if (!bound) {
     ttd_admin_stop(admin);
     return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen for admin HTTP on %s (in use? use --admin off)",
                            address);
   }
+  admin->listener = evhttp_bound_socket_get_listener(bound);
+  accepting_admin = admin;
+  evconnlistener_set_error_cb(admin->listener, on_accept_error);
+  evhttp_set_max_headers_size(admin->http, ADMIN_MAX_HEADER_BYTES);
+  evhttp_set_max_body_size(admin->http, ADMIN_MAX_BODY_BYTES);
+  struct timeval idle = {(time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000};
+  evhttp_set_timeout_tv(admin->http, &idle);
   evhttp_set_allowed_methods(admin->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
                                               EVHTTP_REQ_DELETE);
   evhttp_set_gencb(admin->http, on_request, admin);
@@ -198,5 +269,7 @@ void ttd_admin_set_ready(ttd_admin *admin, bool ready) {
 void ttd_admin_stop(ttd_admin *admin) {
   if (!admin) return;
   if (admin->http) evhttp_free(admin->http);
+  if (admin->resume) event_free(admin->resume);
+  if (accepting_admin == admin) accepting_admin = NULL;
   free(admin);
 }

@@ -10,8 +10,22 @@
 
 typedef struct ttd_admin ttd_admin;
 
-/* Listens on address ("host:port"). UNAVAILABLE naming the address if it cannot bind. */
-ttd_status_t ttd_admin_start(struct event_base *base, ttd_core *core, const char *address, ttd_admin **out_admin);
+/* Listens on address ("host:port"). UNAVAILABLE naming the address if it cannot bind.
+ * Every peer is bounded: request headers of ADMIN_MAX_HEADER_BYTES, a body of
+ * ADMIN_MAX_BODY_BYTES (the endpoints take none), and timeout_ms without progress each way;
+ * past those the connection is answered with an error or closed. When accept fails (no file
+ * descriptor left, say) the listener pauses ADMIN_ACCEPT_RETRY_MS and tries again, and the
+ * failures are logged at most once a second, counted. */
+ttd_status_t ttd_admin_start(struct event_base *base, ttd_core *core, const char *address, int64_t timeout_ms,
+                             ttd_admin **out_admin);
+
+#define ADMIN_MAX_HEADER_BYTES 8192
+#define ADMIN_MAX_BODY_BYTES 4096
+#define ADMIN_ACCEPT_RETRY_MS 100
+
+/* Routes libevent's own warnings through the log, at most one line a second (with the count
+ * of those left out), so that a failure repeating in the loop cannot flood the journal. */
+void ttd_admin_route_libevent_log(void);
 
 /* /readyz answers 200 only while ready (serving, not draining). */
 void ttd_admin_set_ready(ttd_admin *admin, bool ready);

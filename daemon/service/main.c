@@ -242,13 +242,14 @@ static ttd_status_t service_start(service *svc) {
   ttd_absl_deadlock_detection_off();
   grpc_init();
   TTD_RETURN_IF_ERROR(ttd_core_create(config, &svc->core));
+  ttd_admin_route_libevent_log();
   svc->base = event_base_new();
   if (!svc->base) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot create the event loop");
   svc->shm = start_shm_listener(svc->base, svc->core, config);
   svc->bound = true;
   TTD_RETURN_IF_ERROR(ttd_server_start(svc->core, (const char *const *)config->listen, config->listen_count,
                                        config->threads, &svc->server));
-  if (strcmp(config->admin, "off") != 0) TTD_RETURN_IF_ERROR(ttd_admin_start(svc->base, svc->core, config->admin, &svc->admin));
+  if (strcmp(config->admin, "off") != 0) TTD_RETURN_IF_ERROR(ttd_admin_start(svc->base, svc->core, config->admin, config->admin_timeout_ms, &svc->admin));
   svc->sigterm = evsignal_new(svc->base, SIGTERM, on_stop_signal, svc);
   svc->sigint = evsignal_new(svc->base, SIGINT, on_stop_signal, svc);
   svc->sighup = evsignal_new(svc->base, SIGHUP, on_reload, svc);

@@ -40,6 +40,8 @@ static const option options[] = {
      "on SIGTERM, how long in-flight calls may run before they are cancelled"},
     {"log-level", OPT_STRING, FIELD(log_level), 0, 0, "info", "debug, info, warn or error"},
     {"admin", OPT_STRING, FIELD(admin), 0, 0, "127.0.0.1:9464", "admin HTTP (/healthz, /readyz, /metrics) on host:port, or off"},
+    {"admin-timeout", OPT_DURATION, FIELD(admin_timeout_ms), 1000, 3600000, "10",
+     "admin HTTP: close a connection that sends or takes nothing for this long"},
     {"quota", OPT_SIZE, FIELD(quota), 0, INT64_MAX, "0",
      "device memory one session may hold, unless its tenant's limit or OpenSession asks for less (0: no quota)"},
     {"tokens", OPT_STRING, FIELD(tokens_file), 0, 0, NULL,

@@ -35,6 +35,7 @@ typedef struct ttd_config {
   int cores;          /* host threads per card for kernels; 0 = all */
   int64_t lease_ms;
   int64_t drain_timeout_ms;
+  int64_t admin_timeout_ms; /* admin HTTP: a connection idle this long is closed */
   char *log_level;
   char *admin;        /* admin HTTP "host:port", or "off" */
   uint64_t quota;     /* default per-session device memory quota; 0 = none */
