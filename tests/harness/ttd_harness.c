@@ -120,6 +120,18 @@ int ttd_proc_start_admin(ttd_proc *proc) {
   return port;
 }
 
+long harness_rss_kib(const ttd_proc *proc) {
+  char path[64], line[256];
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)proc->pid);
+  FILE *f = fopen(path, "r");
+  long kib = -1;
+  while (f && fgets(line, sizeof(line), f)) {
+    if (strncmp(line, "VmRSS:", 6) == 0) kib = atol(line + 6);
+  }
+  if (f) fclose(f);
+  return kib;
+}
+
 int ttd_proc_alive(ttd_proc *proc) {
   if (!proc->pid) return 0;
   int status;

@@ -30,6 +30,9 @@ int ttd_proc_start_admin(ttd_proc *proc);
 /* SIGTERM, waits, and returns the exit status (0 expected); removes the folder. */
 int ttd_proc_stop(ttd_proc *proc);
 
+/* The daemon's resident memory in KiB (VmRSS), or -1. */
+long harness_rss_kib(const ttd_proc *proc);
+
 /* Whether the daemon process is still running. */
 int ttd_proc_alive(ttd_proc *proc);
 

@@ -69,18 +69,6 @@ static char *read_all(int fd) {
   return buf;
 }
 
-static long rss_kib(pid_t pid) {
-  char path[64], line[256];
-  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-  FILE *f = fopen(path, "r");
-  long kib = -1;
-  while (f && fgets(line, sizeof(line), f)) {
-    if (strncmp(line, "VmRSS:", 6) == 0) kib = atol(line + 6);
-  }
-  if (f) fclose(f);
-  return kib;
-}
-
 /* 64 KiB of headers: refused (not 200), and the listener answers the next request. */
 START_TEST(test_oversized_headers_refused) {
   int fd = connect_admin();
@@ -103,7 +91,7 @@ END_TEST
 /* A POST announcing 100 MiB and sending 32 MiB: refused early; the daemon's resident
  * memory grows by less than 8 MiB. */
 START_TEST(test_oversized_body_not_buffered) {
-  long before = rss_kib(proc.pid);
+  long before = harness_rss_kib(&proc);
   int fd = connect_admin();
   const char *head = "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n";
   send_some(fd, head, strlen(head));
@@ -116,7 +104,7 @@ START_TEST(test_oversized_body_not_buffered) {
   }
   char *r = read_all(fd);
   ck_assert_msg(strstr(r, " 200 ") == NULL, "%s", r);
-  long after = rss_kib(proc.pid);
+  long after = harness_rss_kib(&proc);
   ck_assert_msg(after - before < 8192, "RSS grew %ld KiB after %zu body bytes", after - before, total);
   free(r), free(junk);
   close(fd);

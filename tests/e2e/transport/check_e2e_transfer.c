@@ -234,18 +234,7 @@ START_TEST(test_empty_on_device) {
 }
 END_TEST
 
-/* The daemon's resident memory in KiB (VmRSS), or -1. */
-static long daemon_rss_kib(void) {
-  char path[64], line[256];
-  snprintf(path, sizeof(path), "/proc/%d/status", (int)proc.pid);
-  FILE *f = fopen(path, "r");
-  long kib = -1;
-  while (f && fgets(line, sizeof(line), f)) {
-    if (strncmp(line, "VmRSS:", 6) == 0) kib = atol(line + 6);
-  }
-  if (f) fclose(f);
-  return kib;
-}
+static long daemon_rss_kib(void) { return harness_rss_kib(&proc); }
 
 /* Whether the daemon runs under valgrind (scripts/valgrind-e2e), whose allocator ignores
  * malloc_trim. */
