@@ -8,11 +8,23 @@
 #include <time.h>
 
 #include "base/random.h"
+#include "telemetry/log.h"
+
+/* Loads the tokens file, warning when everyone may read it (its digests are not secrets
+ * in themselves, but a guessable token's digest is a dictionary away from the token). */
+static ttd_status_t load_tokens(const char *path, ttd_tokens **out_tokens) {
+  TTD_RETURN_IF_ERROR(ttd_tokens_load(path, out_tokens));
+  if (ttd_file_world_readable(path)) {
+    TTD_LOG(TTD_LOG_WARN, "event=unsafe-file file=%s what=\"tokens file\" problem=\"readable by everyone: chmod o-r it\"",
+            path);
+  }
+  return TTD_OK;
+}
 
 ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
   *out_core = NULL;
   ttd_tokens *tokens = NULL;
-  if (config->tokens_file) TTD_RETURN_IF_ERROR(ttd_tokens_load(config->tokens_file, &tokens));
+  if (config->tokens_file) TTD_RETURN_IF_ERROR(load_tokens(config->tokens_file, &tokens));
   ttd_core *core = calloc(1, sizeof(*core));
   if (!core) {
     ttd_tokens_release(tokens);
@@ -57,7 +69,7 @@ void ttd_core_destroy(ttd_core *core) {
 
 ttd_status_t ttd_core_reload(ttd_core *core, const ttd_config *fresh) {
   ttd_tokens *tokens = NULL;
-  if (fresh->tokens_file) TTD_RETURN_IF_ERROR(ttd_tokens_load(fresh->tokens_file, &tokens));
+  if (fresh->tokens_file) TTD_RETURN_IF_ERROR(load_tokens(fresh->tokens_file, &tokens));
   pthread_rwlock_wrlock(&core->reload_lock);
   ttd_session **sessions;
   size_t n;

@@ -581,6 +581,10 @@ static ttd_status_t listener_credentials(const ttd_config *config, const char *a
   char *cert = NULL, *key = NULL, *ca = NULL;
   ttd_status_t status = ttd_read_text_file(config->tls_cert, "TLS certificate", &cert);
   if (!status) status = ttd_read_text_file(config->tls_key, "TLS key", &key);
+  if (!status && ttd_file_world_readable(config->tls_key)) {
+    TTD_LOG(TTD_LOG_WARN, "event=unsafe-file file=%s what=\"TLS key\" problem=\"readable by everyone: chmod o-r it\"",
+            config->tls_key);
+  }
   if (!status && config->tls_client_ca) status = ttd_read_text_file(config->tls_client_ca, "TLS client CA", &ca);
   if (!status && (!strstr(cert, "-----BEGIN") || !strstr(key, "-----BEGIN") || (ca && !strstr(ca, "-----BEGIN")))) {
     status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--tls-cert, --tls-key and --tls-client-ca must be PEM files");

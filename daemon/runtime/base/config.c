@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 
 typedef enum option_type { OPT_INT, OPT_SIZE, OPT_DURATION, OPT_STRING, OPT_STRING_LIST, OPT_BOOL } option_type;
@@ -239,10 +240,28 @@ ttd_status_t ttd_config_apply_text(ttd_config *config, const char *text, const c
   return status;
 }
 
+bool ttd_file_world_readable(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && (st.st_mode & S_IROTH);
+}
+
 ttd_status_t ttd_read_text_file(const char *path, const char *what, char **out_text) {
   *out_text = NULL;
   FILE *f = fopen(path, "rb");
   if (!f) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot open %s %s: %s", what, path, strerror(errno));
+  struct stat st;
+  if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode)) {
+    fclose(f);
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot read %s %s: not a regular file (is it a directory?)",
+                           what, path);
+  }
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) { /* the file read, not a path raced */
+    fclose(f);
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "%s %s is writable by %s (mode %04o): whoever can write it decides what ttd trusts; "
+                           "run chmod go-w on it",
+                           what, path, (st.st_mode & S_IWOTH) ? "everyone" : "its group", (unsigned)(st.st_mode & 07777));
+  }
   char *text = NULL;
   size_t len = 0, cap = 0;
   char buf[4096];

@@ -79,8 +79,13 @@ int ttd_config_restart_changes(const ttd_config *running, const ttd_config *fres
 void ttd_config_clear(ttd_config *config);
 
 /* Reads a whole text file into a new NUL-terminated string (free it). INVALID_ARGUMENT
- * naming `what` and the path when it cannot be opened or holds a NUL byte. */
+ * naming `what` and the path when it cannot be opened, holds a NUL byte, or is writable by
+ * its group or everyone (as sshd refuses such files: whoever can write ttd's config,
+ * tokens or keys controls it). */
 ttd_status_t ttd_read_text_file(const char *path, const char *what, char **out_text);
+
+/* Whether everyone may read the file (a tokens file or a private key should not be). */
+bool ttd_file_world_readable(const char *path);
 
 /* Parses "12G", "108M", "4096" into bytes; -1 on a malformed value or overflow. */
 int ttd_config_parse_size(const char *text, uint64_t *out_bytes);

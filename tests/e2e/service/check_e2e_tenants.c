@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -356,8 +357,8 @@ static void hup_and_wait(const char *needle) {
 }
 
 /* SIGHUP reloads tokens and quotas: a removed tenant is refused, a new one admitted, a
- * lowered limit applies to open sessions (what they hold stays), and a broken file keeps
- * the previous settings. */
+ * lowered limit applies to open sessions (what they hold stays), and a broken file, or one
+ * others may write, keeps the previous settings. */
 START_TEST(test_sighup_reload) {
   tt_client *a = must_connect(alice, 0);
   tt_client *b = must_connect(bob, 0);
@@ -393,6 +394,16 @@ START_TEST(test_sighup_reload) {
   ck_assert(log_contains(":1: tenant alice needs the token's digest"));
   tt_client *c2 = must_connect(carol, 0);
   tt_disconnect(c2);
+
+  /* A tokens file others may write is refused (previous settings kept); one everyone may
+   * read (the harness writes 0644) is read with a warning. */
+  ck_assert(log_contains("event=unsafe-file"));
+  ck_assert(log_contains("what=\"tokens file\" problem=\"readable by everyone: chmod o-r it\""));
+  harness_write_tokens(tokens_path, names, toks, opts, 3);
+  ck_assert_int_eq(chmod(tokens_path, 0666), 0);
+  hup_and_wait("is writable by everyone (mode 0666)");
+  tt_client *c3 = must_connect(carol, 0);
+  tt_disconnect(c3);
 
   tt_tensor_free(kept);
   tt_disconnect(a);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/config.h"
@@ -429,6 +430,25 @@ START_TEST(test_config_file_directory) {
 }
 END_TEST
 
+/* A config file others may write is refused, naming who and how to fix it (as sshd refuses
+ * one); one only its owner writes is read; ttd_file_world_readable tells o+r apart. */
+START_TEST(test_config_file_writable_by_others) {
+  const char *path = write_temp_file("threads = 3\n");
+  ttd_config_action help;
+  ck_assert_int_eq(chmod(path, 0666), 0);
+  EXPECT_INVALID(LOAD(&help, "--config", path), "is writable by everyone (mode 0666)");
+  ck_assert_int_eq(chmod(path, 0660), 0);
+  EXPECT_INVALID(LOAD(&help, "--config", path), "writable by its group (mode 0660): whoever can write it decides what "
+                                                "ttd trusts; run chmod go-w on it");
+  ck_assert_int_eq(chmod(path, 0644), 0);
+  ck_assert_int_eq(ttd_file_world_readable(path), 1);
+  ck_assert_ptr_null(LOAD(&help, "--config", path));
+  ck_assert_int_eq(cfg.threads, 3);
+  ck_assert_int_eq(chmod(path, 0640), 0);
+  ck_assert_int_eq(ttd_file_world_readable(path), 0);
+}
+END_TEST
+
 /* An empty config file is fine and changes nothing. */
 START_TEST(test_config_file_empty) {
   const char *path = write_temp_file("");
@@ -539,6 +559,7 @@ Suite *config_suite(void) {
   tcase_add_test(tc, test_config_file_error_after_blank_lines);
   tcase_add_test(tc, test_config_file_missing);
   tcase_add_test(tc, test_config_file_directory);
+  tcase_add_test(tc, test_config_file_writable_by_others);
   tcase_add_test(tc, test_config_file_empty);
   tcase_add_test(tc, test_listen_flags_replace_file);
   suite_add_tcase(s, tc);
