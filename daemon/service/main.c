@@ -74,7 +74,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg) {
   ttd_config_action action;
   ttd_status_t status = ttd_config_load(&fresh, svc->argc, svc->argv, &action);
   if (!status && default_listen(&fresh) != 0) status = ttd_make_status(GRPC_STATUS_INTERNAL, "no default address");
-  if (!status) status = ttd_config_check(&fresh);
+  if (!status) status = ttd_config_check_reload(&svc->config, &fresh);
   if (!status) status = ttd_core_reload(svc->core, &fresh);
   if (status) {
     TTD_LOG(TTD_LOG_ERROR, "event=reload-failed action=kept-previous-settings message=\"%s\"", ttd_status_message(status));

@@ -386,6 +386,22 @@ ttd_status_t ttd_config_check(const ttd_config *config) {
   return TTD_OK;
 }
 
+ttd_status_t ttd_config_check_reload(const ttd_config *running, const ttd_config *fresh) {
+  TTD_RETURN_IF_ERROR(ttd_config_check(fresh));
+  /* Listeners, TLS and --insecure change only at a restart: the running ones stay bound. */
+  for (int i = 0; i < running->listen_count; i++) {
+    const char *a = running->listen[i];
+    if (strncmp(a, "unix:", 5) == 0) continue;
+    if (!fresh->tokens_file && !running->tls_client_ca && !running->insecure) {
+      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                             "the reload would leave listener %s serving without authentication: the new settings "
+                             "have no --tokens, and listeners change only at a restart; keep --tokens, or restart ttd "
+                             "without that listener", a);
+    }
+  }
+  return TTD_OK;
+}
+
 void ttd_config_usage(FILE *out) {
   fprintf(out, "usage: ttd [options]\n\nttd owns the accelerator cards of this host and shares them over gRPC.\n\n");
   for (size_t i = 0; i < OPTION_COUNT; i++) {

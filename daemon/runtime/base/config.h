@@ -68,6 +68,11 @@ ttd_status_t ttd_config_apply_text(ttd_config *config, const char *text, const c
  * what to add. */
 ttd_status_t ttd_config_check(const ttd_config *config);
 
+/* A reload's new settings against the running ones: ttd_config_check of fresh, and no
+ * network listener left bound (listeners, TLS and --insecure apply only at a restart)
+ * without authentication once fresh's tokens apply. INVALID_ARGUMENT naming the listener. */
+ttd_status_t ttd_config_check_reload(const ttd_config *running, const ttd_config *fresh);
+
 void ttd_config_usage(FILE *out);
 
 /* The options whose value differs between running and fresh but which only a restart

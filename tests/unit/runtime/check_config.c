@@ -302,6 +302,33 @@ START_TEST(test_restart_changes) {
 }
 END_TEST
 
+/* A reload that drops --tokens while a TCP listener (bound at start, kept until a restart)
+ * is guarded by nothing else is refused naming the listener, even when the new listen list
+ * has no TCP address; with tokens kept, mutual TLS or --insecure running, it goes through. */
+START_TEST(test_reload_keeps_network_listeners_authenticated) {
+  ttd_config running, fresh;
+  ttd_config_defaults(&running);
+  ttd_config_defaults(&fresh);
+  ck_assert_ptr_null(ttd_config_set(&running, "listen", "127.0.0.1:7000"));
+  ck_assert_ptr_null(ttd_config_set(&running, "tokens", "/etc/ttd/tokens"));
+  ck_assert_ptr_null(ttd_config_set(&fresh, "listen", "unix:/tmp/a.sock"));
+  ttd_status_t s = ttd_config_check_reload(&running, &fresh);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(ttd_status_message(s), "would leave listener 127.0.0.1:7000 serving without "
+                                                      "authentication"));
+  ttd_status_free(s);
+  ck_assert_ptr_null(ttd_config_set(&fresh, "tokens", "/etc/ttd/tokens2"));
+  ck_assert_ptr_null(ttd_config_check_reload(&running, &fresh));
+  ttd_config_clear(&fresh);
+  ttd_config_defaults(&fresh);
+  ck_assert_ptr_null(ttd_config_set(&running, "insecure", "true"));
+  ck_assert_ptr_null(ttd_config_check_reload(&running, &fresh));
+  ttd_config_clear(&running);
+  ttd_config_clear(&fresh);
+}
+END_TEST
+
 /* Usage lists every option with its default. */
 START_TEST(test_usage) {
   char *text = NULL;
@@ -542,6 +569,7 @@ Suite *config_suite(void) {
   tcase_add_test(tc, test_missing_value);
   tcase_add_test(tc, test_help);
   tcase_add_test(tc, test_restart_changes);
+  tcase_add_test(tc, test_reload_keeps_network_listeners_authenticated);
   tcase_add_test(tc, test_usage);
   tcase_add_test(tc, test_listen_repeatable);
   tcase_add_test(tc, test_listen_too_many);
