@@ -1,6 +1,7 @@
 #include "rpc/dispatch.h"
 
 #include <grpc/byte_buffer_reader.h>
+#include <grpc/support/alloc.h>
 #include <string.h>
 
 /* Unpacks a request into the call's arena: it lives with the call. (Stream messages are
@@ -76,6 +77,15 @@ static ttd_status_t attach_session(ttd_call *c) {
   return ttd_session_table_lookup(&c->core->sessions, id, c->principal.tenant, ttd_now_ms(), &c->session);
 }
 
+/* Whether the call came over a Unix socket file (gRPC names its peer "unix:..."), whose
+ * owner and mode decide who may connect; not over TCP or an abstract socket. */
+static bool over_socket_file(const ttd_call *c) {
+  char *peer = grpc_call_get_peer(c->call);
+  bool file = peer && strncmp(peer, "unix:", 5) == 0;
+  gpr_free(peer);
+  return file;
+}
+
 ttd_status_t ttd_dispatch_prepare(ttd_call *c, ProtobufCMessage **out_request) {
   const ttd_method *m = c->method;
   *out_request = NULL;
@@ -86,6 +96,13 @@ ttd_status_t ttd_dispatch_prepare(ttd_call *c, ProtobufCMessage **out_request) {
     return ttd_make_status(GRPC_STATUS_PERMISSION_DENIED,
                            "%s is for administrators; tenant %s is not one (mark it 'admin' in the tokens file)",
                            m->path, c->principal.tenant);
+  }
+  if (m->needs_admin && !c->principal.by_token && !over_socket_file(c)) {
+    return ttd_make_status(GRPC_STATUS_PERMISSION_DENIED,
+                           "%s is for administrators: without --tokens only callers on a Unix socket file (guarded by "
+                           "its owner and mode) are; this call came over a network or abstract socket, so give ttd a "
+                           "tokens file with an admin tenant",
+                           m->path);
   }
   if (m->kind != TTD_METHOD_CLIENT_STREAM) {
     if (!c->received) {

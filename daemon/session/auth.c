@@ -59,6 +59,7 @@ ttd_status_t ttd_auth_check(ttd_auth *auth, const char *authorization, size_t le
     } else {
       snprintf(out->tenant, sizeof(out->tenant), "%s", tenant->name);
       out->admin = tenant->admin;
+      out->by_token = true;
     }
   }
   ttd_tokens_release(tokens);

@@ -18,6 +18,8 @@
 typedef struct ttd_principal {
   char tenant[TTD_TENANT_NAME_MAX];
   bool admin;
+  bool by_token; /* named by a token; else the local tenant of a ttd without tokens, whose
+                  * admin rights hold only over a Unix socket file (dispatch.c) */
 } ttd_principal;
 
 typedef struct ttd_auth {

@@ -206,7 +206,7 @@ END_TEST
 
 /* A plain TCP listener (--listen host:port --insecure, repeatable beside the Unix socket)
  * serves the same daemon, and a NULL target means the TTD_ADDRESS environment variable
- * (TTD_INSECURE=1: plain text). */
+ * (TTD_INSECURE=1: plain text); without tokens its callers get no admin rights. */
 static double seconds_since(const struct timespec *t0) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -288,6 +288,17 @@ START_TEST(test_tcp_listener_and_env_target) {
   tt_tensor *back = tt_to(d, "cpu");
   ck_assert_ptr_nonnull(back);
   ck_assert_float_eq(((float *)tt_tensor_data(back))[299999], 299999.0f);
+  /* Without tokens, admin calls are only for the Unix socket file's callers: over TCP the
+   * local tenant is refused them; over the socket file it may. */
+  tt_session_info *list = NULL;
+  size_t n = 0;
+  ck_assert_int_eq(tt_list_sessions(c, &list, &n), TT_PERMISSION_DENIED);
+  ck_assert_ptr_nonnull(strstr(tt_last_error(c), "without --tokens only callers on a Unix socket file"));
+  tt_client *local = harness_connect(&proc, 0);
+  ck_assert_int_eq(tt_list_sessions(local, &list, &n), TT_OK);
+  ck_assert_uint_eq(n, 2);
+  tt_session_list_free(list);
+  tt_disconnect(local);
   tt_tensor_free(back);
   tt_tensor_free(d);
   tt_disconnect(c);
