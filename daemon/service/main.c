@@ -98,7 +98,10 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   service *svc = arg;
-  ttd_session_table_sweep(&svc->core->sessions, ttd_now_ms());
+  /* A full batch: more may have expired; the loop runs other events, then this again. */
+  if (ttd_session_table_sweep(&svc->core->sessions, ttd_now_ms()) == TTD_SWEEP_MAX_CLOSE) {
+    event_active(svc->sweep, EV_TIMEOUT, 0);
+  }
 }
 
 /* For a unix: address: makes its folder, refuses one a live daemon serves, removes a

@@ -119,27 +119,33 @@ void ttd_session_table_kill(ttd_session_table *table, ttd_session *session, cons
 }
 
 size_t ttd_session_table_sweep(ttd_session_table *table, int64_t now_ms) {
-  size_t closed = 0;
-  for (;;) {
-    ttd_session *expired = NULL;
-    pthread_mutex_lock(&table->lock);
-    for (size_t i = 0; i < table->sessions.capacity && !expired; i++) {
-      ttd_session *s = table->sessions.values[i];
-      if (table->sessions.keys[i] &&
-          now_ms - atomic_load_explicit(&s->last_seen_ms, memory_order_relaxed) > table->lease_ms) {
-        expired = ttd_handle_map_remove(&table->sessions, s->id);
-        if (expired) note_end(table, expired, TTD_SESSION_EXPIRED, NULL, now_ms);
-      }
+  ttd_session *batch[TTD_SWEEP_MAX_CLOSE];
+  size_t n = 0;
+  pthread_mutex_lock(&table->lock);
+  /* One pass over the slots collects the expired ids; they leave the map after it (removal
+   * shifts entries, so not during it). */
+  uint64_t ids[TTD_SWEEP_MAX_CLOSE];
+  for (size_t i = 0; i < table->sessions.capacity && n < TTD_SWEEP_MAX_CLOSE; i++) {
+    ttd_session *s = table->sessions.values[i];
+    if (table->sessions.keys[i] &&
+        now_ms - atomic_load_explicit(&s->last_seen_ms, memory_order_relaxed) > table->lease_ms) {
+      ids[n++] = table->sessions.keys[i];
     }
-    pthread_mutex_unlock(&table->lock);
-    if (!expired) return closed;
+  }
+  for (size_t k = 0; k < n; k++) {
+    batch[k] = ttd_handle_map_remove(&table->sessions, ids[k]);
+    note_end(table, batch[k], TTD_SESSION_EXPIRED, NULL, now_ms);
+  }
+  pthread_mutex_unlock(&table->lock);
+  for (size_t k = 0; k < n; k++) {
+    ttd_session *expired = batch[k];
     uint64_t tensors = 0, bytes = 0;
     ttd_session_close(expired, &tensors, &bytes);
     TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=lease-expired client=\"%s\" tensors_freed=%" PRIu64
             " bytes_freed=%" PRIu64, expired->id, expired->client_name, tensors, bytes);
     ttd_session_release(expired);
-    closed++;
   }
+  return n;
 }
 
 size_t ttd_session_table_count(ttd_session_table *table) {

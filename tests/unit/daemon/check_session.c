@@ -569,6 +569,31 @@ START_TEST(test_table_sweep_many) {
 }
 END_TEST
 
+/* 5000 expired sessions: each sweep closes at most TTD_SWEEP_MAX_CLOSE of them (bounded work
+ * per call, the event loop runs between), and repeated sweeps close them all, the live ones
+ * kept. */
+START_TEST(test_table_sweep_bounded_per_call) {
+  ttd_session_table table;
+  ttd_session_table_init(&table, 100);
+  for (int i = 0; i < 5010; i++) {
+    ttd_session *s;
+    ck_assert_ptr_null(ttd_session_table_open(&table, &(ttd_session_params){.client_name = "x"}, i < 10 ? 1000 : 0, &s));
+    ttd_session_release(s);
+  }
+  size_t total = 0, calls = 0, closed;
+  do {
+    closed = ttd_session_table_sweep(&table, 1050);
+    ck_assert_uint_le(closed, TTD_SWEEP_MAX_CLOSE);
+    total += closed;
+    calls++;
+  } while (closed == TTD_SWEEP_MAX_CLOSE);
+  ck_assert_uint_eq(total, 5000);
+  ck_assert_uint_eq(calls, 5000 / TTD_SWEEP_MAX_CLOSE + 1);
+  ck_assert_uint_eq(ttd_session_table_count(&table), 10);
+  ttd_session_table_destroy(&table);
+}
+END_TEST
+
 /* destroy closes every session and frees their tensors, even ones the caller still holds. */
 START_TEST(test_table_destroy_closes_all) {
   ttd_session_table table;
@@ -766,6 +791,7 @@ Suite *session_suite(void) {
   tcase_add_test(tc, test_table_open_lookup_close);
   tcase_add_test(tc, test_table_sweep);
   tcase_add_test(tc, test_table_sweep_many);
+  tcase_add_test(tc, test_table_sweep_bounded_per_call);
   tcase_add_test(tc, test_table_destroy_closes_all);
   suite_add_tcase(s, tc);
 
