@@ -38,7 +38,7 @@ ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
     free(core);
     return status;
   }
-  ttd_auth_init(&core->auth, tokens, config->quota);
+  ttd_auth_init(&core->auth, tokens, config->quota, (uint32_t)config->max_sessions);
   pthread_rwlock_init(&core->reload_lock, NULL);
   status = ttd_scheduler_create(core->backend->vtable->device_count(core->backend), &core->scheduler);
   if (status) {
@@ -79,7 +79,7 @@ ttd_status_t ttd_core_reload(ttd_core *core, const ttd_config *fresh) {
     ttd_tokens_release(tokens);
     return status;
   }
-  ttd_auth_replace(&core->auth, tokens, fresh->quota);
+  ttd_auth_replace(&core->auth, tokens, fresh->quota, (uint32_t)fresh->max_sessions);
   for (size_t i = 0; i < n; i++) {
     uint64_t cap = 0;
     ttd_status_t s = ttd_auth_session_quota(&core->auth, sessions[i]->tenant, 0, &cap);

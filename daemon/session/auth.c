@@ -6,10 +6,11 @@
 
 #include "device/quota.h"
 
-void ttd_auth_init(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota) {
+void ttd_auth_init(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota, uint32_t default_max_sessions) {
   pthread_mutex_init(&auth->lock, NULL);
   auth->tokens = tokens;
   auth->default_quota = default_quota;
+  auth->default_max_sessions = default_max_sessions;
 }
 
 void ttd_auth_destroy(ttd_auth *auth) {
@@ -18,11 +19,12 @@ void ttd_auth_destroy(ttd_auth *auth) {
   pthread_mutex_destroy(&auth->lock);
 }
 
-void ttd_auth_replace(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota) {
+void ttd_auth_replace(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota, uint32_t default_max_sessions) {
   pthread_mutex_lock(&auth->lock);
   ttd_tokens *old = auth->tokens;
   auth->tokens = tokens;
   auth->default_quota = default_quota;
+  auth->default_max_sessions = default_max_sessions;
   pthread_mutex_unlock(&auth->lock);
   ttd_tokens_release(old);
 }
@@ -64,6 +66,14 @@ ttd_status_t ttd_auth_check(ttd_auth *auth, const char *authorization, size_t le
   }
   ttd_tokens_release(tokens);
   return status;
+}
+
+uint32_t ttd_auth_max_sessions(ttd_auth *auth, const char *tenant_name) {
+  pthread_mutex_lock(&auth->lock);
+  const ttd_tenant *tenant = auth->tokens ? ttd_tokens_find(auth->tokens, tenant_name) : NULL;
+  uint32_t max = tenant && tenant->max_sessions ? tenant->max_sessions : auth->default_max_sessions;
+  pthread_mutex_unlock(&auth->lock);
+  return max;
 }
 
 ttd_status_t ttd_auth_session_quota(ttd_auth *auth, const char *tenant_name, uint64_t asked, uint64_t *out_quota) {

@@ -26,14 +26,18 @@ typedef struct ttd_auth {
   pthread_mutex_t lock;
   ttd_tokens *tokens;     /* NULL: no tokens file */
   uint64_t default_quota; /* --quota; 0 = none */
+  uint32_t default_max_sessions; /* --max-sessions */
 } ttd_auth;
 
 /* Takes the tokens reference (NULL for none). */
-void ttd_auth_init(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota);
+void ttd_auth_init(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota, uint32_t default_max_sessions);
 void ttd_auth_destroy(ttd_auth *auth);
 
 /* Swaps in a new table (taking its reference) and default quota. */
-void ttd_auth_replace(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota);
+void ttd_auth_replace(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota, uint32_t default_max_sessions);
+
+/* The most sessions tenant_name may hold open at once: its max_sessions=, else the default. */
+uint32_t ttd_auth_max_sessions(ttd_auth *auth, const char *tenant_name);
 
 /* Resolves the value of the `authorization` metadata (NULL when absent) into a principal. */
 ttd_status_t ttd_auth_check(ttd_auth *auth, const char *authorization, size_t len, ttd_principal *out);

@@ -62,6 +62,7 @@ typedef struct ttd_session_params {
   const char *peer;
   uint64_t quota_asked;
   uint64_t quota; /* the limit granted */
+  uint32_t max_tenant_sessions; /* the tenant's sessions open at once, this one included; 0: no bound */
 } ttd_session_params;
 
 /* A new open session with one reference owned by the caller. NULL if out of memory. */

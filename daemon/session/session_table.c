@@ -33,6 +33,21 @@ ttd_status_t ttd_session_table_open(ttd_session_table *table, const ttd_session_
   if (!s) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   int rc;
   pthread_mutex_lock(&table->lock);
+  if (params->max_tenant_sessions) {
+    uint32_t open = 0;
+    for (size_t i = 0; i < table->sessions.capacity; i++) {
+      const ttd_session *other = table->sessions.values[i];
+      open += table->sessions.keys[i] && strcmp(other->tenant, s->tenant) == 0;
+    }
+    if (open >= params->max_tenant_sessions) {
+      pthread_mutex_unlock(&table->lock);
+      ttd_session_release(s);
+      return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                             "tenant %s holds %u open sessions, its limit (max_sessions= in the tokens file, else "
+                             "ttd --max-sessions): close one, or ask the operator for more",
+                             params->tenant ? params->tenant : "", open);
+    }
+  }
   do {
     s->id = ttd_random_u64();
     rc = ttd_handle_map_put(&table->sessions, s->id, s);

@@ -38,7 +38,8 @@ void ttd_session_table_init(ttd_session_table *table, int64_t lease_ms);
 /* Closes every session and frees the table. */
 void ttd_session_table_destroy(ttd_session_table *table);
 
-/* Opens a session; *out_session is a reference owned by the caller. */
+/* Opens a session; *out_session is a reference owned by the caller. RESOURCE_EXHAUSTED when
+ * its tenant already holds params->max_tenant_sessions. */
 ttd_status_t ttd_session_table_open(ttd_session_table *table, const ttd_session_params *params, int64_t now_ms,
                                     ttd_session **out_session);
 

@@ -38,7 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!status) {
     check_table(tokens);
     ttd_auth auth;
-    ttd_auth_init(&auth, tokens, 1u << 20);
+    ttd_auth_init(&auth, tokens, 1u << 20, 1024);
     ttd_principal principal;
     status = ttd_auth_check(&auth, header, header_len, &principal);
     uint64_t quota = 0;

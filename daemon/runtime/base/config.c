@@ -43,10 +43,13 @@ static const option options[] = {
     {"admin", OPT_STRING, FIELD(admin), 0, 0, "127.0.0.1:9464", "admin HTTP (/healthz, /readyz, /metrics) on host:port, or off"},
     {"admin-timeout", OPT_DURATION, FIELD(admin_timeout_ms), 1000, 3600000, "10",
      "admin HTTP: close a connection that sends or takes nothing for this long"},
+    {"max-sessions", OPT_INT, FIELD(max_sessions), 1, 65536, "1024",
+     "sessions one tenant may hold open at once, unless its max_sessions= in the tokens file says otherwise"},
     {"quota", OPT_SIZE, FIELD(quota), 0, INT64_MAX, "0",
      "device memory one session may hold, unless its tenant's limit or OpenSession asks for less (0: no quota)"},
     {"tokens", OPT_STRING, FIELD(tokens_file), 0, 0, NULL,
-     "tenants and their hashed tokens, one per line: NAME sha256:HEX [admin] [quota=SIZE] (ttctl token new); "
+     "tenants and their hashed tokens, one per line: NAME sha256:HEX [admin] [quota=SIZE] [max_sessions=N] "
+     "(ttctl token new); "
      "without it every client is the admin tenant 'local'"},
     {"tls-cert", OPT_STRING, FIELD(tls_cert), 0, 0, NULL, "PEM certificate chain served on TCP listeners"},
     {"tls-key", OPT_STRING, FIELD(tls_key), 0, 0, NULL, "PEM private key of --tls-cert"},

@@ -141,8 +141,17 @@ ttd_status_t ttd_tokens_parse(const char *text, const char *source, ttd_tokens *
           FAIL("%s:%d: quota of tenant %s must be a byte size above 0 such as 512M or 4G, got '%.40s'", source,
                line_no, name, word + 6);
         }
+      } else if (strncmp(word, "max_sessions=", 13) == 0) {
+        char *end = NULL;
+        long n = strtol(word + 13, &end, 10);
+        if (end == word + 13 || *end || n < 1 || n > TTD_MAX_SESSIONS_LIMIT) {
+          FAIL("%s:%d: max_sessions of tenant %s must be a whole number from 1 to %d, got '%.40s'", source, line_no,
+               name, TTD_MAX_SESSIONS_LIMIT, word + 13);
+        }
+        tenant->max_sessions = (uint32_t)n;
       } else {
-        FAIL("%s:%d: unknown option '%.40s' for tenant %s; use admin or quota=SIZE", source, line_no, word, name);
+        FAIL("%s:%d: unknown option '%.40s' for tenant %s; use admin, quota=SIZE or max_sessions=N", source, line_no,
+             word, name);
       }
     }
     for (size_t i = 0; i < t->count; i++) {

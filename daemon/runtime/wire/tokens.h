@@ -4,7 +4,7 @@
  * timing.
  *
  * File format, one tenant per line, `#` starts a comment:
- *   NAME sha256:HEX64 [admin] [quota=SIZE]
+ *   NAME sha256:HEX64 [admin] [quota=SIZE] [max_sessions=N]
  * NAME is 1-63 characters of [A-Za-z0-9._-]; `admin` lets the tenant list and kill every
  * session; quota= caps the device memory of each of its sessions. `ttctl token new NAME`
  * prints a fresh token and its line.
@@ -24,10 +24,14 @@
 #define TTD_TENANT_NAME_MAX 64
 #define TTD_TOKEN_DIGEST_BYTES 32
 
+/* The most sessions a tenant's max_sessions= or --max-sessions may allow at once. */
+#define TTD_MAX_SESSIONS_LIMIT 65536
+
 typedef struct ttd_tenant {
   char name[TTD_TENANT_NAME_MAX];
   bool admin;
   uint64_t quota; /* per-session limit; 0 = the daemon's --quota */
+  uint32_t max_sessions; /* open sessions at once; 0 = the daemon's --max-sessions */
   unsigned char digest[TTD_TOKEN_DIGEST_BYTES];
 } ttd_tenant;
 

@@ -31,9 +31,9 @@ static void setup(void) {
   ttd_token_generate(carol, sizeof(carol));
   const char *names[] = {"alice", "bob", "ops"};
   const char *toks[] = {alice, bob, ops};
-  const char *opts[] = {"quota=512K", "", "admin"};
+  const char *opts[] = {"quota=512K", "max_sessions=3", "admin"};
   harness_write_tokens(tokens_path, names, toks, opts, 3);
-  const char *args[] = {"--tokens", tokens_path, "--quota", "1M", "--dram", "8M", NULL};
+  const char *args[] = {"--tokens", tokens_path, "--quota", "1M", "--dram", "8M", "--max-sessions", "5", NULL};
   ttd_proc_start(&proc, args);
   setenv("TTD_TOKEN", ops, 1); /* the harness's own sessions (memory checks) are the admin's */
 }
@@ -307,6 +307,25 @@ END_TEST
 
 /* A program's activations count too: a forward whose intermediates overflow the quota
  * fails RESOURCE_EXHAUSTED and leaves exactly the parameters behind. */
+/* Sessions a tenant may hold at once: bob's max_sessions=3 from the tokens file, alice's the
+ * daemon's --max-sessions 5; one more is RESOURCE_EXHAUSTED naming the limit, and closing
+ * one makes room. */
+START_TEST(test_sessions_per_tenant) {
+  tt_client *b[3], *a[5], *extra = NULL;
+  for (int i = 0; i < 3; i++) b[i] = must_connect(bob, 0);
+  ck_assert_int_eq(connect_as(bob, 0, &extra), TT_RESOURCE_EXHAUSTED);
+  ck_assert_ptr_nonnull(strstr(tt_last_error(extra), "tenant bob holds 3 open sessions, its limit"));
+  tt_disconnect(extra);
+  for (int i = 0; i < 5; i++) a[i] = must_connect(alice, 0); /* bob's sessions do not count */
+  ck_assert_int_eq(connect_as(alice, 0, &extra), TT_RESOURCE_EXHAUSTED);
+  tt_disconnect(extra);
+  tt_disconnect(b[0]);
+  b[0] = must_connect(bob, 0);
+  for (int i = 0; i < 3; i++) tt_disconnect(b[i]);
+  for (int i = 0; i < 5; i++) tt_disconnect(a[i]);
+}
+END_TEST
+
 START_TEST(test_quota_counts_activations) {
   tt_client *a = must_connect(alice, 0);
   tt_graph *g = tt_graph_create(a, 1);
@@ -494,6 +513,7 @@ Suite *e2e_tenants_suite(void) {
   tcase_add_test(tc, test_tenant_isolation);
   tcase_add_test(tc, test_admin_list_and_kill);
   tcase_add_test(tc, test_quota_edges);
+  tcase_add_test(tc, test_sessions_per_tenant);
   tcase_add_test(tc, test_quota_counts_activations);
   tcase_add_test(tc, test_sighup_reload);
   tcase_add_test(tc, test_no_tokens_is_local_admin);

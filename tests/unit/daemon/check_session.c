@@ -594,6 +594,31 @@ START_TEST(test_table_sweep_bounded_per_call) {
 }
 END_TEST
 
+/* A tenant holds at most max_tenant_sessions open at once: the next is RESOURCE_EXHAUSTED
+ * naming it and the limit; other tenants are not counted; closing one makes room. */
+START_TEST(test_table_sessions_per_tenant) {
+  ttd_session_table table;
+  ttd_session_table_init(&table, 1000);
+  ttd_session_params alice = {.client_name = "x", .tenant = "alice", .max_tenant_sessions = 3};
+  ttd_session_params bob = {.client_name = "x", .tenant = "bob", .max_tenant_sessions = 3};
+  ttd_session *s[3], *extra = NULL, *b;
+  for (int i = 0; i < 3; i++) ck_assert_ptr_null(ttd_session_table_open(&table, &alice, 0, &s[i]));
+  ck_assert_ptr_null(ttd_session_table_open(&table, &bob, 0, &b));
+  ttd_status_t st = ttd_session_table_open(&table, &alice, 0, &extra);
+  ck_assert_int_eq(ttd_status_code(st), GRPC_STATUS_RESOURCE_EXHAUSTED);
+  ck_assert_ptr_nonnull(strstr(ttd_status_message(st), "tenant alice holds 3 open sessions, its limit"));
+  ck_assert_ptr_null(extra);
+  ttd_status_free(st);
+  ck_assert_uint_eq(ttd_session_table_count(&table), 4);
+  ttd_session_table_close(&table, s[0], NULL, NULL);
+  ck_assert_ptr_null(ttd_session_table_open(&table, &alice, 0, &extra));
+  for (int i = 0; i < 3; i++) ttd_session_release(s[i]);
+  ttd_session_release(extra);
+  ttd_session_release(b);
+  ttd_session_table_destroy(&table);
+}
+END_TEST
+
 /* destroy closes every session and frees their tensors, even ones the caller still holds. */
 START_TEST(test_table_destroy_closes_all) {
   ttd_session_table table;
@@ -792,6 +817,7 @@ Suite *session_suite(void) {
   tcase_add_test(tc, test_table_sweep);
   tcase_add_test(tc, test_table_sweep_many);
   tcase_add_test(tc, test_table_sweep_bounded_per_call);
+  tcase_add_test(tc, test_table_sessions_per_tenant);
   tcase_add_test(tc, test_table_destroy_closes_all);
   suite_add_tcase(s, tc);
 

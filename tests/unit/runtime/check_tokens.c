@@ -66,6 +66,10 @@ static void expect_bad(const char *text, const char *needle) {
 
 START_TEST(test_parse_errors_name_the_line) {
   expect_bad("alice\n", "f:1: tenant alice needs the token's digest");
+  expect_bad("a " DIGEST_ABC " max_sessions=0\n", "f:1: max_sessions of tenant a must be a whole number from 1 to 65536");
+  expect_bad("a " DIGEST_ABC " max_sessions=70000\n", "got '70000'");
+  expect_bad("a " DIGEST_ABC " max_sessions=2x\n", "got '2x'");
+  expect_bad("a " DIGEST_ABC " sessions=2\n", "use admin, quota=SIZE or max_sessions=N");
   expect_bad("\nalice sha256:abc\n", "f:2: tenant alice needs");
   expect_bad("alice " DIGEST_ABC " root\n", "f:1: unknown option 'root'");
   expect_bad("alice " DIGEST_ABC " quota=lots\n", "quota of tenant alice");
@@ -80,7 +84,7 @@ END_TEST
 
 START_TEST(test_auth_check_and_session_quota) {
   ttd_auth auth;
-  ttd_auth_init(&auth, NULL, 0);
+  ttd_auth_init(&auth, NULL, 0, 1024);
   ttd_principal p;
   ck_assert_ptr_null(ttd_auth_check(&auth, NULL, 0, &p));
   ck_assert_str_eq(p.tenant, "local");
@@ -92,8 +96,12 @@ START_TEST(test_auth_check_and_session_quota) {
   ck_assert_uint_eq(q, 4096);
 
   ttd_tokens *t = NULL;
-  ck_assert_ptr_null(ttd_tokens_parse("alice " DIGEST_ABC " quota=1M\nops " DIGEST_EMPTY " admin\n", "f", &t));
-  ttd_auth_replace(&auth, t, 4 << 20);
+  ck_assert_int_eq(ttd_auth_max_sessions(&auth, "local"), 1024);
+  ck_assert_ptr_null(
+      ttd_tokens_parse("alice " DIGEST_ABC " quota=1M max_sessions=3\nops " DIGEST_EMPTY " admin\n", "f", &t));
+  ttd_auth_replace(&auth, t, 4 << 20, 16);
+  ck_assert_int_eq(ttd_auth_max_sessions(&auth, "alice"), 3); /* her own */
+  ck_assert_int_eq(ttd_auth_max_sessions(&auth, "ops"), 16);  /* --max-sessions */
   ttd_status_t s = ttd_auth_check(&auth, NULL, 0, &p);
   ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_UNAUTHENTICATED);
   ttd_status_free(s);
@@ -119,7 +127,7 @@ START_TEST(test_auth_check_and_session_quota) {
   ttd_token_digest_text("big", 3, digest, sizeof(digest));
   snprintf(text, sizeof(text), "big %s quota=8M\n", digest);
   ck_assert_ptr_null(ttd_tokens_parse(text, "f", &t));
-  ttd_auth_replace(&auth, t, 4 << 20);
+  ttd_auth_replace(&auth, t, 4 << 20, 16);
   ck_assert_ptr_null(ttd_auth_session_quota(&auth, "big", 0, &q));
   ck_assert_uint_eq(q, 8 << 20);
   ck_assert_ptr_null(ttd_auth_session_quota(&auth, "big", 6 << 20, &q));
