@@ -18,8 +18,17 @@ typedef struct ttd_shm_segment {
 } ttd_shm_segment;
 
 /* Maps size bytes of the memfd fd (shared, read-write). INVALID_ARGUMENT when fd is not a
- * memfd sealed with F_SEAL_SHRINK of at least size bytes. The fd stays the caller's. */
+ * memfd sealed with F_SEAL_SHRINK of at least size bytes; RESOURCE_EXHAUSTED when the
+ * process already holds ttd_shm_segment_limit() segments. The fd stays the caller's. */
 ttd_status_t ttd_shm_segment_map(int fd, uint64_t size, ttd_shm_segment **out_segment);
+
+/* Segments mapped in the process now, and the most it maps at once: every mapping counts
+ * against the kernel's vm.max_map_count, which, once reached, makes the daemon's own
+ * allocations fail. The limit is a quarter of vm.max_map_count (read at the first map; 16384
+ * if unreadable) unless set; set_limit(0) restores that. */
+uint64_t ttd_shm_segments_mapped(void);
+uint64_t ttd_shm_segment_limit(void);
+void ttd_shm_segment_set_limit(uint64_t limit);
 
 ttd_shm_segment *ttd_shm_segment_retain(ttd_shm_segment *segment);
 void ttd_shm_segment_release(ttd_shm_segment *segment); /* the last one unmaps; NULL ok */

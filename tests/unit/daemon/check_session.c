@@ -1,6 +1,10 @@
 /* daemon/session.h, session_table.h and tensor.h over a sim backend: random handles, lookups
  * holding references, uniform NOT_FOUND, all-or-nothing frees, closing, leases and specs. */
+#define _GNU_SOURCE /* memfd_create */
 #include <check.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +14,7 @@
 #include "telemetry/log.h"
 #include "session/session.h"
 #include "session/session_table.h"
+#include "session/shm_segment.h"
 #include "device/tensor.h"
 #include "suites.h"
 
@@ -619,6 +624,42 @@ START_TEST(test_table_sessions_per_tenant) {
 }
 END_TEST
 
+/* A sealed 4 KiB memfd mapped as a segment; the status of the map. */
+static ttd_status_t map_one(ttd_shm_segment **out) {
+  int fd = memfd_create("ttd-limit-test", MFD_ALLOW_SEALING);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(ftruncate(fd, 4096), 0);
+  ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  ttd_status_t s = ttd_shm_segment_map(fd, 4096, out);
+  close(fd);
+  return s;
+}
+
+/* The process maps at most ttd_shm_segment_limit() segments: past it RESOURCE_EXHAUSTED
+ * naming the limit and vm.max_map_count; releasing one makes room; the default is set from
+ * the kernel's map count. */
+START_TEST(test_shm_segments_bounded) {
+  uint64_t base = ttd_shm_segments_mapped();
+  ttd_shm_segment_set_limit(base + 2);
+  ttd_shm_segment *a = NULL, *b = NULL, *c = NULL;
+  ck_assert_ptr_null(map_one(&a));
+  ck_assert_ptr_null(map_one(&b));
+  ck_assert_uint_eq(ttd_shm_segments_mapped(), base + 2);
+  ttd_status_t s = map_one(&c);
+  ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_RESOURCE_EXHAUSTED);
+  ck_assert_ptr_nonnull(strstr(ttd_status_message(s), "vm.max_map_count"));
+  ck_assert_ptr_null(c);
+  ttd_status_free(s);
+  ttd_shm_segment_release(a);
+  ck_assert_ptr_null(map_one(&c));
+  ttd_shm_segment_release(b);
+  ttd_shm_segment_release(c);
+  ck_assert_uint_eq(ttd_shm_segments_mapped(), base);
+  ttd_shm_segment_set_limit(0);
+  ck_assert_uint_ge(ttd_shm_segment_limit(), 1024);
+}
+END_TEST
+
 /* destroy closes every session and frees their tensors, even ones the caller still holds. */
 START_TEST(test_table_destroy_closes_all) {
   ttd_session_table table;
@@ -818,6 +859,7 @@ Suite *session_suite(void) {
   tcase_add_test(tc, test_table_sweep_many);
   tcase_add_test(tc, test_table_sweep_bounded_per_call);
   tcase_add_test(tc, test_table_sessions_per_tenant);
+  tcase_add_test(tc, test_shm_segments_bounded);
   tcase_add_test(tc, test_table_destroy_closes_all);
   suite_add_tcase(s, tc);
 
