@@ -79,6 +79,17 @@ ttd_status_t ttd_core_reload(ttd_core *core, const ttd_config *fresh) {
     ttd_tokens_release(tokens);
     return status;
   }
+  /* A session whose tenant the new settings no longer admit ends now (whatever renews it,
+   * the side socket included), its memory freed; its client's next call is told why. */
+  for (size_t i = 0; i < n; i++) {
+    bool admitted = tokens ? ttd_tokens_find(tokens, sessions[i]->tenant) != NULL
+                           : strcmp(sessions[i]->tenant, TTD_LOCAL_TENANT) == 0;
+    if (admitted) continue;
+    uint64_t tensors = 0, bytes = 0;
+    ttd_session_table_kill(&core->sessions, sessions[i], "a reload that revoked its tenant", &tensors, &bytes);
+    TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=session-revoked tenant=%s tensors_freed=%" PRIu64
+            " bytes_freed=%" PRIu64, sessions[i]->id, sessions[i]->tenant, tensors, bytes);
+  }
   ttd_auth_replace(&core->auth, tokens, fresh->quota, (uint32_t)fresh->max_sessions);
   for (size_t i = 0; i < n; i++) {
     uint64_t cap = 0;

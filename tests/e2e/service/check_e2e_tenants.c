@@ -387,10 +387,15 @@ START_TEST(test_sighup_reload) {
   const char *names[] = {"alice", "carol", "ops"};
   const char *toks[] = {alice, carol, ops};
   const char *opts[] = {"quota=128K", "", "admin"};
+  tt_tensor *bobs = upload_bytes(b, 1000);
+  ck_assert_ptr_nonnull(bobs);
   harness_write_tokens(tokens_path, names, toks, opts, 3);
   hup_and_wait("event=reloaded");
 
-  /* bob's open session is refused from now on; carol gets in. */
+  /* bob's session ended at the reload, its memory freed (nothing renews it, the side socket
+   * included); his calls are refused from now on; carol gets in. */
+  ck_assert(log_contains("event=session-revoked tenant=bob tensors_freed=1 bytes_freed=4000"));
+  tt_tensor_free(bobs);
   ck_assert_ptr_null(tt_tensor_empty(b, TT_FLOAT32, (int64_t[]){4}, 1, "tt"));
   ck_assert_int_eq(tt_errcode(b), TT_UNAUTHENTICATED);
   tt_client *c = must_connect(carol, 0);
