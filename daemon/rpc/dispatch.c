@@ -78,8 +78,10 @@ static ttd_status_t attach_session(ttd_call *c) {
 }
 
 /* Whether the call came over a Unix socket file (gRPC names its peer "unix:..."), whose
- * owner and mode decide who may connect; not over TCP or an abstract socket. */
+ * owner and mode decide who may connect, or was run in process (no gRPC call); not over
+ * TCP or an abstract socket. */
 static bool over_socket_file(const ttd_call *c) {
+  if (!c->call) return true;
   char *peer = grpc_call_get_peer(c->call);
   bool file = peer && strncmp(peer, "unix:", 5) == 0;
   gpr_free(peer);
