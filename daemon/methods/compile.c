@@ -25,6 +25,18 @@ static Ttd__V1__ValueSpec **specs_to_proto(ttd_call *call, const ttd_program *p,
   return list;
 }
 
+/* A program whose forward would cost more than max operations holds the card for longer
+ * than any deadline or kill can cut short: refused, naming its costliest node. */
+static ttd_status_t check_cost(const ttd_program *p, double max) {
+  if (p->cost <= max) return TTD_OK;
+  const ttd_program_node *n = &p->nodes[p->costliest];
+  return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                         "the program's forward costs about %.3g operations, more than this ttd runs in one program "
+                         "(--max-program-cost %.3g): node '%.128s' (%s) alone costs %.3g; split the work into "
+                         "smaller programs, or ask the operator to raise the bound",
+                         p->cost, max, p->values[n->value].name, ttd_op_name(n->op), p->costliest_cost);
+}
+
 ttd_status_t ttd_method_compile(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
   const Ttd__V1__CompileRequest *req = (const Ttd__V1__CompileRequest *)request;
   Ttd__V1__CompileResponse *resp = ttd_call_alloc(call, sizeof(*resp));
@@ -34,7 +46,8 @@ ttd_status_t ttd_method_compile(ttd_call *call, const ProtobufCMessage *request,
   bool cached = false;
   TTD_RETURN_IF_ERROR(ttd_program_cache_get(&call->core->programs, call->principal.tenant, req->graph, &program, &cached));
   uint64_t handle = 0;
-  ttd_status_t status = ttd_session_program_add(call->session, program, &handle);
+  ttd_status_t status = check_cost(program, (double)call->core->config->max_program_cost);
+  if (!status) status = ttd_session_program_add(call->session, program, &handle);
   if (!status) {
     resp->program = handle;
     resp->cached = cached;

@@ -43,6 +43,9 @@ static const option options[] = {
     {"admin", OPT_STRING, FIELD(admin), 0, 0, "127.0.0.1:9464", "admin HTTP (/healthz, /readyz, /metrics) on host:port, or off"},
     {"admin-timeout", OPT_DURATION, FIELD(admin_timeout_ms), 1000, 3600000, "10",
      "admin HTTP: close a connection that sends or takes nothing for this long"},
+    {"max-program-cost", OPT_SIZE, FIELD(max_program_cost), 1, INT64_MAX, "1T",
+     "operations one forward of a program may cost, as Compile estimates them (a multiply-add is 2; K, M, G, T as "
+     "powers of 1024): a larger program is refused, since nothing can stop a kernel once it runs"},
     {"max-sessions", OPT_INT, FIELD(max_sessions), 1, 65536, "1024",
      "sessions one tenant may hold open at once, unless its max_sessions= in the tokens file says otherwise"},
     {"quota", OPT_SIZE, FIELD(quota), 0, INT64_MAX, "0",

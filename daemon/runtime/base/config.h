@@ -37,6 +37,7 @@ typedef struct ttd_config {
   int64_t drain_timeout_ms;
   int64_t admin_timeout_ms; /* admin HTTP: a connection idle this long is closed */
   int max_sessions;         /* open sessions a tenant may hold at once, unless its max_sessions= */
+  uint64_t max_program_cost; /* Compile refuses a program whose forward costs more operations */
   char *log_level;
   char *admin;        /* admin HTTP "host:port", or "off" */
   uint64_t quota;     /* default per-session device memory quota; 0 = none */

@@ -558,3 +558,41 @@ ttd_status_t ttd_op_infer(ttd_op op, const Ttd__V1__Node *node, const ttd_value_
   }
   return def->infer(node, inputs, n_inputs, out_attrs, out_type);
 }
+
+static double numel_of(const ttd_value_type *t) {
+  double n = 1;
+  for (int d = 0; d < t->shape.ndim; d++) n *= (double)t->shape.d[d];
+  return n;
+}
+
+double ttd_op_cost(ttd_op op, const ttd_op_attrs *a, const ttd_value_type *const *inputs, int n_inputs,
+                   const ttd_value_type *out) {
+  double elems = numel_of(out);
+  for (int k = 0; k < n_inputs; k++) {
+    double in = numel_of(inputs[k]);
+    if (in > elems) elems = in;
+  }
+  double per = 1;
+  const ttd_kshape *s0 = n_inputs > 0 ? &inputs[0]->shape : NULL;
+  switch (op) {
+    case TTD_OP_MATMUL:
+      if (s0 && s0->ndim >= 2) per = 2.0 * (double)s0->d[a->transpose_a ? s0->ndim - 2 : s0->ndim - 1];
+      break;
+    case TTD_OP_LINEAR:
+      if (s0 && s0->ndim >= 1) per = 2.0 * (double)s0->d[s0->ndim - 1];
+      break;
+    case TTD_OP_CONV2D:
+      if (n_inputs > 1 && inputs[1]->shape.ndim == 4) {
+        const ttd_kshape *w = &inputs[1]->shape;
+        per = 2.0 * (double)w->d[1] * (double)w->d[2] * (double)w->d[3];
+      }
+      break;
+    case TTD_OP_MAX_POOL2D: case TTD_OP_AVG_POOL2D:
+      per = (double)a->kernel[0] * (double)a->kernel[1];
+      break;
+    default:
+      break;
+  }
+  double work = numel_of(out) * per;
+  return work > elems ? work : elems;
+}

@@ -53,6 +53,14 @@ const char *ttd_op_name(ttd_op op);
 ttd_status_t ttd_op_infer(ttd_op op, const Ttd__V1__Node *node, const ttd_value_type *const *inputs, int n_inputs,
                           ttd_op_attrs *out_attrs, ttd_value_type *out_type);
 
+/* An estimate of the arithmetic one forward of the node costs, in operations (a
+ * multiply-add counts two): the output's elements times the work behind each (the inner
+ * dimension of a product, a convolution's receptive field, a pool's window), and at least
+ * the elements read or written. An order of magnitude, for refusing programs too big to run
+ * in bounded time; inputs and out as ttd_op_infer saw and made them. */
+double ttd_op_cost(ttd_op op, const ttd_op_attrs *attrs, const ttd_value_type *const *inputs, int n_inputs,
+                   const ttd_value_type *out);
+
 /* "[2, 3, 4]" into buf. */
 const char *ttd_kshape_format(const ttd_kshape *s, char *buf, size_t len);
 

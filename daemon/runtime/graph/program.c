@@ -303,6 +303,7 @@ static ttd_status_t compile_sort(compile_state *c) {
 static ttd_status_t compile_infer(compile_state *c) {
   const Ttd__V1__Graph *g = c->g;
   ttd_program *p = c->p;
+  p->costliest = -1;
   for (size_t i = 0; i < g->n_nodes; i++) {
     const Ttd__V1__Node *node = g->nodes[c->order[i]];
     ttd_program_node *pn = &p->nodes[i];
@@ -321,6 +322,12 @@ static ttd_status_t compile_infer(compile_state *c) {
     ttd_program_value *out = &p->values[pn->value];
     TTD_RETURN_IF_ERROR(ttd_op_infer(pn->op, node, in_types, pn->n_inputs, &pn->attrs, &out->type));
     TTD_RETURN_IF_ERROR(check_output_size(node, &out->type));
+    double cost = ttd_op_cost(pn->op, &pn->attrs, in_types, pn->n_inputs, &out->type);
+    p->cost += cost;
+    if (p->costliest < 0 || cost > p->costliest_cost) {
+      p->costliest = (int)i;
+      p->costliest_cost = cost;
+    }
     out->requires_grad = grad && out->type.dtype != TTD_DTYPE_INT32;
     out->param_grad = param_grad && out->type.dtype != TTD_DTYPE_INT32;
   }

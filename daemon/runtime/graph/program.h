@@ -44,6 +44,9 @@ typedef struct ttd_program {
   ttd_program_value *values; /* inputs, then parameters, then one per node in order */
   ttd_program_node *nodes;   /* topological order */
   int *outputs;              /* value indices */
+  double cost;               /* ttd_op_cost summed over the nodes: one forward's operations */
+  int costliest;             /* the node (in order) of the largest ttd_op_cost, -1 without nodes */
+  double costliest_cost;
 } ttd_program;
 
 /* Validates graph and builds a program with one reference. INVALID_ARGUMENT names the

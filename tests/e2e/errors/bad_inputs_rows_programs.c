@@ -80,6 +80,12 @@ const bad_row bad_inputs_program_rows[] = {
         .msg = {COMPILE(INPUTS(VALUE("x", F32, SHAPE(1, 1, 4, 4))), OUTPUTS("y"),
                         NODES(NODE("y", "max_pool2d", INS("x"),
                                    ATTRS(ATTR_I("kernel", INT64_MAX), ATTR_I("padding", 1ll << 62)))))}),
+    ROW(DIMS, "Compile", AS_ALICE, "avg_pool2d of a 2048x2048 window over 4096x4096 (10^13 operations)",
+        RESOURCE_EXHAUSTED,
+        "the program's forward costs about 1.76e+13 operations, more than this ttd runs in one program "
+        "(--max-program-cost 1.1e+12): node 'y' (avg_pool2d) alone costs 1.76e+13",
+        .msg = {COMPILE(INPUTS(VALUE("x", F32, SHAPE(1, 1, 4096, 4096))), OUTPUTS("y"),
+                        NODES(NODE("y", "avg_pool2d", INS("x"), ATTRS(ATTR_I("kernel", 2048), ATTR_I("stride", 1)))))}),
     ROW(DIMS, "Compile", AS_ALICE, "avg_pool2d with stride 0", INVALID_ARGUMENT, "node 'y' (avg_pool2d)",
         .msg = {COMPILE(INPUTS(VALUE("x", F32, SHAPE(1, 1, 4, 4))), OUTPUTS("y"),
                         NODES(NODE("y", "avg_pool2d", INS("x"), ATTRS(ATTR_I("kernel", 2), ATTR_I("stride", 0)))))}),

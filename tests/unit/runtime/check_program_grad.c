@@ -443,6 +443,34 @@ START_TEST(test_bfloat16_storage_matches_float32) {
 }
 END_TEST
 
+/* Compile's cost estimate: a matmul is 2 x its output x its inner dimension, a conv2d 2 x its
+ * output x its receptive field, a pool its output x its window (at least what it reads), an
+ * elementwise op its elements; the sum and the costliest node are kept. */
+START_TEST(test_cost_estimate) {
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "a", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 8, 16, 0, 0);
+  gb_value(&b, 0, "b", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, 16, 32, 0, 0);
+  gb_value(&b, 0, "x", TTD__V1__DTYPE__DTYPE_FLOAT32, 4, 1, 2, 8, 8);
+  gb_value(&b, 1, "k", TTD__V1__DTYPE__DTYPE_FLOAT32, 4, 3, 2, 3, 3);
+  gb_node(&b, "m", "matmul", "a", "b", NULL);            /* 8*32 outputs x 2*16 = 8192 */
+  gb_node(&b, "r", "relu", "m", NULL, NULL);             /* 256 */
+  gb_node(&b, "c", "conv2d", "x", "k", NULL);            /* [1,3,6,6] = 108 x 2*2*3*3 = 3888 */
+  Ttd__V1__Node *p = gb_node(&b, "p", "avg_pool2d", "c", NULL, NULL); /* [1,3,3,3] x 4 = 108 */
+  gb_int(&b, p, "kernel", 2);
+  gb_int(&b, p, "stride", 2);
+  gb_output(&b, "r");
+  gb_output(&b, "p");
+  ttd_program *prog = NULL;
+  ttd_status_t s = ttd_program_compile(&b.graph, &prog);
+  ck_assert_msg(s == NULL, "compile: %s", ttd_status_message(s));
+  ck_assert_double_eq(prog->cost, 8192.0 + 256.0 + 3888.0 + 108.0);
+  ck_assert_double_eq(prog->costliest_cost, 8192.0);
+  ck_assert_str_eq(prog->values[prog->nodes[prog->costliest].value].name, "m");
+  ttd_program_release(prog);
+}
+END_TEST
+
 Suite *program_grad_suite(void) {
   Suite *s = suite_create("program_grad");
   TCase *tc = tcase_create("whole_program");
@@ -454,6 +482,7 @@ Suite *program_grad_suite(void) {
   tcase_add_test(tc, test_scalar_operands);
   tcase_add_test(tc, test_scalar_operand_errors);
   tcase_add_test(tc, test_bfloat16_storage_matches_float32);
+  tcase_add_test(tc, test_cost_estimate);
   suite_add_tcase(s, tc);
   return s;
 }
