@@ -50,6 +50,7 @@ typedef struct ttd_call {
   ttd_session *session;         /* for methods that need one; one reference */
   void *stream;                 /* a streaming handler's state */
   ttd_job job;                  /* device work waits in the scheduler as this */
+  uint64_t queued_bytes;        /* the waiting request's size, charged to the session's quota */
   ProtobufCMessage *request;    /* the unpacked request of a scheduled call */
   int64_t started_ns;           /* monotonic, when the call arrived (for latency metrics) */
   uint64_t request_id;          /* counts calls since start; in logs and ttd-request-id metadata */

@@ -221,12 +221,49 @@ static bool session_closed(ttd_session *session) {
   return closed;
 }
 
+/* Device work waiting for the card holds its request in host memory: at most
+ * TTD_SESSION_MAX_QUEUED calls a session, their sizes charged to its quota until their
+ * turn (so queued inline inputs count as the tensors they become). */
+static ttd_status_t queue_admit(ttd_call *c, const ProtobufCMessage *request) {
+  ttd_session *s = c->session;
+  if (!s) return TTD_OK;
+  if (atomic_fetch_add(&s->queued_calls, 1) >= TTD_SESSION_MAX_QUEUED) {
+    atomic_fetch_sub(&s->queued_calls, 1);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "session %016" PRIx64 " has %d calls waiting for the card already: wait for their answers "
+                           "before sending more",
+                           s->id, TTD_SESSION_MAX_QUEUED);
+  }
+  uint64_t bytes = protobuf_c_message_get_packed_size(request);
+  ttd_status_t status = ttd_quota_charge(s->quota, bytes);
+  if (status) {
+    atomic_fetch_sub(&s->queued_calls, 1);
+    ttd_status_t named = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                                         "this call's %" PRIu64 " bytes wait for the card with the session's other "
+                                         "calls, and with them pass its quota: %s",
+                                         bytes, ttd_status_message(status));
+    ttd_status_free(status);
+    return named;
+  }
+  c->queued_bytes = bytes;
+  return TTD_OK;
+}
+
+/* The call's turn has come: it no longer waits. */
+static void queue_leave(ttd_call *c) {
+  if (!c->session) return;
+  ttd_quota_refund(c->session->quota, c->queued_bytes);
+  c->queued_bytes = 0;
+  atomic_fetch_sub(&c->session->queued_calls, 1);
+}
+
 /* A device call's turn has come (on the device's executor thread). */
 static void run_scheduled(ttd_job *job) {
   ttd_call *c = (ttd_call *)((char *)job - offsetof(ttd_call, job));
   ttd_backend *backend = c->core->backend;
   if (backend->vtable->device_wake) backend->vtable->device_wake(backend, job->device);
   ttd_log_set_call(c->request_id, c->session ? c->session->id : 0);
+  queue_leave(c);
   ttd_status_t refused = TTD_OK;
   if (atomic_load(&c->server->cancelling)) {
     refused = ttd_make_status(GRPC_STATUS_UNAVAILABLE,
@@ -291,6 +328,11 @@ static void on_call_arrived(ttd_call *c) {
       if (m->device_of) {
         int device = m->device_of(c, request);
         if (device < 0 || device >= ttd_scheduler_devices(c->core->scheduler)) device = 0;
+        status = queue_admit(c, request);
+        if (status) { /* the request lives in the call's arena, freed with it */
+          finish(c, NULL, status);
+          return;
+        }
         c->request = request;
         c->job.key = c->session ? c->session->id : 0;
         c->job.run = run_scheduled;

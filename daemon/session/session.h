@@ -42,6 +42,7 @@ typedef struct ttd_session {
   uint64_t quota_asked;             /* at OpenSession; 0 = as much as allowed */
   ttd_quota *quota;                 /* device bytes of everything the session made */
   _Atomic int64_t last_seen_ms; /* monotonic ms of the latest call */
+  atomic_int queued_calls;      /* device calls waiting for their turn (TTD_SESSION_MAX_QUEUED) */
   pthread_mutex_t lock;         /* guards everything below */
   bool closed;
   ttd_handle_map tensors;       /* handle -> ttd_tensor* (one reference each) */
@@ -99,6 +100,8 @@ ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *hand
 
 /* Programs one session may hold: each is host memory of the daemon. */
 #define TTD_SESSION_MAX_PROGRAMS 256
+/* Device calls (Execute, Backward, OptimizerStep) a session may have waiting for the card. */
+#define TTD_SESSION_MAX_QUEUED 64
 
 /* The session's handle of program: the one it already has for a program of the same graph
  * (compiling a graph again is idempotent), else a new random one (the session takes its own reference).

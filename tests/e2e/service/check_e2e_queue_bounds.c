@@ -1,0 +1,136 @@
+/* Device work a session leaves waiting for the card, against a real ttd: at most
+ * TTD_SESSION_MAX_QUEUED calls a session (one more is RESOURCE_EXHAUSTED, the others run),
+ * and the bytes of waiting requests count against the session's quota. */
+#include <check.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "graph_builder.h"
+#include "raw_rpc.h"
+#include "session/session.h"
+#include "suites.h"
+#include "ttd_harness.h"
+#include "ttd/v1/ttd.pb-c.h"
+
+static ttd_proc proc;
+
+static void setup(void) { ttd_proc_start(&proc, NULL); }
+
+static void teardown(void) { ck_assert_int_eq(ttd_proc_stop(&proc), 0); }
+
+enum { LIGHT_CALLS = TTD_SESSION_MAX_QUEUED + 16, HEAVY = 2048 };
+
+typedef struct execute_job {
+  char session[17];
+  uint64_t program, input;
+  raw_result result;
+} execute_job;
+
+static void *execute(void *arg) {
+  execute_job *j = arg;
+  Ttd__V1__ExecuteRequest req = TTD__V1__EXECUTE_REQUEST__INIT;
+  req.program = j->program;
+  req.n_inputs = 1;
+  req.inputs = &j->input;
+  unsigned char buf[128];
+  size_t len = ttd__v1__execute_request__pack(&req, buf);
+  raw_call(proc.target, "/ttd.v1.Device/Execute", (raw_md){.session = j->session}, buf, len, &j->result);
+  return NULL;
+}
+
+/* A second of matmuls holds the card while LIGHT_CALLS relus of the same session arrive:
+ * TTD_SESSION_MAX_QUEUED of them wait and run, the rest are refused at once, naming the bound. */
+START_TEST(test_queued_calls_bounded_per_session) {
+  char session[17], instance[40];
+  raw_open_session(proc.target, session, instance);
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "a", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, HEAVY, HEAVY, 0, 0);
+  gb_node(&b, "m1", "matmul", "a", "a", NULL);
+  gb_node(&b, "m2", "matmul", "m1", "a", NULL);
+  gb_node(&b, "m3", "matmul", "m2", "a", NULL);
+  gb_node(&b, "m4", "matmul", "m3", "a", NULL);
+  gb_output(&b, "m4");
+  Ttd__V1__CompileResponse *heavy = gb_compile(&b, proc.target, session, 0, NULL);
+  int64_t shape[2] = {HEAVY, HEAVY};
+  execute_job first = {.program = heavy->program, .input = raw_allocate_shape(proc.target, session, shape, 2)};
+  ttd__v1__compile_response__free_unpacked(heavy, NULL);
+  memcpy(first.session, session, sizeof(session));
+  uint64_t light = gb_compile_relu(proc.target, session, 1, 4, 0);
+  uint64_t small = raw_allocate(proc.target, session, 4);
+  pthread_t heavy_thread, threads[LIGHT_CALLS];
+  execute_job *jobs = calloc(LIGHT_CALLS, sizeof(*jobs));
+  ck_assert_int_eq(pthread_create(&heavy_thread, NULL, execute, &first), 0);
+  usleep(100 * 1000); /* the matmuls are on the card */
+  for (int i = 0; i < LIGHT_CALLS; i++) {
+    jobs[i] = (execute_job){.program = light, .input = small};
+    memcpy(jobs[i].session, session, sizeof(session));
+    ck_assert_int_eq(pthread_create(&threads[i], NULL, execute, &jobs[i]), 0);
+  }
+  int ok = 0, refused = 0;
+  for (int i = 0; i < LIGHT_CALLS; i++) {
+    pthread_join(threads[i], NULL);
+    if (jobs[i].result.code == 0) {
+      ok++;
+    } else {
+      ck_assert_msg(jobs[i].result.code == 8 && strstr(jobs[i].result.details, "calls waiting for the card already"),
+                    "%d: %s", jobs[i].result.code, jobs[i].result.details);
+      refused++;
+    }
+    raw_result_free(&jobs[i].result);
+  }
+  pthread_join(heavy_thread, NULL);
+  ck_assert_msg(first.result.code == 0, "%s", first.result.details);
+  raw_result_free(&first.result);
+  ck_assert_int_ge(ok, TTD_SESSION_MAX_QUEUED - 1); /* the one running when they arrived may not count */
+  ck_assert_int_gt(refused, 0);
+  free(jobs);
+}
+END_TEST
+
+/* A session with a 1 MiB quota: an Execute whose inline input is 1.5 MiB is refused while it
+ * would wait, since waiting requests count against the quota, with a message that says so. */
+START_TEST(test_queued_bytes_count_against_the_quota) {
+  tt_connect_options o;
+  tt_connect_options_init(&o);
+  o.quota_bytes = 1 << 20;
+  o.disable_keepalive = 1;
+  tt_client *c = NULL;
+  ck_assert_int_eq(tt_connect(proc.target, &o, &c), TT_OK);
+  char session[17];
+  snprintf(session, sizeof(session), "%016llx", (unsigned long long)tt_session_id(c));
+  enum { N = 3 << 17 }; /* 1.5 MiB of float32 */
+  uint64_t program = gb_compile_relu(proc.target, session, 1, N, 0);
+  float *data = calloc(N, sizeof(float));
+  int64_t shape[1] = {N};
+  Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
+  spec.dtype = TTD__V1__DTYPE__DTYPE_FLOAT32;
+  spec.n_shape = 1;
+  spec.shape = shape;
+  Ttd__V1__InlineTensor in = TTD__V1__INLINE_TENSOR__INIT, *ins[1] = {&in};
+  in.spec = &spec;
+  in.data.data = (uint8_t *)data;
+  in.data.len = sizeof(float) * N;
+  Ttd__V1__ExecuteRequest req = TTD__V1__EXECUTE_REQUEST__INIT;
+  req.program = program;
+  req.n_inline_inputs = 1;
+  req.inline_inputs = ins;
+  raw_unary(proc.target, "/ttd.v1.Device/Execute", &req.base, (raw_md){.session = session}, NULL, 8,
+            "bytes wait for the card with the session's other calls, and with them pass its quota");
+  free(data);
+  tt_disconnect(c);
+}
+END_TEST
+
+Suite *e2e_queue_bounds_suite(void) {
+  Suite *s = suite_create("e2e_queue_bounds");
+  TCase *tc = tcase_create("queue_bounds");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_queued_calls_bounded_per_session);
+  tcase_add_test(tc, test_queued_bytes_count_against_the_quota);
+  suite_add_tcase(s, tc);
+  return s;
+}
