@@ -92,6 +92,7 @@ ttd_status_t ttd_core_reload(ttd_core *core, const ttd_config *fresh) {
   }
   ttd_auth_replace(&core->auth, tokens, fresh->quota, (uint32_t)fresh->max_sessions);
   for (size_t i = 0; i < n; i++) {
+    atomic_store(&sessions[i]->weight, ttd_auth_weight(&core->auth, sessions[i]->tenant));
     uint64_t cap = 0;
     ttd_status_t s = ttd_auth_session_quota(&core->auth, sessions[i]->tenant, 0, &cap);
     ttd_status_free(s);

@@ -27,7 +27,8 @@ ttd_status_t ttd_method_open_session(ttd_call *call, const ProtobufCMessage *req
                                .peer = peer,
                                .quota_asked = req->quota_bytes,
                                .quota = quota,
-                               .max_tenant_sessions = ttd_auth_max_sessions(&call->core->auth, call->principal.tenant)};
+                               .max_tenant_sessions = ttd_auth_max_sessions(&call->core->auth, call->principal.tenant),
+                               .weight = ttd_auth_weight(&call->core->auth, call->principal.tenant)};
   ttd_session *session = NULL;
   status = ttd_session_table_open(&call->core->sessions, &params, ttd_now_ms(), &session);
   pthread_rwlock_unlock(&call->core->reload_lock);

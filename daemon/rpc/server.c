@@ -335,6 +335,8 @@ static void on_call_arrived(ttd_call *c) {
         }
         c->request = request;
         c->job.key = c->session ? c->session->id : 0;
+        c->job.group = c->session ? c->session->tenant_key : 0;
+        c->job.weight = c->session ? atomic_load(&c->session->weight) : 1;
         c->job.run = run_scheduled;
         atomic_store(&c->on_device, true);
         ttd_scheduler_submit(c->core->scheduler, device, &c->job);

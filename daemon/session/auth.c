@@ -68,6 +68,14 @@ ttd_status_t ttd_auth_check(ttd_auth *auth, const char *authorization, size_t le
   return status;
 }
 
+uint32_t ttd_auth_weight(ttd_auth *auth, const char *tenant_name) {
+  pthread_mutex_lock(&auth->lock);
+  const ttd_tenant *tenant = auth->tokens ? ttd_tokens_find(auth->tokens, tenant_name) : NULL;
+  uint32_t weight = tenant && tenant->weight ? tenant->weight : 1;
+  pthread_mutex_unlock(&auth->lock);
+  return weight;
+}
+
 uint32_t ttd_auth_max_sessions(ttd_auth *auth, const char *tenant_name) {
   pthread_mutex_lock(&auth->lock);
   const ttd_tenant *tenant = auth->tokens ? ttd_tokens_find(auth->tokens, tenant_name) : NULL;

@@ -36,6 +36,9 @@ void ttd_auth_destroy(ttd_auth *auth);
 /* Swaps in a new table (taking its reference) and default quota. */
 void ttd_auth_replace(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota, uint32_t default_max_sessions);
 
+/* tenant_name's share of the cards against other tenants: its weight=, else 1. */
+uint32_t ttd_auth_weight(ttd_auth *auth, const char *tenant_name);
+
 /* The most sessions tenant_name may hold open at once: its max_sessions=, else the default. */
 uint32_t ttd_auth_max_sessions(ttd_auth *auth, const char *tenant_name);
 

@@ -33,6 +33,9 @@ ttd_session *ttd_session_create(uint64_t id, const ttd_session_params *params, i
   s->id = id;
   copy_display_name(s->client_name, sizeof(s->client_name), params->client_name);
   snprintf(s->tenant, sizeof(s->tenant), "%s", params->tenant ? params->tenant : "");
+  s->tenant_key = 1469598103934665603ull; /* FNV-1a of the name: tenants apart in the scheduler */
+  for (const char *k = s->tenant; *k; k++) s->tenant_key = (s->tenant_key ^ (unsigned char)*k) * 1099511628211ull;
+  atomic_init(&s->weight, params->weight ? params->weight : 1);
   snprintf(s->peer, sizeof(s->peer), "%s", params->peer ? params->peer : "");
   s->quota_asked = params->quota_asked;
   s->shm_key[0] = ttd_random_u64();

@@ -37,6 +37,8 @@ typedef struct ttd_session {
   uint64_t id;
   char client_name[64];
   char tenant[TTD_TENANT_NAME_MAX]; /* only this tenant's calls find the session */
+  uint64_t tenant_key;              /* the tenant's group in the device scheduler */
+  atomic_uint weight;               /* the tenant's share of the card (weight=), set again at reloads */
   char peer[64];                    /* the client's address as gRPC gives it */
   int64_t opened_ms;
   uint64_t quota_asked;             /* at OpenSession; 0 = as much as allowed */
@@ -64,6 +66,7 @@ typedef struct ttd_session_params {
   uint64_t quota_asked;
   uint64_t quota; /* the limit granted */
   uint32_t max_tenant_sessions; /* the tenant's sessions open at once, this one included; 0: no bound */
+  uint32_t weight;              /* the tenant's share of the card; 0 counts as 1 */
 } ttd_session_params;
 
 /* A new open session with one reference owned by the caller. NULL if out of memory. */

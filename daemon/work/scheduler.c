@@ -6,22 +6,31 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* The jobs of one key on one device, in arrival order. */
+/* The jobs of one key (a session) on one device, in arrival order. */
 typedef struct lane {
-  struct lane *next; /* the next lane in turn */
+  struct lane *next; /* the next lane of its group in turn */
   uint64_t key;
   ttd_job *head, *tail;
 } lane;
+
+/* The lanes of one group (a tenant) with work on one device, taking turns. */
+typedef struct group {
+  struct group *next; /* the next group in turn */
+  uint64_t key;
+  uint32_t weight; /* jobs it is served in a row before the next group's turn */
+  uint32_t served; /* of them, so far */
+  lane *first, *last;
+} group;
 
 typedef struct device_queue {
   pthread_t thread;
   bool started;
   pthread_mutex_t lock;
   pthread_cond_t wake;
-  lane *first, *last; /* lanes with work, in turn order */
+  group *first, *last; /* groups with work, in turn order */
   size_t queued;
-  bool has_last_key;
-  uint64_t last_key;  /* the key served most recently */
+  bool served_any;
+  uint64_t last_group, last_key; /* of the job served most recently */
   bool stopping;
   int device;         /* its index: tt:N */
 } device_queue;
@@ -31,31 +40,58 @@ struct ttd_scheduler {
   device_queue queues[];
 };
 
-/* Takes the next job in turn; lock held, at least one lane. */
+/* Takes the next job in turn; lock held, at least one group. The first group is served
+ * (its first lane's first job, the lane then going behind its group's other lanes) until
+ * it has had its weight of jobs or runs out, then goes behind every other group. */
 static ttd_job *take_next(device_queue *q) {
-  lane *l = q->first;
-  if (q->has_last_key && l->key == q->last_key && l->next) {
-    /* The key just served goes behind every other waiting key. */
-    q->first = l->next;
+  group *g = q->first;
+  /* A group or lane just served, that went and came back with new work, still waits for
+   * the others' turns. */
+  if (q->served_any && g->key == q->last_group && g->served == 0 && g->next) {
+    q->first = g->next;
+    g->next = NULL;
+    q->last->next = g;
+    q->last = g;
+    g = q->first;
+  }
+  lane *l = g->first;
+  if (q->served_any && g->key == q->last_group && l->key == q->last_key && l->next) {
+    g->first = l->next;
     l->next = NULL;
-    q->last->next = l;
-    q->last = l;
-    l = q->first;
+    g->last->next = l;
+    g->last = l;
+    l = g->first;
   }
   ttd_job *job = l->head;
   l->head = job->next;
-  q->first = l->next;
+  if (!l->head) l->tail = NULL;
+  g->first = l->next;
   l->next = NULL;
-  if (!q->first) q->last = NULL;
-  if (l->head) { /* still has work: to the back of the round */
-    if (q->last) q->last->next = l;
-    else q->first = l;
-    q->last = l;
+  if (!g->first) g->last = NULL;
+  if (l->head) { /* still has work: behind the group's other lanes */
+    if (g->last) g->last->next = l;
+    else g->first = l;
+    g->last = l;
   } else {
     free(l);
   }
+  g->served++;
+  if (!g->first || g->served >= g->weight) { /* its turn ends */
+    g->served = 0;
+    q->first = g->next;
+    g->next = NULL;
+    if (!q->first) q->last = NULL;
+    if (g->first) { /* still has work: to the back of the round */
+      if (q->last) q->last->next = g;
+      else q->first = g;
+      q->last = g;
+    } else {
+      free(g);
+    }
+  }
   q->queued--;
-  q->has_last_key = true;
+  q->served_any = true;
+  q->last_group = job->group;
   q->last_key = job->key;
   job->next = NULL;
   return job;
@@ -107,19 +143,35 @@ void ttd_scheduler_submit(ttd_scheduler *scheduler, int device, ttd_job *job) {
   job->next = NULL;
   job->device = device;
   pthread_mutex_lock(&q->lock);
-  lane *l = q->first;
+  group *g = q->first;
+  while (g && g->key != job->group) g = g->next;
+  bool new_group = !g;
+  if (new_group && !(g = calloc(1, sizeof(*g)))) {
+    pthread_mutex_unlock(&q->lock);
+    job->run(job); /* out of memory: run it here rather than lose the call */
+    return;
+  }
+  lane *l = g->first;
   while (l && l->key != job->key) l = l->next;
-  if (!l) {
-    l = calloc(1, sizeof(*l));
-    if (!l) { /* out of memory: run it here rather than lose the call */
-      pthread_mutex_unlock(&q->lock);
-      job->run(job);
-      return;
-    }
+  bool new_lane = !l;
+  if (new_lane && !(l = calloc(1, sizeof(*l)))) {
+    if (new_group) free(g);
+    pthread_mutex_unlock(&q->lock);
+    job->run(job);
+    return;
+  }
+  if (new_group) {
+    g->key = job->group;
+    if (q->last) q->last->next = g;
+    else q->first = g;
+    q->last = g;
+  }
+  g->weight = job->weight ? job->weight : 1; /* the latest: a reload may change it */
+  if (new_lane) { /* behind the group's other lanes */
     l->key = job->key;
-    if (q->last) q->last->next = l;
-    else q->first = l;
-    q->last = l;
+    if (g->last) g->last->next = l;
+    else g->first = l;
+    g->last = l;
   }
   if (l->tail) l->tail->next = job;
   else l->head = job;

@@ -4,11 +4,14 @@
  * Fair scheduling of device work: one queue per device, served by that device's executor
  * thread, one job (a whole program: Execute, Backward, OptimizerStep) at a time.
  *
- * Jobs carry a key (the session). Each key has its own FIFO lane, and lanes take turns
- * round-robin: the executor never serves the same key twice in a row while another key
- * waits. So a session's job waits behind at most one job of each other session with work
- * queued (in particular, behind at most one program of a session with a long queue), and
- * one session's jobs still run in the order it sent them.
+ * Jobs carry a key (the session) and a group (its tenant). Each key has its own FIFO lane;
+ * groups take turns round-robin, and within a group's turn its lanes do: a group with
+ * weight w is served w jobs a turn (one lane after another), then every other group with
+ * work is served before it again. So tenants share the card by weight however many sessions
+ * each opens (a tenant with 16 busy sessions and one with a single session get half each),
+ * a session's job waits behind at most a turn of each other tenant and one job of each
+ * other session of its own tenant, and one session's jobs still run in the order it sent
+ * them.
  *
  * RPC threads only enqueue, so they stay free for transfers and other calls while
  * programs run. Thread-safe. */
@@ -23,7 +26,9 @@
 typedef struct ttd_job ttd_job;
 struct ttd_job {
   ttd_job *next;          /* the scheduler's */
-  uint64_t key;           /* jobs of one key run in order; keys take turns */
+  uint64_t key;           /* jobs of one key (a session) run in order; keys of a group take turns */
+  uint64_t group;         /* the key's group (a tenant): groups take turns first */
+  uint32_t weight;        /* the group's jobs in a row per turn (0 counts as 1) */
   void (*run)(ttd_job *job);
   int device;             /* set by ttd_scheduler_submit */
 };

@@ -52,7 +52,7 @@ static const option options[] = {
      "device memory one session may hold, unless its tenant's limit or OpenSession asks for less (0: no quota)"},
     {"tokens", OPT_STRING, FIELD(tokens_file), 0, 0, NULL,
      "tenants and their hashed tokens, one per line: NAME sha256:HEX [admin] [quota=SIZE] [max_sessions=N] "
-     "(ttctl token new); "
+     "[weight=N] (ttctl token new); "
      "without it every client is the admin tenant 'local'"},
     {"tls-cert", OPT_STRING, FIELD(tls_cert), 0, 0, NULL, "PEM certificate chain served on TCP listeners"},
     {"tls-key", OPT_STRING, FIELD(tls_key), 0, 0, NULL, "PEM private key of --tls-cert"},

@@ -149,9 +149,17 @@ ttd_status_t ttd_tokens_parse(const char *text, const char *source, ttd_tokens *
                name, TTD_MAX_SESSIONS_LIMIT, word + 13);
         }
         tenant->max_sessions = (uint32_t)n;
+      } else if (strncmp(word, "weight=", 7) == 0) {
+        char *end = NULL;
+        long n = strtol(word + 7, &end, 10);
+        if (end == word + 7 || *end || n < 1 || n > 1000) {
+          FAIL("%s:%d: weight of tenant %s must be a whole number from 1 to 1000, got '%.40s'", source, line_no, name,
+               word + 7);
+        }
+        tenant->weight = (uint32_t)n;
       } else {
-        FAIL("%s:%d: unknown option '%.40s' for tenant %s; use admin, quota=SIZE or max_sessions=N", source, line_no,
-             word, name);
+        FAIL("%s:%d: unknown option '%.40s' for tenant %s; use admin, quota=SIZE, max_sessions=N or weight=N", source,
+             line_no, word, name);
       }
     }
     for (size_t i = 0; i < t->count; i++) {

@@ -4,7 +4,7 @@
  * timing.
  *
  * File format, one tenant per line, `#` starts a comment:
- *   NAME sha256:HEX64 [admin] [quota=SIZE] [max_sessions=N]
+ *   NAME sha256:HEX64 [admin] [quota=SIZE] [max_sessions=N] [weight=N]
  * NAME is 1-63 characters of [A-Za-z0-9._-]; `admin` lets the tenant list and kill every
  * session; quota= caps the device memory of each of its sessions. `ttctl token new NAME`
  * prints a fresh token and its line.
@@ -32,6 +32,7 @@ typedef struct ttd_tenant {
   bool admin;
   uint64_t quota; /* per-session limit; 0 = the daemon's --quota */
   uint32_t max_sessions; /* open sessions at once; 0 = the daemon's --max-sessions */
+  uint32_t weight;       /* share of the cards against other tenants; 0 = 1 */
   unsigned char digest[TTD_TOKEN_DIGEST_BYTES];
 } ttd_tenant;
 

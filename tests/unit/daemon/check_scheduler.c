@@ -108,6 +108,42 @@ START_TEST(test_round_robin_three_keys) {
 }
 END_TEST
 
+/* Groups (tenants) take turns before keys (sessions) do: tenant X with four sessions and
+ * tenant Y with one alternate job for job, X's sessions in turn within X's turns; with
+ * weight 2, Y is served two jobs a turn. */
+START_TEST(test_groups_take_turns_by_weight) {
+  for (int weight = 1; weight <= 2; weight++) {
+    reset();
+    ttd_scheduler *s = NULL;
+    ck_assert_ptr_null(ttd_scheduler_create(1, &s));
+    test_job hold, x[8], y[8];
+    init_job(&hold, "H", 99, 1);
+    hold.job.group = 99;
+    ttd_scheduler_submit(s, 0, &hold.job);
+    wait_started(1);
+    for (int i = 0; i < 8; i++) { /* X: sessions 1..4, two jobs each; Y: session 5, eight */
+      char name[8];
+      snprintf(name, sizeof(name), "x%d", i % 4 + 1);
+      init_job(&x[i], name, (uint64_t)(i % 4 + 1), 0);
+      x[i].job.group = 100;
+      snprintf(name, sizeof(name), "y%d", i + 1);
+      init_job(&y[i], name, 5, 0);
+      y[i].job.group = 200;
+      y[i].job.weight = (uint32_t)weight;
+    }
+    for (int i = 0; i < 8; i++) ttd_scheduler_submit(s, 0, &x[i].job);
+    for (int i = 0; i < 8; i++) ttd_scheduler_submit(s, 0, &y[i].job);
+    open_gate_and_wait(17);
+    if (weight == 1) {
+      ck_assert_str_eq(order, "H x1 y1 x2 y2 x3 y3 x4 y4 x1 y5 x2 y6 x3 y7 x4 y8 ");
+    } else {
+      ck_assert_str_eq(order, "H x1 y1 y2 x2 y3 y4 x3 y5 y6 x4 y7 y8 x1 x2 x3 x4 ");
+    }
+    ttd_scheduler_destroy(s);
+  }
+}
+END_TEST
+
 /* Devices have their own executors: a job held on tt:0 does not stop tt:1. */
 START_TEST(test_devices_are_independent) {
   reset();
@@ -157,6 +193,7 @@ Suite *scheduler_suite(void) {
   Suite *s = suite_create("scheduler");
   TCase *tc = tcase_create("scheduler");
   tcase_add_test(tc, test_round_robin_two_keys);
+  tcase_add_test(tc, test_groups_take_turns_by_weight);
   tcase_add_test(tc, test_round_robin_three_keys);
   tcase_add_test(tc, test_devices_are_independent);
   tcase_add_test(tc, test_destroy_runs_queued_jobs);

@@ -69,7 +69,9 @@ START_TEST(test_parse_errors_name_the_line) {
   expect_bad("a " DIGEST_ABC " max_sessions=0\n", "f:1: max_sessions of tenant a must be a whole number from 1 to 65536");
   expect_bad("a " DIGEST_ABC " max_sessions=70000\n", "got '70000'");
   expect_bad("a " DIGEST_ABC " max_sessions=2x\n", "got '2x'");
-  expect_bad("a " DIGEST_ABC " sessions=2\n", "use admin, quota=SIZE or max_sessions=N");
+  expect_bad("a " DIGEST_ABC " sessions=2\n", "use admin, quota=SIZE, max_sessions=N or weight=N");
+  expect_bad("a " DIGEST_ABC " weight=0\n", "f:1: weight of tenant a must be a whole number from 1 to 1000");
+  expect_bad("a " DIGEST_ABC " weight=1001\n", "got '1001'");
   expect_bad("\nalice sha256:abc\n", "f:2: tenant alice needs");
   expect_bad("alice " DIGEST_ABC " root\n", "f:1: unknown option 'root'");
   expect_bad("alice " DIGEST_ABC " quota=lots\n", "quota of tenant alice");

@@ -1,0 +1,148 @@
+/* Tenants, not sessions, share the card, through a real ttd with a tokens file: tenant alice
+ * keeps 16 sessions busy, tenant bob one, every program the same; over a measured window
+ * each tenant gets half of the programs run (within 10 %), and bob with weight=3 three
+ * quarters. Prints the figures. */
+#include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "graph_builder.h"
+#include "raw_rpc.h"
+#include "suites.h"
+#include "ttd/v1/ttd.pb-c.h"
+#include "ttd_harness.h"
+
+enum { ALICE_SESSIONS = 16, BOB_THREADS = 6, N = 768 };
+
+static ttd_proc proc;
+static char tokens_path[128], alice[64], bob[64], alice_auth[80], bob_auth[80];
+
+static void start(const char *bob_opts) {
+  snprintf(tokens_path, sizeof(tokens_path), "/tmp/ttd-share-tokens-%d", (int)getpid());
+  harness_token(alice, sizeof(alice), alice_auth, sizeof(alice_auth));
+  harness_token(bob, sizeof(bob), bob_auth, sizeof(bob_auth));
+  const char *names[] = {"alice", "bob"}, *toks[] = {alice, bob}, *opts[] = {"", bob_opts};
+  harness_write_tokens(tokens_path, names, toks, opts, 2);
+  const char *args[] = {"--tokens", tokens_path, "--devices", "1", NULL};
+  ttd_proc_start(&proc, args);
+}
+
+static void stop(void) {
+  ck_assert_int_eq(ttd_proc_stop(&proc), 0);
+  unlink(tokens_path);
+}
+
+typedef struct worker {
+  const char *auth;
+  char session[17];
+  uint64_t program, input;
+  atomic_int *counter;
+} worker;
+
+static atomic_int stopping, counting;
+
+/* Runs the session's program until told to stop, counting runs while counting is set. */
+static void *work(void *arg) {
+  worker *w = arg;
+  Ttd__V1__ExecuteRequest req = TTD__V1__EXECUTE_REQUEST__INIT;
+  req.program = w->program;
+  req.n_inputs = 1;
+  req.inputs = &w->input;
+  req.output_mode = TTD__V1__OUTPUT_MODE__OUTPUT_MODE_INLINE; /* no handle left behind */
+  unsigned char buf[128];
+  size_t len = ttd__v1__execute_request__pack(&req, buf);
+  while (!atomic_load(&stopping)) {
+    raw_result r;
+    raw_call(proc.target, "/ttd.v1.Device/Execute", (raw_md){.session = w->session, .authorization = w->auth}, buf,
+             len, &r);
+    ck_assert_msg(r.code == 0, "Execute: %s", r.details);
+    raw_result_free(&r);
+    if (atomic_load(&counting)) atomic_fetch_add(w->counter, 1);
+  }
+  return NULL;
+}
+
+/* A session of auth's tenant with the same program (a square matmul) and its input. */
+static void open_worker(worker *w, const char *auth, atomic_int *counter) {
+  char instance[40];
+  raw_open_session_as(proc.target, auth, w->session, instance);
+  w->auth = auth;
+  w->counter = counter;
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "a", TTD__V1__DTYPE__DTYPE_FLOAT32, 2, N, N, 0, 0);
+  gb_node(&b, "m", "matmul", "a", "a", NULL);
+  gb_node(&b, "s", "relu", "m", NULL, NULL);
+  gb_output(&b, "s");
+  Ttd__V1__CompileRequest creq = TTD__V1__COMPILE_REQUEST__INIT;
+  creq.graph = &b.graph;
+  Ttd__V1__CompileResponse *c = (Ttd__V1__CompileResponse *)raw_unary(
+      proc.target, "/ttd.v1.Device/Compile", &creq.base, (raw_md){.session = w->session, .authorization = auth},
+      &ttd__v1__compile_response__descriptor, 0, NULL);
+  w->program = c->program;
+  protobuf_c_message_free_unpacked(&c->base, NULL);
+  int64_t shape[2] = {N, N};
+  Ttd__V1__TensorSpec spec = TTD__V1__TENSOR_SPEC__INIT;
+  spec.dtype = TTD__V1__DTYPE__DTYPE_FLOAT32;
+  spec.n_shape = 2;
+  spec.shape = shape;
+  Ttd__V1__AllocateRequest areq = TTD__V1__ALLOCATE_REQUEST__INIT;
+  areq.spec = &spec;
+  Ttd__V1__AllocateResponse *a = (Ttd__V1__AllocateResponse *)raw_unary(
+      proc.target, "/ttd.v1.Device/Allocate", &areq.base, (raw_md){.session = w->session, .authorization = auth},
+      &ttd__v1__allocate_response__descriptor, 0, NULL);
+  w->input = a->tensor->handle;
+  protobuf_c_message_free_unpacked(&a->base, NULL);
+}
+
+/* Bob's share of the programs run in a 2 s window, alice's 16 sessions and bob's one kept
+ * busy all along (bob's by BOB_THREADS callers, so his session always has work queued). */
+static double bob_share(const char *bob_opts) {
+  start(bob_opts);
+  atomic_int alice_runs = 0, bob_runs = 0;
+  worker workers[ALICE_SESSIONS + BOB_THREADS];
+  for (int i = 0; i < ALICE_SESSIONS; i++) open_worker(&workers[i], alice_auth, &alice_runs);
+  open_worker(&workers[ALICE_SESSIONS], bob_auth, &bob_runs);
+  for (int i = 1; i < BOB_THREADS; i++) workers[ALICE_SESSIONS + i] = workers[ALICE_SESSIONS];
+  atomic_store(&stopping, 0);
+  atomic_store(&counting, 0);
+  pthread_t threads[ALICE_SESSIONS + BOB_THREADS];
+  for (int i = 0; i < ALICE_SESSIONS + BOB_THREADS; i++) {
+    ck_assert_int_eq(pthread_create(&threads[i], NULL, work, &workers[i]), 0);
+  }
+  usleep(500 * 1000); /* every caller running */
+  atomic_store(&counting, 1);
+  sleep(2);
+  atomic_store(&counting, 0);
+  int a = atomic_load(&alice_runs), b = atomic_load(&bob_runs);
+  atomic_store(&stopping, 1);
+  for (int i = 0; i < ALICE_SESSIONS + BOB_THREADS; i++) pthread_join(threads[i], NULL);
+  stop();
+  double share = (double)b / (double)(a + b);
+  printf("tenant share: alice (%d sessions) %d programs, bob (1 session%s%s) %d: bob's share %.3f\n", ALICE_SESSIONS,
+         a, bob_opts[0] ? ", " : "", bob_opts, b, share);
+  ck_assert_int_gt(a + b, 40);
+  return share;
+}
+
+START_TEST(test_tenants_share_the_card_by_weight) {
+  double even = bob_share("");
+  ck_assert_msg(even >= 0.45 && even <= 0.55, "bob's share %.3f, want 0.50 within 10 %%", even);
+  double weighted = bob_share("weight=3");
+  ck_assert_msg(weighted >= 0.675 && weighted <= 0.825, "bob's share %.3f with weight 3, want 0.75 within 10 %%",
+                weighted);
+}
+END_TEST
+
+Suite *e2e_tenant_share_suite(void) {
+  Suite *s = suite_create("e2e_tenant_share");
+  TCase *tc = tcase_create("tenant_share");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_tenants_share_the_card_by_weight);
+  suite_add_tcase(s, tc);
+  return s;
+}
