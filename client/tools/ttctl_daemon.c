@@ -48,6 +48,25 @@ static json_t *sessions_json(const tt_session_info *sessions, size_t n, uint64_t
   return array;
 }
 
+/* Adds a row to *table; on failure the table is freed and *table NULL. */
+static void add_row(ttctl_table **table, const char *const *row) {
+  if (*table && ttctl_table_add(*table, row) != 0) {
+    ttctl_table_free(*table);
+    *table = NULL;
+  }
+}
+
+/* Prints and frees table; TTCTL_FAILED (out of memory) for NULL. */
+static int print_table(ttctl_table *table) {
+  if (!table) {
+    fprintf(stderr, "ttctl: out of memory\n");
+    return TTCTL_FAILED;
+  }
+  ttctl_table_print(table);
+  ttctl_table_free(table);
+  return TTCTL_OK;
+}
+
 /* Prints the table of sessions other than own; returns TTCTL_OK or TTCTL_FAILED. */
 static int sessions_print(const tt_session_info *sessions, size_t n, uint64_t own) {
   static const char *const headers[] = {"SESSION", "TENANT", "CLIENT", "PEER", "AGE",
@@ -70,10 +89,7 @@ static int sessions_print(const tt_session_info *sessions, size_t n, uint64_t ow
       snprintf(quota, sizeof(quota), "-");
     }
     const char *row[] = {id, s->tenant, s->client_name, s->peer, age, idle, tensors, used, quota};
-    if (ttctl_table_add(table, row) != 0) {
-      ttctl_table_free(table);
-      table = NULL;
-    }
+    add_row(&table, row);
     shown++;
   }
   if (!table) {
@@ -87,6 +103,35 @@ static int sessions_print(const tt_session_info *sessions, size_t n, uint64_t ow
   }
   ttctl_table_free(table);
   return TTCTL_OK;
+}
+
+/* Prints one line per tenant with sessions other than own: its sessions and the device
+ * memory they hold; returns TTCTL_OK or TTCTL_FAILED. Card time per tenant is /metrics'
+ * ttd_tenant_card_seconds_total. */
+static int tenants_print(const tt_session_info *sessions, size_t n, uint64_t own) {
+  static const char *const headers[] = {"TENANT", "SESSIONS", "MEMORY"};
+  static const int right[] = {0, 1, 1};
+  ttctl_table *table = ttctl_table_create(3, headers, right);
+  for (size_t i = 0; table && i < n; i++) {
+    if (sessions[i].session_id == own) continue;
+    int seen = 0; /* a tenant's line is made at its first session */
+    for (size_t k = 0; k < i && !seen; k++) {
+      seen = sessions[k].session_id != own && strcmp(sessions[k].tenant, sessions[i].tenant) == 0;
+    }
+    if (seen) continue;
+    uint64_t count = 0, bytes = 0;
+    for (size_t k = i; k < n; k++) {
+      if (sessions[k].session_id == own || strcmp(sessions[k].tenant, sessions[i].tenant) != 0) continue;
+      count++;
+      bytes += sessions[k].used_bytes;
+    }
+    char c[24], used[24];
+    snprintf(c, sizeof(c), "%" PRIu64, count);
+    ttctl_format_size(bytes, used, sizeof(used));
+    const char *row[] = {sessions[i].tenant, c, used};
+    add_row(&table, row);
+  }
+  return print_table(table);
 }
 
 int ttctl_cmd_sessions(const ttctl_options *options, int argc, char **args) {
@@ -153,22 +198,14 @@ static int devices_print(const tt_device_info *devs, size_t ndev) {
     memory_cells(&devs[i].dram, dram_bar, sizeof(dram_bar), dram, sizeof(dram));
     memory_cells(&devs[i].l1, l1_bar, sizeof(l1_bar), l1, sizeof(l1));
     const char *row[] = {devs[i].name, devs[i].kind, cores, dram_bar, dram, l1_bar, l1};
-    if (ttctl_table_add(table, row) != 0) {
-      ttctl_table_free(table);
-      table = NULL;
-    }
+    add_row(&table, row);
   }
-  if (!table) {
-    fprintf(stderr, "ttctl: out of memory\n");
-    return TTCTL_FAILED;
-  }
-  ttctl_table_print(table);
-  ttctl_table_free(table);
-  return TTCTL_OK;
+  return print_table(table);
 }
 
-/* Devices, then sessions. A tenant that is not an admin still sees the devices: its
- * sessions part is left out with a note on stderr, and the command succeeds. */
+/* Devices, then tenants (sessions and memory of each), then sessions. A tenant that is not
+ * an admin still sees the devices: the rest is left out with a note on stderr, and the
+ * command succeeds. */
 int ttctl_cmd_status(const ttctl_options *options, int argc, char **args) {
   if (argc != 0) return ttctl_usage_error("status takes no arguments, got '%s'", args[0]);
   tt_client *client = ttctl_connect(options);
@@ -205,6 +242,10 @@ int ttctl_cmd_status(const ttctl_options *options, int argc, char **args) {
     if (have_sessions) printf(", %zu session%s", others, others == 1 ? "" : "s");
     printf("\n\n");
     rc = devices_print(devs, ndev);
+    if (rc == TTCTL_OK && have_sessions && others) {
+      printf("\n");
+      rc = tenants_print(sessions, nsess, own);
+    }
     if (rc == TTCTL_OK && have_sessions) {
       printf("\n");
       rc = sessions_print(sessions, nsess, own);

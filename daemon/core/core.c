@@ -40,6 +40,7 @@ ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
   }
   ttd_auth_init(&core->auth, tokens, config->quota, (uint32_t)config->max_sessions);
   pthread_rwlock_init(&core->reload_lock, NULL);
+  pthread_mutex_init(&core->metrics.tenants_lock, NULL);
   status = ttd_scheduler_create(core->backend->vtable->device_count(core->backend), &core->scheduler);
   if (status) {
     ttd_auth_destroy(&core->auth);
@@ -64,6 +65,7 @@ void ttd_core_destroy(ttd_core *core) {
   ttd_backend_destroy(core->backend);
   ttd_auth_destroy(&core->auth);
   pthread_rwlock_destroy(&core->reload_lock);
+  pthread_mutex_destroy(&core->metrics.tenants_lock);
   free(core);
 }
 

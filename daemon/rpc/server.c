@@ -283,7 +283,14 @@ static void run_scheduled(ttd_job *job) {
     ttd_log_set_call(0, 0);
     return;
   }
+  int64_t began = now_ns();
+  ttd_core *core = c->core; /* c may be gone once answered */
+  ttd_session *session = c->session ? ttd_session_retain(c->session) : NULL;
   run_unary(c, c->request);
+  if (session) { /* the card's time, for the tenant's share (/metrics) */
+    ttd_metrics_record_card(&core->metrics, session->tenant, now_ns() - began);
+    ttd_session_release(session);
+  }
   ttd_log_set_call(0, 0);
 }
 

@@ -122,6 +122,54 @@ static void put_memory_gauge(text *t, const char *name, const char *help, const 
   }
 }
 
+/* Per tenant: open sessions and the device bytes they hold (read live), and the card time
+ * and programs its sessions ran (counters kept by the scheduler's callers). */
+static void put_tenants(text *t, ttd_core *core) {
+  typedef struct {
+    const char *name;
+    uint64_t sessions, bytes;
+  } use;
+  use uses[TTD_METRICS_MAX_TENANTS];
+  int n_uses = 0;
+  ttd_session **sessions = NULL;
+  size_t n = 0;
+  if (ttd_session_table_snapshot(&core->sessions, &sessions, &n) != TTD_OK) n = 0;
+  for (size_t i = 0; i < n; i++) {
+    int k = 0;
+    while (k < n_uses && strcmp(uses[k].name, sessions[i]->tenant) != 0) k++;
+    if (k == n_uses) {
+      if (n_uses == TTD_METRICS_MAX_TENANTS) continue;
+      uses[n_uses++] = (use){.name = sessions[i]->tenant};
+    }
+    uses[k].sessions++;
+    uses[k].bytes += atomic_load(&sessions[i]->quota->used);
+  }
+  put(t, "# HELP ttd_tenant_sessions Open sessions of each tenant.\n# TYPE ttd_tenant_sessions gauge\n");
+  for (int k = 0; k < n_uses; k++) {
+    put(t, "ttd_tenant_sessions{tenant=\"%s\"} %llu\n", uses[k].name, (unsigned long long)uses[k].sessions);
+  }
+  put(t, "# HELP ttd_tenant_device_bytes Device memory held by each tenant's sessions.\n"
+         "# TYPE ttd_tenant_device_bytes gauge\n");
+  for (int k = 0; k < n_uses; k++) {
+    put(t, "ttd_tenant_device_bytes{tenant=\"%s\"} %llu\n", uses[k].name, (unsigned long long)uses[k].bytes);
+  }
+  ttd_session_table_snapshot_free(sessions, n);
+  ttd_metrics *m = &core->metrics;
+  int tenants = ttd_metrics_tenant_count(m);
+  put(t, "# HELP ttd_tenant_card_seconds_total Time each tenant's programs held a card; a tenant's share of the "
+         "cards is the rate of its series over the sum of all.\n# TYPE ttd_tenant_card_seconds_total counter\n");
+  for (int k = 0; k < tenants; k++) {
+    put(t, "ttd_tenant_card_seconds_total{tenant=\"%s\"} %.6f\n", m->tenants[k].name,
+        (double)atomic_load(&m->tenants[k].card_ns) / 1e9);
+  }
+  put(t, "# HELP ttd_tenant_programs_total Device calls (Execute, Backward, ...) each tenant's sessions ran.\n"
+         "# TYPE ttd_tenant_programs_total counter\n");
+  for (int k = 0; k < tenants; k++) {
+    put(t, "ttd_tenant_programs_total{tenant=\"%s\"} %llu\n", m->tenants[k].name,
+        (unsigned long long)atomic_load(&m->tenants[k].programs));
+  }
+}
+
 char *ttd_admin_render_metrics(ttd_core *core) {
   text t = {0};
   ttd_backend *b = core->backend;
@@ -148,6 +196,7 @@ char *ttd_admin_render_metrics(ttd_core *core) {
   for (int d = 0; d < devices; d++) {
     put(&t, "ttd_device_queue_depth{device=\"tt:%d\"} %zu\n", d, ttd_scheduler_queued(core->scheduler, d));
   }
+  put_tenants(&t, core);
   put(&t, "# HELP ttd_rpc_in_flight RPCs arrived and not yet answered (the queue depth).\n"
           "# TYPE ttd_rpc_in_flight gauge\nttd_rpc_in_flight %lld\n",
       (long long)atomic_load(&mt->in_flight));

@@ -6,6 +6,7 @@
 #define TTD_METRICS_H
 
 #include <grpc/status.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -20,8 +21,22 @@ typedef struct ttd_method_metrics {
   atomic_ullong latency_sum_ns;
 } ttd_method_metrics;
 
+/* Device work per tenant: the first TTD_METRICS_MAX_TENANTS tenant names seen get a slot
+ * each; later ones share the last, named "other". */
+#define TTD_METRICS_MAX_TENANTS 64
+#define TTD_METRICS_TENANT_NAME 64
+
+typedef struct ttd_tenant_metrics {
+  char name[TTD_METRICS_TENANT_NAME]; /* "" while the slot is free */
+  atomic_ullong card_ns;              /* time its programs held a card */
+  atomic_ullong programs;             /* device jobs run */
+} ttd_tenant_metrics;
+
 typedef struct ttd_metrics {
   ttd_method_metrics methods[TTD_METRICS_MAX_METHODS];
+  ttd_tenant_metrics tenants[TTD_METRICS_MAX_TENANTS];
+  atomic_int n_tenants; /* slots named so far; names are written under tenants_lock */
+  pthread_mutex_t tenants_lock;
   atomic_ullong bytes_to_device, bytes_to_host;
   atomic_llong in_flight;
   atomic_ullong calls_total; /* every finished RPC, whatever its method */
@@ -33,5 +48,11 @@ extern const double ttd_latency_bounds[TTD_LATENCY_BUCKETS];
 /* One finished RPC of method index m (the method table's index; the last slot counts
  * unknown methods). */
 void ttd_metrics_record(ttd_metrics *metrics, int m, grpc_status_code code, int64_t duration_ns);
+
+/* One device job of tenant ran for duration_ns on a card. */
+void ttd_metrics_record_card(ttd_metrics *metrics, const char *tenant, int64_t duration_ns);
+
+/* The number of tenant slots in use (read the first that many of metrics->tenants). */
+int ttd_metrics_tenant_count(ttd_metrics *metrics);
 
 #endif

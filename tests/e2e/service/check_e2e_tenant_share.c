@@ -1,7 +1,7 @@
 /* Tenants, not sessions, share the card, through a real ttd with a tokens file: tenant alice
  * keeps 16 sessions busy, tenant bob one, every program the same; over a measured window
  * each tenant gets half of the programs run (within 10 %), and bob with weight=3 three
- * quarters. Prints the figures. */
+ * quarters; /metrics shows each tenant's sessions and card time. Prints the figures. */
 #include <check.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -19,6 +19,7 @@
 enum { ALICE_SESSIONS = 16, BOB_THREADS = 6, N = 768 };
 
 static ttd_proc proc;
+static int admin_port;
 static char tokens_path[128], alice[64], bob[64], alice_auth[80], bob_auth[80];
 
 static void start(const char *bob_opts) {
@@ -27,7 +28,10 @@ static void start(const char *bob_opts) {
   harness_token(bob, sizeof(bob), bob_auth, sizeof(bob_auth));
   const char *names[] = {"alice", "bob"}, *toks[] = {alice, bob}, *opts[] = {"", bob_opts};
   harness_write_tokens(tokens_path, names, toks, opts, 2);
-  const char *args[] = {"--tokens", tokens_path, "--devices", "1", NULL};
+  char admin[32];
+  admin_port = harness_free_tcp_port();
+  snprintf(admin, sizeof(admin), "127.0.0.1:%d", admin_port);
+  const char *args[] = {"--tokens", tokens_path, "--devices", "1", "--admin", admin, NULL};
   ttd_proc_start(&proc, args);
 }
 
@@ -119,12 +123,24 @@ static double bob_share(const char *bob_opts) {
   sleep(2);
   atomic_store(&counting, 0);
   int a = atomic_load(&alice_runs), b = atomic_load(&bob_runs);
+  /* /metrics: each tenant's sessions now, and its card time since the start */
+  char *metrics = harness_http(admin_port, "GET", "/metrics");
+  ck_assert_double_eq(harness_metric(metrics, "ttd_tenant_sessions{tenant=\"alice\"}"), ALICE_SESSIONS);
+  ck_assert_double_eq(harness_metric(metrics, "ttd_tenant_sessions{tenant=\"bob\"}"), 1);
+  double card_a = harness_metric(metrics, "ttd_tenant_card_seconds_total{tenant=\"alice\"}");
+  double card_b = harness_metric(metrics, "ttd_tenant_card_seconds_total{tenant=\"bob\"}");
+  ck_assert(card_a > 0 && card_b > 0);
+  ck_assert_double_gt(harness_metric(metrics, "ttd_tenant_programs_total{tenant=\"bob\"}"), b);
+  free(metrics);
   atomic_store(&stopping, 1);
   for (int i = 0; i < ALICE_SESSIONS + BOB_THREADS; i++) pthread_join(threads[i], NULL);
   stop();
-  double share = (double)b / (double)(a + b);
-  printf("tenant share: alice (%d sessions) %d programs, bob (1 session%s%s) %d: bob's share %.3f\n", ALICE_SESSIONS,
-         a, bob_opts[0] ? ", " : "", bob_opts, b, share);
+  double share = (double)b / (double)(a + b), card_share = card_b / (card_a + card_b);
+  printf("tenant share: alice (%d sessions) %d programs, bob (1 session%s%s) %d: bob's share %.3f, of card time "
+         "%.3f\n",
+         ALICE_SESSIONS, a, bob_opts[0] ? ", " : "", bob_opts, b, share, card_share);
+  ck_assert_msg(card_share > share - 0.05 && card_share < share + 0.05, "card time share %.3f, programs %.3f",
+                card_share, share);
   ck_assert_int_gt(a + b, 40);
   return share;
 }

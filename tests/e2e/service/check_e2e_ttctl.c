@@ -181,6 +181,11 @@ START_TEST(test_status_table) {
   ck_assert_msg(row[strlen(row) - 1] == '-', "quota of a session without one: %s", row);
   ck_assert_msg(strstr(out, "SESSION") && strstr(out, "IDLE") && strstr(out, "QUOTA"), "%s", out);
   ck_assert_msg(strstr(out, "ttctl") == NULL, "ttctl's own session is listed:\n%s", out);
+  /* the tenants' lines: local, with one session (ttctl's own left out) holding 1 MiB */
+  ck_assert_msg(strstr(out, "TENANT  SESSIONS") != NULL, "%s", out);
+  char *tenant = line_starting(out, "local ");
+  ck_assert_msg(tenant && strstr(tenant, " 1 ") && strstr(tenant, "1.00 MiB"), "%s", out);
+  free(tenant);
   free(row);
   free(dev);
   free(header);
