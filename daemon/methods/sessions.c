@@ -29,8 +29,11 @@ ttd_status_t ttd_method_open_session(ttd_call *call, const ProtobufCMessage *req
                                .quota = quota,
                                .max_tenant_sessions = ttd_auth_max_sessions(&call->core->auth, call->principal.tenant),
                                .weight = ttd_auth_weight(&call->core->auth, call->principal.tenant)};
+  params.tenant_quota = ttd_auth_tenant_quota(&call->core->auth, call->principal.tenant);
   ttd_session *session = NULL;
-  status = ttd_session_table_open(&call->core->sessions, &params, ttd_now_ms(), &session);
+  status = params.tenant_quota ? ttd_session_table_open(&call->core->sessions, &params, ttd_now_ms(), &session)
+                               : ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  ttd_quota_release(params.tenant_quota);
   pthread_rwlock_unlock(&call->core->reload_lock);
   gpr_free(peer);
   TTD_RETURN_IF_ERROR(status);

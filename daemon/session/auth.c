@@ -1,21 +1,46 @@
 #include "session/auth.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "device/quota.h"
+
+typedef struct ttd_tenant_quota {
+  char name[TTD_TENANT_NAME_MAX];
+  ttd_quota *quota;
+} ttd_tenant_quota;
+
+/* The tenant's limit over all its sessions; lock held. */
+static uint64_t tenant_limit(const ttd_auth *auth, const char *tenant_name) {
+  const ttd_tenant *tenant = auth->tokens ? ttd_tokens_find(auth->tokens, tenant_name) : NULL;
+  return tenant && tenant->quota ? tenant->quota : auth->default_quota;
+}
+
+/* Sets every tenant quota's limit from the current tokens; lock held. */
+static void update_tenant_limits(ttd_auth *auth) {
+  for (size_t i = 0; i < auth->n_tenant_quotas; i++) {
+    ttd_quota_set_limit(auth->tenant_quotas[i].quota, tenant_limit(auth, auth->tenant_quotas[i].name));
+  }
+}
 
 void ttd_auth_init(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota, uint32_t default_max_sessions) {
   pthread_mutex_init(&auth->lock, NULL);
   auth->tokens = tokens;
   auth->default_quota = default_quota;
   auth->default_max_sessions = default_max_sessions;
+  auth->tenant_quotas = NULL;
+  auth->n_tenant_quotas = 0;
 }
 
 void ttd_auth_destroy(ttd_auth *auth) {
   ttd_tokens_release(auth->tokens);
   auth->tokens = NULL;
+  for (size_t i = 0; i < auth->n_tenant_quotas; i++) ttd_quota_release(auth->tenant_quotas[i].quota);
+  free(auth->tenant_quotas);
+  auth->tenant_quotas = NULL;
+  auth->n_tenant_quotas = 0;
   pthread_mutex_destroy(&auth->lock);
 }
 
@@ -25,8 +50,30 @@ void ttd_auth_replace(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota
   auth->tokens = tokens;
   auth->default_quota = default_quota;
   auth->default_max_sessions = default_max_sessions;
+  update_tenant_limits(auth);
   pthread_mutex_unlock(&auth->lock);
   ttd_tokens_release(old);
+}
+
+ttd_quota *ttd_auth_tenant_quota(ttd_auth *auth, const char *tenant_name) {
+  pthread_mutex_lock(&auth->lock);
+  ttd_quota *q = NULL;
+  for (size_t i = 0; i < auth->n_tenant_quotas && !q; i++) {
+    if (strcmp(auth->tenant_quotas[i].name, tenant_name) == 0) q = ttd_quota_retain(auth->tenant_quotas[i].quota);
+  }
+  if (!q) {
+    ttd_tenant_quota *grown = realloc(auth->tenant_quotas, sizeof(*grown) * (auth->n_tenant_quotas + 1));
+    ttd_quota *made = grown ? ttd_quota_create_tenant(tenant_limit(auth, tenant_name), tenant_name) : NULL;
+    if (grown) auth->tenant_quotas = grown;
+    if (made) {
+      ttd_tenant_quota *e = &auth->tenant_quotas[auth->n_tenant_quotas++];
+      snprintf(e->name, sizeof(e->name), "%s", tenant_name);
+      e->quota = made;
+      q = ttd_quota_retain(made);
+    }
+  }
+  pthread_mutex_unlock(&auth->lock);
+  return q;
 }
 
 static ttd_tokens *current_tokens(ttd_auth *auth, uint64_t *out_default_quota) {

@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 
+#include "device/quota.h"
 #include "wire/tokens.h"
 
 #define TTD_LOCAL_TENANT "local"
@@ -27,6 +28,8 @@ typedef struct ttd_auth {
   ttd_tokens *tokens;     /* NULL: no tokens file */
   uint64_t default_quota; /* --quota; 0 = none */
   uint32_t default_max_sessions; /* --max-sessions */
+  struct ttd_tenant_quota *tenant_quotas; /* one per tenant admitted so far, under lock */
+  size_t n_tenant_quotas;
 } ttd_auth;
 
 /* Takes the tokens reference (NULL for none). */
@@ -35,6 +38,11 @@ void ttd_auth_destroy(ttd_auth *auth);
 
 /* Swaps in a new table (taking its reference) and default quota. */
 void ttd_auth_replace(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota, uint32_t default_max_sessions);
+
+/* The quota bounding the sum over tenant_name's sessions (its quota=, else --quota; 0: none),
+ * one reference for the caller; made at the tenant's first session, its limit set again at
+ * each reload. NULL when out of memory. */
+ttd_quota *ttd_auth_tenant_quota(ttd_auth *auth, const char *tenant_name);
 
 /* tenant_name's share of the cards against other tenants: its weight=, else 1. */
 uint32_t ttd_auth_weight(ttd_auth *auth, const char *tenant_name);

@@ -24,7 +24,7 @@ static void copy_display_name(char *dst, size_t size, const char *src) {
 ttd_session *ttd_session_create(uint64_t id, const ttd_session_params *params, int64_t now_ms) {
   ttd_session *s = calloc(1, sizeof(*s));
   if (!s) return NULL;
-  s->quota = ttd_quota_create(params->quota);
+  s->quota = ttd_quota_create_under(params->quota, params->tenant_quota);
   if (!s->quota) {
     free(s);
     return NULL;

@@ -67,6 +67,7 @@ typedef struct ttd_session_params {
   uint64_t quota; /* the limit granted */
   uint32_t max_tenant_sessions; /* the tenant's sessions open at once, this one included; 0: no bound */
   uint32_t weight;              /* the tenant's share of the card; 0 counts as 1 */
+  ttd_quota *tenant_quota;      /* bounds the sum over the tenant's sessions (retained); NULL: none */
 } ttd_session_params;
 
 /* A new open session with one reference owned by the caller. NULL if out of memory. */

@@ -49,7 +49,8 @@ static const option options[] = {
     {"max-sessions", OPT_INT, FIELD(max_sessions), 1, 65536, "1024",
      "sessions one tenant may hold open at once, unless its max_sessions= in the tokens file says otherwise"},
     {"quota", OPT_SIZE, FIELD(quota), 0, INT64_MAX, "0",
-     "device memory one session may hold, unless its tenant's limit or OpenSession asks for less (0: no quota)"},
+     "device memory a tenant's sessions may hold together, unless its quota= says otherwise; a session may ask for "
+     "less for itself (0: no quota)"},
     {"tokens", OPT_STRING, FIELD(tokens_file), 0, 0, NULL,
      "tenants and their hashed tokens, one per line: NAME sha256:HEX [admin] [quota=SIZE] [max_sessions=N] "
      "[weight=N] (ttctl token new); "

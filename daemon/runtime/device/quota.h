@@ -20,10 +20,19 @@ typedef struct ttd_quota {
   atomic_int refs;
   _Atomic uint64_t used;
   _Atomic uint64_t limit; /* bytes; 0 = no limit beyond the device's capacity */
+  struct ttd_quota *parent; /* charged too, after this one (a session's tenant); one reference */
+  char tenant[64];          /* a tenant's quota: its name, for messages; "" for a session's */
 } ttd_quota;
 
 /* A new quota with one reference, or NULL when out of memory. */
 ttd_quota *ttd_quota_create(uint64_t limit);
+
+/* A session's quota whose charges also go to parent (retained; NULL: none), so that the
+ * parent bounds the sum over its children. NULL when out of memory. */
+ttd_quota *ttd_quota_create_under(uint64_t limit, ttd_quota *parent);
+
+/* A tenant's quota (a parent), named in its RESOURCE_EXHAUSTED messages. */
+ttd_quota *ttd_quota_create_tenant(uint64_t limit, const char *tenant);
 
 ttd_quota *ttd_quota_retain(ttd_quota *quota);   /* accepts NULL */
 void ttd_quota_release(ttd_quota *quota);        /* accepts NULL */

@@ -307,6 +307,33 @@ END_TEST
 
 /* A program's activations count too: a forward whose intermediates overflow the quota
  * fails RESOURCE_EXHAUSTED and leaves exactly the parameters behind. */
+/* A tenant's quota= bounds the sum over its sessions: alice (512K) holds 300000 bytes in one
+ * session, so 300000 more in another is refused naming her quota, while 200000 fit; a
+ * session's own smaller ask still bounds that session; freeing makes room. */
+START_TEST(test_tenant_quota_sums_sessions) {
+  tt_client *a1 = must_connect(alice, 0), *a2 = must_connect(alice, 0), *small = must_connect(alice, 64 * 1024);
+  tt_tensor *held = upload_bytes(a1, 75000);
+  ck_assert_ptr_nonnull(held);
+  ck_assert_ptr_null(upload_bytes(a2, 75000));
+  ck_assert_int_eq(tt_errcode(a2), TT_RESOURCE_EXHAUSTED);
+  ck_assert_msg(strstr(tt_last_error(a2), "tenant alice's memory quota exceeded: quota 512 KiB (524288 bytes) over "
+                                          "all its sessions, used 293 KiB (300000 bytes)"),
+                "%s", tt_last_error(a2));
+  tt_tensor *fits = upload_bytes(a2, 50000);
+  ck_assert_ptr_nonnull(fits);
+  ck_assert_ptr_null(upload_bytes(small, 20000)); /* 80000 bytes: past its own 64 KiB */
+  ck_assert_ptr_nonnull(strstr(tt_last_error(small), "session memory quota exceeded: quota 64.0 KiB"));
+  tt_tensor_free(held);
+  tt_tensor *after = upload_bytes(a2, 75000); /* room again */
+  ck_assert_ptr_nonnull(after);
+  tt_tensor_free(after);
+  tt_tensor_free(fits);
+  tt_disconnect(a1);
+  tt_disconnect(a2);
+  tt_disconnect(small);
+}
+END_TEST
+
 /* Sessions a tenant may hold at once: bob's max_sessions=3 from the tokens file, alice's the
  * daemon's --max-sessions 5; one more is RESOURCE_EXHAUSTED naming the limit, and closing
  * one makes room. */
@@ -518,6 +545,7 @@ Suite *e2e_tenants_suite(void) {
   tcase_add_test(tc, test_tenant_isolation);
   tcase_add_test(tc, test_admin_list_and_kill);
   tcase_add_test(tc, test_quota_edges);
+  tcase_add_test(tc, test_tenant_quota_sums_sessions);
   tcase_add_test(tc, test_sessions_per_tenant);
   tcase_add_test(tc, test_quota_counts_activations);
   tcase_add_test(tc, test_sighup_reload);
