@@ -16,7 +16,7 @@
 #include "ttd/v1/ttd.pb-c.h"
 #include "ttd_harness.h"
 
-enum { ALICE_SESSIONS = 16, BOB_THREADS = 6, N = 768, WINDOW_PROGRAMS = 120 };
+enum { ALICE_SESSIONS = 16, BOB_THREADS = 6, N = 768, WINDOW_PROGRAMS = 80 };
 
 static ttd_proc proc;
 static int admin_port;
