@@ -77,15 +77,28 @@ static ttd_status_t attach_session(ttd_call *c) {
   return ttd_session_table_lookup(&c->core->sessions, id, c->principal.tenant, ttd_now_ms(), &c->session);
 }
 
-/* Whether the call came over a Unix socket file (gRPC names its peer "unix:..."), whose
- * owner and mode decide who may connect, or was run in process (no gRPC call); not over
- * TCP or an abstract socket. */
-static bool over_socket_file(const ttd_call *c) {
-  if (!c->call) return true;
+/* Whether this ttd listens on an abstract socket (listeners change only at a restart). */
+static bool has_abstract_listener(const ttd_core *core) {
+  for (int i = 0; i < core->config->listen_count; i++) {
+    if (strncmp(core->config->listen[i], "unix-abstract:", 14) == 0) return true;
+  }
+  return false;
+}
+
+/* Why a caller without a token is no admin, or NULL when it is one: it came over a Unix
+ * socket file, whose owner and mode decide who may connect, or was run in process (no gRPC
+ * call). gRPC names the peer of a socket file and of an abstract socket alike ("unix:"), so
+ * with an abstract listener no "unix:" caller is known to have come over the file. */
+static const char *not_admin_without_token(const ttd_call *c) {
+  if (!c->call) return NULL;
   char *peer = grpc_call_get_peer(c->call);
-  bool file = peer && strncmp(peer, "unix:", 5) == 0;
+  bool unix_peer = peer && strncmp(peer, "unix:", 5) == 0;
   gpr_free(peer);
-  return file;
+  if (!unix_peer) return "this call came over a network listener";
+  if (has_abstract_listener(c->core)) {
+    return "this ttd also listens on an abstract socket, whose callers it cannot tell from the socket file's";
+  }
+  return NULL;
 }
 
 ttd_status_t ttd_dispatch_prepare(ttd_call *c, ProtobufCMessage **out_request) {
@@ -99,12 +112,12 @@ ttd_status_t ttd_dispatch_prepare(ttd_call *c, ProtobufCMessage **out_request) {
                            "%s is for administrators; tenant %s is not one (mark it 'admin' in the tokens file)",
                            m->path, c->principal.tenant);
   }
-  if (m->needs_admin && !c->principal.by_token && !over_socket_file(c)) {
+  const char *why = m->needs_admin && !c->principal.by_token ? not_admin_without_token(c) : NULL;
+  if (why) {
     return ttd_make_status(GRPC_STATUS_PERMISSION_DENIED,
                            "%s is for administrators: without --tokens only callers on a Unix socket file (guarded by "
-                           "its owner and mode) are; this call came over a network or abstract socket, so give ttd a "
-                           "tokens file with an admin tenant",
-                           m->path);
+                           "its owner and mode) are; %s: give ttd a tokens file with an admin tenant",
+                           m->path, why);
   }
   if (m->kind != TTD_METHOD_CLIENT_STREAM) {
     if (!c->received) {

@@ -274,6 +274,29 @@ START_TEST(test_call_timeout) {
 }
 END_TEST
 
+/* Without tokens and with an abstract listener beside the socket file, no caller is an
+ * admin: gRPC names both kinds of peer "unix:", so a caller on the abstract socket (anyone on
+ * the host) could not be told from one on the file; both are refused, saying why. */
+START_TEST(test_abstract_listener_makes_no_admin) {
+  char abstract[64];
+  snprintf(abstract, sizeof(abstract), "unix-abstract:ttd-check-%d", (int)getpid());
+  const char *args[] = {"--listen", abstract, "--insecure", NULL};
+  ttd_proc_start(&proc, args);
+  tt_client *over_abstract = NULL;
+  ck_assert_int_eq(tt_connect(abstract, NULL, &over_abstract), TT_OK);
+  tt_client *over_file = harness_connect(&proc, 0);
+  tt_client *both[] = {over_abstract, over_file};
+  for (int i = 0; i < 2; i++) {
+    tt_session_info *list = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(tt_list_sessions(both[i], &list, &n), TT_PERMISSION_DENIED);
+    ck_assert_msg(strstr(tt_last_error(both[i]), "also listens on an abstract socket"), "%s", tt_last_error(both[i]));
+    tt_disconnect(both[i]);
+  }
+  stop();
+}
+END_TEST
+
 START_TEST(test_tcp_listener_and_env_target) {
   char tcp[32];
   snprintf(tcp, sizeof(tcp), "127.0.0.1:%d", harness_free_tcp_port());
@@ -400,6 +423,7 @@ Suite *e2e_sessions_suite(void) {
   tcase_add_test(tc, test_concurrent_clients);
   tcase_add_test(tc, test_call_timeout);
   tcase_add_test(tc, test_tcp_listener_and_env_target);
+  tcase_add_test(tc, test_abstract_listener_makes_no_admin);
   tcase_add_test(tc, test_default_target);
   tcase_add_test(tc, test_no_default_daemon_says_where_it_looked);
   suite_add_tcase(s, tc);
