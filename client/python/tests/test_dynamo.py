@@ -1,6 +1,8 @@
 """torch.compile(model, backend="tt"): the TorchDynamo backend, on an fx graph as Dynamo
 hands it (any torch), and through torch.compile itself where torch >= 2.0."""
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -56,3 +58,13 @@ def test_torch_compile_backend_tt():
     x, t = torch.randn(5, 12), torch.randn(5, 4)
     fn(x)  # Dynamo compiles at the first call
     _check_step(fn, ttd.dynamo_modules()[-1], ref, x, t)
+
+
+def test_compiled_modules_go_with_their_function():
+    """dynamo_modules() lists a compiled module while its function lives, not after."""
+    fn = dynamo.backend(torch.fx.symbolic_trace(_model()), [torch.randn(2, 12)])
+    assert any(m is fn.ttd_module for m in ttd.dynamo_modules())
+    cm_ref = weakref.ref(fn.ttd_module)
+    del fn
+    gc.collect()
+    assert cm_ref() is None  # the backend's list does not keep it (or its card memory)
