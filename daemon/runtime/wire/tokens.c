@@ -1,6 +1,7 @@
 #include "wire/tokens.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -100,6 +101,16 @@ static int parse_digest(const char *s, size_t len, unsigned char out[TTD_TOKEN_D
     goto done;                                                                     \
   } while (0)
 
+/* A whole number from 1 to max, all of text; -1 otherwise. */
+static int parse_count(const char *text, long max, uint32_t *out) {
+  char *end = NULL;
+  errno = 0;
+  long n = strtol(text, &end, 10);
+  if (end == text || *end || errno || n < 1 || n > max) return -1;
+  *out = (uint32_t)n;
+  return 0;
+}
+
 ttd_status_t ttd_tokens_parse(const char *text, const char *source, ttd_tokens **out_tokens) {
   *out_tokens = NULL;
   size_t lines = 1;
@@ -142,21 +153,15 @@ ttd_status_t ttd_tokens_parse(const char *text, const char *source, ttd_tokens *
                line_no, name, word + 6);
         }
       } else if (strncmp(word, "max_sessions=", 13) == 0) {
-        char *end = NULL;
-        long n = strtol(word + 13, &end, 10);
-        if (end == word + 13 || *end || n < 1 || n > TTD_MAX_SESSIONS_LIMIT) {
+        if (parse_count(word + 13, TTD_MAX_SESSIONS_LIMIT, &tenant->max_sessions) != 0) {
           FAIL("%s:%d: max_sessions of tenant %s must be a whole number from 1 to %d, got '%.40s'", source, line_no,
                name, TTD_MAX_SESSIONS_LIMIT, word + 13);
         }
-        tenant->max_sessions = (uint32_t)n;
       } else if (strncmp(word, "weight=", 7) == 0) {
-        char *end = NULL;
-        long n = strtol(word + 7, &end, 10);
-        if (end == word + 7 || *end || n < 1 || n > 1000) {
-          FAIL("%s:%d: weight of tenant %s must be a whole number from 1 to 1000, got '%.40s'", source, line_no, name,
-               word + 7);
+        if (parse_count(word + 7, TTD_MAX_WEIGHT, &tenant->weight) != 0) {
+          FAIL("%s:%d: weight of tenant %s must be a whole number from 1 to %d, got '%.40s'", source, line_no, name,
+               TTD_MAX_WEIGHT, word + 7);
         }
-        tenant->weight = (uint32_t)n;
       } else {
         FAIL("%s:%d: unknown option '%.40s' for tenant %s; use admin, quota=SIZE, max_sessions=N or weight=N", source,
              line_no, word, name);

@@ -24,8 +24,10 @@
 #define TTD_TENANT_NAME_MAX 64
 #define TTD_TOKEN_DIGEST_BYTES 32
 
-/* The most sessions a tenant's max_sessions= or --max-sessions may allow at once. */
+/* The most sessions a tenant's max_sessions= or --max-sessions may allow at once, and the
+ * largest weight=. */
 #define TTD_MAX_SESSIONS_LIMIT 65536
+#define TTD_MAX_WEIGHT 1000
 
 typedef struct ttd_tenant {
   char name[TTD_TENANT_NAME_MAX];
