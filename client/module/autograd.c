@@ -305,8 +305,9 @@ tt_status tt_backward(tt_tensor *loss) {
 }
 
 tt_status tt_backward_grads(tt_tensor *const *tensors, tt_tensor *const *grads, int n, int retain_graph) {
-  if (!tensors || n <= 0 || n > 64 || !tensors[0]) return TT_INVALID_ARGUMENT;
+  if (!tensors || n <= 0 || !tensors[0]) return TT_INVALID_ARGUMENT; /* no client to tell why */
   tt_client *c = tensors[0]->client;
+  if (n > 64) return tt_client_fail(c, TT_INVALID_ARGUMENT, "backward from %d tensors at once; at most 64", n);
   tt_tensor **list = NULL;
   int count = 0, cap = 0;
   tt_run_ref *runs[16];

@@ -276,6 +276,8 @@ START_TEST(test_backward_grads_errors) {
   ck_assert_int_eq(tt_backward_grads(&xh, &gh, 1, 0), TT_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(tt_last_error(client), "does not lead back to a training forward"));
   ck_assert_int_eq(tt_backward_grads(NULL, NULL, 0, 0), TT_INVALID_ARGUMENT);
+  ck_assert_int_eq(tt_backward_grads(&y, &gh, 65, 0), TT_INVALID_ARGUMENT); /* read none past the first */
+  ck_assert_ptr_nonnull(strstr(tt_last_error(client), "at most 64"));
   int64_t s[1] = {3};
   tt_tensor *ints = tt_tensor_from_host(client, NULL, TT_INT32, s, 1);
   ck_assert_int_eq(tt_tensor_set_requires_grad(ints, 1), TT_INVALID_ARGUMENT);
