@@ -40,6 +40,8 @@ int main(void) {
   srunner_add_suite(sr, dataset_suite());
   srunner_add_suite(sr, progress_suite());
   srunner_add_suite(sr, tensor_wrap_suite());
+  srunner_add_suite(sr, file_io_suite());
+  srunner_add_suite(sr, safetensors_header_suite());
   srunner_add_suite(sr, e2e_transfer_suite());
   srunner_add_suite(sr, e2e_errors_suite());
   srunner_add_suite(sr, e2e_sessions_suite());

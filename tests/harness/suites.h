@@ -40,6 +40,8 @@ Suite *kernels_dropout_suite(void);
 Suite *dataset_suite(void);
 Suite *progress_suite(void);
 Suite *tensor_wrap_suite(void);
+Suite *file_io_suite(void);
+Suite *safetensors_header_suite(void);
 
 /* end-to-end suites: a real ttd on a temporary Unix socket */
 Suite *e2e_transfer_suite(void);

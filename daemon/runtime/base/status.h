@@ -1,4 +1,4 @@
-/* Layer runtime/base: status values, configuration tables, random ids, block caches; the
+/* Layer runtime/base: status values, configuration tables, random ids, block caches, file I/O; the
  * first layer of the shared runtime. Calls only libc, gRPC's status codes and kernels/.
  *
  * ttd_status_t: the one error type of the daemon (IREE style).

@@ -1,5 +1,6 @@
 /* Layer runtime/wire: what both ends of the wire need (framing, completion-queue polling,
- * the default address, tokens, the shared-memory protocol). Calls runtime/base and gRPC core.
+ * the default address, tokens, the shared-memory protocol, safetensors files). Calls
+ * runtime/base, kernels/dtype.h, jansson and gRPC core.
  *
  * Hand-framed protobuf messages for bulk tensor bytes, so that they never pass through
  * protobuf-c's copy of a `bytes` field. Sending: the small part of the message packed by
