@@ -93,7 +93,8 @@ static tt_status fail_unreachable(tt_client *c, const char *why) {
 
 static tt_status open_session(tt_client *c, const tt_connect_options *options) {
   Ttd__V1__OpenSessionRequest req = TTD__V1__OPEN_SESSION_REQUEST__INIT;
-  req.client_name = (char *)(options->client_name ? options->client_name : "");
+  snprintf(c->client_name, sizeof(c->client_name), "%s", options->client_name ? options->client_name : "");
+  req.client_name = c->client_name;
   req.protocol_version = TTD_PROTOCOL_VERSION;
   req.quota_bytes = options->quota_bytes;
   ProtobufCMessage *out = NULL;
@@ -107,15 +108,8 @@ static tt_status open_session(tt_client *c, const tt_connect_options *options) {
     return st;
   }
   Ttd__V1__OpenSessionResponse *resp = (Ttd__V1__OpenSessionResponse *)out;
-  c->session_id = resp->session_id;
-  snprintf(c->session_hex, sizeof(c->session_hex), "%016" PRIx64, resp->session_id);
-  snprintf(c->instance_id, sizeof(c->instance_id), "%s", resp->instance_id);
-  c->lease_ms = resp->lease_ms;
-  c->quota_bytes = resp->quota_bytes;
-  c->shm_key[0] = resp->shm_key_hi;
-  c->shm_key[1] = resp->shm_key_lo;
+  tt_session_adopt(c, resp);
   tt_shm_connect(c, resp->shm_socket, options);
-  snprintf(c->tenant, sizeof(c->tenant), "%s", resp->tenant);
   protobuf_c_message_free_unpacked(out, NULL);
   return TT_OK;
 }
@@ -210,6 +204,7 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   pthread_mutex_init(&c->keepalive_lock, NULL);
   pthread_mutex_init(&c->shm_lock, NULL);
   pthread_mutex_init(&c->cq_lock, NULL);
+  pthread_mutex_init(&c->resume_lock, NULL);
   ttd_block_cache_init(&c->blocks);
   c->shm_fd = -1;
   pthread_condattr_t attr;
@@ -221,6 +216,9 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   tt_connect_options_init(&defaults);
   if (!options) options = &defaults;
   c->call_timeout_ms = options->call_timeout_ms > 0 ? options->call_timeout_ms : 60000;
+  const char *resume_env = getenv("TTD_RESUME_TIMEOUT_MS");
+  long resume_ms = resume_env ? strtol(resume_env, NULL, 10) : 0;
+  c->resume_timeout_ms = resume_ms > 0 && resume_ms <= 3600000 ? resume_ms : 60000;
   const char *spin_env = getenv("TTD_SPIN");
   bool spin_off = options->disable_spin || (spin_env && strcmp(spin_env, "0") == 0);
   ttd_cq_spin_init(&c->spin, spin_off ? 0 : TTD_CQ_SPIN_DEFAULT_US);
@@ -240,6 +238,10 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   }
 
   ttd_absl_deadlock_detection_off(); /* before grpc_init: see absl_deadlock.h */
+  /* Between calls no thread of ours polls the channel, and gRPC's backup poller looks at it
+   * every 5 s by default: a daemon that stops gracefully waits that long for this idle
+   * client to acknowledge its GOAWAY, and a restart (systemctl restart ttd) with it. */
+  setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100", 0);
   grpc_init();
   c->grpc_initialized = true;
   const char *connect_env = getenv("TTD_CONNECT_TIMEOUT_MS");
@@ -295,6 +297,8 @@ void tt_client_release(tt_client *client) {
   pthread_mutex_destroy(&client->error_lock);
   pthread_mutex_destroy(&client->keepalive_lock);
   pthread_mutex_destroy(&client->cq_lock);
+  pthread_mutex_destroy(&client->resume_lock);
+  explicit_bzero(client->resume_secret, sizeof(client->resume_secret));
   pthread_cond_destroy(&client->keepalive_cond);
   tt_shm_destroy(client);
   ttd_block_cache_destroy(&client->blocks);

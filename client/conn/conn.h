@@ -55,6 +55,7 @@ typedef enum tt_rpc_method {
 /* A shared-memory segment of the same-host fast path (shm_pool.c). */
 typedef struct tt_shm_segment {
   uint64_t id; /* the daemon's */
+  int fd;      /* the memfd, kept to register the segment again after a resume */
   unsigned char *addr;
   uint64_t size;
   bool in_use;
@@ -81,6 +82,14 @@ struct tt_client {
   char tenant[64];
   uint64_t quota_bytes;
   char authorization[512]; /* "Bearer TOKEN", or "" */
+  /* Resuming the session after a graceful restart of ttd (conn/resume.c). */
+  unsigned char resume_secret[32];
+  size_t resume_secret_len;        /* 0: this ttd saves no state, nothing to resume */
+  char client_name[64];
+  pthread_mutex_t resume_lock;     /* one thread resumes; the others wait and retry */
+  atomic_uint resume_generation;   /* counts resumes: a call retries once the session is back */
+  int64_t resume_timeout_ms;       /* how long to wait for ttd to come back */
+  bool shm_wanted;                 /* the fast path was not turned off (options, TTD_SHM) */
   uint32_t lease_ms;
   int64_t call_timeout_ms;
   ttd_cq_spin spin; /* the wait for a light call's answer (disable_spin, TTD_SPIN) */
@@ -159,6 +168,21 @@ tt_status tt_rpc_upload(tt_client *client, const Ttd__V1__UploadHeader *header, 
 tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, void *dst, uint64_t bytes,
                           uint64_t shm_segment);
 
+/* ---- resuming after a restart (resume.c) ---- */
+
+/* Takes OpenSession's answer: session, instance, lease, quota, keys and the resume secret. */
+void tt_session_adopt(tt_client *client, const Ttd__V1__OpenSessionResponse *resp);
+
+/* Whether a call of method that failed with st and message err should wait for ttd to come
+ * back and resume the session, then run again: ttd is unreachable or restarted, and this
+ * session can be resumed. */
+bool tt_resume_wanted(tt_client *client, tt_rpc_method method, tt_status st, const char *err);
+
+/* Resumes the session unless another thread did since generation (read before the failed
+ * call): waits up to resume_timeout_ms for ttd, OpenSession with the secret, registers the
+ * shared-memory segments again. On failure err says why (and keeps the call's own error). */
+tt_status tt_resume(tt_client *client, unsigned generation, char *err, size_t err_len);
+
 /* ---- process and host (malloc_tuning.c, shm_pool.c) ---- */
 
 /* Raises glibc's malloc thresholds for big buffers, once per process, unless the program
@@ -172,5 +196,8 @@ void tt_shm_connect(tt_client *client, const char *path, const tt_connect_option
 void *tt_shm_alloc(tt_client *client, uint64_t bytes, uint64_t min_bytes, uint64_t *out_segment);
 void tt_shm_free(tt_client *client, void *addr);
 void tt_shm_destroy(tt_client *client);
+/* After a resume: the side socket at path again, and every segment registered under its
+ * id. On failure the fast path is off for new tensors. */
+void tt_shm_reattach(tt_client *client, const char *path);
 
 #endif

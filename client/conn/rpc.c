@@ -198,9 +198,9 @@ static void add_request_ops(rpc *r, grpc_op *ops, grpc_byte_buffer *request) {
   ops[3].data.recv_initial_metadata.recv_initial_metadata = &r->initial_md;
 }
 
-tt_status tt_rpc_unary_quiet(tt_client *client, tt_rpc_method method, const ProtobufCMessage *request,
-                             const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **out_response,
-                             char *err, size_t err_len) {
+static tt_status unary_once(tt_client *client, tt_rpc_method method, const ProtobufCMessage *request,
+                            const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **out_response,
+                            char *err, size_t err_len) {
   *out_response = NULL;
   err[0] = '\0';
   if (client->closed) {
@@ -239,6 +239,22 @@ tt_status tt_rpc_unary_quiet(tt_client *client, tt_rpc_method method, const Prot
   return st;
 }
 
+/* Calls are run again after the session is resumed (resume.c); a few times at most, should
+ * ttd restart again meanwhile. */
+#define RESUME_ATTEMPTS 3
+
+tt_status tt_rpc_unary_quiet(tt_client *client, tt_rpc_method method, const ProtobufCMessage *request,
+                             const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **out_response,
+                             char *err, size_t err_len) {
+  for (int attempt = 0;; attempt++) {
+    unsigned generation = atomic_load(&client->resume_generation);
+    tt_status st = unary_once(client, method, request, response_type, out_response, err, err_len);
+    if (st == TT_OK || attempt == RESUME_ATTEMPTS || !tt_resume_wanted(client, method, st, err)) return st;
+    st = tt_resume(client, generation, err, err_len);
+    if (st != TT_OK) return st;
+  }
+}
+
 tt_status tt_rpc_unary(tt_client *client, tt_rpc_method method, const ProtobufCMessage *request,
                        const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **out_response) {
   char err[sizeof(client->errmsg)];
@@ -272,10 +288,13 @@ static int send_buffer(rpc *r, grpc_byte_buffer *bb) {
   return ok;
 }
 
-tt_status tt_rpc_upload(tt_client *client, const Ttd__V1__UploadHeader *header, const void *data, uint64_t bytes,
-                        Ttd__V1__UploadResponse **out_response) {
+static tt_status upload_once(tt_client *client, const Ttd__V1__UploadHeader *header, const void *data, uint64_t bytes,
+                             Ttd__V1__UploadResponse **out_response, char *err, size_t err_len) {
   *out_response = NULL;
-  if (client->closed) return tt_client_fail(client, TT_FAILED_PRECONDITION, CLOSED_MESSAGE);
+  if (client->closed) {
+    snprintf(err, err_len, CLOSED_MESSAGE);
+    return TT_FAILED_PRECONDITION;
+  }
   rpc r;
   rpc_start(&r, client, TT_RPC_UPLOAD, 0);
   grpc_op ops[4];
@@ -303,20 +322,32 @@ tt_status tt_rpc_upload(tt_client *client, const Ttd__V1__UploadHeader *header, 
   op_init(&ops[2], GRPC_OP_RECV_MESSAGE);
   ops[2].data.recv_message.recv_message = &response_bb;
   rpc_batch(&r, ok ? ops : ops + 1, ok ? 3 : 2);
-  char err[sizeof(client->errmsg)];
-  tt_status st = rpc_status(&r, err, sizeof(err));
+  tt_status st = rpc_status(&r, err, err_len);
   if (st == TT_OK) {
     *out_response = response_bb ? (Ttd__V1__UploadResponse *)unpack(&ttd__v1__upload_response__descriptor, response_bb)
                                 : NULL;
     if (!*out_response) {
       st = TT_INTERNAL;
-      snprintf(err, sizeof(err), "ttd answered Upload with a response that is not a ttd.v1.UploadResponse");
+      snprintf(err, err_len, "ttd answered Upload with a response that is not a ttd.v1.UploadResponse");
     }
   }
   if (response_bb) grpc_byte_buffer_destroy(response_bb);
   rpc_end(&r);
-  if (st != TT_OK) tt_client_fail(client, st, "%s", err);
   return st;
+}
+
+tt_status tt_rpc_upload(tt_client *client, const Ttd__V1__UploadHeader *header, const void *data, uint64_t bytes,
+                        Ttd__V1__UploadResponse **out_response) {
+  char err[sizeof(client->errmsg)];
+  for (int attempt = 0;; attempt++) {
+    unsigned generation = atomic_load(&client->resume_generation);
+    tt_status st = upload_once(client, header, data, bytes, out_response, err, sizeof(err));
+    if (st != TT_OK && attempt < RESUME_ATTEMPTS && tt_resume_wanted(client, TT_RPC_UPLOAD, st, err)) {
+      st = tt_resume(client, generation, err, sizeof(err));
+      if (st == TT_OK) continue;
+    }
+    return st == TT_OK ? st : tt_client_fail(client, st, "%s", err);
+  }
 }
 
 /* A DownloadResponse walked in place: total_bytes (field 2) checked, data (field 3) copied
@@ -347,9 +378,12 @@ static int download_bytes(void *ctx, uint32_t field, const uint8_t *data, size_t
   return 0;
 }
 
-tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, void *dst, uint64_t bytes,
-                          uint64_t shm_segment) {
-  if (client->closed) return tt_client_fail(client, TT_FAILED_PRECONDITION, CLOSED_MESSAGE);
+static tt_status download_once(tt_client *client, uint64_t handle, tt_dtype target, void *dst, uint64_t bytes,
+                               uint64_t shm_segment, char *out_err, size_t out_err_len) {
+  if (client->closed) {
+    snprintf(out_err, out_err_len, CLOSED_MESSAGE);
+    return TT_FAILED_PRECONDITION;
+  }
   rpc r;
   rpc_start(&r, client, TT_RPC_DOWNLOAD, 0);
   Ttd__V1__DownloadRequest req = TTD__V1__DOWNLOAD_REQUEST__INIT;
@@ -399,10 +433,31 @@ tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, v
   char status_err[sizeof(client->errmsg)];
   tt_status st = rpc_status(&r, status_err, sizeof(status_err));
   rpc_end(&r);
-  if (local != TT_OK) return tt_client_fail(client, local, "%s", err);
-  if (st != TT_OK) return tt_client_fail(client, st, "%s", status_err);
+  if (local != TT_OK) {
+    snprintf(out_err, out_err_len, "%s", err);
+    return local;
+  }
+  if (st != TT_OK) {
+    snprintf(out_err, out_err_len, "%s", status_err);
+    return st;
+  }
   if (received != bytes) {
-    return tt_client_fail(client, TT_DATA_LOSS, "Download ended after %" PRIu64 " of %" PRIu64 " bytes", received, bytes);
+    snprintf(out_err, out_err_len, "Download ended after %" PRIu64 " of %" PRIu64 " bytes", received, bytes);
+    return TT_DATA_LOSS;
   }
   return TT_OK;
+}
+
+tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, void *dst, uint64_t bytes,
+                          uint64_t shm_segment) {
+  char err[sizeof(client->errmsg)];
+  for (int attempt = 0;; attempt++) {
+    unsigned generation = atomic_load(&client->resume_generation);
+    tt_status st = download_once(client, handle, target, dst, bytes, shm_segment, err, sizeof(err));
+    if (st != TT_OK && attempt < RESUME_ATTEMPTS && tt_resume_wanted(client, TT_RPC_DOWNLOAD, st, err)) {
+      st = tt_resume(client, generation, err, sizeof(err));
+      if (st == TT_OK) continue;
+    }
+    return st == TT_OK ? st : tt_client_fail(client, st, "%s", err);
+  }
 }

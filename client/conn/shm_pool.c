@@ -40,10 +40,10 @@ static int request(tt_client *c, const ttd_shm_request *req, int fd, ttd_shm_rep
   return reply->code == 0 ? 0 : -1;
 }
 
-void tt_shm_connect(tt_client *c, const char *path, const tt_connect_options *options) {
+/* Connects the side socket at path; the fast path stays off (shm_fd -1) if it cannot. */
+static void connect_side_socket(tt_client *c, const char *path) {
   c->shm_fd = -1;
-  const char *env = getenv("TTD_SHM");
-  if (options->disable_shm || (env && strcmp(env, "0") == 0) || !path || !*path) return;
+  if (!c->shm_wanted || !path || !*path) return;
   if (strncmp(c->target, "unix:", 5) != 0) return; /* the side socket is only for same-host clients */
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   if (strlen(path) >= sizeof(sa.sun_path)) return;
@@ -57,7 +57,16 @@ void tt_shm_connect(tt_client *c, const char *path, const tt_connect_options *op
   c->shm_fd = fd;
 }
 
-static void unmap(tt_shm_segment *s) { munmap(s->addr, (size_t)s->size); }
+void tt_shm_connect(tt_client *c, const char *path, const tt_connect_options *options) {
+  const char *env = getenv("TTD_SHM");
+  c->shm_wanted = !options->disable_shm && !(env && strcmp(env, "0") == 0);
+  connect_side_socket(c, path);
+}
+
+static void unmap(tt_shm_segment *s) {
+  munmap(s->addr, (size_t)s->size);
+  close(s->fd);
+}
 
 /* Gives a free segment back to the daemon and unmaps it; lock held. */
 static void release_segment(tt_client *c, size_t i) {
@@ -90,13 +99,13 @@ static tt_shm_segment *new_segment(tt_client *c, uint64_t size) {
   ttd_shm_request req = {.magic = TTD_SHM_MAGIC, .op = TTD_SHM_REGISTER, .session_id = c->session_id, .size = size,
                          .key = {c->shm_key[0], c->shm_key[1]}};
   int ok = addr != MAP_FAILED && request(c, &req, fd, &reply) == 0;
-  close(fd); /* both mappings stay */
   if (!ok) {
     if (addr != MAP_FAILED) munmap(addr, (size_t)size);
+    close(fd);
     return NULL;
   }
   tt_shm_segment *s = &c->segments[c->n_segments++];
-  *s = (tt_shm_segment){.id = reply.segment_id, .addr = addr, .size = size};
+  *s = (tt_shm_segment){.id = reply.segment_id, .fd = fd, .addr = addr, .size = size};
   return s;
 }
 
@@ -150,4 +159,21 @@ void tt_shm_destroy(tt_client *c) {
   c->n_segments = 0;
   if (c->shm_fd >= 0) close(c->shm_fd);
   c->shm_fd = -1;
+}
+
+void tt_shm_reattach(tt_client *c, const char *path) {
+  pthread_mutex_lock(&c->shm_lock);
+  if (c->shm_fd >= 0) close(c->shm_fd);
+  connect_side_socket(c, path);
+  for (size_t i = 0; i < c->n_segments && c->shm_fd >= 0; i++) {
+    tt_shm_segment *s = &c->segments[i];
+    ttd_shm_request req = {.magic = TTD_SHM_MAGIC, .op = TTD_SHM_REGISTER, .session_id = c->session_id,
+                           .segment_id = s->id, .size = s->size, .key = {c->shm_key[0], c->shm_key[1]}};
+    ttd_shm_reply reply;
+    if (request(c, &req, s->fd, &reply) != 0 || reply.segment_id != s->id) {
+      close(c->shm_fd); /* tensors in segments the daemon lacks fail to move; new ones use gRPC */
+      c->shm_fd = -1;
+    }
+  }
+  pthread_mutex_unlock(&c->shm_lock);
 }

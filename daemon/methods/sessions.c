@@ -1,10 +1,50 @@
 /* OpenSession, KeepAlive, CloseSession. */
 #include <grpc/support/alloc.h>
 #include <inttypes.h>
+#include <string.h>
 
 #include "methods/methods.h"
 #include "telemetry/log.h"
 #include "ttd/v1/ttd.pb-c.h"
+
+/* What OpenSession answers for session; NULL when out of memory. */
+static Ttd__V1__OpenSessionResponse *session_response(ttd_call *call, ttd_session *session, uint64_t quota) {
+  Ttd__V1__OpenSessionResponse *resp = ttd_call_alloc(call, sizeof(*resp));
+  if (!resp) return NULL;
+  ttd__v1__open_session_response__init(resp);
+  resp->session_id = session->id;
+  resp->lease_ms = (uint32_t)call->core->config->lease_ms;
+  resp->instance_id = call->core->instance_id;
+  resp->protocol_version = TTD_PROTOCOL_VERSION;
+  resp->quota_bytes = quota;
+  resp->tenant = ttd_call_strdup(call, session->tenant);
+  resp->shm_socket = call->core->shm_socket;
+  resp->shm_key_hi = session->shm_key[0];
+  resp->shm_key_lo = session->shm_key[1];
+  if (call->core->config->state_dir) { /* only a ttd that saves its state can resume */
+    resp->resume_secret.data = ttd_call_alloc(call, TTD_RESUME_SECRET_BYTES);
+    if (!resp->resume_secret.data) return NULL;
+    memcpy(resp->resume_secret.data, session->resume_secret, TTD_RESUME_SECRET_BYTES);
+    resp->resume_secret.len = TTD_RESUME_SECRET_BYTES;
+  }
+  return resp;
+}
+
+/* OpenSession with resume_session: a saved session back to the client holding its secret. */
+static ttd_status_t resume_session(ttd_call *call, const Ttd__V1__OpenSessionRequest *req,
+                                   ProtobufCMessage **out_response) {
+  ttd_session *session = NULL;
+  TTD_RETURN_IF_ERROR(ttd_session_table_resume(&call->core->sessions, req->resume_session, call->principal.tenant,
+                                               req->resume_secret.data, req->resume_secret.len, ttd_now_ms(), &session));
+  Ttd__V1__OpenSessionResponse *resp = session_response(call, session, atomic_load(&session->quota->limit));
+  if (resp) resp->resumed = true;
+  TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=resumed tenant=%s client=\"%s\"", session->id, session->tenant,
+          session->client_name);
+  ttd_session_release(session); /* the table keeps its own reference; the response copies what it needs */
+  if (!resp) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  *out_response = &resp->base;
+  return TTD_OK;
+}
 
 ttd_status_t ttd_method_open_session(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
   const Ttd__V1__OpenSessionRequest *req = (const Ttd__V1__OpenSessionRequest *)request;
@@ -14,6 +54,7 @@ ttd_status_t ttd_method_open_session(ttd_call *call, const ProtobufCMessage *req
                            "use a client library built from the daemon's proto/",
                            req->protocol_version, TTD_PROTOCOL_VERSION);
   }
+  if (req->resume_session) return resume_session(call, req, out_response);
   uint64_t quota = 0;
   pthread_rwlock_rdlock(&call->core->reload_lock);
   ttd_status_t status = ttd_auth_session_quota(&call->core->auth, call->principal.tenant, req->quota_bytes, &quota);
@@ -37,22 +78,12 @@ ttd_status_t ttd_method_open_session(ttd_call *call, const ProtobufCMessage *req
   pthread_rwlock_unlock(&call->core->reload_lock);
   gpr_free(peer);
   TTD_RETURN_IF_ERROR(status);
-  Ttd__V1__OpenSessionResponse *resp = ttd_call_alloc(call, sizeof(*resp));
+  Ttd__V1__OpenSessionResponse *resp = session_response(call, session, quota);
   if (!resp) {
     ttd_session_table_close(&call->core->sessions, session, NULL, NULL);
     ttd_session_release(session);
     return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   }
-  ttd__v1__open_session_response__init(resp);
-  resp->session_id = session->id;
-  resp->lease_ms = (uint32_t)call->core->config->lease_ms;
-  resp->instance_id = call->core->instance_id;
-  resp->protocol_version = TTD_PROTOCOL_VERSION;
-  resp->quota_bytes = quota;
-  resp->tenant = ttd_call_strdup(call, session->tenant);
-  resp->shm_socket = call->core->shm_socket;
-  resp->shm_key_hi = session->shm_key[0];
-  resp->shm_key_lo = session->shm_key[1];
   TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=open tenant=%s client=\"%s\" peer=%s quota=%" PRIu64, session->id,
           session->tenant, session->client_name, session->peer, quota);
   ttd_session_release(session);

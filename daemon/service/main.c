@@ -27,6 +27,7 @@
 #include "rpc/server.h"
 #include "service/service_notify.h"
 #include "service/shm_listener.h"
+#include "state/state.h"
 #include "ttd/v1/protocol.h"
 
 /* Everything the process starts, so that one stop path tears down whatever exists. */
@@ -39,6 +40,7 @@ typedef struct service {
   ttd_shm_listener *shm;
   ttd_server *server;
   ttd_admin *admin;
+  ttd_state *state; /* --state-dir: sessions saved at the stop, read back at start */
   struct event *sigterm, *sigint, *sighup, *sweep;
   ttd_notify_watchdog_timer *watchdog;
   ttd_idle_trim *trim;
@@ -245,6 +247,7 @@ static ttd_status_t service_start(service *svc) {
   ttd_absl_deadlock_detection_off();
   grpc_init();
   TTD_RETURN_IF_ERROR(ttd_core_create(config, &svc->core));
+  if (config->state_dir) TTD_RETURN_IF_ERROR(ttd_state_open(svc->core, config->state_dir, &svc->state));
   ttd_admin_route_libevent_log();
   svc->base = event_base_new();
   if (!svc->base) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot create the event loop");
@@ -289,8 +292,9 @@ static void service_run(service *svc) {
 }
 
 /* The one stop path, after a run or a failed start alike: it stops whatever was started,
- * in order (admin and side socket, then the server drains its calls, then sessions and
- * tensors go with the core, then the loop), and removes the socket files ttd bound. */
+ * in order (admin and side socket, then the server drains its calls, then the sessions are
+ * saved (--state-dir), then sessions and tensors go with the core, then the loop), and
+ * removes the socket files ttd bound. */
 static void service_stop(service *svc) {
   if (svc->serving) {
     TTD_LOG(TTD_LOG_INFO, "event=stopping signal=%d drain_ms=%lld", svc->stop_signal,
@@ -301,6 +305,12 @@ static void service_stop(service *svc) {
   ttd_admin_stop(svc->admin);
   ttd_shm_listener_stop(svc->shm);
   ttd_server_stop(svc->server, svc->config.drain_timeout_ms);
+  /* No call runs now: what the sessions hold is what their clients last saw. */
+  if (svc->state && svc->serving) {
+    ttd_notify_status("saving sessions to %s", svc->config.state_dir);
+    ttd_status_free(ttd_state_save(svc->state)); /* logged */
+  }
+  ttd_state_close(svc->state);
   ttd_core_destroy(svc->core);
   ttd_notify_watchdog_timer_free(svc->watchdog);
   ttd_idle_trim_free(svc->trim);

@@ -66,7 +66,7 @@ static void handle_request(connection *c, const ttd_shm_request *req, int fd, tt
     if (fd < 0) status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "REGISTER needs the memfd attached (SCM_RIGHTS)");
     if (!status) status = ttd_shm_segment_map(fd, req->size, &segment);
     if (!status) {
-      status = ttd_session_segment_add(session, segment, c->peer.uid, &reply->segment_id);
+      status = ttd_session_segment_add_as(session, segment, c->peer.uid, req->segment_id, &reply->segment_id);
       if (status) ttd_shm_segment_release(segment);
     }
     if (!status) {

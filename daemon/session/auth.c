@@ -55,6 +55,14 @@ void ttd_auth_replace(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota
   ttd_tokens_release(old);
 }
 
+bool ttd_auth_tenant_known(ttd_auth *auth, const char *tenant_name) {
+  pthread_mutex_lock(&auth->lock);
+  bool known = auth->tokens ? ttd_tokens_find(auth->tokens, tenant_name) != NULL
+                            : strcmp(tenant_name, TTD_LOCAL_TENANT) == 0;
+  pthread_mutex_unlock(&auth->lock);
+  return known;
+}
+
 ttd_quota *ttd_auth_tenant_quota(ttd_auth *auth, const char *tenant_name) {
   pthread_mutex_lock(&auth->lock);
   ttd_quota *q = NULL;

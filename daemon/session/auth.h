@@ -39,6 +39,10 @@ void ttd_auth_destroy(ttd_auth *auth);
 /* Swaps in a new table (taking its reference) and default quota. */
 void ttd_auth_replace(ttd_auth *auth, ttd_tokens *tokens, uint64_t default_quota, uint32_t default_max_sessions);
 
+/* Whether a caller can be tenant_name now: a tenant of the tokens file, or, without one,
+ * the local tenant. */
+bool ttd_auth_tenant_known(ttd_auth *auth, const char *tenant_name);
+
 /* The quota bounding the sum over tenant_name's sessions (its quota=, else --quota; 0: none),
  * one reference for the caller; made at the tenant's first session, its limit set again at
  * each reload. NULL when out of memory. */

@@ -40,6 +40,10 @@ ttd_session *ttd_session_create(uint64_t id, const ttd_session_params *params, i
   s->quota_asked = params->quota_asked;
   s->shm_key[0] = ttd_random_u64();
   s->shm_key[1] = ttd_random_u64();
+  for (size_t i = 0; i < TTD_RESUME_SECRET_BYTES; i += 8) {
+    uint64_t r = ttd_random_u64();
+    memcpy(s->resume_secret + i, &r, 8);
+  }
   s->opened_ms = now_ms;
   atomic_init(&s->last_seen_ms, now_ms);
   pthread_mutex_init(&s->lock, NULL);
@@ -111,12 +115,38 @@ static ttd_status_t add_object(ttd_session *session, ttd_handle_map *map, void *
   return status;
 }
 
+bool ttd_session_resume_secret_matches(const ttd_session *session, const uint8_t *secret, size_t len) {
+  if (len != TTD_RESUME_SECRET_BYTES) return false;
+  uint8_t diff = 0;
+  for (size_t i = 0; i < len; i++) diff |= session->resume_secret[i] ^ secret[i];
+  return diff == 0;
+}
+
 bool ttd_session_shm_key_matches(const ttd_session *session, const uint64_t key[2]) {
   uint64_t diff = (session->shm_key[0] ^ key[0]) | (session->shm_key[1] ^ key[1]);
   return diff == 0;
 }
 
 ttd_status_t ttd_session_segment_add(ttd_session *session, ttd_shm_segment *segment, uid_t uid, uint64_t *out_id) {
+  return ttd_session_segment_add_as(session, segment, uid, 0, out_id);
+}
+
+/* With the lock held and the session open: value under handle, which no map of the session
+ * uses yet. */
+static ttd_status_t put_locked(ttd_session *session, ttd_handle_map *map, void *value, uint64_t handle) {
+  if (ttd_handle_map_get(&session->tensors, handle) || ttd_handle_map_get(&session->programs, handle) ||
+      ttd_handle_map_get(&session->runs, handle) || ttd_handle_map_get(&session->segments, handle)) {
+    return ttd_make_status(GRPC_STATUS_ALREADY_EXISTS, "id %016" PRIx64 " is taken in session %016" PRIx64
+                           "; register without asking for an id", handle, session->id);
+  }
+  if (ttd_handle_map_put(map, handle, value) != 0) {
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  }
+  return TTD_OK;
+}
+
+ttd_status_t ttd_session_segment_add_as(ttd_session *session, ttd_shm_segment *segment, uid_t uid, uint64_t wanted,
+                                        uint64_t *out_id) {
   *out_id = 0;
   ttd_status_t status = TTD_OK;
   pthread_mutex_lock(&session->lock);
@@ -135,7 +165,9 @@ ttd_status_t ttd_session_segment_add(ttd_session *session, ttd_shm_segment *segm
                              "session %016" PRIx64 " already has %d shared-memory segments; release some", session->id,
                              TTD_SHM_MAX_SEGMENTS);
   } else {
-    status = add_locked(session, &session->segments, segment, 0, out_id);
+    status = wanted ? put_locked(session, &session->segments, segment, wanted)
+                    : add_locked(session, &session->segments, segment, 0, out_id);
+    if (!status && wanted) *out_id = wanted;
     if (!status) {
       session->segments_uid = uid;
       session->segments_bytes += segment->size;

@@ -23,6 +23,8 @@
 #include "device/tensor.h"
 #include "wire/tokens.h"
 
+#define TTD_RESUME_SECRET_BYTES 32
+
 /* A stream of the session that may wait on its client without end: a client that stops
  * reading a Download or sending an Upload, its connection open. Closing the session
  * cancels it, so that the tensor the stream holds goes with the session. */
@@ -56,6 +58,12 @@ typedef struct ttd_session {
   uint64_t segments_bytes;      /* mapped by its segments */
   uint64_t shm_key[2];          /* random; side-socket requests must carry it */
   ttd_session_stream *streams;  /* open streams, cancelled at close */
+  /* Resuming after a graceful restart (ttd --state-dir): the secret OpenSession hands out,
+   * and, for a session read back from the state files, whether its client has yet to
+   * resume it (no call finds it until then) and whether its files are still on disk. */
+  uint8_t resume_secret[TTD_RESUME_SECRET_BYTES];
+  atomic_bool awaiting_resume;
+  atomic_bool saved_on_disk;
 } ttd_session;
 
 /* Who opens a session and what it asks for. */
@@ -69,6 +77,9 @@ typedef struct ttd_session_params {
   uint32_t weight;              /* the tenant's share of the card; 0 counts as 1 */
   ttd_quota *tenant_quota;      /* bounds the sum over the tenant's sessions (retained); NULL: none */
 } ttd_session_params;
+
+/* Whether secret (len bytes) is the session's resume secret (constant time). */
+bool ttd_session_resume_secret_matches(const ttd_session *session, const uint8_t *secret, size_t len);
 
 /* A new open session with one reference owned by the caller. NULL if out of memory. */
 ttd_session *ttd_session_create(uint64_t id, const ttd_session_params *params, int64_t now_ms);
@@ -145,6 +156,11 @@ bool ttd_session_shm_key_matches(const ttd_session *session, const uint64_t key[
  * TTD_SHM_MAX_SESSION_BYTES, PERMISSION_DENIED when uid differs from the session's earlier
  * segments'. */
 ttd_status_t ttd_session_segment_add(ttd_session *session, ttd_shm_segment *segment, uid_t uid, uint64_t *out_id);
+
+/* The same under the id wanted (0: a new random one), as a client registers its segments
+ * again after resuming the session: ALREADY_EXISTS when the session uses that id. */
+ttd_status_t ttd_session_segment_add_as(ttd_session *session, ttd_shm_segment *segment, uid_t uid, uint64_t wanted,
+                                        uint64_t *out_id);
 
 /* A new reference to the segment under id, or NOT_FOUND. */
 ttd_status_t ttd_session_segment_lookup(ttd_session *session, uint64_t id, ttd_shm_segment **out_segment);

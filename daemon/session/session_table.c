@@ -61,6 +61,22 @@ ttd_status_t ttd_session_table_open(ttd_session_table *table, const ttd_session_
   return TTD_OK;
 }
 
+ttd_status_t ttd_session_table_insert(ttd_session_table *table, ttd_session *session) {
+  pthread_mutex_lock(&table->lock);
+  int rc = ttd_handle_map_put(&table->sessions, session->id, session);
+  if (rc == 0) ttd_session_retain(session);
+  pthread_mutex_unlock(&table->lock);
+  if (rc == -1) {
+    return ttd_make_status(GRPC_STATUS_ALREADY_EXISTS, "session %016" PRIx64 " is open already", session->id);
+  }
+  return rc ? ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory") : TTD_OK;
+}
+
+/* Drops the session's state files, once, if it has any. */
+static void forget_files(ttd_session_table *table, ttd_session *s) {
+  if (table->forget && atomic_exchange(&s->saved_on_disk, false)) table->forget(table->forget_ctx, s->id);
+}
+
 /* Remembers how a session left the table; the caller holds the lock. */
 static void note_end(ttd_session_table *table, const ttd_session *s, ttd_session_end_kind kind, const char *by,
                      int64_t now_ms) {
@@ -102,7 +118,13 @@ ttd_status_t ttd_session_table_lookup(ttd_session_table *table, uint64_t id, con
   ttd_session *s = ttd_handle_map_get(&table->sessions, id);
   if (s && tenant && strcmp(s->tenant, tenant) != 0) s = NULL;
   ttd_status_t status = TTD_OK;
-  if (s) {
+  if (s && atomic_load(&s->awaiting_resume)) {
+    status = ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                             "session %016" PRIx64 " was saved at a restart of ttd and waits for its client to resume "
+                             "it: OpenSession with resume_session and the session's resume_secret (libttclient does "
+                             "this by itself)", id);
+    s = NULL;
+  } else if (s) {
     ttd_session_retain(s);
     ttd_session_touch(s, now_ms);
   } else {
@@ -113,6 +135,31 @@ ttd_status_t ttd_session_table_lookup(ttd_session_table *table, uint64_t id, con
   return status;
 }
 
+ttd_status_t ttd_session_table_resume(ttd_session_table *table, uint64_t id, const char *tenant, const uint8_t *secret,
+                                      size_t secret_len, int64_t now_ms, ttd_session **out_session) {
+  pthread_mutex_lock(&table->lock);
+  ttd_session *s = ttd_handle_map_get(&table->sessions, id);
+  bool ok = s && strcmp(s->tenant, tenant) == 0 && atomic_load(&s->awaiting_resume) &&
+            ttd_session_resume_secret_matches(s, secret, secret_len);
+  if (ok) {
+    atomic_store(&s->awaiting_resume, false);
+    ttd_session_retain(s);
+    ttd_session_touch(s, now_ms);
+  }
+  pthread_mutex_unlock(&table->lock);
+  *out_session = ok ? s : NULL;
+  if (!ok) {
+    return ttd_make_status(GRPC_STATUS_NOT_FOUND,
+                           "session %016" PRIx64 " cannot be resumed: no saved session of this tenant has that id "
+                           "and secret (ttd restarted without saving it, after a crash, or it expired); open a new "
+                           "session", id);
+  }
+  /* From here on the session's state lives in memory only: files left behind would bring
+   * back stale tensors after a crash. */
+  forget_files(table, s);
+  return TTD_OK;
+}
+
 static void close_as(ttd_session_table *table, ttd_session *session, ttd_session_end_kind kind, const char *by,
                      uint64_t *out_tensors, uint64_t *out_bytes) {
   pthread_mutex_lock(&table->lock);
@@ -120,6 +167,7 @@ static void close_as(ttd_session_table *table, ttd_session *session, ttd_session
   if (owned) note_end(table, owned, kind, by, ttd_now_ms());
   pthread_mutex_unlock(&table->lock);
   ttd_session_close(session, out_tensors, out_bytes);
+  forget_files(table, session);
   ttd_session_release(owned);
 }
 
@@ -156,6 +204,7 @@ size_t ttd_session_table_sweep(ttd_session_table *table, int64_t now_ms) {
     ttd_session *expired = batch[k];
     uint64_t tensors = 0, bytes = 0;
     ttd_session_close(expired, &tensors, &bytes);
+    forget_files(table, expired);
     TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=lease-expired client=\"%s\" tensors_freed=%" PRIu64
             " bytes_freed=%" PRIu64, expired->id, expired->client_name, tensors, bytes);
     ttd_session_release(expired);

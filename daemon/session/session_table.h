@@ -25,10 +25,16 @@ typedef struct ttd_session_end {
 /* The most recent session ends remembered: a bounded ring, whatever clients do. */
 #define TTD_SESSION_ENDS_KEPT 256
 
+/* Told when a session whose state files are on disk (saved_on_disk) is resumed or ends:
+ * the files no longer describe it and must go. Called without the table's lock. */
+typedef void (*ttd_session_forget_fn)(void *ctx, uint64_t session_id);
+
 typedef struct ttd_session_table {
   pthread_mutex_t lock;
   ttd_handle_map sessions; /* id -> ttd_session* (one reference each) */
   int64_t lease_ms;
+  ttd_session_forget_fn forget; /* NULL: no state files */
+  void *forget_ctx;
   ttd_session_end ends[TTD_SESSION_ENDS_KEPT]; /* under lock */
   size_t next_end;
 } ttd_session_table;
@@ -43,11 +49,22 @@ void ttd_session_table_destroy(ttd_session_table *table);
 ttd_status_t ttd_session_table_open(ttd_session_table *table, const ttd_session_params *params, int64_t now_ms,
                                     ttd_session **out_session);
 
+/* Puts a session read back from saved state under its own id, awaiting its client's
+ * resume; the table takes its own reference. ALREADY_EXISTS if the id is taken. */
+ttd_status_t ttd_session_table_insert(ttd_session_table *table, ttd_session *session);
+
+/* Hands tenant's session id, awaiting resume, back to the client that holds its secret: a
+ * reference for the caller, touched for its lease. NOT_FOUND, with the message of any
+ * unknown session, when the id is unknown, another tenant's, not awaiting resume, or the
+ * secret differs. */
+ttd_status_t ttd_session_table_resume(ttd_session_table *table, uint64_t id, const char *tenant, const uint8_t *secret,
+                                      size_t secret_len, int64_t now_ms, ttd_session **out_session);
+
 /* A reference to tenant's open session id, touched for its lease; NOT_FOUND if there is
  * none, or if it belongs to another tenant (the same message: other tenants' sessions
  * are invisible). For the tenant's own session that ended recently, the message says how:
  * closed, expired, or killed and by which admin tenant. tenant NULL: any tenant (admin
- * tools). */
+ * tools). A session awaiting resume is FAILED_PRECONDITION: its client resumes it first. */
 ttd_status_t ttd_session_table_lookup(ttd_session_table *table, uint64_t id, const char *tenant, int64_t now_ms,
                                       ttd_session **out_session);
 

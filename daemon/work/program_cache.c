@@ -71,3 +71,9 @@ ttd_status_t ttd_program_cache_get(ttd_program_cache *cache, const char *tenant,
   *out_program = program;
   return TTD_OK;
 }
+
+const unsigned char *ttd_program_cache_graph(const ttd_program *program, size_t *out_len) {
+  size_t prefix = strnlen((const char *)program->key, program->key_len) + 1;
+  *out_len = program->key_len - prefix;
+  return program->key + prefix;
+}

@@ -25,4 +25,8 @@ void ttd_program_cache_destroy(ttd_program_cache *cache);
 ttd_status_t ttd_program_cache_get(ttd_program_cache *cache, const char *tenant, const Ttd__V1__Graph *graph,
                                    ttd_program **out_program, bool *out_cached);
 
+/* The packed Graph a program of the cache was compiled from (within its key, after the
+ * tenant's name): what compiling it again takes. */
+const unsigned char *ttd_program_cache_graph(const ttd_program *program, size_t *out_len);
+
 #endif

@@ -60,12 +60,8 @@ static int socket_answers(const char *path) {
 
 void ttd_proc_start(ttd_proc *proc, const char *const *extra_args) { ttd_proc_start_env(proc, extra_args, NULL); }
 
-void ttd_proc_start_env(ttd_proc *proc, const char *const *extra_args, const char *const *env) {
-  memset(proc, 0, sizeof(*proc));
-  snprintf(proc->dir, sizeof(proc->dir), "/tmp/ttd-test-XXXXXX");
-  ck_assert_msg(mkdtemp(proc->dir) != NULL, "mkdtemp: %s", strerror(errno));
-  snprintf(proc->target, sizeof(proc->target), "unix:%s/ttd.sock", proc->dir);
-  snprintf(proc->log_path, sizeof(proc->log_path), "%s/ttd.log", proc->dir);
+/* Starts ttd in proc's folder, its log truncated or appended to, and waits until it answers. */
+static void spawn(ttd_proc *proc, const char *const *extra_args, const char *const *env, int append_log) {
   const char *bin = getenv("TTD_BIN");
   if (!bin) bin = "build/bin/ttd";
   const char *argv[64];
@@ -87,7 +83,7 @@ void ttd_proc_start_env(ttd_proc *proc, const char *const *extra_args, const cha
   ck_assert_int_ge(pid, 0);
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that fails mid-way leaves no daemon behind */
-    int fd = open(proc->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fd = open(proc->log_path, O_WRONLY | O_CREAT | (append_log ? O_APPEND : O_TRUNC), 0644);
     if (fd >= 0) {
       dup2(fd, 2);
       dup2(fd, 1);
@@ -100,7 +96,10 @@ void ttd_proc_start_env(ttd_proc *proc, const char *const *extra_args, const cha
   for (int waited = 0; waited < 10000; waited += 10) {
     /* Every listener is bound once the daemon logged event=ready (a TCP one may come
      * after the Unix socket already answers). */
-    if (socket_answers(proc->target + 5) && harness_log_count(proc, "event=ready") > 0) return;
+    if (socket_answers(proc->target + 5) && harness_log_count(proc, "event=ready") > proc->starts) {
+      proc->starts++;
+      return;
+    }
     int status;
     if (waitpid(pid, &status, WNOHANG) == pid) {
       proc->pid = 0;
@@ -110,6 +109,27 @@ void ttd_proc_start_env(ttd_proc *proc, const char *const *extra_args, const cha
   }
   ck_abort_msg("ttd did not answer on %s within 10 s", proc->target);
 }
+
+void ttd_proc_start_env(ttd_proc *proc, const char *const *extra_args, const char *const *env) {
+  memset(proc, 0, sizeof(*proc));
+  snprintf(proc->dir, sizeof(proc->dir), "/tmp/ttd-test-XXXXXX");
+  ck_assert_msg(mkdtemp(proc->dir) != NULL, "mkdtemp: %s", strerror(errno));
+  snprintf(proc->target, sizeof(proc->target), "unix:%s/ttd.sock", proc->dir);
+  snprintf(proc->log_path, sizeof(proc->log_path), "%s/ttd.log", proc->dir);
+  spawn(proc, extra_args, env, 0);
+}
+
+int ttd_proc_kill(ttd_proc *proc, int sig) {
+  int status = -1;
+  if (proc->pid) {
+    kill(proc->pid, sig);
+    waitpid(proc->pid, &status, 0);
+    proc->pid = 0;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+void ttd_proc_respawn(ttd_proc *proc, const char *const *extra_args) { spawn(proc, extra_args, NULL, 1); }
 
 int ttd_proc_start_admin(ttd_proc *proc) {
   char admin[32];

@@ -13,6 +13,7 @@ typedef struct ttd_proc {
   char dir[64];      /* temporary folder holding the socket and the log */
   char target[96];   /* "unix:/tmp/.../ttd.sock" */
   char log_path[192];
+  int starts;        /* daemons started in this folder (each logs event=ready once) */
 } ttd_proc;
 
 /* Starts ttd with the given extra arguments (NULL-terminated list, may be NULL) and waits
@@ -26,6 +27,14 @@ void ttd_proc_start_env(ttd_proc *proc, const char *const *extra_args, const cha
 /* Starts ttd on 2 devices with its admin HTTP listener (--admin) on a free 127.0.0.1 port;
  * returns that port. */
 int ttd_proc_start_admin(ttd_proc *proc);
+
+/* Sends sig (SIGTERM: a graceful stop; SIGKILL: a crash) and waits; returns the exit
+ * status as ttd_proc_stop does. The folder stays, for ttd_proc_respawn. */
+int ttd_proc_kill(ttd_proc *proc, int sig);
+
+/* Starts ttd again in proc's folder, on the same socket, appending to its log; waits until
+ * it answers (fails the test if it exits or does not answer within 10 s). */
+void ttd_proc_respawn(ttd_proc *proc, const char *const *extra_args);
 
 /* SIGTERM, waits, and returns the exit status (0 expected); removes the folder. */
 int ttd_proc_stop(ttd_proc *proc);

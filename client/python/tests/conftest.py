@@ -1,5 +1,6 @@
 """Starts a real ttd (TTD_BIN, default build/bin/ttd of this repository) on a temporary Unix
 socket with two simulated cards and --admin off for the test session, points TTD_ADDRESS at it, stops it after."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,14 +14,14 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 
 
-def start_ttd(sock, log):
-    """A ttd (TTD_BIN) serving unix:sock with --admin off, its output to the file log; None if it
-    exited or did not make its socket within 10 s (then it is killed)."""
+def start_ttd(sock, log, extra=()):
+    """A ttd (TTD_BIN) serving unix:sock with --admin off and the extra arguments, its output to
+    the file log; None if it exited or did not make its socket within 10 s (then it is killed)."""
     binary = os.environ.get("TTD_BIN", os.path.join(REPO, "build", "bin", "ttd"))
     if not os.path.exists(binary):
         pytest.exit(f"no ttd at {binary}: run `make all` or set TTD_BIN", returncode=2)
     proc = subprocess.Popen([binary, "--listen", f"unix:{sock}", "--admin", "off", "--log-level", "warn",
-                             "--devices", "2"],
+                             "--devices", "2", *extra],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 10
     while not os.path.exists(sock):
@@ -54,3 +55,33 @@ def ttd_daemon():
     yield f"unix:{sock}"
     stop_ttd(proc)
     log.close()
+
+
+@contextlib.contextmanager
+def private_ttd_session(extra=()):
+    """A ttd of the caller's own on a fresh socket, with the extra arguments, the process's
+    session pointed at it; the shared session is put back after. Yields a dict: "proc", "sock",
+    "dir" (its folder) and "restart" (a graceful stop, then a new ttd on the same socket)."""
+    from ttd import convert
+    import ttd.torch as ttd
+
+    tmp = tempfile.mkdtemp(prefix="ttd-private-")
+    sock = os.path.join(tmp, "ttd.sock")
+    extra = tuple(a.replace("{dir}", tmp) for a in extra)
+    state = {"proc": start_ttd(sock, subprocess.DEVNULL, extra), "sock": sock, "dir": tmp}
+    assert state["proc"] is not None, "private ttd did not start"
+
+    def restart():
+        stop_ttd(state["proc"])
+        state["proc"] = start_ttd(sock, subprocess.DEVNULL, extra)
+        assert state["proc"] is not None, "private ttd did not start again"
+
+    state["restart"] = restart
+    before = convert._client
+    ttd.connect(f"unix:{sock}")
+    try:
+        yield state
+    finally:
+        convert._client.close()
+        convert._client = before
+        stop_ttd(state["proc"])

@@ -1,6 +1,5 @@
 """Misuse: each raises the error that says what went wrong, never a crash."""
 import os
-import subprocess
 import tempfile
 import time
 
@@ -10,7 +9,7 @@ import torch
 import ttd.torch as ttd
 from ttd import convert
 
-from conftest import start_ttd, stop_ttd
+from conftest import private_ttd_session
 
 
 def test_device_tensor_given_to_a_cpu_op():
@@ -43,24 +42,10 @@ def test_daemon_down_names_the_address_and_how_to_start_ttd():
     assert convert._client is before  # the process's session is unchanged
 
 
-def _private_ttd(sock):
-    proc = start_ttd(sock, subprocess.DEVNULL)
-    assert proc is not None, "private ttd did not start"
-    return proc
-
-
 @pytest.fixture
 def private_ttd():
-    """A ttd of this test's own on a fresh socket, the process's session pointed at it; the
-    shared session is put back after."""
-    sock = os.path.join(tempfile.mkdtemp(prefix="ttd-private-"), "ttd.sock")
-    state = {"proc": _private_ttd(sock), "sock": sock}
-    before = convert._client
-    ttd.connect(f"unix:{sock}")
-    yield state
-    convert._client.close()
-    convert._client = before
-    stop_ttd(state["proc"])
+    with private_ttd_session() as state:
+        yield state
 
 
 def test_daemon_restarted_under_the_program(private_ttd):
@@ -69,10 +54,7 @@ def test_daemon_restarted_under_the_program(private_ttd):
     cm = ttd.compile(torch.nn.Linear(784, 10).to("tt"))
     x = torch.randn(2, 784).to("tt")
     cm(x).to("cpu")
-    stop_ttd(private_ttd["proc"])
-    if os.path.exists(private_ttd["sock"]):
-        os.unlink(private_ttd["sock"])
-    private_ttd["proc"] = _private_ttd(private_ttd["sock"])
+    private_ttd["restart"]()
     # gRPC may still be backing off from its attempts while no ttd listened (UNAVAILABLE,
     # "nothing listens"): the new ttd's answer comes once it reconnects.
     deadline = time.time() + 10

@@ -39,6 +39,9 @@ static const option options[] = {
     {"lease", OPT_DURATION, FIELD(lease_ms), 50, 86400000, "30", "close a session after this long without a call"},
     {"drain-timeout", OPT_DURATION, FIELD(drain_timeout_ms), 0, 3600000, "10",
      "on SIGTERM, how long in-flight calls may run before they are cancelled"},
+    {"state-dir", OPT_STRING, FIELD(state_dir), 0, 0, NULL,
+     "keep training state across a graceful restart: on SIGTERM or SIGINT, after draining, write every open "
+     "session to DIR (0700); at start read it back, and clients resume their sessions (default: none)"},
     {"log-level", OPT_STRING, FIELD(log_level), 0, 0, "info", "debug, info, warn or error"},
     {"admin", OPT_STRING, FIELD(admin), 0, 0, "127.0.0.1:9464", "admin HTTP (/healthz, /readyz, /metrics) on host:port, or off"},
     {"admin-timeout", OPT_DURATION, FIELD(admin_timeout_ms), 1000, 3600000, "10",

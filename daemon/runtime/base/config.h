@@ -47,6 +47,7 @@ typedef struct ttd_config {
   char *socket_group;
   bool shm;           /* the shared-memory side socket beside the first unix: listener */
   char *config_file;
+  char *state_dir;    /* NULL: sessions end with the daemon */
 } ttd_config;
 
 /* Sets every option to its default. */

@@ -19,7 +19,7 @@ typedef struct ttd_shm_request {
   uint32_t magic;
   uint32_t op;
   uint64_t session_id;
-  uint64_t segment_id; /* RELEASE: which */
+  uint64_t segment_id; /* RELEASE: which; REGISTER: the id wanted (a resumed session's), 0: any */
   uint64_t size;       /* REGISTER: bytes to map (at most the memfd's size) */
   uint64_t key[2];     /* the session's shm_key from OpenSession: a session id alone is not enough */
 } ttd_shm_request;

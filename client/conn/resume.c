@@ -1,0 +1,99 @@
+/* Resuming a session after ttd restarted gracefully (ttd --state-dir): ttd saved the session
+ * at its stop and reads it back at start, and the client whose call failed meanwhile waits
+ * for ttd, hands back the session's secret (OpenSession with resume_session) and runs the
+ * call again. Handles stay valid, so the program above notices only a pause. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "conn/conn.h"
+
+void tt_session_adopt(tt_client *c, const Ttd__V1__OpenSessionResponse *resp) {
+  c->session_id = resp->session_id;
+  snprintf(c->session_hex, sizeof(c->session_hex), "%016" PRIx64, resp->session_id);
+  snprintf(c->instance_id, sizeof(c->instance_id), "%s", resp->instance_id);
+  c->lease_ms = resp->lease_ms;
+  c->quota_bytes = resp->quota_bytes;
+  c->shm_key[0] = resp->shm_key_hi;
+  c->shm_key[1] = resp->shm_key_lo;
+  snprintf(c->tenant, sizeof(c->tenant), "%s", resp->tenant);
+  size_t n = resp->resume_secret.len == sizeof(c->resume_secret) ? resp->resume_secret.len : 0;
+  memcpy(c->resume_secret, resp->resume_secret.data, n);
+  c->resume_secret_len = n;
+}
+
+bool tt_resume_wanted(tt_client *c, tt_rpc_method method, tt_status st, const char *err) {
+  if (c->closed || !c->resume_secret_len || method == TT_RPC_OPEN_SESSION || method == TT_RPC_CLOSE_SESSION) {
+    return false;
+  }
+  /* Unreachable: ttd is stopping or not back yet. Or back, under another instance id, or
+   * holding the session for its client to resume. */
+  return st == TT_UNAVAILABLE ||
+         (st == TT_FAILED_PRECONDITION && (strstr(err, "daemon restarted") || strstr(err, "to resume it")));
+}
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int64_t ms) {
+  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+  nanosleep(&ts, NULL);
+}
+
+/* Whether OpenSession's failure st is final: ttd answered, and will not resume the session. */
+static bool final_refusal(tt_status st) { return st != TT_UNAVAILABLE && st != TT_DEADLINE_EXCEEDED && st != TT_INTERNAL; }
+
+tt_status tt_resume(tt_client *c, unsigned generation, char *err, size_t err_len) {
+  pthread_mutex_lock(&c->resume_lock);
+  if (atomic_load(&c->resume_generation) != generation) { /* another thread resumed it meanwhile */
+    pthread_mutex_unlock(&c->resume_lock);
+    return TT_OK;
+  }
+  char cause[512];
+  snprintf(cause, sizeof(cause), "%s", err);
+  int64_t deadline = now_ms() + c->resume_timeout_ms;
+  int64_t pause = 20;
+  tt_status st;
+  char why[512] = "";
+  for (;;) {
+    Ttd__V1__OpenSessionRequest req = TTD__V1__OPEN_SESSION_REQUEST__INIT;
+    req.client_name = c->client_name;
+    req.protocol_version = TTD_PROTOCOL_VERSION;
+    req.resume_session = c->session_id;
+    req.resume_secret.data = c->resume_secret;
+    req.resume_secret.len = c->resume_secret_len;
+    ProtobufCMessage *out = NULL;
+    st = tt_rpc_unary_quiet(c, TT_RPC_OPEN_SESSION, &req.base, &ttd__v1__open_session_response__descriptor, &out, why,
+                            sizeof(why));
+    if (st == TT_OK) {
+      const Ttd__V1__OpenSessionResponse *resp = (const Ttd__V1__OpenSessionResponse *)out;
+      tt_session_adopt(c, resp);
+      tt_shm_reattach(c, resp->shm_socket);
+      protobuf_c_message_free_unpacked(out, NULL);
+      atomic_fetch_add(&c->resume_generation, 1);
+      break;
+    }
+    if (final_refusal(st)) {
+      c->resume_secret_len = 0; /* nothing to resume any more: later calls fail at once */
+      snprintf(err, err_len, "daemon restarted, tensors are gone: ttd at %s could not resume session %s (%s); "
+               "connect again and upload again [the call failed with: %s]", c->target, c->session_hex, why, cause);
+      st = TT_FAILED_PRECONDITION;
+      break;
+    }
+    if (now_ms() >= deadline) {
+      snprintf(err, err_len, "ttd at %s did not come back within %lld ms to resume session %s (TTD_RESUME_TIMEOUT_MS "
+               "sets how long to wait): %s [the call failed with: %s]", c->target, (long long)c->resume_timeout_ms,
+               c->session_hex, why, cause);
+      st = TT_UNAVAILABLE;
+      break;
+    }
+    sleep_ms(pause);
+    pause = pause * 2 > 250 ? 250 : pause * 2;
+  }
+  pthread_mutex_unlock(&c->resume_lock);
+  return st;
+}

@@ -1,0 +1,135 @@
+#include "state/state_files.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "base/file_io.h"
+
+void ttd_state_file_name(char *buf, size_t size, uint64_t session_id, const char *suffix) {
+  snprintf(buf, size, "%016" PRIx64 ".%s", session_id, suffix);
+}
+
+static ttd_status_t io_error(const char *what, const char *name, int err) {
+  return ttd_make_status(GRPC_STATUS_INTERNAL, "state file %s: cannot %s: %s", name, what, strerror(err));
+}
+
+ttd_status_t ttd_state_writer_open(ttd_state_writer *w, int dir_fd, const char *name) {
+  *w = (ttd_state_writer){.name = name, .crc = (uint32_t)crc32_z(0, NULL, 0)};
+  w->fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  return w->fd < 0 ? io_error("create", name, errno) : TTD_OK;
+}
+
+ttd_status_t ttd_state_writer_put(ttd_state_writer *w, const void *data, uint64_t len) {
+  TTD_RETURN_IF_ERROR(ttd_write_all(w->fd, data, len));
+  w->crc = (uint32_t)crc32_z(w->crc, data, (z_size_t)len);
+  w->bytes += len;
+  return TTD_OK;
+}
+
+ttd_status_t ttd_state_writer_finish(ttd_state_writer *w, Ttd__V1__SavedFile *file) {
+  int rc = fsync(w->fd);
+  int err = errno;
+  if (close(w->fd) != 0 && rc == 0) {
+    rc = -1;
+    err = errno;
+  }
+  w->fd = -1;
+  if (rc != 0) return io_error("sync", w->name, err);
+  if (file) {
+    file->name = (char *)w->name;
+    file->bytes = w->bytes;
+    file->crc32 = w->crc;
+  }
+  return TTD_OK;
+}
+
+ttd_status_t ttd_state_write_message(int dir_fd, const char *name, const ProtobufCMessage *msg, Ttd__V1__SavedFile *file) {
+  size_t len = protobuf_c_message_get_packed_size(msg);
+  uint8_t *buf = malloc(len ? len : 1);
+  if (!buf) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory writing state file %s", name);
+  protobuf_c_message_pack(msg, buf);
+  ttd_state_writer w;
+  ttd_status_t status = ttd_state_writer_open(&w, dir_fd, name);
+  if (!status) {
+    status = ttd_state_writer_put(&w, buf, len);
+    ttd_status_t finished = ttd_state_writer_finish(&w, file);
+    if (!status) status = finished;
+    else ttd_status_free(finished);
+  }
+  free(buf);
+  return status;
+}
+
+ttd_status_t ttd_state_check_private(int fd, const char *name) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return io_error("stat", name, errno);
+  if (st.st_uid != geteuid() || (st.st_mode & 077)) {
+    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                           "%s belongs to uid %u with mode %04o: state must belong to ttd's user (uid %u) and be "
+                           "private to it (mode 0600 for files, 0700 for folders)",
+                           name, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
+  }
+  return TTD_OK;
+}
+
+ttd_status_t ttd_state_read_small(int dir_fd, const char *name, const Ttd__V1__SavedFile *expected,
+                                  uint8_t **out_data, size_t *out_len) {
+  *out_data = NULL;
+  *out_len = 0;
+  int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    if (errno == ENOENT) return ttd_make_status(GRPC_STATUS_NOT_FOUND, "state file %s is missing", name);
+    return io_error("open", name, errno);
+  }
+  ttd_status_t status = ttd_state_check_private(fd, name);
+  struct stat st;
+  if (!status && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+    status = ttd_make_status(GRPC_STATUS_DATA_LOSS, "state file %s is not a regular file", name);
+  }
+  if (!status && st.st_size > (64 << 20)) {
+    status = ttd_make_status(GRPC_STATUS_DATA_LOSS, "state file %s holds %lld bytes, more than a state message may",
+                             name, (long long)st.st_size);
+  }
+  if (!status && expected && (uint64_t)st.st_size != expected->bytes) {
+    status = ttd_make_status(GRPC_STATUS_DATA_LOSS, "state file %s holds %lld bytes, the manifest says %" PRIu64
+                             " (torn or truncated)", name, (long long)st.st_size, expected->bytes);
+  }
+  uint8_t *data = status ? NULL : malloc(st.st_size ? (size_t)st.st_size : 1);
+  if (!status && !data) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory reading %s", name);
+  if (!status) status = ttd_read_all_at(fd, data, (uint64_t)st.st_size, 0);
+  if (!status && expected && (uint32_t)crc32_z(crc32_z(0, NULL, 0), data, (z_size_t)st.st_size) != expected->crc32) {
+    status = ttd_make_status(GRPC_STATUS_DATA_LOSS, "state file %s does not match its checksum in the manifest", name);
+  }
+  close(fd);
+  if (status) {
+    free(data);
+    return status;
+  }
+  *out_data = data;
+  *out_len = (size_t)st.st_size;
+  return TTD_OK;
+}
+
+void ttd_state_remove_tree(int dir_fd, const char *name) {
+  int fd = openat(dir_fd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return;
+  }
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) unlinkat(fd, e->d_name, 0);
+  }
+  closedir(d);
+  unlinkat(dir_fd, name, AT_REMOVEDIR);
+}

@@ -1,0 +1,52 @@
+/* What saving and loading the state share: the folder, the file names, and checked,
+ * checksummed file I/O relative to an open folder. */
+#ifndef TTD_STATE_FILES_H
+#define TTD_STATE_FILES_H
+
+#include <stdint.h>
+
+#include "state/state.h"
+#include "ttd/v1/ttd.pb-c.h"
+
+struct ttd_state {
+  ttd_core *core;
+  char *dir;  /* as configured */
+  int dir_fd; /* DIR, open */
+};
+
+#define TTD_STATE_CURRENT "state"
+#define TTD_STATE_NEXT "state.new"
+#define TTD_STATE_MANIFEST "MANIFEST"
+
+/* "ID.session" / "ID.safetensors" for session id. */
+void ttd_state_file_name(char *buf, size_t size, uint64_t session_id, const char *suffix);
+
+/* A file being written in a folder: every byte counted and checksummed. */
+typedef struct ttd_state_writer {
+  int fd;
+  const char *name;
+  uint64_t bytes;
+  uint32_t crc;
+} ttd_state_writer;
+
+ttd_status_t ttd_state_writer_open(ttd_state_writer *w, int dir_fd, const char *name);
+ttd_status_t ttd_state_writer_put(ttd_state_writer *w, const void *data, uint64_t len);
+/* fsyncs and closes; fills file (name, bytes, crc32) when not NULL. Closes on error too. */
+ttd_status_t ttd_state_writer_finish(ttd_state_writer *w, Ttd__V1__SavedFile *file);
+
+/* Writes a whole small file (a packed message), synced. */
+ttd_status_t ttd_state_write_message(int dir_fd, const char *name, const ProtobufCMessage *msg, Ttd__V1__SavedFile *file);
+
+/* Reads a whole file of the folder into a new buffer, checking that it is a regular file of
+ * this user that nobody else may read or write (expected NULL: any size and checksum).
+ * DATA_LOSS for a size or checksum that differs from expected; NOT_FOUND when absent. */
+ttd_status_t ttd_state_read_small(int dir_fd, const char *name, const Ttd__V1__SavedFile *expected,
+                                  uint8_t **out_data, size_t *out_len);
+
+/* Whether fd is a file of this user that nobody else may read or write; FAILED_PRECONDITION naming name otherwise. */
+ttd_status_t ttd_state_check_private(int fd, const char *name);
+
+/* Removes the folder name (one level of files) under dir_fd, if it exists. */
+void ttd_state_remove_tree(int dir_fd, const char *name);
+
+#endif

@@ -1,0 +1,420 @@
+/* Reading the state back at start. Every session is rebuilt off the table first; only when
+ * the whole state has read back sound do they join it. A file that is missing, torn, of
+ * another format or checksum, or not private sets the whole state aside. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "base/clock.h"
+#include "base/file_io.h"
+#include "device/program_run.h"
+#include "state/state_files.h"
+#include "telemetry/log.h"
+#include "wire/safetensors.h"
+
+#define BOUNCE_BYTES (4u << 20)
+
+static ttd_status_t damaged(const char *file, const char *what) {
+  return ttd_make_status(GRPC_STATUS_DATA_LOSS, "%s: %s", file, what);
+}
+
+/* The data file: opened, private, of the manifest's size, its header sound. */
+typedef struct data_file {
+  int fd;
+  const char *name;
+  ttd_st_header header;
+  uint32_t crc;       /* of the bytes read so far, in file order */
+  uint64_t crc_upto;  /* file offset the checksum has reached */
+} data_file;
+
+/* Reads len bytes at offset into dst, extending the checksum: the tensors are read in the
+ * order ttd writes them, so the whole file is read once. */
+static ttd_status_t data_read(data_file *f, void *dst, uint64_t len, uint64_t offset) {
+  if (offset != f->crc_upto) return damaged(f->name, "its tensors are not laid out as ttd writes them");
+  TTD_RETURN_IF_ERROR(ttd_read_all_at(f->fd, dst, len, offset));
+  f->crc = (uint32_t)crc32_z(f->crc, dst, (z_size_t)len);
+  f->crc_upto += len;
+  return TTD_OK;
+}
+
+static ttd_status_t open_data(int dir_fd, const Ttd__V1__SavedFile *expected, data_file *f) {
+  f->fd = openat(dir_fd, expected->name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (f->fd < 0) return damaged(expected->name, strerror(errno));
+  TTD_RETURN_IF_ERROR(ttd_state_check_private(f->fd, expected->name));
+  struct stat st;
+  if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != expected->bytes) {
+    return ttd_make_status(GRPC_STATUS_DATA_LOSS, "%s holds %lld bytes, the manifest says %" PRIu64
+                           " (torn or truncated)", expected->name, (long long)st.st_size, expected->bytes);
+  }
+  ttd_status_t status = ttd_safetensors_read_header(f->fd, (uint64_t)st.st_size, &f->header);
+  if (status) {
+    ttd_status_t named = damaged(expected->name, ttd_status_message(status));
+    ttd_status_free(status);
+    return named;
+  }
+  uint8_t *head = malloc(f->header.data_start);
+  if (!head) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
+  f->crc = (uint32_t)crc32_z(0, NULL, 0);
+  status = data_read(f, head, f->header.data_start, 0);
+  free(head);
+  return status;
+}
+
+/* One tensor: its spec checked against the file's entry, device memory made, bytes read in. */
+static ttd_status_t load_tensor(ttd_core *core, ttd_session *session, data_file *f, const Ttd__V1__SavedTensor *m,
+                                uint8_t **bounce, ttd_tensor **out) {
+  *out = NULL;
+  ttd_tensor_spec spec = {.dtype = (ttd_dtype)m->dtype, .ndim = (int)m->n_shape, .device = (int)m->device,
+                          .location = m->location == TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_L1 ? TTD_MEM_L1 : TTD_MEM_DRAM};
+  if (m->n_shape > TTD_MAX_DIMS) return damaged(f->name, "a tensor has more dims than ttd allows");
+  for (size_t d = 0; d < m->n_shape; d++) spec.shape[d] = m->shape[d];
+  ttd_status_t status = ttd_tensor_spec_finish(&spec);
+  if (status) {
+    ttd_status_free(status);
+    return damaged(f->name, "a tensor's dtype or shape is invalid");
+  }
+  const ttd_st_entry *e = m->name ? ttd_safetensors_find(&f->header, m->name) : NULL;
+  bool same = e && e->dtype == spec.dtype && e->ndim == spec.ndim && e->end - e->begin == spec.nbytes;
+  for (int d = 0; same && d < spec.ndim; d++) same = e->shape[d] == spec.shape[d];
+  if (!same) return damaged(f->name, "a tensor of the session file has no matching entry in the data file");
+  int devices = core->backend->vtable->device_count(core->backend);
+  if (spec.device < 0 || spec.device >= devices) {
+    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION, "it holds a tensor on tt:%d and this ttd has %d card%s",
+                           spec.device, devices, devices == 1 ? "" : "s");
+  }
+  ttd_tensor *t = NULL;
+  TTD_RETURN_IF_ERROR(ttd_tensor_create(core->backend, session->quota, &spec, &t));
+  if (!*bounce && spec.nbytes && !(*bounce = malloc(BOUNCE_BYTES))) {
+    status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
+  }
+  for (uint64_t at = 0; at < spec.nbytes && !status; at += BOUNCE_BYTES) {
+    uint64_t len = spec.nbytes - at < BOUNCE_BYTES ? spec.nbytes - at : BOUNCE_BYTES;
+    status = data_read(f, *bounce, len, f->header.data_start + e->begin + at);
+    if (!status) status = core->backend->vtable->buffer_write(core->backend, t->buffer, at, *bounce, len);
+  }
+  if (status) {
+    ttd_tensor_release(t);
+    return status;
+  }
+  *out = t;
+  return TTD_OK;
+}
+
+/* The tensor of a saved index + 1 (0: none), or -1 when out of range. */
+static int ref(uint32_t index, size_t count) { return index <= count ? (int)index - 1 : -2; }
+
+static ttd_status_t load_run(ttd_core *core, ttd_session *session, const Ttd__V1__SavedRun *m, ttd_tensor **tensors,
+                             size_t count, const char *file) {
+  ttd_program *p = ttd_handle_map_get(&session->programs, m->program);
+  if (!p || m->n_values != (size_t)p->n_values || m->n_operands != (size_t)(p->n_inputs + p->n_params) ||
+      m->n_saved != 2 * (size_t)p->n_nodes || (int)m->device >= core->backend->vtable->device_count(core->backend)) {
+    return damaged(file, "a kept run does not fit its program");
+  }
+  ttd_run *run = calloc(1, sizeof(*run));
+  if (run) {
+    run->program = ttd_program_retain(p);
+    run->quota = ttd_quota_retain(session->quota);
+    run->values = calloc((size_t)p->n_values + 1, sizeof(*run->values));
+    run->saved = calloc(2 * (size_t)p->n_nodes + 1, sizeof(*run->saved));
+    run->operands = calloc(m->n_operands + 1, sizeof(*run->operands));
+  }
+  if (!run || !run->values || !run->saved || !run->operands) {
+    ttd_run_free(run);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
+  }
+  run->device = (int)m->device;
+  run->mode.eval = m->eval;
+  run->mode.dropout_step = m->dropout_step;
+  bool ok = true;
+  struct { const uint32_t *from; ttd_tensor **to; size_t n; } slots[] = {
+      {m->values, run->values, m->n_values}, {m->operands, run->operands, m->n_operands}, {m->saved, run->saved, m->n_saved}};
+  for (size_t k = 0; k < 3; k++) {
+    for (size_t i = 0; i < slots[k].n; i++) {
+      int at = ref(slots[k].from[i], count);
+      ok = ok && at >= -1;
+      if (at >= 0) slots[k].to[i] = ttd_tensor_retain(tensors[at]);
+    }
+  }
+  if (!ok || ttd_handle_map_put(&session->runs, m->handle, run) != 0) {
+    ttd_run_free(run);
+    return damaged(file, "a kept run names a tensor or handle that is not in the file");
+  }
+  return TTD_OK;
+}
+
+/* Rebuilds the session of manifest entry e, off the table. */
+static ttd_status_t load_session(ttd_state *state, int dir_fd, const Ttd__V1__SavedState__Session *e,
+                                 ttd_session **out_session, uint64_t *out_bytes) {
+  *out_session = NULL;
+  ttd_core *core = state->core;
+  if (!e->meta || !e->data || !e->meta->name || !e->data->name) return damaged(TTD_STATE_MANIFEST, "an entry lacks its files");
+  char want[2][32];
+  ttd_state_file_name(want[0], sizeof(want[0]), e->id, "session");
+  ttd_state_file_name(want[1], sizeof(want[1]), e->id, "safetensors");
+  if (strcmp(e->meta->name, want[0]) != 0 || strcmp(e->data->name, want[1]) != 0) {
+    return damaged(TTD_STATE_MANIFEST, "an entry names files of another session");
+  }
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  TTD_RETURN_IF_ERROR(ttd_state_read_small(dir_fd, e->meta->name, e->meta, &bytes, &len));
+  Ttd__V1__SavedSession *m = ttd__v1__saved_session__unpack(NULL, len, bytes);
+  free(bytes);
+  if (!m || m->id != e->id || m->resume_secret.len != TTD_RESUME_SECRET_BYTES || !m->tenant) {
+    if (m) ttd__v1__saved_session__free_unpacked(m, NULL);
+    return damaged(e->meta->name, "not a SavedSession of the session the manifest names");
+  }
+  ttd_status_t status = TTD_OK;
+  uint64_t quota = 0;
+  if (!ttd_auth_tenant_known(&core->auth, m->tenant)) {
+    status = ttd_make_status(GRPC_STATUS_PERMISSION_DENIED, "its tenant '%s' is no longer in the tokens file", m->tenant);
+  } else {
+    status = ttd_auth_session_quota(&core->auth, m->tenant, m->quota_asked, &quota);
+  }
+  ttd_session *session = NULL;
+  if (!status) {
+    ttd_session_params params = {.client_name = m->client_name, .tenant = m->tenant, .peer = m->peer,
+                                 .quota_asked = m->quota_asked, .quota = quota,
+                                 .weight = ttd_auth_weight(&core->auth, m->tenant),
+                                 .tenant_quota = ttd_auth_tenant_quota(&core->auth, m->tenant)};
+    session = params.tenant_quota ? ttd_session_create(e->id, &params, ttd_now_ms()) : NULL;
+    ttd_quota_release(params.tenant_quota);
+    if (!session) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
+  }
+  data_file f = {.fd = -1, .name = e->data->name};
+  ttd_tensor **tensors = NULL;
+  if (!status) status = open_data(dir_fd, e->data, &f);
+  if (!status && !(tensors = calloc(m->n_tensors + 1, sizeof(*tensors)))) {
+    status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
+  }
+  uint8_t *bounce = NULL;
+  for (size_t i = 0; i < m->n_tensors && !status; i++) {
+    status = load_tensor(core, session, &f, m->tensors[i], &bounce, &tensors[i]);
+  }
+  free(bounce);
+  if (!status && f.crc_upto != e->data->bytes) status = damaged(f.name, "bytes follow the last tensor");
+  if (!status && f.crc != e->data->crc32) status = damaged(f.name, "its bytes do not match the manifest's checksum");
+  /* Links between tensors, and the handles. */
+  for (size_t i = 0; i < m->n_tensors && !status; i++) {
+    const Ttd__V1__SavedTensor *st = m->tensors[i];
+    ttd_tensor *t = tensors[i];
+    int grad = ref(st->grad, m->n_tensors);
+    int o0 = st->n_optimizer_state == 2 ? ref(st->optimizer_state[0], m->n_tensors) : -2;
+    int o1 = st->n_optimizer_state == 2 ? ref(st->optimizer_state[1], m->n_tensors) : -2;
+    if (grad < -1 || o0 < -1 || o1 < -1) {
+      status = damaged(e->meta->name, "a tensor links to one that is not in the file");
+      break;
+    }
+    t->grad = grad >= 0 ? ttd_tensor_retain(tensors[grad]) : NULL;
+    t->opt_state[0] = o0 >= 0 ? ttd_tensor_retain(tensors[o0]) : NULL;
+    t->opt_state[1] = o1 >= 0 ? ttd_tensor_retain(tensors[o1]) : NULL;
+    t->opt_step = st->optimizer_step;
+    if (grad >= 0 && m->tensors[grad]->n_handles) t->grad_handle = m->tensors[grad]->handles[0];
+    for (size_t k = 0; k < st->n_handles && !status; k++) {
+      if (ttd_handle_map_put(&session->tensors, st->handles[k], t) != 0) {
+        status = damaged(e->meta->name, "a handle is 0 or given twice");
+      } else {
+        ttd_tensor_retain(t);
+        session->tensor_bytes += t->spec.nbytes;
+      }
+    }
+  }
+  for (size_t i = 0; i < m->n_programs && !status; i++) {
+    const Ttd__V1__SavedProgram *sp = m->programs[i];
+    Ttd__V1__Graph *graph = ttd__v1__graph__unpack(NULL, sp->graph.len, sp->graph.data);
+    ttd_program *p = NULL;
+    bool cached;
+    if (!graph) {
+      status = damaged(e->meta->name, "a program's graph does not decode");
+    } else {
+      status = ttd_program_cache_get(&core->programs, m->tenant, graph, &p, &cached);
+      ttd__v1__graph__free_unpacked(graph, NULL);
+    }
+    if (!status && ttd_handle_map_put(&session->programs, sp->handle, p) != 0) {
+      ttd_program_release(p);
+      status = damaged(e->meta->name, "a program handle is 0 or given twice");
+    }
+  }
+  for (size_t i = 0; i < m->n_runs && !status; i++) {
+    status = load_run(core, session, m->runs[i], tensors, m->n_tensors, e->meta->name);
+  }
+  for (size_t i = 0; tensors && i < m->n_tensors; i++) ttd_tensor_release(tensors[i]);
+  free(tensors);
+  if (f.fd >= 0) close(f.fd);
+  ttd_safetensors_header_clear(&f.header);
+  if (!status) {
+    memcpy(session->resume_secret, m->resume_secret.data, TTD_RESUME_SECRET_BYTES);
+    atomic_store(&session->awaiting_resume, true);
+    atomic_store(&session->saved_on_disk, true);
+    *out_bytes = atomic_load(&session->quota->used);
+    *out_session = session;
+  } else if (session) {
+    ttd_session_close(session, NULL, NULL);
+    ttd_session_release(session);
+  }
+  ttd__v1__saved_session__free_unpacked(m, NULL);
+  return status;
+}
+
+/* Whether status condemns the whole state (the files), rather than one session (policy). */
+static bool condemns_state(ttd_status_t status) {
+  ttd_code code = ttd_status_code(status);
+  return code == GRPC_STATUS_DATA_LOSS || code == GRPC_STATUS_NOT_FOUND || code == GRPC_STATUS_INTERNAL;
+}
+
+/* Reads DIR/state; *out_reason set when the state is refused (all of it). */
+static ttd_status_t load_all(ttd_state *state, size_t *out_loaded, uint64_t *out_bytes) {
+  int dir_fd = openat(state->dir_fd, TTD_STATE_CURRENT, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  if (dir_fd < 0) return damaged(TTD_STATE_CURRENT, strerror(errno));
+  ttd_status_t status = ttd_state_check_private(dir_fd, TTD_STATE_CURRENT);
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  if (!status) {
+    status = ttd_state_read_small(dir_fd, TTD_STATE_MANIFEST, NULL, &bytes, &len);
+    if (status && ttd_status_code(status) == GRPC_STATUS_NOT_FOUND) {
+      ttd_status_free(status);
+      status = damaged(TTD_STATE_MANIFEST, "missing: the save that wrote this state did not finish");
+    }
+  }
+  Ttd__V1__SavedState *manifest = status ? NULL : ttd__v1__saved_state__unpack(NULL, len, bytes);
+  free(bytes);
+  if (!status && !manifest) status = damaged(TTD_STATE_MANIFEST, "not a SavedState message");
+  if (!status && manifest->format != TTD_STATE_FORMAT) {
+    status = ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION, "%s: state format %u (written by ttd %s); this ttd %s "
+                             "reads format %d", TTD_STATE_MANIFEST, manifest->format,
+                             manifest->daemon_version ? manifest->daemon_version : "?", TTD_VERSION, TTD_STATE_FORMAT);
+  }
+  ttd_session **loaded = status ? NULL : calloc(manifest->n_sessions + 1, sizeof(*loaded));
+  if (!status && !loaded) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
+  size_t n = 0;
+  *out_bytes = 0;
+  for (size_t i = 0; !status && i < manifest->n_sessions; i++) {
+    const Ttd__V1__SavedState__Session *e = manifest->sessions[i];
+    char name[32];
+    ttd_state_file_name(name, sizeof(name), e->id, "session");
+    struct stat st;
+    if (fstatat(dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) {
+      char data[32];
+      ttd_state_file_name(data, sizeof(data), e->id, "safetensors");
+      if (fstatat(dir_fd, data, &st, AT_SYMLINK_NOFOLLOW) == 0) status = damaged(name, "missing beside its data file");
+      continue; /* resumed or ended after an earlier start: its files went then */
+    }
+    uint64_t bytes_of = 0;
+    ttd_status_t one = load_session(state, dir_fd, e, &loaded[n], &bytes_of);
+    if (!one) {
+      *out_bytes += bytes_of;
+      n++;
+    } else if (condemns_state(one)) {
+      status = one;
+    } else {
+      TTD_LOG(TTD_LOG_WARN, "event=state-session-skipped session=%016" PRIx64 " message=\"%s\"", e->id,
+              ttd_status_message(one));
+      ttd_status_free(one);
+    }
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (!status) {
+      ttd_status_t in = ttd_session_table_insert(&state->core->sessions, loaded[i]);
+      if (in) {
+        TTD_LOG(TTD_LOG_WARN, "event=state-session-skipped session=%016" PRIx64 " message=\"%s\"", loaded[i]->id,
+                ttd_status_message(in));
+        ttd_status_free(in);
+      } else {
+        (*out_loaded)++;
+      }
+    }
+    if (status) ttd_session_close(loaded[i], NULL, NULL);
+    ttd_session_release(loaded[i]);
+  }
+  free(loaded);
+  if (manifest) ttd__v1__saved_state__free_unpacked(manifest, NULL);
+  close(dir_fd);
+  return status;
+}
+
+/* Removes a resumed or ended session's files (the manifest keeps naming them; a missing
+ * pair means exactly that). */
+static void forget(void *ctx, uint64_t session_id) {
+  ttd_state *state = ctx;
+  int dir_fd = openat(state->dir_fd, TTD_STATE_CURRENT, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  if (dir_fd < 0) return;
+  char name[32];
+  ttd_state_file_name(name, sizeof(name), session_id, "session");
+  unlinkat(dir_fd, name, 0); /* first: a data file alone is damage, a session file alone is not */
+  ttd_state_file_name(name, sizeof(name), session_id, "safetensors");
+  unlinkat(dir_fd, name, 0);
+  fsync(dir_fd);
+  close(dir_fd);
+}
+
+ttd_status_t ttd_state_open(ttd_core *core, const char *dir, ttd_state **out_state) {
+  *out_state = NULL;
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION, "--state-dir %s: cannot create it: %s", dir, strerror(errno));
+  }
+  int dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) {
+    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION, "--state-dir %s: cannot open it as a folder: %s", dir,
+                           strerror(errno));
+  }
+  ttd_status_t status = ttd_state_check_private(dir_fd, dir);
+  if (status) {
+    close(dir_fd);
+    ttd_status_t named = ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION, "--state-dir: %s (chown it to ttd's user and "
+                                         "chmod 700)", ttd_status_message(status));
+    ttd_status_free(status);
+    return named;
+  }
+  ttd_state *state = calloc(1, sizeof(*state));
+  char *copy = strdup(dir);
+  if (!state || !copy) {
+    free(state);
+    free(copy);
+    close(dir_fd);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
+  }
+  state->core = core;
+  state->dir = copy;
+  state->dir_fd = dir_fd;
+  ttd_state_remove_tree(dir_fd, TTD_STATE_NEXT); /* a save that did not finish; the state before it stands */
+  core->sessions.forget_ctx = state;
+  core->sessions.forget = forget;
+  struct stat st;
+  if (fstatat(dir_fd, TTD_STATE_CURRENT, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    int64_t started = ttd_now_ms();
+    size_t loaded = 0;
+    uint64_t bytes = 0;
+    status = load_all(state, &loaded, &bytes);
+    if (status) {
+      char aside[64];
+      snprintf(aside, sizeof(aside), "refused-%lld", (long long)time(NULL));
+      int moved = renameat(dir_fd, TTD_STATE_CURRENT, dir_fd, aside);
+      TTD_LOG(TTD_LOG_ERROR, "event=state-refused dir=%s moved_to=%s/%s message=\"%s\" action=\"nothing is resumed; "
+              "inspect or remove the folder\"", dir, dir, moved == 0 ? aside : TTD_STATE_CURRENT,
+              ttd_status_message(status));
+      ttd_status_free(status);
+    } else {
+      TTD_LOG(TTD_LOG_INFO, "event=state-loaded dir=%s sessions=%zu bytes=%" PRIu64 " ms=%lld", dir, loaded, bytes,
+              (long long)(ttd_now_ms() - started));
+    }
+  }
+  *out_state = state;
+  return TTD_OK;
+}
+
+void ttd_state_close(ttd_state *state) {
+  if (!state) return;
+  if (state->core->sessions.forget_ctx == state) {
+    state->core->sessions.forget = NULL;
+    state->core->sessions.forget_ctx = NULL;
+  }
+  close(state->dir_fd);
+  free(state->dir);
+  free(state);
+}
