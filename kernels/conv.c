@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernel_internal.h"
 #include "kernels.h"
 
 enum { COL_BUDGET = 1 << 22 }; /* floats per column buffer (16 MiB) */
@@ -124,8 +125,10 @@ static int64_t group_size(const ttd_conv2d_params *p) {
 
 /* The slow path for when no column buffer can be had: y directly. */
 static void conv_direct(const ttd_conv2d_params *p, const float *x, const float *w, const float *bias, float *y) {
+  ttd_kcheck check = TTD_KCHECK_INIT;
   for (int64_t g = 0; g < p->n; g++)
-    for (int64_t co = 0; co < p->c_out; co++)
+    for (int64_t co = 0; co < p->c_out; co++) {
+      if (ttd_kstop(&check, p->out_h * p->out_w * p->c_in * p->kh * p->kw)) return;
       for (int64_t oi = 0; oi < p->out_h; oi++)
         for (int64_t oj = 0; oj < p->out_w; oj++) {
           float s = bias ? bias[co] : 0.0f;
@@ -138,6 +141,7 @@ static void conv_direct(const ttd_conv2d_params *p, const float *x, const float 
               }
           y[((g * p->c_out + co) * p->out_h + oi) * p->out_w + oj] = s;
         }
+    }
 }
 
 /* The slow path of the backward: dx and dw directly (each may be NULL). */
@@ -145,8 +149,10 @@ static void conv_backward_direct(const ttd_conv2d_params *p, const float *x, con
                                  float *dw) {
   if (dx) memset(dx, 0, (size_t)(p->n * p->c_in * p->h * p->w) * sizeof(float));
   if (dw) memset(dw, 0, (size_t)(p->c_out * p->c_in * p->kh * p->kw) * sizeof(float));
+  ttd_kcheck check = TTD_KCHECK_INIT;
   for (int64_t g = 0; g < p->n; g++)
-    for (int64_t co = 0; co < p->c_out; co++)
+    for (int64_t co = 0; co < p->c_out; co++) {
+      if (ttd_kstop(&check, p->out_h * p->out_w * p->c_in * p->kh * p->kw)) return;
       for (int64_t oi = 0; oi < p->out_h; oi++)
         for (int64_t oj = 0; oj < p->out_w; oj++) {
           float d = dy[((g * p->c_out + co) * p->out_h + oi) * p->out_w + oj];
@@ -161,6 +167,7 @@ static void conv_backward_direct(const ttd_conv2d_params *p, const float *x, con
                 if (dw) dw[wi] += d * x[xi];
               }
         }
+    }
 }
 
 void ttd_k_conv2d(ttd_pool *pool, const ttd_conv2d_params *p, const float *x, const float *w, const float *bias,
@@ -177,7 +184,7 @@ void ttd_k_conv2d(ttd_pool *pool, const ttd_conv2d_params *p, const float *x, co
       return;
     }
   }
-  for (int64_t n0 = 0; n0 < p->n; n0 += G) {
+  for (int64_t n0 = 0; n0 < p->n && !ttd_pool_cancelled(); n0 += G) {
     int64_t g = p->n - n0 < G ? p->n - n0 : G;
     conv_job j = {.p = p, .x = x + n0 * p->c_in * p->h * p->w, .bias = bias, .col = col, .y = y + n0 * p->c_out * P};
     const float *b = j.x;
@@ -222,7 +229,7 @@ void ttd_k_conv2d_backward(ttd_pool *pool, const ttd_conv2d_params *p, const flo
     return;
   }
   float *col = buf, *dcol = buf + col_len, *part = dcol + dcol_len;
-  for (int64_t n0 = 0; n0 < p->n; n0 += G) {
+  for (int64_t n0 = 0; n0 < p->n && !ttd_pool_cancelled(); n0 += G) {
     int64_t g = p->n - n0 < G ? p->n - n0 : G;
     conv_job j = {
         .p = p, .x = x + n0 * p->c_in * p->h * p->w, .col = col, .dx = dx ? dx + n0 * p->c_in * p->h * p->w : NULL};

@@ -7,7 +7,8 @@
  * - ttd_ksum_f32 / ttd_ksum_blocks: sums whose rounding depends only on the data and its
  *   length, never on the pool's thread count, so results are identical on 1 or N threads.
  * - ttd_kexpf, ttd_kmax_f32, ttd_kexp_sum: row primitives that vectorize once inlined into
- *   a TTD_KHOT loop (libm's expf is a call the vectorizer cannot use). */
+ *   a TTD_KHOT loop (libm's expf is a call the vectorizer cannot use).
+ * - ttd_kcheck: how a long serial loop inside one chunk polls its run's cancellation flag. */
 #ifndef TTD_KERNELS_KERNEL_INTERNAL_H
 #define TTD_KERNELS_KERNEL_INTERNAL_H
 
@@ -17,6 +18,25 @@
 #include "thread_pool.h"
 
 #define TTD_KGRAIN 16384
+
+/* A chunk can hold seconds of work (a pool's huge window, a matmul tile's long K, one
+ * enormous row), so loops inside it poll the cancellation flag too, about every
+ * TTD_KCHECK_OPS operations (a fraction of a millisecond): ttd_kstop counts the work done
+ * since the last poll and loads the flag (ttd_pool_cancelled) only past that. */
+#define TTD_KCHECK_OPS ((int64_t)1 << 20)
+
+typedef struct ttd_kcheck {
+  int64_t left; /* operations until the next poll */
+} ttd_kcheck;
+
+#define TTD_KCHECK_INIT {TTD_KCHECK_OPS}
+
+/* Counts ops more operations done; whether the kernel should stop now. */
+static inline int ttd_kstop(ttd_kcheck *check, int64_t ops) {
+  if ((check->left -= ops) > 0) return 0;
+  check->left = TTD_KCHECK_OPS;
+  return ttd_pool_cancelled();
+}
 
 /* Row primitives below are always inlined, so they take the ISA of the TTD_KHOT clone that
  * calls them. */

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernel_internal.h"
 #include "kernels.h"
 
 enum {
@@ -48,7 +49,8 @@ typedef struct ln_job {
 static void forward_rows(void *ctx, size_t begin, size_t end) {
   const ln_job *j = ctx;
   int64_t cols = j->cols;
-  for (size_t r = begin; r < end; r++) {
+  ttd_kcheck check = TTD_KCHECK_INIT;
+  for (size_t r = begin; r < end && !ttd_kstop(&check, cols); r++) {
     const float *restrict x = j->x + (int64_t)r * cols;
     float *restrict y = j->y + (int64_t)r * cols;
     double mean = row_sum(x, cols) / (double)cols;
@@ -73,7 +75,8 @@ static void dx_rows(void *ctx, size_t begin, size_t end) {
   const ln_job *j = ctx;
   int64_t cols = j->cols;
   const float *restrict w = j->weight;
-  for (size_t r = begin; r < end; r++) {
+  ttd_kcheck check = TTD_KCHECK_INIT;
+  for (size_t r = begin; r < end && !ttd_kstop(&check, cols); r++) {
     const float *restrict x = j->x + (int64_t)r * cols;
     const float *restrict dy = j->dy + (int64_t)r * cols;
     float *restrict dx = j->dx + (int64_t)r * cols;

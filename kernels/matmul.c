@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernel_internal.h"
 #include "kernels.h"
 
 enum {
@@ -286,8 +287,10 @@ static void pack_b(const float *restrict b, int64_t rs, int64_t cs, int64_t kc, 
 /* Without pack buffers (out of memory): the same tile, computed directly. */
 static void tile_unpacked(const gemm_problem *g, int64_t q0, int64_t q1, int64_t i0, int64_t i1, int64_t j0, int64_t j1,
                           float *c) {
+  ttd_kcheck check = TTD_KCHECK_INIT;
   for (int64_t i = i0; i < i1; i++)
     for (int64_t j = j0; j < j1; j++) {
+      if (ttd_kstop(&check, (q1 - q0) * g->k)) return;
       float s = 0.0f;
       for (int64_t q = q0; q < q1; q++) {
         const float *a = g->a + q * g->a_bs + i * g->a_rs;
@@ -319,6 +322,7 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
   size_t bytes = (a_len + b_len) * sizeof(float);
   float *buf = bytes ? aligned_alloc(64, round_up((int64_t)bytes, 64)) : NULL;
   float *ap = buf, *bp = buf ? buf + a_len : NULL;
+  ttd_kcheck check = TTD_KCHECK_INIT;
 
   for (size_t t = begin; t < end; t++) {
     int64_t tiles = g->m_tiles * g->n_tiles;
@@ -345,6 +349,7 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
       const float *b = g->b + q * g->b_bs + j0 * g->b_cs;
       for (int64_t p0 = 0; p0 < g->k; p0 += g->kc) {
         int64_t kc = g->k - p0 < g->kc ? g->k - p0 : g->kc;
+        if (ttd_kstop(&check, mc * nc * kc)) goto out; /* a block is at most MC_MAX x NC_MAX x KC */
         pack_b(b + p0 * g->b_rs, g->b_rs, g->b_cs, kc, nc, bp, g->interleave16);
         if (g->a_packed) ap = g->a_packed + p0 * round_up(g->m, MR) + i0 * kc;
         else pack_a(a + p0 * g->a_cs, g->a_rs, g->a_cs, mc, kc, ap);
@@ -360,6 +365,7 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
     }
     add_col_bias(g, c, i0, mc, j0, nc);
   }
+out:
   free(buf);
 }
 

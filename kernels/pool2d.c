@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernel_internal.h"
 #include "kernels.h"
 
 /* Besides the output size, a padding of at most half the window (torch's rule), so every
@@ -41,12 +42,14 @@ static void max_tasks(void *ctx, size_t begin, size_t end) {
   const pool_job *j = ctx;
   const ttd_pool2d_params *p = j->p;
   int64_t hw = p->h * p->w, ohw = p->out_h * p->out_w;
+  ttd_kcheck check = TTD_KCHECK_INIT;
   for (size_t plane = begin; plane < end; plane++) {
     const float *x = j->x + (int64_t)plane * hw;
     float *y = j->y + (int64_t)plane * ohw;
     int32_t *am = j->argmax ? j->argmax + (int64_t)plane * ohw : NULL;
     for (int64_t oi = 0; oi < p->out_h; oi++)
       for (int64_t oj = 0; oj < p->out_w; oj++) {
+        if (ttd_kstop(&check, p->kh * p->kw)) return;
         int64_t i0, i1, j0, j1;
         window(p, oi, oj, &i0, &i1, &j0, &j1);
         int64_t best = -1;
@@ -85,11 +88,13 @@ static void avg_tasks(void *ctx, size_t begin, size_t end) {
   const ttd_pool2d_params *p = j->p;
   int64_t hw = p->h * p->w, ohw = p->out_h * p->out_w;
   float scale = 1.0f / (float)(p->kh * p->kw);
+  ttd_kcheck check = TTD_KCHECK_INIT;
   for (size_t plane = begin; plane < end; plane++) {
     const float *x = j->x + (int64_t)plane * hw;
     float *y = j->y + (int64_t)plane * ohw;
     for (int64_t oi = 0; oi < p->out_h; oi++)
       for (int64_t oj = 0; oj < p->out_w; oj++) {
+        if (ttd_kstop(&check, p->kh * p->kw)) return;
         int64_t i0, i1, j0, j1;
         window(p, oi, oj, &i0, &i1, &j0, &j1);
         float s = 0.0f;
@@ -105,12 +110,14 @@ static void avg_backward_tasks(void *ctx, size_t begin, size_t end) {
   const ttd_pool2d_params *p = j->p;
   int64_t hw = p->h * p->w, ohw = p->out_h * p->out_w;
   float scale = 1.0f / (float)(p->kh * p->kw);
+  ttd_kcheck check = TTD_KCHECK_INIT;
   for (size_t plane = begin; plane < end; plane++) {
     float *dx = j->dx + (int64_t)plane * hw;
     const float *dy = j->dy + (int64_t)plane * ohw;
     memset(dx, 0, (size_t)hw * sizeof(float));
     for (int64_t oi = 0; oi < p->out_h; oi++)
       for (int64_t oj = 0; oj < p->out_w; oj++) {
+        if (ttd_kstop(&check, p->kh * p->kw)) return;
         int64_t i0, i1, j0, j1;
         window(p, oi, oj, &i0, &i1, &j0, &j1);
         float g = dy[oi * p->out_w + oj] * scale;

@@ -135,7 +135,7 @@ typedef struct reduce_job {
   double count; /* divisor: rnumel for mean, 1 for sum */
 } reduce_job;
 
-static void reduce_item(reduce_job *job, int64_t item) {
+static void reduce_item(reduce_job *job, int64_t item, ttd_kcheck *check) {
   const rplan *p = job->p;
   int64_t u = item % job->units, b = item / job->units;
   int64_t r0 = b * job->rblock, r1 = r0 + job->rblock < p->rnumel ? r0 + job->rblock : p->rnumel;
@@ -155,6 +155,7 @@ static void reduce_item(reduce_job *job, int64_t item) {
   rwalk w;
   rwalk_seek(p, &w, r0, p->nr);
   for (int64_t r = r0; r < r1; r++) {
+    if (ttd_kstop(check, len)) return;
     add_row(acc, x + w.off, len);
     rwalk_next(p, &w, p->nr);
   }
@@ -166,7 +167,9 @@ static void reduce_item(reduce_job *job, int64_t item) {
 }
 
 static void reduce_run(void *ctx, size_t begin, size_t end) {
-  for (size_t i = begin; i < end; i++) reduce_item(ctx, (int64_t)i);
+  reduce_job *job = ctx;
+  ttd_kcheck check = TTD_KCHECK_INIT;
+  for (size_t i = begin; i < end && !ttd_kstop(&check, job->rblock); i++) reduce_item(job, (int64_t)i, &check);
 }
 
 void ttd_k_reduce(ttd_pool *pool, ttd_reduce_op op, const float *x, const ttd_kshape *xs, uint32_t axes_mask,

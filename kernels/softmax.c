@@ -28,7 +28,8 @@ TTD_KHOT static void softmax_row(const float *restrict x, float *restrict y, int
 
 static void softmax_run(void *ctx, size_t begin, size_t end) {
   softmax_job *job = ctx;
-  for (size_t r = begin; r < end; r++)
+  ttd_kcheck check = TTD_KCHECK_INIT;
+  for (size_t r = begin; r < end && !ttd_kstop(&check, job->cols); r++)
     softmax_row(job->x + (int64_t)r * job->cols, job->out + (int64_t)r * job->cols, job->cols, job->is_log);
 }
 
@@ -78,7 +79,8 @@ TTD_KHOT static void softmax_backward_row(const float *restrict y, const float *
 
 static void softmax_backward_run(void *ctx, size_t begin, size_t end) {
   softmax_job *job = ctx;
-  for (size_t r = begin; r < end; r++) {
+  ttd_kcheck check = TTD_KCHECK_INIT;
+  for (size_t r = begin; r < end && !ttd_kstop(&check, job->cols); r++) {
     int64_t o = (int64_t)r * job->cols;
     softmax_backward_row(job->y + o, job->dy + o, job->out + o, job->cols, job->is_log);
   }

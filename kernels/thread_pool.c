@@ -14,6 +14,10 @@
  * A parallel_for made from inside a job (a kernel calling a kernel) runs inline on the
  * calling thread: it could never get `call_mu` otherwise.
  *
+ * Cancellation: a job carries its caller's flag (ttd_cancel); before claiming each chunk a
+ * thread loads it (relaxed) and stops claiming once it is set, and workers make it their own
+ * while they run the job's chunks, so a kernel's inner checks see it on every thread.
+ *
  * Kernels come in quick succession (a program is a chain of them), so a worker that has just
  * finished, and a caller waiting for helpers, spin for SPIN_NS before sleeping: the next job
  * or the last helper usually arrives within that, and a futex wake-up costs more than the
@@ -52,6 +56,7 @@ struct ttd_pool {
   /* the current job (written under mu by the caller, read under mu by workers) */
   void (*fn)(void *ctx, size_t begin, size_t end);
   void *ctx;
+  const ttd_cancel *cancel; /* the caller's flag, or NULL */
   size_t n, nchunks;
   atomic_size_t next; /* next unclaimed chunk */
   int caller_cpu;     /* where the current job's caller ran when it published the job; -1: unknown */
@@ -61,21 +66,42 @@ struct ttd_pool {
 /* Set while this thread runs a job's chunks: nested parallel_for calls run inline. */
 static _Thread_local int tls_in_job;
 
+/* The flag of the kernels this thread runs: its own (ttd_pool_cancel_enter), or on a worker
+ * the flag of the job whose chunks it runs. */
+static _Thread_local const ttd_cancel *tls_cancel;
+
+const ttd_cancel *ttd_pool_cancel_enter(const ttd_cancel *cancel) {
+  const ttd_cancel *before = tls_cancel;
+  tls_cancel = cancel;
+  return before;
+}
+
+static int cancel_set(const ttd_cancel *cancel) {
+  return cancel && atomic_load_explicit(&((ttd_cancel *)cancel)->code, memory_order_relaxed) != 0;
+}
+
+int ttd_pool_cancelled(void) { return cancel_set(tls_cancel); }
+
 static void chunk_bounds(size_t n, size_t nchunks, size_t i, size_t *begin, size_t *end) {
   size_t base = n / nchunks, rem = n % nchunks;
   *begin = i * base + (i < rem ? i : rem);
   *end = *begin + base + (i < rem ? 1 : 0);
 }
 
-static void run_chunks(void (*fn)(void *, size_t, size_t), void *ctx, size_t n, size_t nchunks, atomic_size_t *next) {
+static void run_chunks(void (*fn)(void *, size_t, size_t), void *ctx, const ttd_cancel *cancel, size_t n,
+                       size_t nchunks, atomic_size_t *next) {
   tls_in_job = 1;
+  const ttd_cancel *own = tls_cancel;
+  tls_cancel = cancel;
   for (;;) {
+    if (cancel_set(cancel)) break; /* the remaining chunks are left unclaimed */
     size_t i = atomic_fetch_add_explicit(next, 1, memory_order_relaxed);
     if (i >= nchunks) break;
     size_t begin, end;
     chunk_bounds(n, nchunks, i, &begin, &end);
     fn(ctx, begin, end);
   }
+  tls_cancel = own;
   tls_in_job = 0;
 }
 
@@ -152,12 +178,13 @@ static void *worker_main(void *arg) {
     pool->tickets--;
     void (*fn)(void *, size_t, size_t) = pool->fn;
     void *ctx = pool->ctx;
+    const ttd_cancel *cancel = pool->cancel;
     size_t n = pool->n, nchunks = pool->nchunks;
     int caller_cpu = pool->caller_cpu;
     pthread_mutex_unlock(&pool->mu);
 
     leave_caller_cpu(pool, caller_cpu, &allowed);
-    run_chunks(fn, ctx, n, nchunks, &pool->next);
+    run_chunks(fn, ctx, cancel, n, nchunks, &pool->next);
 
     pthread_mutex_lock(&pool->mu);
     if (--pool->active == 0) pthread_cond_signal(&pool->done_cv);
@@ -250,10 +277,11 @@ void ttd_pool_wake(ttd_pool *pool) {
 }
 
 /* Runs the job on the pool (returns 1), or on the caller alone (0): when it is too small,
- * nested, or when `wait` is 0 and another job holds the pool. */
+ * nested, or when `wait` is 0 and another job holds the pool. Nothing runs once the
+ * caller's flag is set. */
 static int run_job(ttd_pool *pool, size_t n, size_t grain, void (*fn)(void *ctx, size_t begin, size_t end), void *ctx,
                    int wait) {
-  if (n == 0) return 0;
+  if (n == 0 || cancel_set(tls_cancel)) return 0;
   if (grain == 0) grain = 1;
   size_t nchunks = n / grain;
   if (!pool || pool->nworkers == 0 || nchunks <= 1 || tls_in_job ||
@@ -268,6 +296,7 @@ static int run_job(ttd_pool *pool, size_t n, size_t grain, void (*fn)(void *ctx,
   pthread_mutex_lock(&pool->mu);
   pool->fn = fn;
   pool->ctx = ctx;
+  pool->cancel = tls_cancel;
   pool->n = n;
   pool->nchunks = nchunks;
   atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
@@ -280,7 +309,7 @@ static int run_job(ttd_pool *pool, size_t n, size_t grain, void (*fn)(void *ctx,
   for (int i = 0; i < helpers; i++) pthread_cond_signal(&pool->work_cv);
   pthread_mutex_unlock(&pool->mu);
 
-  run_chunks(fn, ctx, n, nchunks, &pool->next);
+  run_chunks(fn, ctx, tls_cancel, n, nchunks, &pool->next);
 
   /* Every chunk is claimed: tickets no worker took yet are withdrawn, so a worker still waking
    * up is not waited for. */

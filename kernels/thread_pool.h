@@ -5,9 +5,28 @@
 #ifndef TTD_KERNELS_THREAD_POOL_H
 #define TTD_KERNELS_THREAD_POOL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 
 typedef struct ttd_pool ttd_pool;
+
+/* A cancellation flag for the kernels a thread runs: 0 while they may go on; any thread may
+ * set it (a relaxed store will do) to a non-zero code, which stays until its owner clears it
+ * between runs. Once it is set, parallel_for hands out no more chunks (a job's workers carry
+ * their caller's flag) and the kernels' long loops return early: their outputs are then
+ * partly written, for the caller to throw away. The kernels only test it for non-zero; the
+ * daemon stores a gRPC status code (DEADLINE_EXCEEDED, ...) in it. */
+typedef struct ttd_cancel {
+  atomic_int code;
+} ttd_cancel;
+
+/* Makes cancel (NULL: none) the flag of the kernels the calling thread runs from now on, and
+ * returns the one before, which the caller puts back when its kernels are done. */
+const ttd_cancel *ttd_pool_cancel_enter(const ttd_cancel *cancel);
+
+/* Whether the kernel running on this thread should stop: one relaxed load of the flag of
+ * the thread (or, on a worker, of the job it runs); 0 without one. */
+int ttd_pool_cancelled(void);
 
 /* threads <= 0: one per online host core. NULL if out of memory. */
 ttd_pool *ttd_pool_create(int threads);
@@ -22,6 +41,8 @@ unsigned long long ttd_pool_nudges(ttd_pool *pool);
  * parallel_for does not wait for a wake-up. Accepts NULL. */
 void ttd_pool_wake(ttd_pool *pool);
 
+/* With the calling thread's flag set (ttd_pool_cancel_enter), chunks not yet begun are
+ * skipped, and nothing runs when it is set on entry. */
 void ttd_pool_parallel_for(ttd_pool *pool, size_t n, size_t grain, void (*fn)(void *ctx, size_t begin, size_t end),
                            void *ctx);
 

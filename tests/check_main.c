@@ -60,6 +60,7 @@ int main(void) {
   srunner_add_suite(sr, e2e_metrics_suite());
   srunner_add_suite(sr, e2e_tenants_suite());
   srunner_add_suite(sr, e2e_fairness_suite());
+  srunner_add_suite(sr, e2e_cancel_suite());
   srunner_add_suite(sr, e2e_tls_suite());
   srunner_add_suite(sr, e2e_shm_suite());
   srunner_add_suite(sr, e2e_service_suite());

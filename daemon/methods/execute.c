@@ -146,7 +146,8 @@ static ttd_status_t execute(ttd_call *call, const ProtobufCMessage *request, Pro
     status = ttd_inline_create(call, &specs[i], req->inline_inputs[k++], &inputs[i]);
   }
   int n_inputs = req->n_inline_inputs ? program->n_inputs : (int)req->n_inputs;
-  ttd_run_mode run_mode = {.eval = req->eval, .dropout_step = req->dropout_step};
+  /* The call's flag (set when its deadline passes or its session closes) stops the run. */
+  ttd_run_mode run_mode = {.eval = req->eval, .dropout_step = req->dropout_step, .cancel = call->job.cancel};
   /* No Upload rewrites an operand while the forward reads it, nor starts meanwhile. */
   if (!status && !(status = ttd_tensors_read_begin(inputs, n_inputs, "input"))) {
     status = ttd_tensors_read_begin(params, (int)req->n_parameters, "parameter");

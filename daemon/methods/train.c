@@ -123,7 +123,9 @@ static ttd_status_t backward(ttd_call *call, const ProtobufCMessage *request, Pr
   int n_operands = p->n_inputs + p->n_params;
   if (!status) status = ttd_tensors_read_begin(run->operands, n_operands, "operand"); /* no Upload under it */
   if (!status) {
+    run->mode.cancel = call->job.cancel; /* this call's deadline and session stop the backward */
     status = ttd_run_backward(run, call->core->backend, out_grads, param_grads, req->input_grads ? input_grads : NULL);
+    run->mode.cancel = NULL;
     ttd_tensors_read_end(run->operands, n_operands);
   }
   if (!status) {

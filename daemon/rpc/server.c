@@ -70,8 +70,8 @@ static void active_remove(ttd_call *c) {
 static const char shutting_down[] = "ttd is shutting down: its drain timeout passed before this call finished; "
                                     "reconnect when it is back";
 
-/* Device calls are left alone: a program on the card cannot be stopped, and the stop waits
- * for it in any case, so it answers with its result; those queued behind it are answered
+/* Device calls are left alone: the stop waits for a running program in any case (its
+ * deadline or session may stop it sooner), so it answers with its result; those queued behind it are answered
  * UNAVAILABLE the moment their turn comes (the server is cancelling). */
 static void active_cancel_all(ttd_server *server) {
   pthread_mutex_lock(&server->lock);
@@ -214,13 +214,6 @@ static void run_unary(ttd_call *c, const ProtobufCMessage *request) {
   finish(c, out, status);
 }
 
-static bool session_closed(ttd_session *session) {
-  pthread_mutex_lock(&session->lock);
-  bool closed = session->closed;
-  pthread_mutex_unlock(&session->lock);
-  return closed;
-}
-
 /* Device work waiting for the card holds its request in host memory: at most
  * TTD_SESSION_MAX_QUEUED calls a session, their sizes charged to its quota until their
  * turn (so queued inline inputs count as the tensors they become). */
@@ -257,6 +250,56 @@ static void queue_leave(ttd_call *c) {
   atomic_fetch_sub(&c->session->queued_calls, 1);
 }
 
+/* The call's deadline on the monotonic clock of now_ns, or 0 when it has none. */
+static int64_t monotonic_deadline(gpr_timespec deadline) {
+  if (gpr_time_cmp(deadline, gpr_inf_future(deadline.clock_type)) == 0) return 0;
+  gpr_timespec left = gpr_time_sub(deadline, gpr_now(deadline.clock_type));
+  if (left.tv_sec > 1000000000) return 0; /* decades away: none */
+  int64_t left_ns = left.tv_sec < 0 ? 0 : left.tv_sec * 1000000000 + left.tv_nsec;
+  return now_ns() + left_ns;
+}
+
+/* The call's session closes (by its client, an admin or its lease) while its program runs:
+ * the program stops at its next check. Under the session's lock; the call unregisters
+ * before it answers, so the flag is still its own. */
+static void stop_device_call(ttd_session_stream *stream) {
+  ttd_call *c = (ttd_call *)((char *)stream - offsetof(ttd_call, session_stream));
+  int clear = 0;
+  atomic_compare_exchange_strong(&c->job.cancel->code, &clear, (int)GRPC_STATUS_FAILED_PRECONDITION);
+}
+
+/* Registers the call with its session for its run, so that closing the session stops it;
+ * false when the session has closed already. */
+static bool watch_device_call(ttd_call *c) {
+  c->session_stream.cancel = stop_device_call;
+  if (ttd_session_stream_add(c->session, &c->session_stream)) return true;
+  c->session_stream.cancel = NULL;
+  return false;
+}
+
+/* A status of a run its flag stopped, with why in front; others as they are. Takes status. */
+static ttd_status_t explain_stop(ttd_call *c, ttd_status_t status, int64_t ran_ns) {
+  int code = atomic_load(&c->job.cancel->code);
+  if (!status || !code || (int)ttd_status_code(status) != code) return status;
+  ttd_status_t why;
+  if (code == GRPC_STATUS_DEADLINE_EXCEEDED) {
+    why = ttd_make_status(GRPC_STATUS_DEADLINE_EXCEEDED,
+                          "%s passed its deadline after %.1f ms on the device and was stopped, keeping nothing it "
+                          "made (%s); raise the deadline or split the program",
+                          c->method->path, (double)ran_ns / 1e6, ttd_status_message(status));
+  } else if (code == GRPC_STATUS_FAILED_PRECONDITION) {
+    why = ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                          "session %016" PRIx64 " was closed (closed, expired or killed by an admin) after %.1f ms of "
+                          "%s on the device, which was stopped (%s); open a new session",
+                          c->session->id, (double)ran_ns / 1e6, c->method->path, ttd_status_message(status));
+  } else {
+    why = ttd_make_status((grpc_status_code)code, "%s was stopped after %.1f ms on the device (%s)", c->method->path,
+                          (double)ran_ns / 1e6, ttd_status_message(status));
+  }
+  ttd_status_free(status);
+  return why;
+}
+
 /* A device call's turn has come (on the device's executor thread). */
 static void run_scheduled(ttd_job *job) {
   ttd_call *c = (ttd_call *)((char *)job - offsetof(ttd_call, job));
@@ -273,7 +316,7 @@ static void run_scheduled(ttd_job *job) {
     refused = ttd_make_status(GRPC_STATUS_DEADLINE_EXCEEDED,
                               "%s waited past its deadline for its turn on the device; the device is busy with "
                               "other sessions' programs (raise the deadline)", c->method->path);
-  } else if (c->session && session_closed(c->session)) {
+  } else if (c->session && !watch_device_call(c)) {
     refused = ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
                               "session %016" PRIx64 " was closed (closed, expired or killed by an admin) while "
                               "this call waited for the device; open a new session", c->session->id);
@@ -286,7 +329,13 @@ static void run_scheduled(ttd_job *job) {
   int64_t began = now_ns();
   ttd_core *core = c->core; /* c may be gone once answered */
   ttd_session *session = c->session ? ttd_session_retain(c->session) : NULL;
-  run_unary(c, c->request);
+  ProtobufCMessage *response = NULL;
+  ttd_status_t status = c->method->unary(c, c->request, &response);
+  if (session) ttd_session_stream_remove(session, &c->session_stream); /* before the flag goes to the next job */
+  status = explain_stop(c, status, now_ns() - began);
+  grpc_byte_buffer *out = NULL;
+  if (!status) status = pack_message(response, &out);
+  finish(c, out, status);
   if (session) { /* the card's time, for the tenant's share (/metrics) */
     ttd_metrics_record_card(&core->metrics, session->tenant, now_ns() - began);
     ttd_session_release(session);
@@ -345,6 +394,7 @@ static void on_call_arrived(ttd_call *c) {
         c->job.group = c->session ? c->session->tenant_key : 0;
         c->job.weight = c->session ? atomic_load(&c->session->weight) : 1;
         c->job.run = run_scheduled;
+        c->job.deadline_ns = monotonic_deadline(c->deadline);
         atomic_store(&c->on_device, true);
         ttd_scheduler_submit(c->core->scheduler, device, &c->job);
         return;

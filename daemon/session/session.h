@@ -27,7 +27,8 @@
 
 /* A stream of the session that may wait on its client without end: a client that stops
  * reading a Download or sending an Upload, its connection open. Closing the session
- * cancels it, so that the tensor the stream holds goes with the session. */
+ * cancels it, so that the tensor the stream holds goes with the session. A device call
+ * registers the same way while its program runs, which closing the session stops. */
 typedef struct ttd_session_stream {
   struct ttd_session_stream *prev, *next;
   /* Called once, under the session's lock: must not block, nor take that lock. */

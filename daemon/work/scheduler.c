@@ -3,8 +3,10 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 /* The jobs of one key (a session) on one device, in arrival order. */
 typedef struct lane {
@@ -33,12 +35,77 @@ typedef struct device_queue {
   uint64_t last_group, last_key; /* of the job served most recently */
   bool stopping;
   int device;         /* its index: tt:N */
+  struct ttd_scheduler *owner;
+  ttd_cancel cancel;  /* the running job's flag */
+  int64_t deadline_ns; /* the running job's deadline, until the watchdog fires it; 0: none (under watch_lock) */
 } device_queue;
 
 struct ttd_scheduler {
   int devices;
+  /* The watchdog: sleeps until the earliest deadline of a running job, then sets its flag. */
+  pthread_t watchdog;
+  bool watchdog_started, watchdog_stopping; /* stopping under watch_lock */
+  pthread_mutex_t watch_lock;
+  pthread_cond_t watch_wake;  /* on CLOCK_MONOTONIC */
+  int64_t watch_until;        /* when the watchdog wakes by itself; INT64_MAX: not before a signal */
   device_queue queues[];
 };
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void *watchdog_main(void *arg) {
+  ttd_scheduler *s = arg;
+  pthread_setname_np(pthread_self(), "ttd-deadlines");
+  pthread_mutex_lock(&s->watch_lock);
+  while (!s->watchdog_stopping) {
+    int64_t now = now_ns(), next = INT64_MAX;
+    for (int d = 0; d < s->devices; d++) {
+      device_queue *q = &s->queues[d];
+      if (!q->deadline_ns) continue;
+      if (q->deadline_ns <= now) {
+        int clear = 0;
+        atomic_compare_exchange_strong(&q->cancel.code, &clear, (int)GRPC_STATUS_DEADLINE_EXCEEDED);
+        q->deadline_ns = 0;
+      } else if (q->deadline_ns < next) {
+        next = q->deadline_ns;
+      }
+    }
+    s->watch_until = next;
+    if (next == INT64_MAX) {
+      pthread_cond_wait(&s->watch_wake, &s->watch_lock);
+    } else {
+      struct timespec until = {.tv_sec = next / 1000000000, .tv_nsec = next % 1000000000};
+      pthread_cond_timedwait(&s->watch_wake, &s->watch_lock, &until);
+    }
+  }
+  pthread_mutex_unlock(&s->watch_lock);
+  return NULL;
+}
+
+/* The job starts on q: its flag cleared, its deadline watched (the watchdog woken only when
+ * it would sleep past it, so jobs with far deadlines cost no wake-up). */
+static void job_begin(ttd_scheduler *s, device_queue *q, ttd_job *job) {
+  pthread_mutex_lock(&s->watch_lock);
+  atomic_store_explicit(&q->cancel.code, 0, memory_order_relaxed);
+  q->deadline_ns = job->deadline_ns;
+  if (job->deadline_ns && job->deadline_ns < s->watch_until) {
+    s->watch_until = job->deadline_ns;
+    pthread_cond_signal(&s->watch_wake);
+  }
+  pthread_mutex_unlock(&s->watch_lock);
+  job->cancel = &q->cancel;
+}
+
+/* The job has ended (its memory may be gone): its deadline no longer matters. */
+static void job_end(ttd_scheduler *s, device_queue *q) {
+  pthread_mutex_lock(&s->watch_lock);
+  q->deadline_ns = 0;
+  pthread_mutex_unlock(&s->watch_lock);
+}
 
 /* Takes the next job in turn; lock held, at least one group. The first group is served
  * (its first lane's first job, the lane then going behind its group's other lanes) until
@@ -99,6 +166,7 @@ static ttd_job *take_next(device_queue *q) {
 
 static void *executor_main(void *arg) {
   device_queue *q = arg;
+  ttd_scheduler *s = q->owner;
   char name[16];
   snprintf(name, sizeof(name), "ttd-exec-tt%d", q->device);
   pthread_setname_np(pthread_self(), name);
@@ -108,7 +176,9 @@ static void *executor_main(void *arg) {
     if (!q->first) break; /* stopping, and nothing left */
     ttd_job *job = take_next(q);
     pthread_mutex_unlock(&q->lock);
+    job_begin(s, q, job);
     job->run(job);
+    job_end(s, q);
     pthread_mutex_lock(&q->lock);
   }
   pthread_mutex_unlock(&q->lock);
@@ -125,7 +195,20 @@ ttd_status_t ttd_scheduler_create(int devices, ttd_scheduler **out_scheduler) {
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->wake, NULL);
     q->device = d;
+    q->owner = s;
   }
+  pthread_mutex_init(&s->watch_lock, NULL);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->watch_wake, &attr);
+  pthread_condattr_destroy(&attr);
+  s->watch_until = INT64_MAX;
+  if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0) {
+    ttd_scheduler_destroy(s);
+    return ttd_make_status(GRPC_STATUS_INTERNAL, "cannot start the scheduler's deadline thread");
+  }
+  s->watchdog_started = true;
   for (int d = 0; d < devices; d++) {
     device_queue *q = &s->queues[d];
     if (pthread_create(&q->thread, NULL, executor_main, q) != 0) {
@@ -206,5 +289,12 @@ void ttd_scheduler_destroy(ttd_scheduler *scheduler) {
     pthread_mutex_destroy(&q->lock);
     pthread_cond_destroy(&q->wake);
   }
+  pthread_mutex_lock(&scheduler->watch_lock);
+  scheduler->watchdog_stopping = true;
+  pthread_cond_signal(&scheduler->watch_wake);
+  pthread_mutex_unlock(&scheduler->watch_lock);
+  if (scheduler->watchdog_started) pthread_join(scheduler->watchdog, NULL);
+  pthread_mutex_destroy(&scheduler->watch_lock);
+  pthread_cond_destroy(&scheduler->watch_wake);
   free(scheduler);
 }

@@ -14,7 +14,13 @@
  * them.
  *
  * RPC threads only enqueue, so they stay free for transfers and other calls while
- * programs run. Thread-safe. */
+ * programs run. Thread-safe.
+ *
+ * Stopping a running job: each device has a cancellation flag (kernels/thread_pool.h), cleared
+ * when a job starts and lent to it as job->cancel; the job hands it to the kernels it runs,
+ * which poll it. A watchdog thread sets it to DEADLINE_EXCEEDED when the running job's
+ * deadline passes; anyone else who must stop the job (its session closing) stores its own
+ * code in it while the job runs. */
 #ifndef TTD_SCHEDULER_H
 #define TTD_SCHEDULER_H
 
@@ -22,6 +28,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "thread_pool.h"
 
 typedef struct ttd_job ttd_job;
 struct ttd_job {
@@ -30,7 +37,9 @@ struct ttd_job {
   uint64_t group;         /* the key's group (a tenant): groups take turns first */
   uint32_t weight;        /* the group's jobs in a row per turn (0 counts as 1) */
   void (*run)(ttd_job *job);
+  int64_t deadline_ns;    /* CLOCK_MONOTONIC; past it the running job's flag is set; 0: none */
   int device;             /* set by ttd_scheduler_submit */
+  ttd_cancel *cancel;     /* set when the job starts: its device's flag, clear; valid while it runs */
 };
 
 typedef struct ttd_scheduler ttd_scheduler;

@@ -47,7 +47,8 @@ static void begin(raw_call_ctx *c, const char *target, const char *method, raw_m
   c->cq = grpc_completion_queue_create_for_pluck(NULL);
   grpc_slice m = grpc_slice_from_copied_string(method);
   c->call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq, m, NULL,
-                                     gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_seconds(30, GPR_TIMESPAN)),
+                                     gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
+                                                  gpr_time_from_millis(md.timeout_ms ? md.timeout_ms : 30000, GPR_TIMESPAN)),
                                      NULL);
   grpc_slice_unref(m);
   if (md.session) {

@@ -21,6 +21,7 @@ typedef struct raw_md {
   const char *session;  /* "ttd-session" value, or NULL */
   const char *instance; /* "ttd-instance" value, or NULL */
   const char *authorization; /* "authorization" value ("Bearer ..."), or NULL */
+  int timeout_ms;       /* the call's deadline from its start; 0: 30 s */
 } raw_md;
 
 /* A unary call (also used for Download: every response is read, the last kept). */

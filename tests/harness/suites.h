@@ -62,6 +62,7 @@ Suite *e2e_shapes_suite(void);
 Suite *e2e_metrics_suite(void);
 Suite *e2e_tenants_suite(void);
 Suite *e2e_fairness_suite(void);
+Suite *e2e_cancel_suite(void);
 Suite *e2e_tls_suite(void);
 Suite *e2e_shm_suite(void);
 Suite *e2e_service_suite(void);

@@ -60,11 +60,15 @@ typedef struct ttd_backend_buffer ttd_backend_buffer; /* opaque; defined by each
 struct ttd_program_node;
 struct ttd_kshape;
 
-/* How a program runs, for the ops that differ between training and evaluation (dropout).
- * All zero: training, dropout step 0. */
+/* How a program runs, for the ops that differ between training and evaluation (dropout),
+ * and when it must stop. All zero: training, dropout step 0, never stopped. */
 typedef struct ttd_run_mode {
   bool eval;             /* torch's eval(): dropout passes its input (and its gradient) through */
   uint64_t dropout_step; /* training: with each dropout node's seed, picks that node's mask */
+  /* The caller's cancellation flag (kernels/thread_pool.h), or NULL. A backend polls it at
+   * least at chunk boundaries while a node runs, and returns soon after it is set (the
+   * node's outputs then hold garbage); the caller checks it after each node. */
+  const ttd_cancel *cancel;
 } ttd_run_mode;
 
 /* One node of a program, forward, as the backend sees it: the node (op and attributes),

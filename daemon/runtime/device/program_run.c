@@ -42,6 +42,28 @@ static ttd_status_t make_saved(ttd_backend *backend, const ttd_run *run, const t
   return TTD_OK;
 }
 
+/* The status of a run stopped by its flag, at node i of its `pass`; OK while the flag is clear. */
+static ttd_status_t stopped(const ttd_run *run, int i, const char *pass) {
+  const ttd_cancel *cancel = run->mode.cancel;
+  int code = cancel ? atomic_load_explicit(&((ttd_cancel *)cancel)->code, memory_order_relaxed) : 0;
+  if (!code) return TTD_OK;
+  const ttd_program *p = run->program;
+  if (i >= p->n_nodes) {
+    return ttd_make_status((grpc_status_code)code, "stopped at the end of the %s (after all %d nodes)", pass, p->n_nodes);
+  }
+  return ttd_make_status((grpc_status_code)code, "stopped in the %s at node '%.128s' (%s, %d of %d)", pass,
+                         p->values[p->nodes[i].value].name, ttd_op_name(p->nodes[i].op), i + 1, p->n_nodes);
+}
+
+/* A node's status, unless the flag stopped the run meanwhile (the node's outputs are then
+ * garbage, and what it said of them means nothing). Takes status. */
+static ttd_status_t node_status(const ttd_run *run, int i, const char *pass, ttd_status_t status) {
+  ttd_status_t stop = stopped(run, i, pass);
+  if (!stop) return status;
+  ttd_status_free(status);
+  return stop;
+}
+
 void ttd_run_free(ttd_run *run) {
   if (!run) return;
   for (int i = 0; run->values && i < run->program->n_values; i++) ttd_tensor_release(run->values[i]);
@@ -108,6 +130,7 @@ ttd_status_t ttd_run_forward_mode(ttd_backend *backend, ttd_quota *quota, ttd_pr
   for (int i = 0; i < program->n_nodes && !status; i++) {
     const ttd_program_node *node = &program->nodes[i];
     const ttd_kshape *out_shape = &program->values[node->value].type.shape;
+    if ((status = stopped(run, i, "forward"))) break;
     status = make_tensor(backend, run, program->values[node->value].type.dtype, out_shape, &run->values[node->value]);
     if (!status) status = make_saved(backend, run, node, out_shape, &run->saved[2 * i]);
     if (status) break;
@@ -118,8 +141,10 @@ ttd_status_t ttd_run_forward_mode(ttd_backend *backend, ttd_quota *quota, ttd_pr
       call.input_shapes[k] = &program->values[node->inputs[k]].type.shape;
     }
     for (int k = 0; k < 2; k++) call.saved[k] = run->saved[2 * i + k] ? run->saved[2 * i + k]->buffer : NULL;
-    status = backend->vtable->run_node(backend, device, &call);
+    status = node_status(run, i, "forward", backend->vtable->run_node(backend, device, &call));
   }
+  if (!status) status = stopped(run, program->n_nodes, "forward");
+  run->mode.cancel = NULL; /* the caller's flag is for this call only */
   if (status) {
     ttd_run_free(run);
     return status;
@@ -165,7 +190,7 @@ static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd
     }
   }
   for (int k = 0; k < 2; k++) call.saved[k] = run->saved[2 * i + k] ? run->saved[2 * i + k]->buffer : NULL;
-  if (!status) status = backend->vtable->run_node_backward(backend, run->device, &call);
+  if (!status) status = node_status(run, i, "backward", backend->vtable->run_node_backward(backend, run->device, &call));
   for (int k = 0; k < node->n_inputs; k++) {
     if (!contrib[k]) continue;
     if (status) ttd_tensor_release(contrib[k]);
@@ -211,6 +236,7 @@ ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *co
   }
   for (int i = program->n_nodes - 1; i >= 0 && !status; i--) {
     int v = program->nodes[i].value;
+    if ((status = stopped(run, i, "backward"))) break;
     if (grads[v] && grad_needed(&program->values[v], out_input_grads != NULL)) {
       status = node_backward(backend, run, i, grads, out_input_grads != NULL);
     }

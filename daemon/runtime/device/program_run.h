@@ -16,7 +16,8 @@ typedef struct ttd_run {
                           * bfloat16 inputs and parameters appear here as float32 copies */
   ttd_tensor **operands; /* the caller's inputs then parameters, one reference each */
   ttd_tensor **saved;    /* per node, 2 slots: what the op keeps for its backward */
-  ttd_run_mode mode;     /* the forward's; its backward runs in the same mode */
+  ttd_run_mode mode;     /* the forward's; its backward runs in the same mode. mode.cancel is
+                          * NULL once the forward returns: a caller sets it for the backward */
 } ttd_run;
 
 /* Checks inputs and parameters against the program (count, dtype, shape, one device) and
@@ -29,7 +30,10 @@ ttd_status_t ttd_run_forward(ttd_backend *backend, ttd_quota *quota, ttd_program
 /* The same in a mode (NULL: all zero, training at dropout step 0, as ttd_run_forward): in
  * eval mode dropout is the identity; in training, each dropout node's mask is drawn from its
  * seed and mode->dropout_step, so a caller that counts its training forwards gets a new mask
- * at each, reproducible from (seed, step) on any backend and thread count. */
+ * at each, reproducible from (seed, step) on any backend and thread count.
+ * With mode->cancel, the run stops between nodes, and inside one at the backend's next
+ * check, once the flag is set: it fails with the flag's code, a message naming the node it
+ * stopped at, and leaves nothing behind (no run; everything it made is released). */
 ttd_status_t ttd_run_forward_mode(ttd_backend *backend, ttd_quota *quota, ttd_program *program,
                                   ttd_tensor *const *inputs, int n_inputs, ttd_tensor *const *params, int n_params,
                                   const ttd_run_mode *mode, ttd_run **out_run);
@@ -37,6 +41,8 @@ ttd_status_t ttd_run_forward_mode(ttd_backend *backend, ttd_quota *quota, ttd_pr
 void ttd_run_free(ttd_run *run); /* accepts NULL */
 
 /* Reverse-mode differentiation of a run, in the forward's mode (the same dropout masks).
+ * With run->mode.cancel set by the caller, it stops as the forward does, before any
+ * gradient reaches a parameter's .grad (the run itself is kept for the caller to free).
  * output_grads has one entry per program output
  * (NULL: that output gets no gradient); each must match its output's dtype, shape and
  * device. Every parameter's gradient is accumulated into its .grad (as torch does) and

@@ -1,7 +1,7 @@
 /* kernels/thread_pool.c: parallel_for covers every index once, a NULL pool and nested calls
  * run inline, concurrent callers serialise (parallel_for_nowait's run alone instead), no
- * kernel's result depends on the pool, and a worker that starts a job on its caller's CPU
- * moves to another. */
+ * kernel's result depends on the pool, a worker that starts a job on its caller's CPU
+ * moves to another, and a set cancellation flag stops jobs and long kernels. */
 #define _GNU_SOURCE /* sched_getcpu, CPU_SET */
 
 #include <dirent.h>
@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kernels.h"
@@ -457,6 +458,98 @@ START_TEST(test_pool_worker_leaves_caller_cpu) {
 }
 END_TEST
 
+typedef struct cancel_ctx {
+  ttd_cancel *cancel;
+  atomic_int chunks, saw_flag;
+  int set_at; /* the chunk that sets the flag */
+} cancel_ctx;
+
+static void cancel_fn(void *ctx, size_t begin, size_t end) {
+  (void)begin, (void)end;
+  cancel_ctx *c = ctx;
+  if (atomic_fetch_add(&c->chunks, 1) + 1 == c->set_at) atomic_store(&c->cancel->code, 4);
+  usleep(200);
+  if (ttd_pool_cancelled()) atomic_fetch_add(&c->saw_flag, 1);
+}
+
+/* Once the caller's flag is set no chunk begins, on the caller or a worker, workers see the
+ * flag inside the job, a set flag runs nothing (pool or inline), and clearing it restores all. */
+START_TEST(test_pool_cancel_stops_claiming_chunks) {
+  ttd_pool *pool = ttd_pool_create(4);
+  ttd_cancel cancel = {0};
+  ck_assert_ptr_null(ttd_pool_cancel_enter(&cancel));
+  cancel_ctx c = {.cancel = &cancel, .set_at = 3};
+  ttd_pool_parallel_for(pool, 16, 1, cancel_fn, &c); /* 16 chunks on 4 threads */
+  int ran = atomic_load(&c.chunks);
+  ck_assert_msg(ran >= 3 && ran <= 3 + 3, "%d chunks ran; at most those begun when the flag was set may", ran);
+  ck_assert_int_ge(atomic_load(&c.saw_flag), 1);
+
+  atomic_store(&c.chunks, 0);
+  ttd_pool_parallel_for(pool, 16, 1, cancel_fn, &c);
+  ttd_pool_parallel_for(NULL, 16, 1, cancel_fn, &c);
+  ck_assert_int_eq(atomic_load(&c.chunks), 0);
+
+  atomic_store(&cancel.code, 0);
+  c.set_at = -1;
+  ttd_pool_parallel_for(pool, 16, 1, cancel_fn, &c);
+  ck_assert_int_eq(atomic_load(&c.chunks), 16);
+  ck_assert_ptr_eq(ttd_pool_cancel_enter(NULL), &cancel);
+  ck_assert_int_eq(ttd_pool_cancelled(), 0);
+  ttd_pool_destroy(pool);
+}
+END_TEST
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+typedef struct setter {
+  ttd_cancel *cancel;
+  int after_ms;
+  double set_ms;
+} setter;
+
+static void *set_later(void *arg) {
+  setter *s = arg;
+  usleep((useconds_t)s->after_ms * 1000);
+  s->set_ms = now_ms();
+  atomic_store(&s->cancel->code, 1);
+  return NULL;
+}
+
+/* Kernels whose one chunk holds seconds of work (an avg_pool2d of one plane with a huge
+ * window, a matmul with a long K, forward and backward) return soon after the flag is set. */
+START_TEST(test_kernels_stop_inside_a_chunk) {
+  ttd_pool *pool = ttd_pool_create(2);
+  enum { H = 1024, K = 512 };
+  float *x = calloc((size_t)H * H, sizeof(float)), *y = calloc((size_t)H * H, sizeof(float));
+  float *big = calloc((size_t)128 << 16, sizeof(float));
+  ttd_pool2d_params p = {.n = 1, .c = 1, .h = H, .w = H, .kh = K, .kw = K, .stride_h = 1, .stride_w = 1};
+  ck_assert_int_eq(ttd_pool2d_params_finish(&p), 0); /* 1.4e11 operations: minutes, unstopped */
+  for (int which = 0; which < 3; which++) {
+    ttd_cancel cancel = {0};
+    setter s = {.cancel = &cancel, .after_ms = 50};
+    pthread_t t;
+    ttd_pool_cancel_enter(&cancel);
+    pthread_create(&t, NULL, set_later, &s);
+    if (which == 0) ttd_k_avg_pool2d(pool, &p, x, y);
+    else if (which == 1) ttd_k_avg_pool2d_backward(pool, &p, x, y);
+    else ttd_k_matmul(pool, big, big, y, 64, 128, 128, 1 << 16, 0, 0, 0, 0); /* 64 x 128x128x65536: 7e10 flops */
+    double stopped = now_ms();
+    pthread_join(t, NULL);
+    ttd_pool_cancel_enter(NULL);
+    printf("thread_pool: kernel %d stopped %.2f ms after its flag was set\n", which, stopped - s.set_ms);
+    ck_assert_msg(stopped - s.set_ms < 500, "kernel %d took %.0f ms to stop", which, stopped - s.set_ms);
+  }
+  free(big);
+  free(x);
+  free(y);
+  ttd_pool_destroy(pool);
+}
+END_TEST
+
 Suite *thread_pool_suite(void) {
   Suite *s = suite_create("thread_pool");
   TCase *tc = tcase_create("thread_pool");
@@ -472,6 +565,8 @@ Suite *thread_pool_suite(void) {
   tcase_add_test(tc, test_pool_nested_call_runs_inline);
   tcase_add_test(tc, test_pool_same_results_any_thread_count);
   tcase_add_test(tc, test_pool_worker_leaves_caller_cpu);
+  tcase_add_test(tc, test_pool_cancel_stops_claiming_chunks);
+  tcase_add_test(tc, test_kernels_stop_inside_a_chunk);
   suite_add_tcase(s, tc);
   return s;
 }

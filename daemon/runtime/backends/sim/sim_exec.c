@@ -80,8 +80,29 @@ static void rows_cols(const ttd_node_call *call, int64_t *rows, int64_t *cols) {
   *rows = leading_rows(s0);
 }
 
+typedef ttd_status_t (*node_fn)(ttd_backend *backend, const ttd_node_call *call);
+static ttd_status_t node_forward(ttd_backend *backend, const ttd_node_call *call);
+static ttd_status_t node_backward(ttd_backend *backend, const ttd_node_call *call);
+
+/* The kernels of one node run with the call's cancellation flag as their thread's. */
+static ttd_status_t run_with_cancel(node_fn fn, ttd_backend *backend, const ttd_node_call *call) {
+  const ttd_cancel *before = ttd_pool_cancel_enter(call->mode.cancel);
+  ttd_status_t status = fn(backend, call);
+  ttd_pool_cancel_enter(before);
+  return status;
+}
+
 ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_call *call) {
   (void)device;
+  return run_with_cancel(node_forward, backend, call);
+}
+
+ttd_status_t ttd_sim_run_node_backward(ttd_backend *backend, int device, const ttd_node_call *call) {
+  (void)device;
+  return run_with_cancel(node_backward, backend, call);
+}
+
+static ttd_status_t node_forward(ttd_backend *backend, const ttd_node_call *call) {
   ttd_pool *pool = ((sim_backend *)backend)->pool;
   const ttd_program_node *node = call->node;
   const ttd_op_attrs *a = &node->attrs;
@@ -177,8 +198,7 @@ ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_c
 #define DY ((const float *)call->output_grad->data)
 #define Y ((const float *)call->output->data)
 
-ttd_status_t ttd_sim_run_node_backward(ttd_backend *backend, int device, const ttd_node_call *call) {
-  (void)device;
+static ttd_status_t node_backward(ttd_backend *backend, const ttd_node_call *call) {
   ttd_pool *pool = ((sim_backend *)backend)->pool;
   const ttd_program_node *node = call->node;
   const ttd_op_attrs *a = &node->attrs;
@@ -279,6 +299,8 @@ ttd_status_t ttd_sim_buffer_accumulate(ttd_backend *backend, ttd_backend_buffer 
   return TTD_OK;
 }
 
+/* Never cancelled: the step is one short pass over its tensors, and a parameter half
+ * updated would be worse than a late answer. */
 ttd_status_t ttd_sim_optimizer_step(ttd_backend *backend, int device, const ttd_optimizer_call *call) {
   (void)device;
   ttd_pool *pool = ((sim_backend *)backend)->pool;
