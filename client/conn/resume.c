@@ -19,7 +19,7 @@ void tt_session_adopt(tt_client *c, const Ttd__V1__OpenSessionResponse *resp) {
   c->shm_key[1] = resp->shm_key_lo;
   snprintf(c->tenant, sizeof(c->tenant), "%s", resp->tenant);
   size_t n = resp->resume_secret.len == sizeof(c->resume_secret) ? resp->resume_secret.len : 0;
-  memcpy(c->resume_secret, resp->resume_secret.data, n);
+  if (n) memcpy(c->resume_secret, resp->resume_secret.data, n);
   c->resume_secret_len = n;
 }
 
@@ -56,7 +56,7 @@ tt_status tt_resume(tt_client *c, unsigned generation, char *err, size_t err_len
   char cause[512];
   snprintf(cause, sizeof(cause), "%s", err);
   int64_t deadline = now_ms() + c->resume_timeout_ms;
-  int64_t pause = 20;
+  int64_t pause = 5;
   tt_status st;
   char why[512] = "";
   for (;;) {
@@ -92,7 +92,10 @@ tt_status tt_resume(tt_client *c, unsigned generation, char *err, size_t err_len
       break;
     }
     sleep_ms(pause);
-    pause = pause * 2 > 250 ? 250 : pause * 2;
+    pause = pause * 2 > 20 ? 20 : pause * 2;
+    /* The next attempt connects now, not after gRPC's backoff (up to 2 s) from the attempts
+     * made while ttd was down: a restarted ttd is answered within a pause. */
+    grpc_channel_reset_connect_backoff(c->channel);
   }
   pthread_mutex_unlock(&c->resume_lock);
   return st;

@@ -3,6 +3,7 @@
 #ifndef TTD_STATE_FILES_H
 #define TTD_STATE_FILES_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "state/state.h"
@@ -21,15 +22,17 @@ struct ttd_state {
 /* "ID.session" / "ID.safetensors" for session id. */
 void ttd_state_file_name(char *buf, size_t size, uint64_t session_id, const char *suffix);
 
-/* A file being written in a folder: every byte counted and checksummed. */
+/* A file being written in a folder: every byte counted, and checksummed unless it is a
+ * data file (sized, and checked whole by its header, but its gigabytes not summed). */
 typedef struct ttd_state_writer {
   int fd;
   const char *name;
   uint64_t bytes;
   uint32_t crc;
+  bool checksum;
 } ttd_state_writer;
 
-ttd_status_t ttd_state_writer_open(ttd_state_writer *w, int dir_fd, const char *name);
+ttd_status_t ttd_state_writer_open(ttd_state_writer *w, int dir_fd, const char *name, bool checksum);
 ttd_status_t ttd_state_writer_put(ttd_state_writer *w, const void *data, uint64_t len);
 /* fsyncs and closes; fills file (name, bytes, crc32) when not NULL. Closes on error too. */
 ttd_status_t ttd_state_writer_finish(ttd_state_writer *w, Ttd__V1__SavedFile *file);

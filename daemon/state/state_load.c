@@ -2,6 +2,7 @@
  * the whole state has read back sound do they join it. A file that is missing, torn, of
  * another format or checksum, or not private sets the whole state aside. */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -10,7 +11,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include "base/clock.h"
 #include "base/file_io.h"
@@ -30,17 +30,15 @@ typedef struct data_file {
   int fd;
   const char *name;
   ttd_st_header header;
-  uint32_t crc;       /* of the bytes read so far, in file order */
-  uint64_t crc_upto;  /* file offset the checksum has reached */
+  uint64_t read_upto; /* the file is read once, in order: the offset reached */
 } data_file;
 
-/* Reads len bytes at offset into dst, extending the checksum: the tensors are read in the
- * order ttd writes them, so the whole file is read once. */
+/* Reads len bytes at offset into dst: the tensors are read in the order ttd writes them,
+ * so every byte of the file is read once, and a file laid out otherwise is refused. */
 static ttd_status_t data_read(data_file *f, void *dst, uint64_t len, uint64_t offset) {
-  if (offset != f->crc_upto) return damaged(f->name, "its tensors are not laid out as ttd writes them");
+  if (offset != f->read_upto) return damaged(f->name, "its tensors are not laid out as ttd writes them");
   TTD_RETURN_IF_ERROR(ttd_read_all_at(f->fd, dst, len, offset));
-  f->crc = (uint32_t)crc32_z(f->crc, dst, (z_size_t)len);
-  f->crc_upto += len;
+  f->read_upto += len;
   return TTD_OK;
 }
 
@@ -59,12 +57,8 @@ static ttd_status_t open_data(int dir_fd, const Ttd__V1__SavedFile *expected, da
     ttd_status_free(status);
     return named;
   }
-  uint8_t *head = malloc(f->header.data_start);
-  if (!head) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
-  f->crc = (uint32_t)crc32_z(0, NULL, 0);
-  status = data_read(f, head, f->header.data_start, 0);
-  free(head);
-  return status;
+  f->read_upto = f->header.data_start;
+  return TTD_OK;
 }
 
 /* One tensor: its spec checked against the file's entry, device memory made, bytes read in. */
@@ -91,12 +85,18 @@ static ttd_status_t load_tensor(ttd_core *core, ttd_session *session, data_file 
   }
   ttd_tensor *t = NULL;
   TTD_RETURN_IF_ERROR(ttd_tensor_create(core->backend, session->quota, &spec, &t));
-  if (!*bounce && spec.nbytes && !(*bounce = malloc(BOUNCE_BYTES))) {
+  uint64_t file_at = f->header.data_start + e->begin;
+  ttd_backend *b = core->backend;
+  void *mapped = spec.nbytes && b->vtable->buffer_host_map ? b->vtable->buffer_host_map(b, t->buffer, 0, spec.nbytes)
+                                                             : NULL;
+  if (mapped) { /* straight from the file into the card's memory */
+    status = data_read(f, mapped, spec.nbytes, file_at);
+  } else if (!*bounce && spec.nbytes && !(*bounce = malloc(BOUNCE_BYTES))) {
     status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
   }
-  for (uint64_t at = 0; at < spec.nbytes && !status; at += BOUNCE_BYTES) {
+  for (uint64_t at = 0; !mapped && at < spec.nbytes && !status; at += BOUNCE_BYTES) {
     uint64_t len = spec.nbytes - at < BOUNCE_BYTES ? spec.nbytes - at : BOUNCE_BYTES;
-    status = data_read(f, *bounce, len, f->header.data_start + e->begin + at);
+    status = data_read(f, *bounce, len, file_at + at);
     if (!status) status = core->backend->vtable->buffer_write(core->backend, t->buffer, at, *bounce, len);
   }
   if (status) {
@@ -198,8 +198,7 @@ static ttd_status_t load_session(ttd_state *state, int dir_fd, const Ttd__V1__Sa
     status = load_tensor(core, session, &f, m->tensors[i], &bounce, &tensors[i]);
   }
   free(bounce);
-  if (!status && f.crc_upto != e->data->bytes) status = damaged(f.name, "bytes follow the last tensor");
-  if (!status && f.crc != e->data->crc32) status = damaged(f.name, "its bytes do not match the manifest's checksum");
+  if (!status && f.read_upto != e->data->bytes) status = damaged(f.name, "bytes follow the last tensor");
   /* Links between tensors, and the handles. */
   for (size_t i = 0; i < m->n_tensors && !status; i++) {
     const Ttd__V1__SavedTensor *st = m->tensors[i];
@@ -300,10 +299,8 @@ static ttd_status_t load_all(ttd_state *state, size_t *out_loaded, uint64_t *out
     ttd_state_file_name(name, sizeof(name), e->id, "session");
     struct stat st;
     if (fstatat(dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) {
-      char data[32];
-      ttd_state_file_name(data, sizeof(data), e->id, "safetensors");
-      if (fstatat(dir_fd, data, &st, AT_SYMLINK_NOFOLLOW) == 0) status = damaged(name, "missing beside its data file");
-      continue; /* resumed or ended after an earlier start: its files went then */
+      continue; /* resumed or ended after an earlier start: its files went then (a data file
+                 * may be left behind; the next save drops it) */
     }
     uint64_t bytes_of = 0;
     ttd_status_t one = load_session(state, dir_fd, e, &loaded[n], &bytes_of);
@@ -338,19 +335,46 @@ static ttd_status_t load_all(ttd_state *state, size_t *out_loaded, uint64_t *out
   return status;
 }
 
-/* Removes a resumed or ended session's files (the manifest keeps naming them; a missing
- * pair means exactly that). */
+/* Unlinks a data file: off the caller's thread, since dropping a big file's pages takes
+ * hundreds of ms and the caller is a resume waiting for its answer. */
+typedef struct doomed_file {
+  int dir_fd;
+  char name[32];
+} doomed_file;
+
+static void *unlink_main(void *arg) {
+  doomed_file *d = arg;
+  unlinkat(d->dir_fd, d->name, 0);
+  close(d->dir_fd);
+  free(d);
+  return NULL;
+}
+
+/* A resumed or ended session's files go: its session file first, synced (a data file left
+ * without one means exactly this), then its data file in the background. */
 static void forget(void *ctx, uint64_t session_id) {
   ttd_state *state = ctx;
   int dir_fd = openat(state->dir_fd, TTD_STATE_CURRENT, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
   if (dir_fd < 0) return;
   char name[32];
   ttd_state_file_name(name, sizeof(name), session_id, "session");
-  unlinkat(dir_fd, name, 0); /* first: a data file alone is damage, a session file alone is not */
-  ttd_state_file_name(name, sizeof(name), session_id, "safetensors");
   unlinkat(dir_fd, name, 0);
   fsync(dir_fd);
-  close(dir_fd);
+  doomed_file *d = malloc(sizeof(*d));
+  pthread_t thread;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  if (d) {
+    d->dir_fd = dir_fd;
+    ttd_state_file_name(d->name, sizeof(d->name), session_id, "safetensors");
+  }
+  if (!d || pthread_create(&thread, &attr, unlink_main, d) != 0) {
+    if (d) unlinkat(dir_fd, d->name, 0);
+    close(dir_fd);
+    free(d);
+  }
+  pthread_attr_destroy(&attr);
 }
 
 ttd_status_t ttd_state_open(ttd_core *core, const char *dir, ttd_state **out_state) {

@@ -250,7 +250,7 @@ static ttd_status_t write_data(int dir_fd, const char *name, ttd_backend *backen
   ttd_status_t status = ttd_safetensors_build_header(entries, (int)c->count, NULL, 0, &header, &header_len);
   free(entries);
   ttd_state_writer w = {.fd = -1};
-  if (!status) status = ttd_state_writer_open(&w, dir_fd, name);
+  if (!status) status = ttd_state_writer_open(&w, dir_fd, name, false);
   if (!status) status = ttd_state_writer_put(&w, header, header_len);
   free(header);
   uint8_t *bounce = NULL;

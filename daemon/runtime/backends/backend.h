@@ -123,6 +123,11 @@ typedef struct ttd_backend_vtable {
    * the card; gRPC keeps a write's bytes until the peer drains its socket). */
   const void *(*buffer_host_view)(ttd_backend *backend, ttd_backend_buffer *buffer, uint64_t offset, uint64_t bytes,
                                   ttd_host_pin **out_pin);
+  /* Optional (NULL entry allowed): the host address of the buffer's bytes [offset, offset +
+   * bytes) for writing, when the card's memory is mapped into the host (the simulated card),
+   * else NULL (callers use buffer_write). For filling a buffer no other call uses yet, such
+   * as one read back from saved state straight from its file. */
+  void *(*buffer_host_map)(ttd_backend *backend, ttd_backend_buffer *buffer, uint64_t offset, uint64_t bytes);
   /* Sets every byte of the buffer to zero on the device (fresh allocations must not show
    * another session's old data). */
   ttd_status_t (*buffer_zero)(ttd_backend *backend, ttd_backend_buffer *buffer);

@@ -1,6 +1,10 @@
 #include "base/block_cache.h"
 
+#include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+
+#define HUGE_ALIGN ((uintptr_t)2 << 20)
 
 void ttd_block_cache_init(ttd_block_cache *cache) {
   pthread_mutex_init(&cache->lock, NULL);
@@ -34,7 +38,15 @@ void *ttd_block_cache_alloc(ttd_block_cache *cache, size_t bytes, size_t *out_si
     if (block) return block;
   }
   void *block = NULL;
-  return posix_memalign(&block, 64, bytes ? bytes : 1) == 0 ? block : NULL;
+  if (posix_memalign(&block, 64, bytes ? bytes : 1) != 0) return NULL;
+  /* Big blocks in 2 MiB pages where the kernel has them: a fresh tensor's first touch then
+   * faults once per 2 MiB rather than once per 4 KiB. */
+  if (bytes >= TTD_BLOCK_HUGE_MIN_BYTES) {
+    uintptr_t from = ((uintptr_t)block + HUGE_ALIGN - 1) & ~(uintptr_t)(HUGE_ALIGN - 1);
+    uintptr_t to = ((uintptr_t)block + bytes) & ~(uintptr_t)(HUGE_ALIGN - 1);
+    if (to > from) madvise((void *)from, to - from, MADV_HUGEPAGE); /* a hint: refused is fine */
+  }
+  return block;
 }
 
 void ttd_block_cache_free(ttd_block_cache *cache, void *block, size_t size) {

@@ -11,6 +11,7 @@
 
 #define TTD_BLOCK_CACHE_SLOTS 8
 #define TTD_BLOCK_CACHE_MIN_BYTES ((size_t)1 << 20) /* smaller blocks are malloc's business */
+#define TTD_BLOCK_HUGE_MIN_BYTES ((size_t)8 << 20)  /* new blocks this big ask for 2 MiB pages */
 
 typedef struct ttd_block_cache {
   pthread_mutex_t lock;

@@ -141,6 +141,12 @@ static const void *sim_buffer_host_view(ttd_backend *backend, ttd_backend_buffer
   return buffer->data + offset;
 }
 
+static void *sim_buffer_host_map(ttd_backend *backend, ttd_backend_buffer *buffer, uint64_t offset, uint64_t bytes) {
+  (void)backend;
+  if (offset > buffer->bytes || bytes > buffer->bytes - offset) return NULL;
+  return buffer->data + offset;
+}
+
 /* A big copy between the host and the card's memory is spread over the card's cores, as
  * a card's DMA engines spread one over their channels: a 64 MiB copy then beats one
  * thread's memcpy. Pieces are claimed one by one, so a core the host has taken away holds
@@ -220,6 +226,7 @@ static const ttd_backend_vtable sim_vtable = {
     .buffer_write = sim_buffer_write,
     .buffer_read = sim_buffer_read,
     .buffer_host_view = sim_buffer_host_view,
+    .buffer_host_map = sim_buffer_host_map,
     .buffer_zero = sim_buffer_zero,
     .buffer_copy = sim_buffer_copy,
     .run_node = ttd_sim_run_node,
