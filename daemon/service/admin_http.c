@@ -243,10 +243,12 @@ char *ttd_admin_render_metrics(ttd_core *core) {
   return t.data;
 }
 
+/* A HEAD answer carries no body: evhttp would send one, with no Content-Length, and a client
+ * on a kept-alive connection would read it as the start of the next answer. */
 static void reply_text(struct evhttp_request *req, int code, const char *reason, const char *content_type,
                        const char *body) {
   struct evbuffer *out = evbuffer_new();
-  if (body) evbuffer_add(out, body, strlen(body));
+  if (body && evhttp_request_get_command(req) != EVHTTP_REQ_HEAD) evbuffer_add(out, body, strlen(body));
   evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", content_type);
   evhttp_send_reply(req, code, reason, out);
   evbuffer_free(out);
