@@ -109,7 +109,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg) {
   char control[CMSG_SPACE(sizeof(int) * 4)];
   struct iovec iov = {&req, sizeof(req)};
   struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof(control)};
-  ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_TRUNC); /* n: the message's whole length */
   if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return;
   /* An empty message carries descriptors as well as a full one does. */
   int passed = n >= 0 ? take_passed_fd(&msg) : -1;
@@ -119,10 +119,14 @@ static void on_readable(evutil_socket_t fd, short what, void *arg) {
     return;
   }
   ttd_shm_reply reply = {0};
-  if (n != (ssize_t)sizeof(req) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+  if (n != (ssize_t)sizeof(req) || (msg.msg_flags & MSG_CTRUNC)) {
     if (passed >= 0) close(passed);
     reply.code = GRPC_STATUS_INVALID_ARGUMENT;
-    snprintf(reply.message, sizeof(reply.message), "a request is exactly %zu bytes, got %zd", sizeof(req), n);
+    if (n != (ssize_t)sizeof(req)) {
+      snprintf(reply.message, sizeof(reply.message), "a request is exactly %zu bytes, got %zd", sizeof(req), n);
+    } else {
+      snprintf(reply.message, sizeof(reply.message), "a request carries one descriptor (SCM_RIGHTS), this one more than 4");
+    }
   } else {
     handle_request(c, &req, passed, &reply);
   }
