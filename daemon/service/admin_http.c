@@ -4,11 +4,13 @@
 #include <event2/buffer.h>
 #include <event2/http.h>
 #include <event2/listener.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "telemetry/log.h"
@@ -19,6 +21,7 @@ struct ttd_admin {
   struct evconnlistener *listener; /* evhttp's, for pausing after a failed accept */
   struct event *resume;            /* re-enables it */
   ttd_core *core;
+  int port; /* the one bound: the kernel's choice for port 0 */
   bool ready;
 };
 
@@ -243,10 +246,12 @@ char *ttd_admin_render_metrics(ttd_core *core) {
   return t.data;
 }
 
+/* A HEAD answer carries no body: evhttp would send one, with no Content-Length, and a client
+ * on a kept-alive connection would read it as the start of the next answer. */
 static void reply_text(struct evhttp_request *req, int code, const char *reason, const char *content_type,
                        const char *body) {
   struct evbuffer *out = evbuffer_new();
-  if (body) evbuffer_add(out, body, strlen(body));
+  if (body && evhttp_request_get_command(req) != EVHTTP_REQ_HEAD) evbuffer_add(out, body, strlen(body));
   evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", content_type);
   evhttp_send_reply(req, code, reason, out);
   evbuffer_free(out);
@@ -297,6 +302,12 @@ ttd_status_t ttd_admin_start(struct event_base *base, ttd_core *core, const char
                            address);
   }
   admin->listener = evhttp_bound_socket_get_listener(bound);
+  struct sockaddr_storage sa;
+  socklen_t sa_len = sizeof(sa);
+  if (getsockname(evhttp_bound_socket_get_fd(bound), (struct sockaddr *)&sa, &sa_len) == 0) {
+    admin->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                                 : ((struct sockaddr_in *)&sa)->sin_port);
+  }
   accepting_admin = admin;
   evconnlistener_set_error_cb(admin->listener, on_accept_error);
   evhttp_set_max_headers_size(admin->http, ADMIN_MAX_HEADER_BYTES);
@@ -306,10 +317,12 @@ ttd_status_t ttd_admin_start(struct event_base *base, ttd_core *core, const char
   evhttp_set_allowed_methods(admin->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
                                               EVHTTP_REQ_DELETE);
   evhttp_set_gencb(admin->http, on_request, admin);
-  TTD_LOG(TTD_LOG_INFO, "event=admin-listening address=%s", address);
+  TTD_LOG(TTD_LOG_INFO, "event=admin-listening address=%s port=%d", address, admin->port);
   *out_admin = admin;
   return TTD_OK;
 }
+
+int ttd_admin_port(const ttd_admin *admin) { return admin->port; }
 
 void ttd_admin_set_ready(ttd_admin *admin, bool ready) {
   if (admin) admin->ready = ready;

@@ -27,6 +27,9 @@ ttd_status_t ttd_admin_start(struct event_base *base, ttd_core *core, const char
  * of those left out), so that a failure repeating in the loop cannot flood the journal. */
 void ttd_admin_route_libevent_log(void);
 
+/* The TCP port it listens on: the kernel's choice when address asked for port 0. */
+int ttd_admin_port(const ttd_admin *admin);
+
 /* /readyz answers 200 only while ready (serving, not draining). */
 void ttd_admin_set_ready(ttd_admin *admin, bool ready);
 

@@ -85,6 +85,23 @@ static void handle_request(connection *c, const ttd_shm_request *req, int fd, tt
   ttd_status_free(status);
 }
 
+/* The first descriptor a received message carried, or -1; the others are closed (one
+ * descriptor per request). */
+static int take_passed_fd(struct msghdr *msg) {
+  int passed = -1;
+  for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm; cm = CMSG_NXTHDR(msg, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+    int count = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+    int fds[4];
+    memcpy(fds, CMSG_DATA(cm), (size_t)count * sizeof(int));
+    for (int i = 0; i < count; i++) {
+      if (passed < 0) passed = fds[i];
+      else close(fds[i]);
+    }
+  }
+  return passed;
+}
+
 static void on_readable(evutil_socket_t fd, short what, void *arg) {
   (void)what;
   connection *c = arg;
@@ -92,28 +109,24 @@ static void on_readable(evutil_socket_t fd, short what, void *arg) {
   char control[CMSG_SPACE(sizeof(int) * 4)];
   struct iovec iov = {&req, sizeof(req)};
   struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof(control)};
-  ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_TRUNC); /* n: the message's whole length */
   if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return;
-  if (n <= 0) { /* the client went away */
+  /* An empty message carries descriptors as well as a full one does. */
+  int passed = n >= 0 ? take_passed_fd(&msg) : -1;
+  if (n <= 0) { /* the client went away, or sent an empty message, which reads the same */
+    if (passed >= 0) close(passed);
     close_connection(c);
     return;
   }
-  int passed = -1;
-  for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-    int count = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-    int fds[4];
-    memcpy(fds, CMSG_DATA(cm), (size_t)count * sizeof(int));
-    for (int i = 0; i < count; i++) {
-      if (passed < 0) passed = fds[i];
-      else close(fds[i]); /* one descriptor per request */
-    }
-  }
   ttd_shm_reply reply = {0};
-  if (n != (ssize_t)sizeof(req) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+  if (n != (ssize_t)sizeof(req) || (msg.msg_flags & MSG_CTRUNC)) {
     if (passed >= 0) close(passed);
     reply.code = GRPC_STATUS_INVALID_ARGUMENT;
-    snprintf(reply.message, sizeof(reply.message), "a request is exactly %zu bytes, got %zd", sizeof(req), n);
+    if (n != (ssize_t)sizeof(req)) {
+      snprintf(reply.message, sizeof(reply.message), "a request is exactly %zu bytes, got %zd", sizeof(req), n);
+    } else {
+      snprintf(reply.message, sizeof(reply.message), "a request carries one descriptor (SCM_RIGHTS), this one more than 4");
+    }
   } else {
     handle_request(c, &req, passed, &reply);
   }

@@ -1,6 +1,7 @@
 #define _GNU_SOURCE /* memfd_create, F_ADD_SEALS */
 #include "fuzz_core.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grpc/support/alloc.h>
 #include <inttypes.h>
@@ -98,6 +99,18 @@ void fuzz_core_end_input(ttd_core *c) {
   ttd_program_cache_destroy(&c->programs);
   ttd_program_cache_init(&c->programs);
   fuzz_backend_assert_empty(c->backend, "after every session was closed");
+}
+
+int fuzz_open_fds(void) {
+  DIR *dir = opendir("/proc/self/fd");
+  if (!dir) {
+    perror("fuzz: cannot list /proc/self/fd");
+    abort();
+  }
+  int n = 0;
+  for (struct dirent *e; (e = readdir(dir));) n += e->d_name[0] != '.';
+  closedir(dir);
+  return n - 1; /* the listing's own */
 }
 
 void fuzz_call_begin(fuzz_call *fc, ttd_core *c, const ttd_method *method, uint64_t session_id, fuzz_session_md md) {

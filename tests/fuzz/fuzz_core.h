@@ -37,6 +37,11 @@ void fuzz_core_end_input(ttd_core *core);
  * and bytes. when says at which point, for the message. */
 void fuzz_backend_assert_empty(ttd_backend *backend, const char *when);
 
+/* The descriptors the process holds open (/proc/self/fd). A harness that hands the daemon
+ * descriptors or connections compares the count before and after an input: one more is
+ * one the daemon kept. */
+int fuzz_open_fds(void);
+
 /* The session metadata a call carries. */
 typedef enum fuzz_session_md {
   FUZZ_MD_SESSION,        /* ttd-session: the id given */

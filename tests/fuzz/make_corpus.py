@@ -372,10 +372,96 @@ def tokens_seeds():
     return s
 
 
+# ---- admin_http: raw HTTP requests; shm_socket: side-socket messages ----
+
+def http(*lines, body=b""):
+    return b"".join(l + b"\r\n" for l in lines) + b"\r\n" + body
+
+
+def admin_http_seeds():
+    """/readyz reads ready when the input's length is even (see fuzz_admin_http.c)."""
+    get = lambda path, *h: http(b"GET " + path + b" HTTP/1.1", b"Host: ttd", *h)
+    s = {"healthz": get(b"/healthz")}
+    s["metrics"] = get(b"/metrics", b"Accept: text/plain")
+    ready = get(b"/readyz")
+    s["readyz-ready" if len(ready) % 2 == 0 else "readyz-draining"] = ready
+    other = get(b"/readyz", b"X: 1")
+    s["readyz-ready" if len(other) % 2 == 0 else "readyz-draining"] = other
+    s["head-metrics"] = http(b"HEAD /metrics HTTP/1.1", b"Host: ttd")
+    s["unknown-path"] = get(b"/sessions")
+    s["query-and-fragment"] = get(b"/metrics?name=ttd_sessions&x=%00#top")
+    s["absolute-uri"] = get(b"http://127.0.0.1:9090/healthz")
+    s["escaped-path"] = get(b"/%68ealthz/../metrics")
+    s["post-with-body"] = http(b"POST /metrics HTTP/1.1", b"Content-Length: 5", body=b"hello")
+    s["put-chunked"] = http(b"PUT /healthz HTTP/1.1", b"Transfer-Encoding: chunked", body=b"3\r\nabc\r\n0\r\n\r\n")
+    s["delete"] = http(b"DELETE /sessions/0000000000000013 HTTP/1.1")
+    s["method-not-allowed"] = http(b"OPTIONS * HTTP/1.1") + http(b"PATCH /metrics HTTP/1.1")
+    s["pipelined-every-route"] = b"".join(get(p) for p in (b"/healthz", b"/readyz", b"/metrics", b"/sessions", b"/"))
+    s["http10-keep-alive"] = http(b"GET /healthz HTTP/1.0", b"Connection: keep-alive") + http(b"GET /metrics HTTP/1.0")
+    s["close-then-more"] = get(b"/healthz", b"Connection: close") + get(b"/metrics")
+    s["header-cap"] = get(b"/healthz", b"X-Big: " + b"a" * 9000)
+    s["header-lines-cap"] = get(b"/metrics", *[b"X-%d: %s" % (i, b"b" * 60) for i in range(140)])
+    s["body-cap"] = http(b"POST /healthz HTTP/1.1", b"Content-Length: 5000", body=b"c" * 5000)
+    s["body-cap-chunked"] = http(b"POST /healthz HTTP/1.1", b"Transfer-Encoding: chunked",
+                                 body=b"1388\r\n" + b"d" * 5000 + b"\r\n0\r\n\r\n")
+    s["content-length-bad"] = http(b"GET /healthz HTTP/1.1", b"Content-Length: -1") + \
+        http(b"GET /healthz HTTP/1.1", b"Content-Length: 99999999999999999999")
+    s["continuation-line"] = get(b"/healthz", b"X-A: one", b" two")
+    s["expect-continue"] = http(b"POST /metrics HTTP/1.1", b"Expect: 100-continue", b"Content-Length: 3", body=b"xyz")
+    s["bad-request-line"] = b"GET\r\n\r\n" + b"GET /healthz HTTP/9.9\r\n\r\n"
+    s["incomplete"] = b"GET /metrics HTTP/1.1\r\nHost: tt"
+    s["no-crlf"] = b"GET /healthz HTTP/1.1\nHost: x\n\n"
+    s["nul-in-path"] = get(b"/healthz\0/metrics")
+    return s
+
+
+SHM_MAGIC = 0x31535454
+SHM_REGISTER, SHM_RELEASE = 1, 2
+# Flag bits of a shm_socket message besides the descriptor count, bits 0-2 (see the top of
+# fuzz_shm_socket.c).
+PIPE, UNSEALED, SIZE_PLUS, SIZE_HALF, SIZE_ZERO, SESSION_FILL = 8, 16, 1 << 5, 2 << 5, 3 << 5, 0x80
+
+
+def shm_request(op, segment=0, size=0, magic=SHM_MAGIC, session=SESSION, key=(0, 0)):
+    return struct.pack("<IIQQQQQ", magic, op, session, segment, size, *key)
+
+
+def shm_message(flags, body):
+    return bytes([flags]) + struct.pack("<H", len(body)) + body
+
+
+def shm_socket_seeds():
+    def register(size=4096, flags=0, fds=1):
+        return shm_message(SESSION_FILL | fds | flags, shm_request(SHM_REGISTER, size=size))
+
+    def release(segment):
+        return shm_message(SESSION_FILL, shm_request(SHM_RELEASE, segment))
+
+    s = {"register-release": register() + release(FIRST) + release(SEGMENT) + release(FIRST)}
+    s["register-twice"] = register(65536) + register(1, fds=4) + release(FIRST + 1)
+    s["register-no-fd"] = shm_message(SESSION_FILL, shm_request(SHM_REGISTER, size=4096))
+    s["register-pipe"] = register(flags=PIPE)
+    s["register-unsealed"] = register(flags=UNSEALED)
+    s["register-larger-than-memfd"] = register(8192, SIZE_HALF)
+    s["register-zero"] = register(0) + register(4096, SIZE_ZERO)
+    s["register-past-session-cap"] = register(64 << 30, SIZE_PLUS) + register(1 << 40)
+    s["register-too-many-fds"] = register(fds=7)
+    s["release-unknown"] = release(0) + release(0xFFFFFFFFFFFFFFFF) + release(SEGMENT) + release(SEGMENT)
+    s["unknown-op"] = shm_message(SESSION_FILL, shm_request(3)) + shm_message(SESSION_FILL | 1, shm_request(0))
+    s["bad-magic"] = shm_message(1, shm_request(SHM_REGISTER, size=4096, magic=0x31535455))
+    s["wrong-key"] = shm_message(1, shm_request(SHM_REGISTER, size=4096, key=(1, 2)))
+    s["unknown-session"] = shm_message(1, shm_request(SHM_RELEASE, SEGMENT, session=0x99))
+    s["short"] = shm_message(SESSION_FILL | 1, shm_request(SHM_REGISTER, size=4096)[:47]) + \
+        shm_message(SESSION_FILL, b"\x54")
+    s["long"] = shm_message(SESSION_FILL | 2, shm_request(SHM_REGISTER, size=4096) + b"\0" * 16)
+    s["empty-then-more"] = shm_message(0, b"") + register()
+    return s
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "corpus")
     sets = {"rpc": rpc_seeds(), "upload": upload_seeds(), "compile": compile_seeds(), "config": config_seeds(),
-            "tokens": tokens_seeds()}
+            "tokens": tokens_seeds(), "admin_http": admin_http_seeds(), "shm_socket": shm_socket_seeds()}
     for harness, seeds in sets.items():
         folder = os.path.join(out, harness)
         os.makedirs(folder, exist_ok=True)

@@ -14,7 +14,7 @@ summary=$dir/summary.txt
 mkdir -p "$dir/logs"
 {
   echo "# make fuzz FUZZ_SECONDS=$seconds ($(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $(clang --version | head -1))"
-  printf '%-8s %8s %12s %9s %6s %7s %8s\n' harness seconds execs execs/s cov corpus crashes
+  printf '%-10s %8s %12s %9s %6s %7s %8s\n' harness seconds execs execs/s cov corpus crashes
 } > "$summary"
 
 failed=0
@@ -33,7 +33,7 @@ for h in "$@"; do
   crashes=$(find "$dir/artifacts/$h" -type f | wc -l)
   [ -n "$time" ] || time=$seconds
   rate=$(( ${execs:-0} / (time > 0 ? time : 1) ))
-  printf '%-8s %8s %12s %9s %6s %7s %8s\n' "$h" "$time" "${execs:-?}" "$rate" "${cov:-?}" "${corpus:-?}" "$crashes" >> "$summary"
+  printf '%-10s %8s %12s %9s %6s %7s %8s\n' "$h" "$time" "${execs:-?}" "$rate" "${cov:-?}" "${corpus:-?}" "$crashes" >> "$summary"
   if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ]; then
     failed=1
     echo "fuzz: $h crashed (exit $rc): see $log and $dir/artifacts/$h/"
