@@ -312,13 +312,29 @@ ttd_status_t ttd_session_program_add(ttd_session *session, ttd_program *program,
                              "session %016" PRIx64 " holds %d programs, the most one session may; compile fewer "
                              "distinct graphs (or shapes) in one session, or open another session", session->id,
                              TTD_SESSION_MAX_PROGRAMS);
-  } else {
+  } else if (!(status = ttd_session_program_charge(session, program))) {
     ttd_program_retain(program);
     status = add_locked(session, &session->programs, program, 0, out_handle);
-    if (status) ttd_program_release(program);
+    if (status) {
+      ttd_quota_refund(session->quota, program->host_bytes);
+      ttd_program_release(program);
+    }
   }
   pthread_mutex_unlock(&session->lock);
   return status;
+}
+
+ttd_status_t ttd_session_program_charge(ttd_session *session, const ttd_program *program) {
+  ttd_status_t status = ttd_quota_charge(session->quota, program->host_bytes);
+  if (!status) return TTD_OK;
+  char need[32];
+  ttd_status_t named = ttd_make_status(ttd_status_code(status),
+                                       "the program of this graph takes %s of the daemon's memory, which counts "
+                                       "against the quota: %s",
+                                       ttd_format_bytes(program->host_bytes, need, sizeof(need)),
+                                       ttd_status_message(status));
+  ttd_status_free(status);
+  return named;
 }
 
 ttd_status_t ttd_session_program_lookup(ttd_session *session, uint64_t handle, ttd_program **out_program) {
@@ -405,8 +421,13 @@ void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *ou
     if (runs.keys[i]) ttd_run_free(runs.values[i]);
   }
   ttd_handle_map_clear(&runs);
+  /* Programs are host memory: their charge goes back after the device bytes are counted. */
+  uint64_t charged_after = atomic_load(&session->quota->used);
   for (size_t i = 0; i < programs.capacity; i++) {
-    if (programs.keys[i]) ttd_program_release(programs.values[i]);
+    if (!programs.keys[i]) continue;
+    ttd_program *p = programs.values[i];
+    ttd_quota_refund(session->quota, p->host_bytes);
+    ttd_program_release(p);
   }
   ttd_handle_map_clear(&programs);
   for (size_t i = 0; i < segments.capacity; i++) {
@@ -415,7 +436,6 @@ void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *ou
   ttd_handle_map_clear(&segments);
   /* Freed: what the session's account dropped by (its gradients, optimizer state and kept
    * activations included), not only the tensors it had handles to. */
-  uint64_t charged_after = atomic_load(&session->quota->used);
   if (out_tensors) *out_tensors = tensors.count;
   if (out_bytes) *out_bytes = charged_before > charged_after ? charged_before - charged_after : 0;
   ttd_handle_map_clear(&tensors);

@@ -120,10 +120,14 @@ ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *hand
 #define TTD_SESSION_MAX_QUEUED 64
 
 /* The session's handle of program: the one it already has for a program of the same graph
- * (compiling a graph again is idempotent), else a new random one (the session takes its own reference).
- * RESOURCE_EXHAUSTED past TTD_SESSION_MAX_PROGRAMS distinct programs, FAILED_PRECONDITION
- * when closed. */
+ * (compiling a graph again is idempotent), else a new random one (the session takes its own reference),
+ * charged to its quota (ttd_session_program_charge). RESOURCE_EXHAUSTED past
+ * TTD_SESSION_MAX_PROGRAMS distinct programs or the quota, FAILED_PRECONDITION when closed. */
 ttd_status_t ttd_session_program_add(ttd_session *session, ttd_program *program, uint64_t *out_handle);
+
+/* Charges a program's host memory (program->host_bytes) to the session's quota, which
+ * ttd_session_close refunds: RESOURCE_EXHAUSTED saying so when it does not fit. */
+ttd_status_t ttd_session_program_charge(ttd_session *session, const ttd_program *program);
 
 /* A new reference to the program under handle, or NOT_FOUND. */
 ttd_status_t ttd_session_program_lookup(ttd_session *session, uint64_t handle, ttd_program **out_program);

@@ -235,7 +235,10 @@ static ttd_status_t load_session(ttd_state *state, int dir_fd, const Ttd__V1__Sa
       status = ttd_program_cache_get(&core->programs, m->tenant, graph, &p, &cached);
       ttd__v1__graph__free_unpacked(graph, NULL);
     }
-    if (!status && ttd_handle_map_put(&session->programs, sp->handle, p) != 0) {
+    if (!status && (status = ttd_session_program_charge(session, p))) {
+      ttd_program_release(p);
+    } else if (!status && ttd_handle_map_put(&session->programs, sp->handle, p) != 0) {
+      ttd_quota_refund(session->quota, p->host_bytes);
       ttd_program_release(p);
       status = damaged(e->meta->name, "a program handle is 0 or given twice");
     }

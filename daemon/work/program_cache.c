@@ -60,6 +60,7 @@ ttd_status_t ttd_program_cache_get(ttd_program_cache *cache, const char *tenant,
   }
   program->key = key;
   program->key_len = len;
+  program->host_bytes += len;
   program->hash = hash;
   pthread_mutex_lock(&cache->lock);
   cache->misses++;

@@ -371,7 +371,14 @@ ttd_status_t ttd_program_compile(const Ttd__V1__Graph *g, ttd_program **out_prog
   if (!status) status = compile_outputs(&c);
   name_map_free(&c.names);
   free(c.order);
-  if (status) ttd_program_release(c.p);
-  else *out_program = c.p;
-  return status;
+  if (status) {
+    ttd_program_release(c.p);
+    return status;
+  }
+  ttd_program *p = c.p;
+  p->host_bytes = sizeof(*p) + (uint64_t)p->n_values * sizeof(*p->values) + (uint64_t)p->n_nodes * sizeof(*p->nodes) +
+                  (uint64_t)p->n_outputs * sizeof(*p->outputs);
+  for (int v = 0; v < p->n_values; v++) p->host_bytes += p->values[v].name ? strlen(p->values[v].name) + 1 : 0;
+  *out_program = p;
+  return TTD_OK;
 }

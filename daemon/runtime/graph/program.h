@@ -44,6 +44,7 @@ typedef struct ttd_program {
   ttd_program_value *values; /* inputs, then parameters, then one per node in order */
   ttd_program_node *nodes;   /* topological order */
   int *outputs;              /* value indices */
+  uint64_t host_bytes;       /* the daemon's memory it takes: values, names, nodes, its key */
   double cost;               /* ttd_op_cost summed over the nodes: one forward's operations */
   int costliest;             /* the node (in order) of the largest ttd_op_cost, -1 without nodes */
   double costliest_cost;

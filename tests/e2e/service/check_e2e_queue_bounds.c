@@ -1,6 +1,7 @@
-/* Device work a session leaves waiting for the card, against a real ttd: at most
- * TTD_SESSION_MAX_QUEUED calls a session (one more is RESOURCE_EXHAUSTED, the others run),
- * and the bytes of waiting requests count against the session's quota. */
+/* What a session makes the daemon hold besides tensors, against a real ttd: at most
+ * TTD_SESSION_MAX_QUEUED device calls waiting (one more is RESOURCE_EXHAUSTED, the others
+ * run), the bytes of waiting requests and the host memory of compiled programs counted
+ * against the session's quota. */
 #include <check.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -124,6 +125,88 @@ START_TEST(test_queued_bytes_count_against_the_quota) {
 }
 END_TEST
 
+/* Compiles a chain of n relus on a float32 [4] input in session with a raw call; returns
+ * the code, the message in msg. */
+static int compile_chain(const char *session, int n, char *msg, size_t msg_len) {
+  int64_t shape[1] = {4};
+  Ttd__V1__ValueSpec x = TTD__V1__VALUE_SPEC__INIT, *inputs[1] = {&x};
+  x.name = "v0";
+  x.dtype = TTD__V1__DTYPE__DTYPE_FLOAT32;
+  x.n_shape = 1;
+  x.shape = shape;
+  Ttd__V1__Node *nodes = calloc((size_t)n, sizeof(*nodes)), **node_ptrs = calloc((size_t)n, sizeof(*node_ptrs));
+  char (*names)[16] = calloc((size_t)n + 1, sizeof(*names));
+  char **ins = calloc((size_t)n, sizeof(*ins));
+  snprintf(names[0], sizeof(names[0]), "v0");
+  for (int i = 0; i < n; i++) {
+    ttd__v1__node__init(&nodes[i]);
+    snprintf(names[i + 1], sizeof(names[i + 1]), "v%d", i + 1);
+    nodes[i].name = names[i + 1];
+    nodes[i].op = "relu";
+    ins[i] = names[i];
+    nodes[i].n_inputs = 1;
+    nodes[i].inputs = &ins[i];
+    node_ptrs[i] = &nodes[i];
+  }
+  char *outputs[1] = {names[n]};
+  Ttd__V1__Graph g = TTD__V1__GRAPH__INIT;
+  g.n_inputs = 1;
+  g.inputs = inputs;
+  g.n_nodes = (size_t)n;
+  g.nodes = node_ptrs;
+  g.n_outputs = 1;
+  g.outputs = outputs;
+  Ttd__V1__CompileRequest req = TTD__V1__COMPILE_REQUEST__INIT;
+  req.graph = &g;
+  size_t len = ttd__v1__compile_request__get_packed_size(&req);
+  unsigned char *buf = malloc(len);
+  ttd__v1__compile_request__pack(&req, buf);
+  raw_result r;
+  raw_call(proc.target, "/ttd.v1.Device/Compile", (raw_md){.session = session}, buf, len, &r);
+  snprintf(msg, msg_len, "%s", r.details);
+  int code = r.code;
+  raw_result_free(&r);
+  free(buf);
+  free(ins);
+  free(names);
+  free(node_ptrs);
+  free(nodes);
+  return code;
+}
+
+/* A program is host memory of the daemon, charged to the session's quota while the session
+ * holds it: a 4000-node program does not fit a 64 KiB quota and leaves no charge behind; a
+ * small one fits, and its charge goes back at the close (bytes_freed counts only tensors). */
+START_TEST(test_programs_count_against_the_quota) {
+  tt_connect_options o;
+  tt_connect_options_init(&o);
+  o.quota_bytes = 64 << 10;
+  o.disable_keepalive = 1;
+  tt_client *c = NULL;
+  ck_assert_int_eq(tt_connect(proc.target, &o, &c), TT_OK);
+  char session[17], msg[1024];
+  snprintf(session, sizeof(session), "%016llx", (unsigned long long)tt_session_id(c));
+  ck_assert_int_eq(compile_chain(session, 4000, msg, sizeof(msg)), TT_RESOURCE_EXHAUSTED);
+  ck_assert_msg(strstr(msg, "the program of this graph takes") && strstr(msg, "quota"), "%s", msg);
+  ck_assert_int_eq(compile_chain(session, 8, msg, sizeof(msg)), TT_OK);
+  /* What is left of the quota after the small program: most of it, not all. */
+  int64_t n = (60 << 10) / 4;
+  tt_tensor *fits = tt_tensor_empty(c, TT_FLOAT32, &n, 1, "tt");
+  ck_assert_msg(fits != NULL, "%s", tt_last_error(c));
+  int64_t all = (64 << 10) / 4;
+  tt_tensor *too_much = tt_tensor_empty(c, TT_FLOAT32, &all, 1, "tt");
+  ck_assert_ptr_null(too_much);
+  Ttd__V1__CloseSessionRequest req = TTD__V1__CLOSE_SESSION_REQUEST__INIT;
+  Ttd__V1__CloseSessionResponse *resp = (Ttd__V1__CloseSessionResponse *)raw_unary(
+      proc.target, "/ttd.v1.Device/CloseSession", &req.base, (raw_md){.session = session},
+      &ttd__v1__close_session_response__descriptor, 0, NULL);
+  ck_assert_uint_eq(resp->bytes_freed, 60 << 10);
+  protobuf_c_message_free_unpacked(&resp->base, NULL);
+  tt_tensor_free(fits);
+  tt_disconnect(c);
+}
+END_TEST
+
 Suite *e2e_queue_bounds_suite(void) {
   Suite *s = suite_create("e2e_queue_bounds");
   TCase *tc = tcase_create("queue_bounds");
@@ -131,6 +214,7 @@ Suite *e2e_queue_bounds_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_queued_calls_bounded_per_session);
   tcase_add_test(tc, test_queued_bytes_count_against_the_quota);
+  tcase_add_test(tc, test_programs_count_against_the_quota);
   suite_add_tcase(s, tc);
   return s;
 }
