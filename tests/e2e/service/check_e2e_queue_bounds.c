@@ -91,17 +91,27 @@ START_TEST(test_queued_calls_bounded_per_session) {
 }
 END_TEST
 
-/* A session with a 1 MiB quota: an Execute whose inline input is 1.5 MiB is refused while it
- * would wait, since waiting requests count against the quota, with a message that says so. */
-START_TEST(test_queued_bytes_count_against_the_quota) {
+/* A client whose session asks for quota bytes. */
+static tt_client *connect_with_quota(uint64_t quota) {
   tt_connect_options o;
   tt_connect_options_init(&o);
-  o.quota_bytes = 1 << 20;
+  o.quota_bytes = quota;
   o.disable_keepalive = 1;
   tt_client *c = NULL;
   ck_assert_int_eq(tt_connect(proc.target, &o, &c), TT_OK);
+  return c;
+}
+
+static void session_hex(const tt_client *c, char out[17]) {
+  snprintf(out, 17, "%016llx", (unsigned long long)tt_session_id(c));
+}
+
+/* A session with a 1 MiB quota: an Execute whose inline input is 1.5 MiB is refused while it
+ * would wait, since waiting requests count against the quota, with a message that says so. */
+START_TEST(test_queued_bytes_count_against_the_quota) {
+  tt_client *c = connect_with_quota(1 << 20);
   char session[17];
-  snprintf(session, sizeof(session), "%016llx", (unsigned long long)tt_session_id(c));
+  session_hex(c, session);
   enum { N = 3 << 17 }; /* 1.5 MiB of float32 */
   uint64_t program = gb_compile_relu(proc.target, session, 1, N, 0);
   float *data = calloc(N, sizeof(float));
@@ -178,14 +188,9 @@ static int compile_chain(const char *session, int n, char *msg, size_t msg_len) 
  * holds it: a 4000-node program does not fit a 64 KiB quota and leaves no charge behind; a
  * small one fits, and its charge goes back at the close (bytes_freed counts only tensors). */
 START_TEST(test_programs_count_against_the_quota) {
-  tt_connect_options o;
-  tt_connect_options_init(&o);
-  o.quota_bytes = 64 << 10;
-  o.disable_keepalive = 1;
-  tt_client *c = NULL;
-  ck_assert_int_eq(tt_connect(proc.target, &o, &c), TT_OK);
+  tt_client *c = connect_with_quota(64 << 10);
   char session[17], msg[1024];
-  snprintf(session, sizeof(session), "%016llx", (unsigned long long)tt_session_id(c));
+  session_hex(c, session);
   ck_assert_int_eq(compile_chain(session, 4000, msg, sizeof(msg)), TT_RESOURCE_EXHAUSTED);
   ck_assert_msg(strstr(msg, "the program of this graph takes") && strstr(msg, "quota"), "%s", msg);
   ck_assert_int_eq(compile_chain(session, 8, msg, sizeof(msg)), TT_OK);
