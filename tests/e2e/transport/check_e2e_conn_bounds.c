@@ -150,13 +150,13 @@ START_TEST(test_fd_exhaustion) {
 END_TEST
 
 /* HTTP/2 frames by hand: a HEADERS frame opening ListDevices and an RST_STREAM cancelling
- * it, 5000 times: the daemon closes the connection, logs it, and serves a tenant after. */
+ * it, 1024 times: the daemon closes the connection, logs it, and serves a tenant after. */
 static size_t frame(unsigned char *out, int type, int flags, uint32_t stream, const void *payload, size_t len) {
   out[0] = (unsigned char)(len >> 16), out[1] = (unsigned char)(len >> 8), out[2] = (unsigned char)len;
   out[3] = (unsigned char)type, out[4] = (unsigned char)flags;
   out[5] = (unsigned char)(stream >> 24), out[6] = (unsigned char)(stream >> 16);
   out[7] = (unsigned char)(stream >> 8), out[8] = (unsigned char)stream;
-  memcpy(out + 9, payload, len);
+  if (len) memcpy(out + 9, payload, len);
   return 9 + len;
 }
 
@@ -186,7 +186,7 @@ START_TEST(test_rapid_reset_disconnected) {
   ck_assert_int_eq(send(fd, buf, n, MSG_NOSIGNAL), (ssize_t)n);
   static const unsigned char cancel[4] = {0, 0, 0, 8};
   int sent = 0, broken = 0;
-  while (sent < 5000 && !broken) {
+  while (sent < 1024 && !broken) {
     n = 0;
     for (int i = 0; i < 256; i++, sent++) {
       uint32_t id = 2 * (uint32_t)sent + 1;
