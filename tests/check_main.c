@@ -52,6 +52,7 @@ int main(void) {
   srunner_add_suite(sr, e2e_restart_suite());
   srunner_add_suite(sr, e2e_concurrent_writes_suite());
   srunner_add_suite(sr, e2e_admin_bounds_suite());
+  srunner_add_suite(sr, e2e_conn_bounds_suite());
   srunner_add_suite(sr, e2e_queue_bounds_suite());
   srunner_add_suite(sr, e2e_tenant_share_suite());
   srunner_add_suite(sr, e2e_optimizers_suite());

@@ -45,6 +45,7 @@ typedef struct ttd_call {
   grpc_byte_buffer *sending;    /* the message of the outstanding batch */
   grpc_slice status_details;
   int cancelled;                /* set by RECV_CLOSE_ON_SERVER */
+  int gate_fd;                  /* the connection's descriptor when the gate handed it over, else -1 */
   bool initial_metadata_sent;
   ttd_principal principal;      /* who is calling (authenticated before any handler runs) */
   ttd_session *session;         /* for methods that need one; one reference */

@@ -91,13 +91,13 @@ static bool has_abstract_listener(const ttd_core *core) {
  * with an abstract listener no "unix:" caller is known to have come over the file. */
 static const char *not_admin_without_token(const ttd_call *c) {
   if (!c->call) return NULL;
+  if (has_abstract_listener(c->core)) { /* checked first: its callers are named "fd:N" (rpc/conn_gate.h) */
+    return "this ttd also listens on an abstract socket, whose callers it cannot tell from the socket file's";
+  }
   char *peer = grpc_call_get_peer(c->call);
   bool unix_peer = peer && strncmp(peer, "unix:", 5) == 0;
   gpr_free(peer);
   if (!unix_peer) return "this call came over a network listener";
-  if (has_abstract_listener(c->core)) {
-    return "this ttd also listens on an abstract socket, whose callers it cannot tell from the socket file's";
-  }
   return NULL;
 }
 

@@ -8,6 +8,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <sys/socket.h>
+#include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <inttypes.h>
@@ -21,9 +22,13 @@
 #include <unistd.h>
 
 #include "telemetry/log.h"
+#include "rpc/conn_gate.h"
 #include "rpc/dispatch.h"
 #include "work/work_queue.h"
 #include "ttd/v1/protocol.h"
+
+/* Streams one HTTP/2 connection may have open at once (GRPC_ARG_MAX_CONCURRENT_STREAMS). */
+#define TTD_MAX_CONNECTION_STREAMS 1024
 
 /* Calls requested per method ahead of arrival. */
 #define TTD_REQUESTS_PER_METHOD 4
@@ -44,6 +49,8 @@ struct ttd_server {
   atomic_ullong next_request_id;
   atomic_bool cancelling; /* the drain timeout passed: queued device work is not run */
   ttd_call *active;       /* calls a client started, not yet destroyed; under lock */
+  ttd_conn_gate *gate;    /* accepts for the plain-text listeners; probes every listener */
+  grpc_server_credentials *fd_creds; /* insecure: for the connections the gate hands over */
 };
 
 /* The calls a client has started are listed so that a stop past its drain timeout can end
@@ -498,6 +505,12 @@ static void on_call_event(ttd_call *c, bool ok) {
       }
       c->started_ns = now_ns();
       active_add(c);
+      c->gate_fd = -1;
+      if (ttd_conn_gate_listening(server->gate)) { /* gRPC names a connection the gate handed over "fd:N" */
+        char *peer = grpc_call_get_peer(c->call);
+        if (peer && strncmp(peer, "fd:", 3) == 0) c->gate_fd = atoi(peer + 3);
+        gpr_free(peer);
+      }
       c->request_id = atomic_fetch_add(&server->next_request_id, 1) + 1;
       snprintf(c->request_id_text, sizeof(c->request_id_text), "%" PRIu64, c->request_id);
       ttd_log_set_call(c->request_id, 0);
@@ -530,6 +543,7 @@ static void on_call_event(ttd_call *c, bool ok) {
       send_stream_message(c);
       return;
     case TTD_CALL_FINISHING:
+      if (c->cancelled && c->gate_fd >= 0) ttd_conn_gate_note_reset(c->server->gate, c->gate_fd); /* rapid reset? */
       call_destroy(c);
       return;
   }
@@ -620,25 +634,8 @@ static ttd_status_t check_tls_files(const ttd_config *config, const char *cert, 
 /* Why a TCP address cannot be listened on: resolves it and binds a socket to it, so the
  * error says which of syntax, name, port in use or permission it is. */
 static ttd_status_t tcp_listen_error(const char *address) {
-  char host[256];
-  const char *colon = strrchr(address, ':');
-  if (!colon || colon == address || strlen(address) >= sizeof(host)) {
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot listen on '%s': use unix:/path or host:port", address);
-  }
-  size_t hlen = (size_t)(colon - address);
-  memcpy(host, address, hlen);
-  host[hlen] = '\0';
-  char *h = host;
-  if (h[0] == '[' && hlen > 1 && h[hlen - 1] == ']') {
-    h[hlen - 1] = '\0';
-    h++;
-  }
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
-  int rc = getaddrinfo(h[0] ? h : NULL, colon + 1, &hints, &ai);
-  if (rc != 0) {
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot listen on '%s': %s (use host:port)", address,
-                           gai_strerror(rc));
-  }
+  struct addrinfo *ai = NULL;
+  TTD_RETURN_IF_ERROR(ttd_conn_gate_resolve(address, &ai));
   int err = 0;
   int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
   if (fd < 0) err = errno;
@@ -727,6 +724,10 @@ static ttd_status_t bind_address(ttd_server *server, const char *address) {
   const ttd_config *config = server->core->config;
   grpc_server_credentials *creds = NULL;
   TTD_RETURN_IF_ERROR(listener_credentials(config, address, &creds));
+  if (ttd_conn_gate_owns(config, address)) { /* plain text: ttd accepts, gRPC gets each connection */
+    grpc_server_credentials_release(creds);
+    return ttd_conn_gate_listen(server->gate, address);
+  }
   mode_t old_mask = umask(0117); /* the socket is born 0660: no window where others may connect */
   int port = grpc_server_add_http2_port(server->server, address, creds);
   umask(old_mask);
@@ -742,7 +743,15 @@ static ttd_status_t bind_address(ttd_server *server, const char *address) {
   return TTD_OK;
 }
 
+/* A connection the gate admitted: gRPC owns it from here. */
+static void gate_handoff(void *arg, int fd) {
+  ttd_server *server = arg;
+  grpc_server_add_channel_from_fd(server->server, fd, server->fd_creds);
+}
+
 static void server_free(ttd_server *server) {
+  ttd_conn_gate_destroy(server->gate);
+  if (server->fd_creds) grpc_server_credentials_release(server->fd_creds);
   free(server->registered);
   pthread_mutex_destroy(&server->lock);
   pthread_cond_destroy(&server->shutdown_done_cond);
@@ -762,6 +771,12 @@ ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int 
     server_free(server);
     return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
   }
+  ttd_status_t gate_status = ttd_conn_gate_create(core, gate_handoff, server, &server->gate);
+  if (gate_status) {
+    server_free(server);
+    return gate_status;
+  }
+  server->fd_creds = grpc_insecure_server_credentials_create();
 
   grpc_arg args[] = {
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = TTD_MAX_MESSAGE_BYTES},
@@ -769,6 +784,11 @@ ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int 
       /* gRPC shares a TCP port between processes by default (SO_REUSEPORT): a second ttd
        * would take half the connections of the first. One daemon owns a port. */
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
+      /* Streams one connection may have open; more are refused by the transport. */
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_CONCURRENT_STREAMS, .value.integer = TTD_MAX_CONNECTION_STREAMS},
+      /* The TLS listeners' handshakes (gRPC's own); the gate times the plain-text ones. */
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+       .value.integer = (int)core->config->handshake_timeout_ms},
   };
   grpc_channel_args channel_args = {sizeof(args) / sizeof(args[0]), args};
   server->server = grpc_server_create(&channel_args, NULL);
@@ -804,6 +824,7 @@ ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int 
     }
   }
   if (!status) status = request_call(server, &unknown_method, NULL);
+  if (!status) status = ttd_conn_gate_start(server->gate);
   /* The poller, then threads-1 for heavy calls (none: the poller runs them too). */
   if (!status && threads > 1) status = ttd_work_queue_start(threads - 1, &server->heavy);
   server->thread_count = 0;
@@ -852,6 +873,8 @@ static bool wait_shutdown_done(ttd_server *server, int64_t ms) {
 
 void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
   if (!server) return;
+  ttd_conn_gate_destroy(server->gate); /* no more connections handed over */
+  server->gate = NULL;
   grpc_server_shutdown_and_notify(server->server, server->cq, &server->shutdown_tag);
   if (server->thread_count == 0) {
     grpc_server_cancel_all_calls(server->server);

@@ -203,6 +203,20 @@ char *ttd_admin_render_metrics(ttd_core *core) {
   put(&t, "# HELP ttd_rpc_in_flight RPCs arrived and not yet answered (the queue depth).\n"
           "# TYPE ttd_rpc_in_flight gauge\nttd_rpc_in_flight %lld\n",
       (long long)atomic_load(&mt->in_flight));
+  put(&t, "# HELP ttd_connections_refused_total Connections the plain-text listeners closed at once: past "
+          "--max-connections or --max-peer-connections, or no descriptor left.\n"
+          "# TYPE ttd_connections_refused_total counter\nttd_connections_refused_total %llu\n"
+          "# HELP ttd_connections_handshake_timeouts_total Connections closed without an HTTP/2 preface within "
+          "--handshake-timeout.\n# TYPE ttd_connections_handshake_timeouts_total counter\n"
+          "ttd_connections_handshake_timeouts_total %llu\n"
+          "# HELP ttd_connections_reset_closed_total Connections closed for cancelling calls too fast (HTTP/2 rapid "
+          "reset).\n# TYPE ttd_connections_reset_closed_total counter\nttd_connections_reset_closed_total %llu\n"
+          "# HELP ttd_listeners_down Listeners that did not answer the last probe (/healthz fails while any).\n"
+          "# TYPE ttd_listeners_down gauge\nttd_listeners_down %d\n",
+      (unsigned long long)atomic_load(&mt->connections_refused),
+      (unsigned long long)atomic_load(&mt->connections_timed_out),
+      (unsigned long long)atomic_load(&mt->connections_reset_closed),
+      __builtin_popcount(atomic_load(&mt->listeners_down)));
   put(&t, "# HELP ttd_bytes_to_device_total Tensor bytes received from clients (uploads, inline tensors).\n"
           "# TYPE ttd_bytes_to_device_total counter\nttd_bytes_to_device_total %llu\n",
       (unsigned long long)atomic_load(&mt->bytes_to_device));
@@ -265,7 +279,18 @@ static void on_request(struct evhttp_request *req, void *arg) {
   if (cmd != EVHTTP_REQ_GET && cmd != EVHTTP_REQ_HEAD) {
     reply_text(req, 405, "Method Not Allowed", "text/plain", "use GET\n");
   } else if (strcmp(path, "/healthz") == 0) {
-    reply_text(req, 200, "OK", "text/plain", "ok\n");
+    unsigned down = atomic_load(&admin->core->metrics.listeners_down);
+    if (!down) {
+      reply_text(req, 200, "OK", "text/plain", "ok\n");
+    } else { /* a listener that takes no connection serves no one: restart ttd */
+      text t = {0};
+      const ttd_config *config = admin->core->config;
+      for (int i = 0; i < config->listen_count && i < 32; i++) {
+        if (down & (1u << i)) put(&t, "listener %s does not answer\n", config->listen[i]);
+      }
+      reply_text(req, 503, "Service Unavailable", "text/plain", t.data ? t.data : "a listener does not answer\n");
+      free(t.data);
+    }
   } else if (strcmp(path, "/readyz") == 0) {
     if (admin->ready) reply_text(req, 200, "OK", "text/plain", "ready\n");
     else reply_text(req, 503, "Service Unavailable", "text/plain", "not ready\n");

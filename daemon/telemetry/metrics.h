@@ -40,6 +40,11 @@ typedef struct ttd_metrics {
   atomic_ullong bytes_to_device, bytes_to_host;
   atomic_llong in_flight;
   atomic_ullong calls_total; /* every finished RPC, whatever its method */
+  /* Connections of the gate's listeners (rpc/conn_gate.h). */
+  atomic_ullong connections_refused;      /* past a bound, or no descriptor left */
+  atomic_ullong connections_timed_out;    /* no HTTP/2 preface within --handshake-timeout */
+  atomic_ullong connections_reset_closed; /* closed for resetting calls too fast */
+  atomic_uint listeners_down;             /* bit i: --listen i did not answer the last probe */
 } ttd_metrics;
 
 /* Upper bounds of the latency buckets, in seconds. */

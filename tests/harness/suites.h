@@ -54,6 +54,7 @@ Suite *e2e_input_grads_suite(void);
 Suite *e2e_restart_suite(void);
 Suite *e2e_concurrent_writes_suite(void);
 Suite *e2e_admin_bounds_suite(void);
+Suite *e2e_conn_bounds_suite(void);
 Suite *e2e_queue_bounds_suite(void);
 Suite *e2e_tenant_share_suite(void);
 Suite *e2e_optimizers_suite(void);

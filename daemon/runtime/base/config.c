@@ -46,6 +46,14 @@ static const option options[] = {
     {"admin", OPT_STRING, FIELD(admin), 0, 0, "127.0.0.1:9464", "admin HTTP (/healthz, /readyz, /metrics) on host:port, or off"},
     {"admin-timeout", OPT_DURATION, FIELD(admin_timeout_ms), 1000, 3600000, "10",
      "admin HTTP: close a connection that sends or takes nothing for this long"},
+    {"max-connections", OPT_INT, FIELD(max_connections), 1, 1000000, "4096",
+     "connections the plain-text listeners (unix-abstract:, TCP with --insecure) hold at once; more are closed at "
+     "once (keep it well under the descriptor limit, LimitNOFILE)"},
+    {"max-peer-connections", OPT_INT, FIELD(max_peer_connections), 1, 1000000, "64",
+     "connections one TCP address, or one local user on an abstract socket, may hold at once on the plain-text "
+     "listeners; more are closed at once"},
+    {"handshake-timeout", OPT_DURATION, FIELD(handshake_timeout_ms), 100, 3600000, "10",
+     "close a connection that has not sent the HTTP/2 client preface (TLS: finished its handshake) within this long"},
     {"max-program-cost", OPT_SIZE, FIELD(max_program_cost), 1, INT64_MAX, "1T",
      "operations one forward of a program may cost, as Compile estimates them (a multiply-add is 2; K, M, G, T as "
      "powers of 1024): a larger program is refused, since nothing can stop a kernel once it runs"},

@@ -1,0 +1,659 @@
+#define _GNU_SOURCE /* accept4, SO_PEERCRED, pthread_setname_np */
+#include "rpc/conn_gate.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "telemetry/log.h"
+
+#define GATE_MAX_LISTENERS 32
+#define GATE_ACCEPT_RETRY_MS 100
+
+static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"; /* 24 bytes */
+#define PREFACE_LEN 24
+
+enum { TAG_WAKE, TAG_LISTENER, TAG_CONN };
+
+typedef struct gate_listener {
+  int tag;
+  int fd;
+  int index;             /* in config->listen */
+  bool tcp;
+  int64_t paused_until;  /* 0: accepting */
+} gate_listener;
+
+typedef struct gate_peer {
+  char key[64]; /* "ip ADDRESS" or "uid N" */
+  int count;
+} gate_peer;
+
+typedef struct gate_conn {
+  int tag;
+  int fd;           /* accepted; after the handoff, gRPC's "fd:N" */
+  int watch;        /* after the handoff: our duplicate, watched for the connection's end */
+  int peer;         /* index in peers; -1 for the prober's own connections */
+  bool handed;
+  size_t preface_seen;
+  int64_t deadline; /* no preface by then: closed */
+  double resets;    /* bucket of TTD_GATE_MAX_RESETS */
+  int64_t resets_ms;
+  bool killed;
+  struct gate_conn *next, *prev; /* every connection */
+} gate_conn;
+
+struct ttd_conn_gate {
+  ttd_core *core;
+  const ttd_config *config;
+  ttd_conn_gate_handoff_fn handoff;
+  void *handoff_arg;
+  gate_listener listeners[GATE_MAX_LISTENERS];
+  int listener_count;
+  int epoll_fd, wake_fd, wake_tag;
+  int reserve_fd; /* given up to accept and close a connection when descriptors run out */
+  pthread_t thread, prober;
+  bool thread_started, prober_started;
+  atomic_bool stopping;
+  pthread_mutex_t lock; /* conns, by_fd, peers: taken by the gate thread and note_reset */
+  gate_conn *conns;
+  gate_conn **by_fd; /* handed connections by gRPC's descriptor */
+  int by_fd_size;
+  gate_peer *peers;
+  int peer_count, peer_cap;
+  int total;
+  atomic_int probe_port; /* the prober's own TCP source port, exempt from the bounds */
+  int64_t log_second;
+  uint64_t log_left_out;
+};
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+bool ttd_conn_gate_owns(const ttd_config *config, const char *address) {
+  if (strncmp(address, "unix-abstract:", 14) == 0) return true;
+  if (strncmp(address, "unix:", 5) == 0) return false;
+  return config->insecure && !config->tls_cert && !config->tls_key;
+}
+
+/* At most one line a second for refusals and failed accepts, then the count left out. */
+static bool log_allowed(ttd_conn_gate *g, uint64_t *out_left_out) {
+  int64_t second = now_ms() / 1000;
+  if (second == g->log_second) {
+    g->log_left_out++;
+    return false;
+  }
+  g->log_second = second;
+  *out_left_out = g->log_left_out;
+  g->log_left_out = 0;
+  return true;
+}
+
+/* ---- listening ---- */
+
+ttd_status_t ttd_conn_gate_resolve(const char *address, struct addrinfo **out) {
+  char host[256];
+  const char *colon = strrchr(address, ':');
+  if (!colon || colon == address || strlen(address) >= sizeof(host)) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot listen on '%s': use unix:/path or host:port", address);
+  }
+  size_t hlen = (size_t)(colon - address);
+  memcpy(host, address, hlen);
+  host[hlen] = '\0';
+  char *h = host;
+  if (h[0] == '[' && hlen > 1 && h[hlen - 1] == ']') {
+    h[hlen - 1] = '\0';
+    h++;
+  }
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+  int rc = getaddrinfo(h[0] ? h : NULL, colon + 1, &hints, out);
+  if (rc != 0) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot listen on '%s': %s (use host:port)", address,
+                           gai_strerror(rc));
+  }
+  return TTD_OK;
+}
+
+ttd_status_t ttd_conn_gate_listen(ttd_conn_gate *g, const char *address) {
+  if (g->listener_count == GATE_MAX_LISTENERS) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "at most %d plain-text listeners", GATE_MAX_LISTENERS);
+  }
+  int fd = -1, err = 0;
+  bool tcp = strncmp(address, "unix-abstract:", 14) != 0;
+  if (!tcp) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    const char *name = address + 14;
+    size_t len = strlen(name);
+    if (len == 0 || len >= sizeof(sa.sun_path) - 1) {
+      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--listen %s: the abstract name must be 1 to %zu bytes",
+                             address, sizeof(sa.sun_path) - 2);
+    }
+    memcpy(sa.sun_path + 1, name, len);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len)) != 0 ||
+        listen(fd, SOMAXCONN) != 0) {
+      err = errno;
+    }
+  } else {
+    struct addrinfo *ai = NULL;
+    TTD_RETURN_IF_ERROR(ttd_conn_gate_resolve(address, &ai));
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) err = errno;
+    freeaddrinfo(ai);
+  }
+  if (err) {
+    if (fd >= 0) close(fd);
+    if (err == EADDRINUSE) {
+      return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s': address in use (is another ttd running?)",
+                             address);
+    }
+    return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s': %s", address, strerror(err));
+  }
+  int index = 0;
+  while (index < g->config->listen_count && strcmp(g->config->listen[index], address) != 0) index++;
+  g->listeners[g->listener_count++] = (gate_listener){.tag = TAG_LISTENER, .fd = fd, .index = index, .tcp = tcp};
+  TTD_LOG(TTD_LOG_INFO, "event=listening address=%s tls=no gate=yes max_connections=%d max_peer_connections=%d "
+          "handshake_timeout_ms=%lld", address, g->config->max_connections, g->config->max_peer_connections,
+          (long long)g->config->handshake_timeout_ms);
+  return TTD_OK;
+}
+
+/* ---- connections ---- */
+
+/* The peer's key: its address for TCP, its uid for a Unix socket; -1 for the prober. */
+static int peer_key(ttd_conn_gate *g, int fd, bool tcp, char *key, size_t size) {
+  if (tcp) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0) return -1;
+    char ip[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (ss.ss_family == AF_INET) {
+      struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+      inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
+      port = ntohs(in->sin_port);
+      if (port == atomic_load(&g->probe_port) && ntohl(in->sin_addr.s_addr) == INADDR_LOOPBACK) return -1;
+    } else if (ss.ss_family == AF_INET6) {
+      struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+      inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof(ip));
+      port = ntohs(in6->sin6_port);
+      if (port == atomic_load(&g->probe_port) && IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) return -1;
+    }
+    snprintf(key, size, "ip %s", ip);
+    return 0;
+  }
+  struct ucred cred;
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return -1;
+  if (cred.pid == getpid()) return -1;
+  snprintf(key, size, "uid %u", (unsigned)cred.uid);
+  return 0;
+}
+
+static int peer_find_or_add(ttd_conn_gate *g, const char *key) {
+  int free_slot = -1;
+  for (int i = 0; i < g->peer_count; i++) {
+    if (g->peers[i].count && strcmp(g->peers[i].key, key) == 0) return i;
+    if (!g->peers[i].count && free_slot < 0) free_slot = i;
+  }
+  if (free_slot < 0) {
+    if (g->peer_count == g->peer_cap) {
+      int cap = g->peer_cap ? g->peer_cap * 2 : 64;
+      gate_peer *grown = realloc(g->peers, (size_t)cap * sizeof(*grown));
+      if (!grown) return -1;
+      g->peers = grown;
+      g->peer_cap = cap;
+    }
+    free_slot = g->peer_count++;
+  }
+  snprintf(g->peers[free_slot].key, sizeof(g->peers[free_slot].key), "%s", key);
+  g->peers[free_slot].count = 0;
+  return free_slot;
+}
+
+static void refuse_log(ttd_conn_gate *g, const char *why, const char *key) {
+  uint64_t left_out;
+  if (!log_allowed(g, &left_out)) return;
+  TTD_LOG(TTD_LOG_WARN, "event=connection-refused reason=\"%s\" peer=\"%s\" connections=%d left_out=%llu", why, key,
+          g->total, (unsigned long long)left_out);
+}
+
+/* Under lock. Closes a connection the gate holds (before or after the handoff). */
+static void conn_free(ttd_conn_gate *g, gate_conn *c) {
+  if (c->handed) {
+    if (c->fd >= 0 && c->fd < g->by_fd_size && g->by_fd[c->fd] == c) g->by_fd[c->fd] = NULL;
+    epoll_ctl(g->epoll_fd, EPOLL_CTL_DEL, c->watch, NULL);
+    close(c->watch);
+  } else {
+    epoll_ctl(g->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+  }
+  if (c->peer >= 0) g->peers[c->peer].count--;
+  g->total--;
+  if (c->prev) c->prev->next = c->next;
+  else g->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  free(c);
+}
+
+static void admit(ttd_conn_gate *g, gate_listener *l, int fd) {
+  char key[64] = "prober";
+  int own = peer_key(g, fd, l->tcp, key, sizeof(key));
+  pthread_mutex_lock(&g->lock);
+  int peer = -1;
+  const char *refused = NULL;
+  if (own == 0) {
+    peer = peer_find_or_add(g, key);
+    if (peer < 0) refused = "out of memory";
+    else if (g->total >= g->config->max_connections) refused = "--max-connections reached";
+    else if (g->peers[peer].count >= g->config->max_peer_connections) refused = "--max-peer-connections reached";
+  }
+  gate_conn *c = refused ? NULL : calloc(1, sizeof(*c));
+  if (!c) {
+    if (!refused) refused = "out of memory";
+    atomic_fetch_add(&g->core->metrics.connections_refused, 1);
+    refuse_log(g, refused, key);
+    pthread_mutex_unlock(&g->lock);
+    close(fd);
+    return;
+  }
+  *c = (gate_conn){.tag = TAG_CONN, .fd = fd, .watch = -1, .peer = peer, .resets = TTD_GATE_MAX_RESETS,
+                   .resets_ms = now_ms(), .deadline = now_ms() + g->config->handshake_timeout_ms};
+  if (peer >= 0) g->peers[peer].count++;
+  g->total++;
+  c->next = g->conns;
+  if (c->next) c->next->prev = c;
+  g->conns = c;
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+  if (epoll_ctl(g->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) conn_free(g, c);
+  pthread_mutex_unlock(&g->lock);
+}
+
+/* The connection's bytes so far: once the whole client preface is there (peeked, so gRPC
+ * reads it), gRPC gets the connection; anything else is closed. */
+static void check_preface(ttd_conn_gate *g, gate_conn *c) {
+  char buf[PREFACE_LEN];
+  ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+  pthread_mutex_lock(&g->lock);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+    pthread_mutex_unlock(&g->lock);
+    return;
+  }
+  if (n <= 0 || memcmp(buf, preface, (size_t)n) != 0) {
+    conn_free(g, c); /* closed, or not HTTP/2 */
+    pthread_mutex_unlock(&g->lock);
+    return;
+  }
+  if (n < PREFACE_LEN) { /* wait for the rest; EPOLLIN is level-triggered: back off to a poll */
+    c->preface_seen = (size_t)n;
+    struct epoll_event ev = {.events = EPOLLRDHUP, .data.ptr = c};
+    epoll_ctl(g->epoll_fd, EPOLL_CTL_MOD, c->fd, &ev);
+    pthread_mutex_unlock(&g->lock);
+    return;
+  }
+  epoll_ctl(g->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+  c->watch = fcntl(c->fd, F_DUPFD_CLOEXEC, 0);
+  if (c->watch < 0 || c->fd >= g->by_fd_size) {
+    if (c->watch >= 0) close(c->watch);
+    c->watch = -1;
+    refuse_log(g, "no descriptor left to watch it", "-");
+    atomic_fetch_add(&g->core->metrics.connections_refused, 1);
+    epoll_ctl(g->epoll_fd, EPOLL_CTL_ADD, c->fd, &(struct epoll_event){.events = 0, .data.ptr = c});
+    conn_free(g, c);
+    pthread_mutex_unlock(&g->lock);
+    return;
+  }
+  c->handed = true;
+  g->by_fd[c->fd] = c;
+  /* gRPC shuts the socket down before it closes it: the duplicate then reads the end. */
+  struct epoll_event ev = {.events = EPOLLRDHUP, .data.ptr = c};
+  epoll_ctl(g->epoll_fd, EPOLL_CTL_ADD, c->watch, &ev);
+  int fd = c->fd;
+  pthread_mutex_unlock(&g->lock);
+  g->handoff(g->handoff_arg, fd);
+}
+
+static void pause_listener(ttd_conn_gate *g, gate_listener *l) {
+  epoll_ctl(g->epoll_fd, EPOLL_CTL_DEL, l->fd, NULL);
+  l->paused_until = now_ms() + GATE_ACCEPT_RETRY_MS;
+}
+
+static void accept_all(ttd_conn_gate *g, gate_listener *l) {
+  for (int i = 0; i < 256; i++) {
+    int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      admit(g, l, fd);
+      continue;
+    }
+    int err = errno;
+    if (err == EAGAIN || err == EWOULDBLOCK) return;
+    if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
+    uint64_t left_out = 0;
+    bool log = log_allowed(g, &left_out);
+    if ((err == EMFILE || err == ENFILE) && g->reserve_fd >= 0) {
+      /* Out of descriptors: the reserve takes the connection off the queue and closes it,
+       * so that the peer learns at once and the listener stays live. */
+      close(g->reserve_fd);
+      int dropped = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
+      if (dropped >= 0) close(dropped);
+      g->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      atomic_fetch_add(&g->core->metrics.connections_refused, 1);
+      if (log) {
+        TTD_LOG(TTD_LOG_WARN, "event=connection-refused reason=\"out of file descriptors: %s\" left_out=%llu",
+                strerror(err), (unsigned long long)left_out);
+      }
+      if (dropped >= 0 && g->reserve_fd >= 0) continue;
+    } else if (log) {
+      TTD_LOG(TTD_LOG_WARN, "event=accept-failed error=\"%s\" retry_ms=%d left_out=%llu", strerror(err),
+              GATE_ACCEPT_RETRY_MS, (unsigned long long)left_out);
+    }
+    if (g->reserve_fd < 0) g->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    pause_listener(g, l);
+    return;
+  }
+}
+
+/* Closes connections past their handshake deadline; resumes paused listeners; returns the
+ * epoll timeout until the next of those. */
+static int timers(ttd_conn_gate *g) {
+  int64_t now = now_ms(), next = now + 1000;
+  pthread_mutex_lock(&g->lock);
+  for (gate_conn *c = g->conns, *after; c; c = after) {
+    after = c->next;
+    if (c->handed) continue;
+    if (c->deadline <= now) {
+      atomic_fetch_add(&g->core->metrics.connections_timed_out, 1);
+      uint64_t left_out;
+      if (log_allowed(g, &left_out)) {
+        TTD_LOG(TTD_LOG_INFO, "event=handshake-timeout reason=\"no HTTP/2 preface within %lld ms\" left_out=%llu",
+                (long long)g->config->handshake_timeout_ms, (unsigned long long)left_out);
+      }
+      conn_free(g, c);
+      continue;
+    }
+    if (c->preface_seen) { /* a partial preface: look again soon */
+      struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+      epoll_ctl(g->epoll_fd, EPOLL_CTL_MOD, c->fd, &ev);
+      if (now + 10 < next) next = now + 10;
+    }
+    if (c->deadline < next) next = c->deadline;
+  }
+  pthread_mutex_unlock(&g->lock);
+  for (int i = 0; i < g->listener_count; i++) {
+    gate_listener *l = &g->listeners[i];
+    if (!l->paused_until) continue;
+    if (l->paused_until <= now) {
+      l->paused_until = 0;
+      struct epoll_event ev = {.events = EPOLLIN, .data.ptr = l};
+      epoll_ctl(g->epoll_fd, EPOLL_CTL_ADD, l->fd, &ev);
+    } else if (l->paused_until < next) {
+      next = l->paused_until;
+    }
+  }
+  return (int)(next > now ? next - now : 0);
+}
+
+static void *gate_main(void *arg) {
+  ttd_conn_gate *g = arg;
+  pthread_setname_np(pthread_self(), "ttd-gate");
+  struct epoll_event events[64];
+  while (!atomic_load(&g->stopping)) {
+    int n = epoll_wait(g->epoll_fd, events, 64, timers(g));
+    for (int i = 0; i < n; i++) {
+      int tag = *(int *)events[i].data.ptr;
+      if (tag == TAG_WAKE) continue;
+      if (tag == TAG_LISTENER) {
+        accept_all(g, events[i].data.ptr);
+        continue;
+      }
+      gate_conn *c = events[i].data.ptr;
+      if (!c->handed) {
+        check_preface(g, c);
+      } else { /* gRPC closed it (or the peer hung up): its place is free */
+        pthread_mutex_lock(&g->lock);
+        conn_free(g, c);
+        pthread_mutex_unlock(&g->lock);
+      }
+    }
+  }
+  return NULL;
+}
+
+bool ttd_conn_gate_listening(const ttd_conn_gate *g) { return g && g->listener_count > 0; }
+
+void ttd_conn_gate_note_reset(ttd_conn_gate *g, int fd) {
+  if (!g) return;
+  pthread_mutex_lock(&g->lock);
+  gate_conn *c = fd >= 0 && fd < g->by_fd_size ? g->by_fd[fd] : NULL;
+  if (c && !c->killed) {
+    int64_t now = now_ms();
+    c->resets += (double)(now - c->resets_ms) * TTD_GATE_MAX_RESETS / 1000.0;
+    if (c->resets > TTD_GATE_MAX_RESETS) c->resets = TTD_GATE_MAX_RESETS;
+    c->resets_ms = now;
+    c->resets -= 1;
+    if (c->resets < 0) {
+      /* The socket, not only our descriptor: gRPC reads its end and drops the connection. */
+      c->killed = true;
+      shutdown(c->watch, SHUT_RDWR);
+      atomic_fetch_add(&g->core->metrics.connections_reset_closed, 1);
+      TTD_LOG(TTD_LOG_WARN, "event=rapid-reset action=closed peer=\"%s\" reason=\"the client cancelled calls faster "
+              "than %d a second\"", c->peer >= 0 ? g->peers[c->peer].key : "-", TTD_GATE_MAX_RESETS);
+    }
+  }
+  pthread_mutex_unlock(&g->lock);
+}
+
+/* ---- the prober ---- */
+
+static void set_timeouts(int fd) {
+  struct timeval tv = {TTD_GATE_PROBE_TIMEOUT_MS / 1000, (TTD_GATE_PROBE_TIMEOUT_MS % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+/* A socket connected to address (blocking, with the probe's timeouts), or -1. */
+static int probe_connect(ttd_conn_gate *g, const char *address) {
+  int fd = -1;
+  if (strncmp(address, "unix:", 5) == 0 || strncmp(address, "unix-abstract:", 14) == 0) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    bool abstract = address[4] == '-';
+    const char *name = abstract ? address + 14 : address + 5;
+    size_t len = strlen(name);
+    if (len + 2 > sizeof(sa.sun_path)) return -1;
+    memcpy(sa.sun_path + (abstract ? 1 : 0), name, len);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    set_timeouts(fd);
+    socklen_t sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len + (abstract ? 1 : 0));
+    if (connect(fd, (struct sockaddr *)&sa, sl) != 0) {
+      close(fd);
+      return -1;
+    }
+    return fd;
+  }
+  struct addrinfo *ai = NULL;
+  ttd_status_t status = ttd_conn_gate_resolve(address, &ai);
+  if (status) {
+    ttd_status_free(status);
+    return -1;
+  }
+  /* A wildcard address is probed on the loopback of its family. */
+  if (ai->ai_family == AF_INET) {
+    struct sockaddr_in *in = (struct sockaddr_in *)ai->ai_addr;
+    if (in->sin_addr.s_addr == htonl(INADDR_ANY)) in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  } else if (ai->ai_family == AF_INET6) {
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ai->ai_addr;
+    if (IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr)) in6->sin6_addr = in6addr_loopback;
+  }
+  fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    set_timeouts(fd);
+    struct sockaddr_storage local = {.ss_family = (sa_family_t)ai->ai_family};
+    socklen_t ll = ai->ai_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+    bind(fd, (struct sockaddr *)&local, ll); /* an ephemeral port, known before connect */
+    if (getsockname(fd, (struct sockaddr *)&local, &ll) == 0) {
+      atomic_store(&g->probe_port, ntohs(((struct sockaddr_in *)&local)->sin_port)); /* same offset in _in6 */
+    }
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(ai);
+  return fd;
+}
+
+/* Whether the plain-text listener answers the client preface with its SETTINGS. */
+static bool probe_plain(int fd) {
+  static const unsigned char settings[9] = {0, 0, 0, 4, 0, 0, 0, 0, 0};
+  if (send(fd, preface, PREFACE_LEN, MSG_NOSIGNAL) != PREFACE_LEN) return false;
+  if (send(fd, settings, sizeof(settings), MSG_NOSIGNAL) != (ssize_t)sizeof(settings)) return false;
+  unsigned char head[9];
+  size_t got = 0;
+  while (got < sizeof(head)) {
+    ssize_t n = recv(fd, head + got, sizeof(head) - got, 0);
+    if (n <= 0) return false;
+    got += (size_t)n;
+  }
+  return head[3] == 4; /* SETTINGS */
+}
+
+/* Whether the TLS listener answers a ClientHello at all (a ServerHello or an alert): it
+ * accepted the connection; the handshake need not succeed (mutual TLS wants a certificate). */
+static bool probe_tls(int fd) {
+  SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+  SSL *ssl = ctx ? SSL_new(ctx) : NULL;
+  bool answered = false;
+  if (ssl) {
+    SSL_set_verify(ssl, SSL_VERIFY_NONE, NULL);
+    SSL_set_fd(ssl, fd);
+    SSL_connect(ssl);
+    answered = BIO_number_read(SSL_get_rbio(ssl)) > 0;
+  }
+  SSL_free(ssl);
+  SSL_CTX_free(ctx);
+  ERR_clear_error();
+  return answered;
+}
+
+static void *prober_main(void *arg) {
+  ttd_conn_gate *g = arg;
+  pthread_setname_np(pthread_self(), "ttd-probe");
+  const ttd_config *config = g->config;
+  unsigned down_logged = 0;
+  while (!atomic_load(&g->stopping)) {
+    unsigned down = 0;
+    for (int i = 0; i < config->listen_count && i < 32 && !atomic_load(&g->stopping); i++) {
+      const char *address = config->listen[i];
+      bool tls = strncmp(address, "unix", 4) != 0 && config->tls_cert;
+      int fd = probe_connect(g, address);
+      bool up = fd >= 0 && (tls ? probe_tls(fd) : probe_plain(fd));
+      if (fd >= 0) close(fd);
+      if (!up) down |= 1u << i;
+      if (!up && !(down_logged & (1u << i))) {
+        TTD_LOG(TTD_LOG_ERROR, "event=listener-down address=%s reason=\"it did not answer a connection within %d ms\"",
+                address, TTD_GATE_PROBE_TIMEOUT_MS);
+      } else if (up && (down_logged & (1u << i))) {
+        TTD_LOG(TTD_LOG_INFO, "event=listener-up address=%s", address);
+      }
+    }
+    down_logged = down;
+    atomic_store(&g->core->metrics.listeners_down, down);
+    for (int slept = 0; slept < TTD_GATE_PROBE_MS && !atomic_load(&g->stopping); slept += 50) {
+      struct timespec ts = {0, 50 * 1000000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  return NULL;
+}
+
+/* ---- life ---- */
+
+ttd_status_t ttd_conn_gate_create(ttd_core *core, ttd_conn_gate_handoff_fn handoff, void *arg,
+                                  ttd_conn_gate **out_gate) {
+  *out_gate = NULL;
+  ttd_conn_gate *g = calloc(1, sizeof(*g));
+  if (!g) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  g->core = core;
+  g->config = core->config;
+  g->handoff = handoff;
+  g->handoff_arg = arg;
+  g->wake_tag = TAG_WAKE;
+  pthread_mutex_init(&g->lock, NULL);
+  struct rlimit rl;
+  g->by_fd_size = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < (1u << 20) ? (int)rl.rlim_cur : 1 << 20;
+  g->by_fd = calloc((size_t)g->by_fd_size, sizeof(*g->by_fd));
+  g->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  g->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  g->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (!g->by_fd || g->epoll_fd < 0 || g->wake_fd < 0 || g->reserve_fd < 0) {
+    ttd_conn_gate_destroy(g);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot set up the connection gate: %s", strerror(errno));
+  }
+  *out_gate = g;
+  return TTD_OK;
+}
+
+ttd_status_t ttd_conn_gate_start(ttd_conn_gate *g) {
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &g->wake_tag};
+  epoll_ctl(g->epoll_fd, EPOLL_CTL_ADD, g->wake_fd, &ev);
+  for (int i = 0; i < g->listener_count; i++) {
+    struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &g->listeners[i]};
+    epoll_ctl(g->epoll_fd, EPOLL_CTL_ADD, g->listeners[i].fd, &lev);
+  }
+  if (g->listener_count) {
+    if (pthread_create(&g->thread, NULL, gate_main, g) != 0) {
+      return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot start the connection gate's thread");
+    }
+    g->thread_started = true;
+  }
+  if (pthread_create(&g->prober, NULL, prober_main, g) != 0) {
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot start the listener prober's thread");
+  }
+  g->prober_started = true;
+  return TTD_OK;
+}
+
+void ttd_conn_gate_destroy(ttd_conn_gate *g) {
+  if (!g) return;
+  atomic_store(&g->stopping, true);
+  if (g->wake_fd >= 0) {
+    uint64_t one = 1;
+    (void)!write(g->wake_fd, &one, sizeof(one));
+  }
+  if (g->thread_started) pthread_join(g->thread, NULL);
+  if (g->prober_started) pthread_join(g->prober, NULL);
+  for (int i = 0; i < g->listener_count; i++) close(g->listeners[i].fd);
+  pthread_mutex_lock(&g->lock);
+  while (g->conns) conn_free(g, g->conns);
+  pthread_mutex_unlock(&g->lock);
+  if (g->epoll_fd >= 0) close(g->epoll_fd);
+  if (g->wake_fd >= 0) close(g->wake_fd);
+  if (g->reserve_fd >= 0) close(g->reserve_fd);
+  pthread_mutex_destroy(&g->lock);
+  free(g->by_fd);
+  free(g->peers);
+  free(g);
+}
