@@ -315,24 +315,27 @@ ttd_status_t ttd_session_program_add(ttd_session *session, ttd_program *program,
   } else if (!(status = ttd_session_program_charge(session, program))) {
     ttd_program_retain(program);
     status = add_locked(session, &session->programs, program, 0, out_handle);
-    if (status) {
-      ttd_quota_refund(session->quota, program->host_bytes);
-      ttd_program_release(program);
-    }
+    if (status) ttd_program_release(program); /* out of host memory: the session is done for anyway */
   }
   pthread_mutex_unlock(&session->lock);
   return status;
 }
 
 ttd_status_t ttd_session_program_charge(ttd_session *session, const ttd_program *program) {
-  ttd_status_t status = ttd_quota_charge(session->quota, program->host_bytes);
-  if (!status) return TTD_OK;
+  uint64_t held = session->program_bytes + program->host_bytes;
+  uint64_t owed = held > TTD_SESSION_PROGRAM_ALLOWANCE ? held - TTD_SESSION_PROGRAM_ALLOWANCE : 0;
+  ttd_status_t status = ttd_quota_charge(session->quota, owed - session->program_charged);
+  if (!status) {
+    session->program_bytes = held;
+    session->program_charged = owed;
+    return TTD_OK;
+  }
   char need[32];
   ttd_status_t named = ttd_make_status(ttd_status_code(status),
                                        "the program of this graph takes %s of the daemon's memory, which counts "
-                                       "against the quota: %s",
+                                       "against the quota past the first %d KiB of a session's programs: %s",
                                        ttd_format_bytes(program->host_bytes, need, sizeof(need)),
-                                       ttd_status_message(status));
+                                       (int)(TTD_SESSION_PROGRAM_ALLOWANCE >> 10), ttd_status_message(status));
   ttd_status_free(status);
   return named;
 }
@@ -423,11 +426,10 @@ void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *ou
   ttd_handle_map_clear(&runs);
   /* Programs are host memory: their charge goes back after the device bytes are counted. */
   uint64_t charged_after = atomic_load(&session->quota->used);
+  ttd_quota_refund(session->quota, session->program_charged);
+  session->program_charged = session->program_bytes = 0;
   for (size_t i = 0; i < programs.capacity; i++) {
-    if (!programs.keys[i]) continue;
-    ttd_program *p = programs.values[i];
-    ttd_quota_refund(session->quota, p->host_bytes);
-    ttd_program_release(p);
+    if (programs.keys[i]) ttd_program_release(programs.values[i]);
   }
   ttd_handle_map_clear(&programs);
   for (size_t i = 0; i < segments.capacity; i++) {

@@ -53,6 +53,8 @@ typedef struct ttd_session {
   ttd_handle_map tensors;       /* handle -> ttd_tensor* (one reference each) */
   uint64_t tensor_bytes;        /* device bytes held by this session's tensors */
   ttd_handle_map programs;      /* handle -> ttd_program* (one reference each) */
+  uint64_t program_bytes;       /* their host memory (ttd_program.host_bytes), summed */
+  uint64_t program_charged;     /* what of it the quota carries: past TTD_SESSION_PROGRAM_ALLOWANCE */
   ttd_handle_map runs;          /* handle -> ttd_run* kept for Backward (owned) */
   ttd_handle_map segments;      /* id -> ttd_shm_segment* (one reference each) */
   uid_t segments_uid;           /* every segment comes from this user (SO_PEERCRED) */
@@ -125,8 +127,14 @@ ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *hand
  * TTD_SESSION_MAX_PROGRAMS distinct programs or the quota, FAILED_PRECONDITION when closed. */
 ttd_status_t ttd_session_program_add(ttd_session *session, ttd_program *program, uint64_t *out_handle);
 
-/* Charges a program's host memory (program->host_bytes) to the session's quota, which
- * ttd_session_close refunds: RESOURCE_EXHAUSTED saying so when it does not fit. */
+/* The host memory of a session's programs that its quota does not carry: a model's programs
+ * (tens of KiB) leave its device accounting exact; a huge graph counts. */
+#define TTD_SESSION_PROGRAM_ALLOWANCE ((uint64_t)64 << 10)
+
+/* Adds a program's host memory (program->host_bytes) to the session's, charging its quota
+ * with what passes TTD_SESSION_PROGRAM_ALLOWANCE (ttd_session_close refunds it):
+ * RESOURCE_EXHAUSTED saying so when it does not fit. With the session's lock held, or
+ * before the session is shared. */
 ttd_status_t ttd_session_program_charge(ttd_session *session, const ttd_program *program);
 
 /* A new reference to the program under handle, or NOT_FOUND. */

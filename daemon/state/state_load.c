@@ -238,8 +238,7 @@ static ttd_status_t load_session(ttd_state *state, int dir_fd, const Ttd__V1__Sa
     if (!status && (status = ttd_session_program_charge(session, p))) {
       ttd_program_release(p);
     } else if (!status && ttd_handle_map_put(&session->programs, sp->handle, p) != 0) {
-      ttd_quota_refund(session->quota, p->host_bytes);
-      ttd_program_release(p);
+      ttd_program_release(p); /* its charge goes back with the session */
       status = damaged(e->meta->name, "a program handle is 0 or given twice");
     }
   }

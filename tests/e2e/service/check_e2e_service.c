@@ -292,7 +292,7 @@ START_TEST(test_unit_file_verifies) {
   snprintf(unit_path, sizeof(unit_path), "%s/scripts/ttd.service", root);
   char *unit = read_file(unit_path);
   ck_assert_ptr_nonnull(strstr(unit, "\nType=notify\n"));
-  ck_assert_ptr_nonnull(strstr(unit, "\nExecStart=/usr/local/bin/ttd --config /etc/ttd/ttd.conf\n"));
+  ck_assert_ptr_nonnull(strstr(unit, "\nExecStart=/usr/local/bin/ttd --config /etc/ttd/ttd.conf --state-dir /var/lib/ttd\n"));
   ck_assert_ptr_nonnull(strstr(unit, "\nExecReload=/bin/kill -HUP $MAINPID\n"));
   ck_assert_ptr_nonnull(strstr(unit, "\nWatchdogSec=30s\n"));
   ck_assert_ptr_nonnull(strstr(unit, "\nUser=ttd\n"));
@@ -404,7 +404,7 @@ START_TEST(test_make_install) {
   snprintf(path, sizeof(path), "%s/lib/systemd/system/ttd.service", dest);
   assert_mode(path, S_IFREG, 0644);
   text = read_file(path);
-  ck_assert_ptr_nonnull(strstr(text, "\nExecStart=/usr/bin/ttd --config /etc/ttd/ttd.conf\n"));
+  ck_assert_ptr_nonnull(strstr(text, "\nExecStart=/usr/bin/ttd --config /etc/ttd/ttd.conf --state-dir /var/lib/ttd\n"));
   ck_assert_ptr_null(strstr(text, "/usr/local"));
   free(text);
 
