@@ -13,11 +13,13 @@ struct ttd_state {
   ttd_core *core;
   char *dir;  /* as configured */
   int dir_fd; /* DIR, open */
+  int lock_fd; /* DIR/lock, flock'ed: one ttd a state folder */
 };
 
 #define TTD_STATE_CURRENT "state"
 #define TTD_STATE_NEXT "state.new"
 #define TTD_STATE_MANIFEST "MANIFEST"
+#define TTD_STATE_LOCK "lock"
 
 /* "ID.session" / "ID.safetensors" for session id. */
 void ttd_state_file_name(char *buf, size_t size, uint64_t session_id, const char *suffix);

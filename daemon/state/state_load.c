@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -397,14 +398,26 @@ ttd_status_t ttd_state_open(ttd_core *core, const char *dir, ttd_state **out_sta
     ttd_status_free(status);
     return named;
   }
+  /* Two daemons on one state folder would each save over the other's sessions. */
+  int lock_fd = openat(dir_fd, TTD_STATE_LOCK, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    if (lock_fd >= 0) close(lock_fd);
+    close(dir_fd);
+    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION, "--state-dir %s: %s", dir,
+                           err == EWOULDBLOCK ? "another ttd uses this state folder; give each ttd its own"
+                                              : strerror(err));
+  }
   ttd_state *state = calloc(1, sizeof(*state));
   char *copy = strdup(dir);
   if (!state || !copy) {
     free(state);
     free(copy);
+    close(lock_fd);
     close(dir_fd);
     return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
   }
+  state->lock_fd = lock_fd;
   state->core = core;
   state->dir = copy;
   state->dir_fd = dir_fd;
@@ -441,6 +454,7 @@ void ttd_state_close(ttd_state *state) {
     state->core->sessions.forget_ctx = NULL;
   }
   close(state->dir_fd);
+  close(state->lock_fd); /* the lock goes with it */
   free(state->dir);
   free(state);
 }
