@@ -39,6 +39,7 @@ int main(void) {
   srunner_add_suite(sr, kernels_dropout_suite());
   srunner_add_suite(sr, dataset_suite());
   srunner_add_suite(sr, progress_suite());
+  srunner_add_suite(sr, resume_suite());
   srunner_add_suite(sr, tensor_wrap_suite());
   srunner_add_suite(sr, file_io_suite());
   srunner_add_suite(sr, safetensors_header_suite());

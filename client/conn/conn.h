@@ -174,9 +174,13 @@ tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, v
 void tt_session_adopt(tt_client *client, const Ttd__V1__OpenSessionResponse *resp);
 
 /* Whether a call of method that failed with st and message err should wait for ttd to come
- * back and resume the session, then run again: ttd is unreachable or restarted, and this
- * session can be resumed. */
+ * back and resume the session, then run again: ttd is unreachable, stopping or restarted, and
+ * this session can be resumed. */
 bool tt_resume_wanted(tt_client *client, tt_rpc_method method, tt_status st, const char *err);
+
+/* Whether OpenSession's failure st, when resuming, is final: ttd answered, and will not
+ * resume the session (not: unreachable, stopping, or not answering in time). */
+bool tt_resume_refused(tt_status st);
 
 /* Resumes the session unless another thread did since generation (read before the failed
  * call): waits up to resume_timeout_ms for ttd, OpenSession with the secret, registers the

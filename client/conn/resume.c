@@ -27,9 +27,12 @@ bool tt_resume_wanted(tt_client *c, tt_rpc_method method, tt_status st, const ch
   if (c->closed || !c->resume_secret_len || method == TT_RPC_OPEN_SESSION || method == TT_RPC_CLOSE_SESSION) {
     return false;
   }
-  /* Unreachable: ttd is stopping or not back yet. Or back, under another instance id, or
-   * holding the session for its client to resume. */
-  return st == TT_UNAVAILABLE ||
+  /* Unreachable: ttd is stopping or not back yet. CANCELLED, which this library never asks
+   * for and ttd never answers a call it ran: a stopping ttd's gRPC server kills the calls it
+   * had not taken yet (those queued for a handler, those arriving once the stop began), so
+   * the call never ran. Or back, under another instance id, or holding the session for its
+   * client to resume. */
+  return st == TT_UNAVAILABLE || st == TT_CANCELLED ||
          (st == TT_FAILED_PRECONDITION && (strstr(err, "daemon restarted") || strstr(err, "to resume it")));
 }
 
@@ -44,8 +47,9 @@ static void sleep_ms(int64_t ms) {
   nanosleep(&ts, NULL);
 }
 
-/* Whether OpenSession's failure st is final: ttd answered, and will not resume the session. */
-static bool final_refusal(tt_status st) { return st != TT_UNAVAILABLE && st != TT_DEADLINE_EXCEEDED && st != TT_INTERNAL; }
+bool tt_resume_refused(tt_status st) {
+  return st != TT_UNAVAILABLE && st != TT_CANCELLED && st != TT_DEADLINE_EXCEEDED && st != TT_INTERNAL;
+}
 
 tt_status tt_resume(tt_client *c, unsigned generation, char *err, size_t err_len) {
   pthread_mutex_lock(&c->resume_lock);
@@ -77,7 +81,7 @@ tt_status tt_resume(tt_client *c, unsigned generation, char *err, size_t err_len
       atomic_fetch_add(&c->resume_generation, 1);
       break;
     }
-    if (final_refusal(st)) {
+    if (tt_resume_refused(st)) {
       c->resume_secret_len = 0; /* nothing to resume any more: later calls fail at once */
       snprintf(err, err_len, "daemon restarted, tensors are gone: ttd at %s could not resume session %s (%s); "
                "connect again and upload again [the call failed with: %s]", c->target, c->session_hex, why, cause);

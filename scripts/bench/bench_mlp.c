@@ -15,7 +15,16 @@ struct bench_mlp {
   int batch, next;
   float *x[BATCHES];
   int32_t *y[BATCHES];
+  bench_mlp_hook hook;
+  void *hook_arg;
 };
+
+/* Tells the hook, if any, that stage is about to run (done 0) or ran (done 1); always 1, to
+ * sit in the step's chain of calls. */
+static int at(bench_mlp *m, bench_mlp_stage stage, int done) {
+  if (m->hook) m->hook(m->hook_arg, stage, done);
+  return 1;
+}
 
 static void die(bench_mlp *m, const char *what) { bench_die(what, tt_last_error(m->client)); }
 
@@ -67,16 +76,23 @@ tt_status bench_mlp_try_step(bench_mlp *m, float *out_loss) {
   m->next = (m->next + 1) % BATCHES;
   int64_t xs[2] = {m->batch, 784}, ys[1] = {m->batch};
   tt_tensor *xh = tt_tensor_from_host(m->client, m->x[i], TT_FLOAT32, xs, 2);
-  tt_tensor *xd = xh ? tt_to(xh, tt_module_device(m->module)) : NULL, *out = NULL, *out_cpu = NULL, *loss = NULL;
-  tt_tensor *labels = NULL;
-  int ok = xd && tt_forward(m->module, &xd, 1, &out) == TT_OK && (out_cpu = tt_to(out, "cpu")) &&
-           (labels = tt_tensor_from_host(m->client, m->y[i], TT_INT32, ys, 1)) &&
-           (loss = tt_cross_entropy(out_cpu, labels)) && tt_zero_grad(m->opt) == TT_OK && tt_backward(loss) == TT_OK &&
-           tt_step(m->opt) == TT_OK;
+  tt_tensor *xd = NULL, *out = NULL, *out_cpu = NULL, *loss = NULL, *labels = NULL;
+  int ok = xh && at(m, BENCH_MLP_UPLOAD, 0) && (xd = tt_to(xh, tt_module_device(m->module))) &&
+           at(m, BENCH_MLP_UPLOAD, 1) && at(m, BENCH_MLP_FORWARD, 0) && tt_forward(m->module, &xd, 1, &out) == TT_OK &&
+           at(m, BENCH_MLP_FORWARD, 1) && at(m, BENCH_MLP_DOWNLOAD, 0) && (out_cpu = tt_to(out, "cpu")) &&
+           at(m, BENCH_MLP_DOWNLOAD, 1) && (labels = tt_tensor_from_host(m->client, m->y[i], TT_INT32, ys, 1)) &&
+           (loss = tt_cross_entropy(out_cpu, labels)) && tt_zero_grad(m->opt) == TT_OK && at(m, BENCH_MLP_BACKWARD, 0) &&
+           tt_backward(loss) == TT_OK && at(m, BENCH_MLP_BACKWARD, 1) && at(m, BENCH_MLP_STEP, 0) &&
+           tt_step(m->opt) == TT_OK && at(m, BENCH_MLP_STEP, 1);
   if (ok && out_loss) *out_loss = tt_tensor_item(loss);
   tt_tensor *done[] = {labels, loss, out_cpu, out, xd, xh};
   for (size_t k = 0; k < sizeof(done) / sizeof(done[0]); k++) tt_tensor_free(done[k]);
   return ok ? TT_OK : tt_errcode(m->client);
+}
+
+void bench_mlp_set_hook(bench_mlp *m, bench_mlp_hook hook, void *arg) {
+  m->hook = hook;
+  m->hook_arg = arg;
 }
 
 void bench_mlp_destroy(bench_mlp *m) {

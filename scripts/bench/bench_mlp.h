@@ -24,6 +24,22 @@ void bench_mlp_step(bench_mlp *m);
  * tt_last_error of the model's client says why. */
 tt_status bench_mlp_try_step(bench_mlp *m, float *out_loss);
 
+/* The calls of a step, for a hook that wants to act just before or after one: the batch's
+ * upload, the forward, the forward's output downloaded, the backward, the optimizer step. */
+typedef enum bench_mlp_stage {
+  BENCH_MLP_UPLOAD,
+  BENCH_MLP_FORWARD,
+  BENCH_MLP_DOWNLOAD,
+  BENCH_MLP_BACKWARD,
+  BENCH_MLP_STEP,
+} bench_mlp_stage;
+
+/* Called by bench_mlp_try_step before (done 0) and after (done 1) each stage's call. */
+typedef void (*bench_mlp_hook)(void *arg, bench_mlp_stage stage, int done);
+
+/* Sets the step's hook (NULL: none); the losses stay as without one. */
+void bench_mlp_set_hook(bench_mlp *m, bench_mlp_hook hook, void *arg);
+
 /* Frees the model, and disconnects a client bench_mlp_create made. Accepts NULL. */
 void bench_mlp_destroy(bench_mlp *m);
 

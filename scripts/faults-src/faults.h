@@ -7,6 +7,8 @@
  *   faults_stall.c    a Download nobody reads: session closed under it; a client stopped
  *   faults_exhaust.c  one tenant fills its quota and the card's L1, and asks for more DRAM
  *                     than the card has, while the bystander trains
+ *   faults_graceful.c the daemon stopped gracefully (SIGTERM) under load and started
+ *                     again on its saved state: every client resumes its session
  *   faults_restart.c  the daemon SIGKILLed and restarted under load
  * and after each checks that the victims' sessions closed within a lease of their last
  * call (faults_watch.c) and that the card holds exactly what the live sessions hold
@@ -48,6 +50,8 @@ typedef struct faults_ctx {
   ft_proc bystander;
   int reps;               /* victims per kind */
   int restart_clients;
+  int resume_clients;     /* clients training across the graceful restart */
+  const char *state_dir;  /* ttd's --state-dir */
   double lease_s;
   double recover_bound_s; /* lease + the sweep's period + slack, after the last call */
   faults_tally tally[FAULTS_MAX_KINDS];
@@ -116,6 +120,7 @@ int faults_admin_connect(faults_ctx *ctx);
 void faults_phase_kill(faults_ctx *ctx);
 void faults_phase_stall(faults_ctx *ctx);
 void faults_phase_exhaust(faults_ctx *ctx);
+void faults_phase_graceful(faults_ctx *ctx);
 void faults_phase_restart(faults_ctx *ctx);
 
 /* ---- client roles (run in child processes; return the exit status) ---- */
@@ -131,6 +136,10 @@ int fc_victim_main(const fc_args *a); /* roles upload, download, execute, backwa
 int fc_stall_main(const fc_args *a);
 int fc_hog_main(const fc_args *a);    /* roles hog-quota, hog-l1 */
 int fc_reconnect_main(const fc_args *a);
+int fc_resume_main(const fc_args *a); /* roles resume-upload, resume-forward, resume-between, resume-backward */
+
+/* The step at which a resume client stops before its call, for the graceful restart. */
+#define FC_RESUME_PARK 4
 
 /* In a child: connects with the token in $TTD_TOKEN; on failure reports an EVENT and exits 1. */
 tt_client *fc_connect(const fc_args *a, int keepalive);

@@ -1,5 +1,5 @@
 /* ttd_faults: the fault driver behind scripts/faults (see faults.h for the phases).
- *   ttd_faults --ttd BUILD/bin/ttd --dir TMPDIR [--short] [--reps N]
+ *   ttd_faults --ttd BUILD/bin/ttd --dir TMPDIR [--short] [--reps N] [--only PHASE]
  * prints a summary of the faults injected, the bytes recovered and how fast, and what the
  * bystander saw; exits 1 on any failed check. --short runs fewer victims, for CI.
  * Run as "ttd_faults --child ROLE ..." it is one of its own client processes. */
@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "faults.h"
@@ -23,6 +24,8 @@ static const struct {
     {"bystander", fc_bystander_main}, {"upload", fc_victim_main}, {"download", fc_victim_main},
     {"execute", fc_victim_main},      {"backward", fc_victim_main}, {"stall", fc_stall_main},
     {"hog-quota", fc_hog_main},       {"hog-l1", fc_hog_main},     {"reconnect", fc_reconnect_main},
+    {"resume-upload", fc_resume_main}, {"resume-forward", fc_resume_main}, {"resume-between", fc_resume_main},
+    {"resume-backward", fc_resume_main},
 };
 
 static int child_main(int argc, char **argv) {
@@ -94,7 +97,7 @@ int main(int argc, char **argv) {
   static faults_ctx ctx;
   const char *dir = NULL;
   int is_short = 0;
-  const char *only = NULL; /* one phase: kill, stall, exhaust or restart */
+  const char *only = NULL; /* one phase: kill, stall, exhaust, graceful or restart */
   ctx.self = argv[0];
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--short")) is_short = 1;
@@ -104,19 +107,20 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else ctx.daemon.bin = NULL, i = argc;
   }
-  static const char *const phases[] = {"kill", "stall", "exhaust", "restart"};
-  int run[4] = {1, 1, 1, 1};
-  for (int i = 0; only && i < 4; i++) run[i] = !strcmp(only, phases[i]);
-  if (!ctx.daemon.bin || !dir || ctx.reps < 0 || ctx.reps > FAULTS_MAX_REPS ||
-      (only && !run[0] && !run[1] && !run[2] && !run[3])) {
+  enum { PHASES = 5 };
+  static const char *const phases[PHASES] = {"kill", "stall", "exhaust", "graceful", "restart"};
+  int run[PHASES] = {1, 1, 1, 1, 1}, chosen = !only;
+  for (int i = 0; only && i < PHASES; i++) chosen |= run[i] = !strcmp(only, phases[i]);
+  if (!ctx.daemon.bin || !dir || ctx.reps < 0 || ctx.reps > FAULTS_MAX_REPS || !chosen) {
     fprintf(stderr, "usage: ttd_faults --ttd BUILD/bin/ttd --dir TMPDIR [--short] [--reps 1..%d] "
-            "[--only kill|stall|exhaust|restart]\n", FAULTS_MAX_REPS);
+            "[--only kill|stall|exhaust|graceful|restart]\n", FAULTS_MAX_REPS);
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
   double started = bench_now();
   ctx.reps = ctx.reps ? ctx.reps : is_short ? 2 : 6;
   ctx.restart_clients = is_short ? 2 : 4;
+  ctx.resume_clients = is_short ? 4 : 8;
   ctx.lease_s = LEASE_S;
   ctx.recover_bound_s = LEASE_S * 1.25 + 0.5; /* the lease, the sweep's period (a quarter), slack */
   const ft_tenant tenants[FT_TENANTS] = {
@@ -127,12 +131,19 @@ int main(int argc, char **argv) {
   snprintf(tokens, sizeof(tokens), "%s/tokens", dir);
   if (ft_tenants_write(ctx.tenants, FT_TENANTS, tokens) != 0) bench_die("writing the tokens file", tokens);
   ctx.daemon.dir = dir;
-  const char *args[] = {"--tokens", tokens, "--lease", LEASE, "--l1", "32M", "--drain-timeout", "5s", NULL};
+  /* Every phase runs with saved state, as the service does: a graceful stop keeps the
+   * sessions, a SIGKILL resumes nothing. */
+  static char state[512];
+  snprintf(state, sizeof(state), "%s/state-dir", dir);
+  if (mkdir(state, 0700) != 0) bench_die("creating the state folder", state);
+  ctx.state_dir = state;
+  const char *args[] = {"--tokens", tokens, "--lease", LEASE, "--l1", "32M", "--drain-timeout", "5s",
+                        "--state-dir", state, NULL};
   memcpy(ctx.daemon.args, args, sizeof(args));
   char err[512];
   if (ft_daemon_start(&ctx.daemon, 30, err, sizeof(err)) != 0) bench_die("starting ttd", err);
-  printf("faults: ttd (pid %d) on %s, admin 127.0.0.1:%d, lease %s, L1 32 MiB; %d victims per kind\n",
-         (int)ctx.daemon.pid, ctx.daemon.target, ctx.daemon.admin_port, LEASE, ctx.reps);
+  printf("faults: ttd (pid %d) on %s, admin 127.0.0.1:%d, lease %s, L1 32 MiB, state in %s; %d victims per kind\n",
+         (int)ctx.daemon.pid, ctx.daemon.target, ctx.daemon.admin_port, LEASE, state, ctx.reps);
   if (faults_admin_connect(&ctx) != 0) return 1;
   ft_msg m;
   if (faults_spawn(&ctx, &ctx.bystander, "bystander", FT_BYSTANDER, 0, 1) ||
@@ -140,13 +151,15 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("faults: bystander training (first loss %.6f)\n", m.value[0]);
-  void (*const phase[4])(faults_ctx *) = {faults_phase_kill, faults_phase_stall, faults_phase_exhaust,
-                                              faults_phase_restart};
-  const char *what[4] = {"clients SIGKILLed inside their calls", "streams left unread, clients stopped",
-                         "device memory exhausted by other tenants", "ttd SIGKILLed under load and restarted"};
+  void (*const phase[PHASES])(faults_ctx *) = {faults_phase_kill, faults_phase_stall, faults_phase_exhaust,
+                                                faults_phase_graceful, faults_phase_restart};
+  const char *what[PHASES] = {"clients SIGKILLed inside their calls", "streams left unread, clients stopped",
+                              "device memory exhausted by other tenants",
+                              "ttd restarted gracefully under load: every client resumed, nothing lost",
+                              "ttd SIGKILLed under load and restarted"};
   double bystander[4] = {0};
-  for (int i = 0; i < 4; i++) {
-    if (i == 3) stop_bystander(&ctx, bystander); /* the restart ends every session */
+  for (int i = 0; i < PHASES; i++) {
+    if (i == 4) stop_bystander(&ctx, bystander); /* the SIGKILL ends every session */
     if (!run[i]) continue;
     printf("faults: phase %d: %s\n", i + 1, what[i]);
     phase[i](&ctx);

@@ -1,6 +1,7 @@
-/* Phase 3: the daemon SIGKILLed under load and started again on the same socket. Each
- * client (fc_reconnect.c) must see a clear error (UNAVAILABLE or FAILED_PRECONDITION with
- * a message), get a session of the new instance, have its old handle refused as
+/* Phase 5: the daemon SIGKILLed under load and started again on the same socket and state
+ * folder, which resumes nothing. Each client (fc_reconnect.c) must see a clear error
+ * (UNAVAILABLE, or FAILED_PRECONDITION "daemon restarted, tensors are gone" once its resume
+ * is refused), get a session of the new instance, have its old handle refused as
  * FAILED_PRECONDITION "daemon restarted", and train again without an error. The driver's
  * own admin session, from the old instance, must be refused the same way. */
 #include <signal.h>

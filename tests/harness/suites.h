@@ -39,6 +39,7 @@ Suite *kernels_embedding_suite(void);
 Suite *kernels_dropout_suite(void);
 Suite *dataset_suite(void);
 Suite *progress_suite(void);
+Suite *resume_suite(void);
 Suite *tensor_wrap_suite(void);
 Suite *file_io_suite(void);
 Suite *safetensors_header_suite(void);
