@@ -329,6 +329,33 @@ START_TEST(test_unsafe_state_dir_stops_the_start) {
 }
 END_TEST
 
+/* A second ttd on the same state folder is refused at start while the first runs. */
+START_TEST(test_one_ttd_per_state_dir) {
+  start();
+  char other[160], log[200];
+  snprintf(other, sizeof(other), "unix:%s/other.sock", proc.dir);
+  snprintf(log, sizeof(log), "%s/other.log", proc.dir);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    const char *bin = getenv("TTD_BIN") ? getenv("TTD_BIN") : "build/bin/ttd";
+    execl(bin, "ttd", "--listen", other, "--admin", "off", "--state-dir", state_dir, (char *)NULL);
+    _exit(127);
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+  FILE *f = fopen(log, "r");
+  char text[4096] = "";
+  size_t n = fread(text, 1, sizeof(text) - 1, f);
+  text[n] = '\0';
+  fclose(f);
+  ck_assert_msg(strstr(text, "another ttd uses this state folder"), "%s", text);
+  finish();
+}
+END_TEST
+
 /* A session nobody resumes goes with its lease after the restart: memory and files. */
 START_TEST(test_unresumed_session_expires) {
   static const char *short_lease[] = {"--state-dir", state_dir, "--lease", "300ms", NULL};
@@ -362,6 +389,7 @@ Suite *e2e_restart_suite(void) {
   tcase_add_loop_test(tc, test_damaged_state_is_refused, TRUNCATE_DATA, LOOSE_MODE + 1);
   tcase_add_test(tc, test_unsafe_state_dir_stops_the_start);
   tcase_add_test(tc, test_unresumed_session_expires);
+  tcase_add_test(tc, test_one_ttd_per_state_dir);
   suite_add_tcase(s, tc);
   return s;
 }
