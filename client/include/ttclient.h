@@ -163,7 +163,7 @@ typedef struct tt_session_info {
   uint64_t session_id;
   char tenant[64];
   char client_name[64];
-  char peer[64];        /* "unix:", "ipv4:10.0.0.7:51234", ... */
+  char peer[64];        /* "unix:uid=1000,pid=4242", "ipv4:10.0.0.7:51234", ... */
   uint64_t age_ms, idle_ms;
   uint64_t tensors;
   uint64_t used_bytes;  /* device memory charged to the session */

@@ -1,9 +1,9 @@
 /* OpenSession, KeepAlive, CloseSession. */
-#include <grpc/support/alloc.h>
 #include <inttypes.h>
 #include <string.h>
 
 #include "methods/methods.h"
+#include "rpc/server.h"
 #include "telemetry/log.h"
 #include "ttd/v1/ttd.pb-c.h"
 
@@ -62,10 +62,11 @@ ttd_status_t ttd_method_open_session(ttd_call *call, const ProtobufCMessage *req
     pthread_rwlock_unlock(&call->core->reload_lock);
     return status;
   }
-  char *peer = call->call ? grpc_call_get_peer(call->call) : NULL; /* none for a call run in process */
+  ttd_conn_peer peer;
+  ttd_call_peer(call, &peer); /* no name for a call run in process */
   ttd_session_params params = {.client_name = req->client_name,
                                .tenant = call->principal.tenant,
-                               .peer = peer,
+                               .peer = peer.name[0] ? peer.name : NULL,
                                .quota_asked = req->quota_bytes,
                                .quota = quota,
                                .max_tenant_sessions = ttd_auth_max_sessions(&call->core->auth, call->principal.tenant),
@@ -76,7 +77,6 @@ ttd_status_t ttd_method_open_session(ttd_call *call, const ProtobufCMessage *req
                                : ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   ttd_quota_release(params.tenant_quota);
   pthread_rwlock_unlock(&call->core->reload_lock);
-  gpr_free(peer);
   TTD_RETURN_IF_ERROR(status);
   Ttd__V1__OpenSessionResponse *resp = session_response(call, session, quota);
   if (!resp) {

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <openssl/err.h>
@@ -36,10 +37,26 @@ enum { TAG_WAKE, TAG_LISTENER, TAG_CONN };
 typedef struct gate_listener {
   int tag;
   int fd;
-  int index;             /* in config->listen */
-  bool tcp;
-  int64_t paused_until;  /* 0: accepting */
+  int index;                /* in config->listen */
+  ttd_conn_peer_kind kind;  /* of its connections: a socket file, an abstract socket, TCP */
+  int64_t paused_until;     /* 0: accepting */
 } gate_listener;
+
+/* Who is at the other end, as read at accept; the name is made when asked for. */
+typedef struct gate_who {
+  uint8_t kind;   /* ttd_conn_peer_kind */
+  uint8_t family; /* TCP: AF_INET or AF_INET6 */
+  uint16_t port;
+  uint32_t uid, gid;
+  int32_t pid;
+  uint8_t addr[16];
+} gate_who;
+
+/* One descriptor number gRPC may name "fd:N". */
+typedef struct gate_slot {
+  struct gate_conn *conn; /* the handed connection while it lasts, else NULL */
+  gate_who who;           /* of the last connection handed over as N */
+} gate_slot;
 
 typedef struct gate_peer {
   char key[64]; /* "ip ADDRESS" or "uid N" */
@@ -51,6 +68,7 @@ typedef struct gate_conn {
   int fd;           /* accepted; after the handoff, gRPC's "fd:N" */
   int watch;        /* after the handoff: our duplicate, watched for the connection's end */
   int peer;         /* index in peers; -1 for the prober's own connections */
+  gate_who who;
   bool handed;
   size_t preface_seen;
   int64_t deadline; /* no preface by then: closed */
@@ -70,11 +88,11 @@ struct ttd_conn_gate {
   int epoll_fd, wake_fd, wake_tag;
   int reserve_fd; /* given up to accept and close a connection when descriptors run out */
   pthread_t thread, prober;
-  bool thread_started, prober_started;
+  bool thread_started, prober_started, stopped;
   atomic_bool stopping;
-  pthread_mutex_t lock; /* conns, by_fd, peers: taken by the gate thread and note_reset */
+  pthread_mutex_t lock; /* conns, by_fd, peers: taken by the gate thread, note_reset and peer */
   gate_conn *conns;
-  gate_conn **by_fd; /* handed connections by gRPC's descriptor */
+  gate_slot *by_fd; /* by gRPC's descriptor: the handed connection, who was at its end */
   int by_fd_size;
   gate_peer *peers;
   int peer_count, peer_cap;
@@ -91,8 +109,7 @@ static int64_t now_ms(void) {
 }
 
 bool ttd_conn_gate_owns(const ttd_config *config, const char *address) {
-  if (strncmp(address, "unix-abstract:", 14) == 0) return true;
-  if (strncmp(address, "unix:", 5) == 0) return false;
+  if (strncmp(address, "unix", 4) == 0) return true; /* unix: and unix-abstract: */
   return config->insecure && !config->tls_cert && !config->tls_key;
 }
 
@@ -134,26 +151,71 @@ ttd_status_t ttd_conn_gate_resolve(const char *address, struct addrinfo **out) {
   return TTD_OK;
 }
 
+/* A socket file is mode 0660, owned by --socket-group when given. */
+static ttd_status_t secure_socket_file(const ttd_config *config, const char *path) {
+  if (chmod(path, 0660) != 0) {
+    return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot set mode 0660 on %s: %s", path, strerror(errno));
+  }
+  if (config->socket_group) {
+    struct group *g = getgrnam(config->socket_group);
+    if (!g) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--socket-group %s: no such group", config->socket_group);
+    if (chown(path, (uid_t)-1, g->gr_gid) != 0) {
+      return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot give %s to group %s: %s", path, config->socket_group,
+                             strerror(errno));
+    }
+  }
+  return TTD_OK;
+}
+
+/* A listening Unix socket on address (unix:PATH or unix-abstract:NAME); -1 with *out_err set,
+ * or with *out_status for a name that cannot be one. */
+static int listen_unix(const ttd_config *config, const char *address, bool abstract, int *out_err,
+                       ttd_status_t *out_status) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  const char *name = abstract ? address + 14 : address + 5;
+  size_t len = strlen(name);
+  if (len == 0 || len + (abstract ? 1 : 0) >= sizeof(sa.sun_path)) {
+    *out_status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--listen %s: the %s must be 1 to %zu bytes", address,
+                                  abstract ? "abstract name" : "socket path", sizeof(sa.sun_path) - (abstract ? 2 : 1));
+    return -1;
+  }
+  memcpy(sa.sun_path + (abstract ? 1 : 0), name, len);
+  socklen_t sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len); /* a file's with its NUL */
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *out_err = errno;
+    return -1;
+  }
+  mode_t old_mask = abstract ? 0 : umask(0117); /* the file is born 0660: no window where others may connect */
+  int bound = bind(fd, (struct sockaddr *)&sa, sl);
+  if (!abstract) umask(old_mask);
+  if (bound != 0 || listen(fd, SOMAXCONN) != 0) {
+    *out_err = errno;
+    close(fd);
+    return -1;
+  }
+  if (!abstract) {
+    *out_status = secure_socket_file(config, name);
+    if (*out_status) {
+      close(fd);
+      return -1;
+    }
+  }
+  return fd;
+}
+
 ttd_status_t ttd_conn_gate_listen(ttd_conn_gate *g, const char *address) {
   if (g->listener_count == GATE_MAX_LISTENERS) {
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "at most %d plain-text listeners", GATE_MAX_LISTENERS);
   }
   int fd = -1, err = 0;
-  bool tcp = strncmp(address, "unix-abstract:", 14) != 0;
-  if (!tcp) {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    const char *name = address + 14;
-    size_t len = strlen(name);
-    if (len == 0 || len >= sizeof(sa.sun_path) - 1) {
-      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--listen %s: the abstract name must be 1 to %zu bytes",
-                             address, sizeof(sa.sun_path) - 2);
-    }
-    memcpy(sa.sun_path + 1, name, len);
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len)) != 0 ||
-        listen(fd, SOMAXCONN) != 0) {
-      err = errno;
-    }
+  ttd_conn_peer_kind kind = strncmp(address, "unix-abstract:", 14) == 0 ? TTD_CONN_PEER_UNIX_ABSTRACT
+                            : strncmp(address, "unix:", 5) == 0        ? TTD_CONN_PEER_UNIX_FILE
+                                                                       : TTD_CONN_PEER_TCP;
+  if (kind != TTD_CONN_PEER_TCP) {
+    ttd_status_t status = TTD_OK;
+    fd = listen_unix(g->config, address, kind == TTD_CONN_PEER_UNIX_ABSTRACT, &err, &status);
+    TTD_RETURN_IF_ERROR(status);
   } else {
     struct addrinfo *ai = NULL;
     TTD_RETURN_IF_ERROR(ttd_conn_gate_resolve(address, &ai));
@@ -166,14 +228,18 @@ ttd_status_t ttd_conn_gate_listen(ttd_conn_gate *g, const char *address) {
   if (err) {
     if (fd >= 0) close(fd);
     if (err == EADDRINUSE) {
-      return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s': address in use (is another ttd running?)",
-                             address);
+      return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s': %s", address,
+                             kind == TTD_CONN_PEER_UNIX_FILE ? "the socket file is in the way"
+                                                             : "address in use (is another ttd running?)");
+    }
+    if (kind == TTD_CONN_PEER_UNIX_FILE && (err == EACCES || err == EPERM)) {
+      return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s': no permission on its folder", address);
     }
     return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s': %s", address, strerror(err));
   }
   int index = 0;
   while (index < g->config->listen_count && strcmp(g->config->listen[index], address) != 0) index++;
-  g->listeners[g->listener_count++] = (gate_listener){.tag = TAG_LISTENER, .fd = fd, .index = index, .tcp = tcp};
+  g->listeners[g->listener_count++] = (gate_listener){.tag = TAG_LISTENER, .fd = fd, .index = index, .kind = kind};
   TTD_LOG(TTD_LOG_INFO, "event=listening address=%s tls=no gate=yes max_connections=%d max_peer_connections=%d "
           "handshake_timeout_ms=%lld", address, g->config->max_connections, g->config->max_peer_connections,
           (long long)g->config->handshake_timeout_ms);
@@ -182,32 +248,57 @@ ttd_status_t ttd_conn_gate_listen(ttd_conn_gate *g, const char *address) {
 
 /* ---- connections ---- */
 
-/* The peer's key: its address for TCP, its uid for a Unix socket; -1 for the prober. */
-static int peer_key(ttd_conn_gate *g, int fd, bool tcp, char *key, size_t size) {
-  if (tcp) {
+/* Who is at fd's other end (a Unix peer's credentials, a TCP peer's address) and its key
+ * for the per-peer bound ("ip ADDRESS", "uid N"); -1 for ttd's own prober (and a peer that
+ * cannot be read, which stays UNKNOWN: never an admin). */
+static int peer_identify(ttd_conn_gate *g, int fd, ttd_conn_peer_kind kind, gate_who *who, char *key, size_t size) {
+  *who = (gate_who){.kind = (uint8_t)kind};
+  if (kind == TTD_CONN_PEER_TCP) {
     struct sockaddr_storage ss;
     socklen_t len = sizeof(ss);
-    if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0) return -1;
+    if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0) {
+      who->kind = TTD_CONN_PEER_UNKNOWN;
+      return -1;
+    }
     char ip[INET6_ADDRSTRLEN] = "?";
     int port = 0;
     if (ss.ss_family == AF_INET) {
       struct sockaddr_in *in = (struct sockaddr_in *)&ss;
       inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
       port = ntohs(in->sin_port);
-      if (port == atomic_load(&g->probe_port) && ntohl(in->sin_addr.s_addr) == INADDR_LOOPBACK) return -1;
+      if (port == atomic_load(&g->probe_port) && ntohl(in->sin_addr.s_addr) == INADDR_LOOPBACK) {
+        who->kind = TTD_CONN_PEER_PROBER;
+        return -1;
+      }
+      memcpy(who->addr, &in->sin_addr, 4);
     } else if (ss.ss_family == AF_INET6) {
       struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
       inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof(ip));
       port = ntohs(in6->sin6_port);
-      if (port == atomic_load(&g->probe_port) && IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) return -1;
+      if (port == atomic_load(&g->probe_port) && IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) {
+        who->kind = TTD_CONN_PEER_PROBER;
+        return -1;
+      }
+      memcpy(who->addr, &in6->sin6_addr, 16);
     }
+    who->family = (uint8_t)ss.ss_family;
+    who->port = (uint16_t)port;
     snprintf(key, size, "ip %s", ip);
     return 0;
   }
   struct ucred cred;
   socklen_t len = sizeof(cred);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return -1;
-  if (cred.pid == getpid()) return -1;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    who->kind = TTD_CONN_PEER_UNKNOWN;
+    return -1;
+  }
+  who->uid = cred.uid;
+  who->gid = cred.gid;
+  who->pid = cred.pid;
+  if (cred.pid == getpid()) {
+    who->kind = TTD_CONN_PEER_PROBER;
+    return -1;
+  }
   snprintf(key, size, "uid %u", (unsigned)cred.uid);
   return 0;
 }
@@ -243,7 +334,7 @@ static void refuse_log(ttd_conn_gate *g, const char *why, const char *key) {
 /* Under lock. Closes a connection the gate holds (before or after the handoff). */
 static void conn_free(ttd_conn_gate *g, gate_conn *c) {
   if (c->handed) {
-    if (c->fd >= 0 && c->fd < g->by_fd_size && g->by_fd[c->fd] == c) g->by_fd[c->fd] = NULL;
+    if (c->fd >= 0 && c->fd < g->by_fd_size && g->by_fd[c->fd].conn == c) g->by_fd[c->fd].conn = NULL;
     epoll_ctl(g->epoll_fd, EPOLL_CTL_DEL, c->watch, NULL);
     close(c->watch);
   } else {
@@ -260,7 +351,8 @@ static void conn_free(ttd_conn_gate *g, gate_conn *c) {
 
 static void admit(ttd_conn_gate *g, gate_listener *l, int fd) {
   char key[64] = "prober";
-  int own = peer_key(g, fd, l->tcp, key, sizeof(key));
+  gate_who who;
+  int own = peer_identify(g, fd, l->kind, &who, key, sizeof(key));
   pthread_mutex_lock(&g->lock);
   int peer = -1;
   const char *refused = NULL;
@@ -279,7 +371,7 @@ static void admit(ttd_conn_gate *g, gate_listener *l, int fd) {
     close(fd);
     return;
   }
-  *c = (gate_conn){.tag = TAG_CONN, .fd = fd, .watch = -1, .peer = peer, .resets = TTD_GATE_MAX_RESETS,
+  *c = (gate_conn){.tag = TAG_CONN, .fd = fd, .watch = -1, .peer = peer, .who = who, .resets = TTD_GATE_MAX_RESETS,
                    .resets_ms = now_ms(), .deadline = now_ms() + g->config->handshake_timeout_ms};
   if (peer >= 0) g->peers[peer].count++;
   g->total++;
@@ -326,7 +418,7 @@ static void check_preface(ttd_conn_gate *g, gate_conn *c) {
     return;
   }
   c->handed = true;
-  g->by_fd[c->fd] = c;
+  g->by_fd[c->fd] = (gate_slot){.conn = c, .who = c->who};
   /* gRPC shuts the socket down before it closes it: the duplicate then reads the end. */
   struct epoll_event ev = {.events = EPOLLRDHUP, .data.ptr = c};
   epoll_ctl(g->epoll_fd, EPOLL_CTL_ADD, c->watch, &ev);
@@ -443,10 +535,42 @@ static void *gate_main(void *arg) {
 
 bool ttd_conn_gate_listening(const ttd_conn_gate *g) { return g && g->listener_count > 0; }
 
+void ttd_conn_gate_peer(ttd_conn_gate *g, int fd, ttd_conn_peer *out) {
+  memset(out, 0, sizeof(*out));
+  if (!g || fd < 0 || fd >= g->by_fd_size) return;
+  pthread_mutex_lock(&g->lock);
+  gate_who who = g->by_fd[fd].who;
+  pthread_mutex_unlock(&g->lock);
+  out->kind = (ttd_conn_peer_kind)who.kind;
+  out->uid = who.uid;
+  out->gid = who.gid;
+  out->pid = who.pid;
+  switch (out->kind) {
+    case TTD_CONN_PEER_UNIX_FILE:
+    case TTD_CONN_PEER_UNIX_ABSTRACT:
+      snprintf(out->name, sizeof(out->name), "%s:uid=%u,pid=%d",
+               out->kind == TTD_CONN_PEER_UNIX_FILE ? "unix" : "unix-abstract", (unsigned)who.uid, (int)who.pid);
+      break;
+    case TTD_CONN_PEER_TCP: {
+      char ip[INET6_ADDRSTRLEN] = "?";
+      inet_ntop(who.family == AF_INET6 ? AF_INET6 : AF_INET, who.addr, ip, sizeof(ip));
+      if (who.family == AF_INET6) snprintf(out->name, sizeof(out->name), "ipv6:[%s]:%u", ip, (unsigned)who.port);
+      else snprintf(out->name, sizeof(out->name), "ipv4:%s:%u", ip, (unsigned)who.port);
+      break;
+    }
+    case TTD_CONN_PEER_PROBER:
+      snprintf(out->name, sizeof(out->name), "ttd-prober");
+      break;
+    case TTD_CONN_PEER_UNKNOWN:
+      snprintf(out->name, sizeof(out->name), "fd:%d", fd);
+      break;
+  }
+}
+
 void ttd_conn_gate_note_reset(ttd_conn_gate *g, int fd) {
   if (!g) return;
   pthread_mutex_lock(&g->lock);
-  gate_conn *c = fd >= 0 && fd < g->by_fd_size ? g->by_fd[fd] : NULL;
+  gate_conn *c = fd >= 0 && fd < g->by_fd_size ? g->by_fd[fd].conn : NULL;
   if (c && !c->killed) {
     int64_t now = now_ms();
     c->resets += (double)(now - c->resets_ms) * TTD_GATE_MAX_RESETS / 1000.0;
@@ -636,8 +760,9 @@ ttd_status_t ttd_conn_gate_start(ttd_conn_gate *g) {
   return TTD_OK;
 }
 
-void ttd_conn_gate_destroy(ttd_conn_gate *g) {
-  if (!g) return;
+void ttd_conn_gate_stop(ttd_conn_gate *g) {
+  if (!g || g->stopped) return;
+  g->stopped = true;
   atomic_store(&g->stopping, true);
   if (g->wake_fd >= 0) {
     uint64_t one = 1;
@@ -649,6 +774,11 @@ void ttd_conn_gate_destroy(ttd_conn_gate *g) {
   pthread_mutex_lock(&g->lock);
   while (g->conns) conn_free(g, g->conns);
   pthread_mutex_unlock(&g->lock);
+}
+
+void ttd_conn_gate_destroy(ttd_conn_gate *g) {
+  if (!g) return;
+  ttd_conn_gate_stop(g);
   if (g->epoll_fd >= 0) close(g->epoll_fd);
   if (g->wake_fd >= 0) close(g->wake_fd);
   if (g->reserve_fd >= 0) close(g->reserve_fd);

@@ -1,20 +1,24 @@
-/* The connection gate: ttd's own accept loop for the plain-text listeners that gRPC 1.51 can
- * be handed connections of (TCP with --insecure, unix-abstract:), and the prober that tells
- * whether every listener, gRPC's own included, still takes connections. Runs two threads of
- * its own; hands each admitted connection to the gRPC server through a callback.
+/* The connection gate: ttd's own accept loop for every listener gRPC 1.51 can be handed
+ * connections of (unix: socket files, unix-abstract:, and TCP with --insecure), and the
+ * prober that tells whether every listener, gRPC's own TLS ones included, still takes
+ * connections. Runs two threads of its own; hands each admitted connection to the gRPC
+ * server through a callback, and remembers who is at its other end (ttd_conn_gate_peer).
  *
  * Why: gRPC 1.51's accept loop stops for good at the first EMFILE, bounds nothing per peer,
- * and has no handshake timeout for plain text. The gate bounds connections per peer (TCP:
- * the address; Unix: the uid) and in total, closes a peer that has not sent the HTTP/2 client
- * preface within the handshake timeout, keeps accepting after EMFILE (a reserve descriptor
- * is given up to accept and close the connection it cannot hold), and closes a connection
- * whose client resets calls faster than TTD_GATE_MAX_RESETS a second (HTTP/2 rapid reset),
- * counted by the RPC layer as cancelled calls arrive (ttd_conn_gate_note_reset). */
+ * has no handshake timeout for plain text, and names a Unix caller only "unix:", without its
+ * user. The gate reads a Unix peer's credentials (SO_PEERCRED) and a TCP peer's address at
+ * accept, bounds connections per peer (TCP: the address; Unix: the uid) and in total, closes
+ * a peer that has not sent the HTTP/2 client preface within the handshake timeout, keeps
+ * accepting after EMFILE (a reserve descriptor is given up to accept and close the
+ * connection it cannot hold), and closes a connection whose client resets calls faster than
+ * TTD_GATE_MAX_RESETS a second (HTTP/2 rapid reset), counted by the RPC layer as cancelled
+ * calls arrive (ttd_conn_gate_note_reset). */
 #ifndef TTD_RPC_CONN_GATE_H
 #define TTD_RPC_CONN_GATE_H
 
 #include <netdb.h>
 #include <stdbool.h>
+#include <sys/types.h>
 
 #include "core/core.h"
 
@@ -27,12 +31,30 @@
 
 typedef struct ttd_conn_gate ttd_conn_gate;
 
+/* Who is at the other end of a connection the gate handed over. */
+typedef enum ttd_conn_peer_kind {
+  TTD_CONN_PEER_UNKNOWN,       /* not a connection the gate handed over */
+  TTD_CONN_PEER_UNIX_FILE,     /* a unix: socket file: uid, gid, pid */
+  TTD_CONN_PEER_UNIX_ABSTRACT, /* a unix-abstract: socket, which every local user may reach */
+  TTD_CONN_PEER_TCP,           /* a TCP address */
+  TTD_CONN_PEER_PROBER,        /* ttd's own prober */
+} ttd_conn_peer_kind;
+
+typedef struct ttd_conn_peer {
+  ttd_conn_peer_kind kind;
+  uid_t uid; /* Unix sockets: SO_PEERCRED at accept */
+  gid_t gid;
+  pid_t pid;
+  char name[64]; /* "unix:uid=1000,pid=4242", "unix-abstract:uid=...", "ipv4:127.0.0.1:5555",
+                  * "ipv6:[::1]:5555" */
+} ttd_conn_peer;
+
 /* Receives an admitted connection's descriptor, which gRPC then owns (and closes). */
 typedef void (*ttd_conn_gate_handoff_fn)(void *arg, int fd);
 
-/* Whether the gate, rather than gRPC, listens on address (plain text: unix-abstract:, or TCP
- * with --insecure and no TLS). unix: socket files stay gRPC's: calls over them must keep
- * gRPC's "unix:" peer name, which admin rights without a token depend on. */
+/* Whether the gate, rather than gRPC, listens on address (plain text: unix:, unix-abstract:,
+ * or TCP with --insecure and no TLS). TLS listeners stay gRPC's: gRPC 1.51 takes handed-over
+ * connections in plain text only. */
 bool ttd_conn_gate_owns(const ttd_config *config, const char *address);
 
 /* Resolves a TCP "host:port" for listening (AI_PASSIVE); INVALID_ARGUMENT naming it. The
@@ -44,7 +66,9 @@ ttd_status_t ttd_conn_gate_create(ttd_core *core, ttd_conn_gate_handoff_fn hando
                                   ttd_conn_gate **out_gate);
 
 /* Binds and listens on address (one the gate owns); UNAVAILABLE / INVALID_ARGUMENT naming
- * it. Before ttd_conn_gate_start. */
+ * it. A unix: socket file is born mode 0660 (no moment where others may connect), owned by
+ * --socket-group when given; the caller has removed a stale file, and removes it at the
+ * stop. Before ttd_conn_gate_start. */
 ttd_status_t ttd_conn_gate_listen(ttd_conn_gate *gate, const char *address);
 
 /* Starts the accept thread and the prober (which also watches gRPC's own listeners, named
@@ -54,10 +78,21 @@ ttd_status_t ttd_conn_gate_start(ttd_conn_gate *gate);
 /* Whether the gate listens anywhere (else no call comes over its connections). NULL ok. */
 bool ttd_conn_gate_listening(const ttd_conn_gate *gate);
 
+/* Who is at the other end of the connection gRPC names "fd:FD": what the gate recorded when
+ * it last handed a connection over as FD (kept after the connection ends, overwritten at the
+ * next hand-off of that number); kind TTD_CONN_PEER_UNKNOWN when it never handed FD over.
+ * Any thread. */
+void ttd_conn_gate_peer(ttd_conn_gate *gate, int fd, ttd_conn_peer *out);
+
 /* The client of the connection gRPC names "fd:FD" cancelled a call. Any thread. */
 void ttd_conn_gate_note_reset(ttd_conn_gate *gate, int fd);
 
-/* Stops accepting and the threads, closes connections not yet handed over. NULL ok. */
+/* Stops accepting and the threads, closes connections not yet handed over; what it recorded
+ * stays for ttd_conn_gate_peer and ttd_conn_gate_note_reset (calls still draining). Once;
+ * the thread that created the gate. NULL ok. */
+void ttd_conn_gate_stop(ttd_conn_gate *gate);
+
+/* Stops the gate if it runs and frees it. NULL ok. */
 void ttd_conn_gate_destroy(ttd_conn_gate *gate);
 
 #endif

@@ -1,8 +1,10 @@
 #include "rpc/dispatch.h"
 
 #include <grpc/byte_buffer_reader.h>
-#include <grpc/support/alloc.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "rpc/server.h"
 
 /* Unpacks a request into the call's arena: it lives with the call. (Stream messages are
  * walked in place by their handlers: wire_frame.h.) */
@@ -77,28 +79,32 @@ static ttd_status_t attach_session(ttd_call *c) {
   return ttd_session_table_lookup(&c->core->sessions, id, c->principal.tenant, ttd_now_ms(), &c->session);
 }
 
-/* Whether this ttd listens on an abstract socket (listeners change only at a restart). */
-static bool has_abstract_listener(const ttd_core *core) {
-  for (int i = 0; i < core->config->listen_count; i++) {
-    if (strncmp(core->config->listen[i], "unix-abstract:", 14) == 0) return true;
+/* Without tokens, whether the caller may call admin methods: only ttd's own user and root,
+ * over a Unix socket file, whose credentials the gate read at accept (rpc/conn_gate.h); a
+ * call run in process (no gRPC call) is one too. Else PERMISSION_DENIED naming the caller
+ * and what to do. Every other caller is the tenant "local" without admin rights. */
+static ttd_status_t admin_without_token(ttd_call *c) {
+  if (!c->call) return TTD_OK;
+  ttd_conn_peer peer;
+  ttd_call_peer(c, &peer);
+  unsigned self = (unsigned)geteuid();
+  if (peer.kind == TTD_CONN_PEER_UNIX_FILE && (peer.uid == self || peer.uid == 0)) return TTD_OK;
+  const char *path = c->method->path;
+  if (peer.kind == TTD_CONN_PEER_UNIX_FILE) {
+    return ttd_make_status(GRPC_STATUS_PERMISSION_DENIED,
+                           "%s is for administrators: without --tokens only ttd's own user (uid %u) and root are, "
+                           "over a Unix socket file; this caller is uid %u (tenant %s): run it as uid %u or root, or "
+                           "give ttd a tokens file with an admin tenant",
+                           path, self, (unsigned)peer.uid, c->principal.tenant, self);
   }
-  return false;
-}
-
-/* Why a caller without a token is no admin, or NULL when it is one: it came over a Unix
- * socket file, whose owner and mode decide who may connect, or was run in process (no gRPC
- * call). gRPC names the peer of a socket file and of an abstract socket alike ("unix:"), so
- * with an abstract listener no "unix:" caller is known to have come over the file. */
-static const char *not_admin_without_token(const ttd_call *c) {
-  if (!c->call) return NULL;
-  if (has_abstract_listener(c->core)) { /* checked first: its callers are named "fd:N" (rpc/conn_gate.h) */
-    return "this ttd also listens on an abstract socket, whose callers it cannot tell from the socket file's";
-  }
-  char *peer = grpc_call_get_peer(c->call);
-  bool unix_peer = peer && strncmp(peer, "unix:", 5) == 0;
-  gpr_free(peer);
-  if (!unix_peer) return "this call came over a network listener";
-  return NULL;
+  const char *door = peer.kind == TTD_CONN_PEER_UNIX_ABSTRACT
+                         ? "an abstract socket, which every local user may reach"
+                         : peer.kind == TTD_CONN_PEER_TCP ? "a network listener" : "a connection ttd cannot name";
+  return ttd_make_status(GRPC_STATUS_PERMISSION_DENIED,
+                         "%s is for administrators: without --tokens only ttd's own user (uid %u) and root are, over "
+                         "a Unix socket file; this call (peer %s) came over %s: call over the socket file as uid %u "
+                         "or root, or give ttd a tokens file with an admin tenant",
+                         path, self, peer.name[0] ? peer.name : "?", door, self);
 }
 
 ttd_status_t ttd_dispatch_prepare(ttd_call *c, ProtobufCMessage **out_request) {
@@ -112,13 +118,7 @@ ttd_status_t ttd_dispatch_prepare(ttd_call *c, ProtobufCMessage **out_request) {
                            "%s is for administrators; tenant %s is not one (mark it 'admin' in the tokens file)",
                            m->path, c->principal.tenant);
   }
-  const char *why = m->needs_admin && !c->principal.by_token ? not_admin_without_token(c) : NULL;
-  if (why) {
-    return ttd_make_status(GRPC_STATUS_PERMISSION_DENIED,
-                           "%s is for administrators: without --tokens only callers on a Unix socket file (guarded by "
-                           "its owner and mode) are; %s: give ttd a tokens file with an admin tenant",
-                           m->path, why);
-  }
+  if (m->needs_admin && !c->principal.by_token) TTD_RETURN_IF_ERROR(admin_without_token(c));
   if (m->kind != TTD_METHOD_CLIENT_STREAM) {
     if (!c->received) {
       return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "%s needs a request message, got none", m->path);

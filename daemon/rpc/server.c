@@ -2,7 +2,6 @@
 #include "rpc/server.h"
 
 #include <errno.h>
-#include <grp.h>
 #include <netdb.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -17,7 +16,6 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -493,6 +491,29 @@ static void send_stream_message(ttd_call *c) {
   start_batch(c, ops, n + 1);
 }
 
+/* The descriptor of the call's connection when the gate handed it over (gRPC names it
+ * "fd:N"), else -1. Read as the call arrives: gRPC forgets the peer of a cancelled call. */
+static int call_gate_fd(ttd_call *c) {
+  if (!ttd_conn_gate_listening(c->server->gate)) return -1;
+  char *peer = grpc_call_get_peer(c->call);
+  int fd = peer && strncmp(peer, "fd:", 3) == 0 ? atoi(peer + 3) : -1;
+  gpr_free(peer);
+  return fd;
+}
+
+void ttd_call_peer(ttd_call *c, ttd_conn_peer *out) {
+  memset(out, 0, sizeof(*out));
+  if (!c->call) return; /* run in process */
+  if (c->gate_fd >= 0) {
+    ttd_conn_gate_peer(c->server->gate, c->gate_fd, out);
+    return;
+  }
+  out->kind = TTD_CONN_PEER_TCP; /* a TLS listener's: gRPC's own, over TCP */
+  char *peer = grpc_call_get_peer(c->call);
+  snprintf(out->name, sizeof(out->name), "%s", peer ? peer : "?");
+  gpr_free(peer);
+}
+
 /* The one switch that drives a call. */
 static void on_call_event(ttd_call *c, bool ok) {
   ttd_log_set_call(c->request_id, c->session ? c->session->id : 0);
@@ -505,12 +526,7 @@ static void on_call_event(ttd_call *c, bool ok) {
       }
       c->started_ns = now_ns();
       active_add(c);
-      c->gate_fd = -1;
-      if (ttd_conn_gate_listening(server->gate)) { /* gRPC names a connection the gate handed over "fd:N" */
-        char *peer = grpc_call_get_peer(c->call);
-        if (peer && strncmp(peer, "fd:", 3) == 0) c->gate_fd = atoi(peer + 3);
-        gpr_free(peer);
-      }
+      c->gate_fd = call_gate_fd(c);
       c->request_id = atomic_fetch_add(&server->next_request_id, 1) + 1;
       snprintf(c->request_id_text, sizeof(c->request_id_text), "%" PRIu64, c->request_id);
       ttd_log_set_call(c->request_id, 0);
@@ -702,24 +718,6 @@ static ttd_status_t listener_credentials(const ttd_config *config, const char *a
   return status;
 }
 
-/* A Unix socket is mode 0660, owned by --socket-group when given. */
-static ttd_status_t secure_socket(const ttd_config *config, const char *address) {
-  if (strncmp(address, "unix:", 5) != 0) return TTD_OK;
-  const char *path = address + 5;
-  if (chmod(path, 0660) != 0) {
-    return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot set mode 0660 on %s: %s", path, strerror(errno));
-  }
-  if (config->socket_group) {
-    struct group *g = getgrnam(config->socket_group);
-    if (!g) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--socket-group %s: no such group", config->socket_group);
-    if (chown(path, (uid_t)-1, g->gr_gid) != 0) {
-      return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot give %s to group %s: %s", path, config->socket_group,
-                             strerror(errno));
-    }
-  }
-  return TTD_OK;
-}
-
 static ttd_status_t bind_address(ttd_server *server, const char *address) {
   const ttd_config *config = server->core->config;
   grpc_server_credentials *creds = NULL;
@@ -728,18 +726,11 @@ static ttd_status_t bind_address(ttd_server *server, const char *address) {
     grpc_server_credentials_release(creds);
     return ttd_conn_gate_listen(server->gate, address);
   }
-  mode_t old_mask = umask(0117); /* the socket is born 0660: no window where others may connect */
-  int port = grpc_server_add_http2_port(server->server, address, creds);
-  umask(old_mask);
+  int port = grpc_server_add_http2_port(server->server, address, creds); /* TLS over TCP */
   grpc_server_credentials_release(creds);
-  if (port == 0) {
-    if (strncmp(address, "unix", 4) != 0) return tcp_listen_error(address);
-    return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s': %s", address,
-                           access(address + 5, F_OK) == 0 ? "the socket file is in the way" : "no permission on its folder");
-  }
-  TTD_RETURN_IF_ERROR(secure_socket(config, address));
+  if (port == 0) return tcp_listen_error(address);
   TTD_LOG(TTD_LOG_INFO, "event=listening address=%s tls=%s", address,
-          strncmp(address, "unix", 4) == 0 || !config->tls_cert ? "no" : config->tls_client_ca ? "mutual" : "yes");
+          !config->tls_cert ? "no" : config->tls_client_ca ? "mutual" : "yes");
   return TTD_OK;
 }
 
@@ -873,8 +864,7 @@ static bool wait_shutdown_done(ttd_server *server, int64_t ms) {
 
 void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
   if (!server) return;
-  ttd_conn_gate_destroy(server->gate); /* no more connections handed over */
-  server->gate = NULL;
+  ttd_conn_gate_stop(server->gate); /* no more connections handed over; freed with the server */
   grpc_server_shutdown_and_notify(server->server, server->cq, &server->shutdown_tag);
   if (server->thread_count == 0) {
     grpc_server_cancel_all_calls(server->server);

@@ -5,6 +5,8 @@
 #define TTD_RPC_SERVER_H
 
 #include "core/core.h"
+#include "rpc/call.h"
+#include "rpc/conn_gate.h"
 
 typedef struct ttd_server ttd_server;
 
@@ -17,5 +19,11 @@ ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int 
 /* Stops accepting, lets in-flight calls finish for up to drain_ms, cancels the rest,
  * joins the threads and frees the server. The core is left to the caller. NULL ok. */
 void ttd_server_stop(ttd_server *server, int64_t drain_ms);
+
+/* Who made call: the peer the connection gate recorded for its connection (a Unix peer's
+ * uid and pid, a TCP address), a TLS listener's peer as gRPC names it (kind TCP), or kind
+ * TTD_CONN_PEER_UNKNOWN with an empty name for a call run in process. The poller's or the
+ * call's own thread (the call is not shared). */
+void ttd_call_peer(ttd_call *call, ttd_conn_peer *out);
 
 #endif

@@ -1,8 +1,9 @@
 /* Who may call, as whom, with how much memory: the tenants table (--tokens) and the
  * default session quota (--quota), both replaced together by a SIGHUP reload.
  *
- * Without a tokens file every caller is the tenant "local" with admin rights: the Unix
- * socket's mode and group are then the access control (as with the Docker socket).
+ * Without a tokens file every caller is the tenant "local": the Unix socket's mode and
+ * group decide who may connect, and admin rights go only to ttd's own user and root over
+ * a Unix socket file (rpc/dispatch.c, from the credentials the connection gate read).
  * With one, every call needs `authorization: Bearer TOKEN` metadata; a missing or unknown
  * token is UNAUTHENTICATED. Thread-safe. */
 #ifndef TTD_AUTH_H
@@ -20,7 +21,8 @@ typedef struct ttd_principal {
   char tenant[TTD_TENANT_NAME_MAX];
   bool admin;
   bool by_token; /* named by a token; else the local tenant of a ttd without tokens, whose
-                  * admin rights hold only over a Unix socket file (dispatch.c) */
+                  * admin rights hold only for ttd's user and root over a Unix socket file
+                  * (dispatch.c) */
 } ttd_principal;
 
 typedef struct ttd_auth {

@@ -42,7 +42,7 @@ typedef struct ttd_session {
   char tenant[TTD_TENANT_NAME_MAX]; /* only this tenant's calls find the session */
   uint64_t tenant_key;              /* the tenant's group in the device scheduler */
   atomic_uint weight;               /* the tenant's share of the card (weight=), set again at reloads */
-  char peer[64];                    /* the client's address as gRPC gives it */
+  char peer[64];                    /* the client: "unix:uid=N,pid=P", "ipv4:ADDR:PORT", ... */
   int64_t opened_ms;
   uint64_t quota_asked;             /* at OpenSession; 0 = as much as allowed */
   ttd_quota *quota;                 /* device bytes of everything the session made */

@@ -1,13 +1,16 @@
 /* Sessions through a real ttd: lease expiry frees memory, keep-alive holds a session,
  * CloseSession frees at once, a client killed mid-upload leaves nothing, a dead client's
- * tensors return within its lease, a restarted daemon is detected, and concurrent
- * clients do not disturb each other. */
+ * tensors return within its lease, a restarted daemon is detected, concurrent clients do
+ * not disturb each other, and without tokens only ttd's own user and root are admins (over
+ * the socket file), each session naming its peer's uid and pid or address. */
 #include <check.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -274,25 +277,144 @@ START_TEST(test_call_timeout) {
 }
 END_TEST
 
-/* Without tokens and with an abstract listener beside the socket file, no caller is an
- * admin: gRPC names both kinds of peer "unix:", so a caller on the abstract socket (anyone on
- * the host) could not be told from one on the file; both are refused, saying why. */
-START_TEST(test_abstract_listener_makes_no_admin) {
+/* The session of the client with this id in list, or NULL. */
+static const tt_session_info *find_session(const tt_session_info *list, size_t n, uint64_t id) {
+  for (size_t i = 0; i < n; i++) {
+    if (list[i].session_id == id) return &list[i];
+  }
+  return NULL;
+}
+
+/* Without tokens, a caller on an abstract socket (which every local user may reach) is never
+ * an admin, root included, and is told why; the same user over the socket file is one. Each
+ * session's peer names the door and the caller's uid and pid. */
+START_TEST(test_abstract_listener_caller_is_no_admin) {
   char abstract[64];
   snprintf(abstract, sizeof(abstract), "unix-abstract:ttd-check-%d", (int)getpid());
   const char *args[] = {"--listen", abstract, "--insecure", NULL};
   ttd_proc_start(&proc, args);
   tt_client *over_abstract = NULL;
   ck_assert_int_eq(tt_connect(abstract, NULL, &over_abstract), TT_OK);
+  tt_session_info *list = NULL;
+  size_t n = 0;
+  ck_assert_int_eq(tt_list_sessions(over_abstract, &list, &n), TT_PERMISSION_DENIED);
+  const char *e = tt_last_error(over_abstract);
+  ck_assert_msg(strstr(e, "came over an abstract socket") && strstr(e, "tokens file with an admin tenant"), "%s", e);
+  ck_assert_int_eq(tt_kill_session(over_abstract, tt_session_id(over_abstract), NULL, NULL), TT_PERMISSION_DENIED);
   tt_client *over_file = harness_connect(&proc, 0);
-  tt_client *both[] = {over_abstract, over_file};
-  for (int i = 0; i < 2; i++) {
-    tt_session_info *list = NULL;
-    size_t n = 0;
-    ck_assert_int_eq(tt_list_sessions(both[i], &list, &n), TT_PERMISSION_DENIED);
-    ck_assert_msg(strstr(tt_last_error(both[i]), "also listens on an abstract socket"), "%s", tt_last_error(both[i]));
-    tt_disconnect(both[i]);
+  ck_assert_msg(tt_list_sessions(over_file, &list, &n) == TT_OK, "%s", tt_last_error(over_file));
+  char want[64];
+  snprintf(want, sizeof(want), "unix-abstract:uid=%u,pid=%d", (unsigned)geteuid(), (int)getpid());
+  const tt_session_info *s = find_session(list, n, tt_session_id(over_abstract));
+  ck_assert_msg(s && strcmp(s->peer, want) == 0, "peer %s, want %s", s ? s->peer : "(none)", want);
+  snprintf(want, sizeof(want), "unix:uid=%u,pid=%d", (unsigned)geteuid(), (int)getpid());
+  s = find_session(list, n, tt_session_id(over_file));
+  ck_assert_msg(s && strcmp(s->peer, want) == 0, "peer %s, want %s", s ? s->peer : "(none)", want);
+  tt_session_list_free(list);
+  tt_disconnect(over_abstract);
+  tt_disconnect(over_file);
+  stop();
+}
+END_TEST
+
+/* What the child running as another user saw: NULL when all was as expected. */
+static const char *as_other_user(const char *target, uid_t uid, int ready_fd, int go_fd) {
+  static char why[512];
+  if (setgroups(0, NULL) != 0 || setgid(uid) != 0 || setuid(uid) != 0) return "cannot drop to the other uid";
+  tt_client *c = NULL;
+  if (tt_connect(target, NULL, &c) != TT_OK) {
+    snprintf(why, sizeof(why), "connect as uid %u: %s", (unsigned)uid, tt_last_error(c));
+    return why;
   }
+  tt_session_info *list = NULL;
+  size_t n = 0;
+  char uid_text[64];
+  snprintf(uid_text, sizeof(uid_text), "this caller is uid %u (tenant local)", (unsigned)uid);
+  if (tt_list_sessions(c, &list, &n) != TT_PERMISSION_DENIED || !strstr(tt_last_error(c), uid_text) ||
+      !strstr(tt_last_error(c), "or root, or give ttd a tokens file with an admin tenant")) {
+    snprintf(why, sizeof(why), "ListSessions as uid %u: %s", (unsigned)uid, tt_last_error(c));
+    return why;
+  }
+  if (tt_kill_session(c, tt_session_id(c), NULL, NULL) != TT_PERMISSION_DENIED || !strstr(tt_last_error(c), uid_text)) {
+    snprintf(why, sizeof(why), "KillSession as uid %u: %s", (unsigned)uid, tt_last_error(c));
+    return why;
+  }
+  /* ... but it works as the tenant local: a tensor there and back. */
+  float v[256];
+  for (int i = 0; i < 256; i++) v[i] = (float)i;
+  int64_t shape = 256;
+  tt_tensor *h = tt_tensor_from_host(c, v, TT_FLOAT32, &shape, 1);
+  tt_tensor *d = tt_to(h, "tt");
+  tt_tensor *back = d ? tt_to(d, "cpu") : NULL;
+  if (!back || memcmp(tt_tensor_data(back), v, sizeof(v)) != 0) {
+    snprintf(why, sizeof(why), "a tensor as uid %u: %s", (unsigned)uid, tt_last_error(c));
+    return why;
+  }
+  char byte = 1;
+  if (write(ready_fd, &byte, 1) != 1 || read(go_fd, &byte, 1) != 1) return "lost the parent";
+  tt_tensor_free(back);
+  tt_tensor_free(d);
+  tt_tensor_free(h);
+  tt_disconnect(c);
+  return NULL;
+}
+
+/* Without tokens, another local user let in by the socket file's group is the tenant local
+ * without admin rights (PERMISSION_DENIED on ListSessions and KillSession naming its uid and
+ * what to do) and works as that tenant; ttd's own user (root here) is the admin, and sees
+ * the other user's session with its uid and pid. Needs root to become uid 65534. */
+START_TEST(test_other_uid_is_tenant_without_admin) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "test_other_uid_is_tenant_without_admin: skipped: run as root to test another uid\n");
+    return;
+  }
+  const uid_t nobody = 65534;
+  struct group *gr = getgrgid(nobody);
+  ck_assert_msg(gr != NULL, "no group 65534");
+  const char *args[] = {"--socket-group", gr->gr_name, NULL}; /* lets uid 65534 connect */
+  ttd_proc_start(&proc, args);
+  ck_assert_int_eq(chmod(proc.dir, 0711), 0); /* the socket's folder: reachable, not listable */
+  int ready[2], go[2];
+  ck_assert_int_eq(pipe(ready), 0);
+  ck_assert_int_eq(pipe(go), 0);
+  fflush(NULL);
+  pid_t pid = fork(); /* before this process starts gRPC */
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    const char *why = as_other_user(proc.target, nobody, ready[1], go[0]);
+    if (why) fprintf(stderr, "%s\n", why);
+    _exit(why ? 1 : 0);
+  }
+  close(ready[1]);
+  close(go[0]);
+  char byte;
+  ssize_t got = read(ready[0], &byte, 1);
+  if (got != 1) {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    ck_abort_msg("the child as uid 65534 failed (exit %d): see its message above", WEXITSTATUS(st));
+  }
+  tt_client *admin = harness_connect(&proc, 0);
+  tt_session_info *list = NULL;
+  size_t n = 0;
+  ck_assert_msg(tt_list_sessions(admin, &list, &n) == TT_OK, "%s", tt_last_error(admin));
+  char want[64];
+  snprintf(want, sizeof(want), "unix:uid=65534,pid=%d", (int)pid);
+  uint64_t other = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(list[i].peer, want) == 0) other = list[i].session_id;
+  }
+  ck_assert_msg(other != 0, "no session with peer %s among %zu", want, n);
+  ck_assert_str_eq(find_session(list, n, other)->tenant, "local");
+  tt_session_list_free(list);
+  ck_assert_msg(tt_kill_session(admin, other, NULL, NULL) == TT_OK, "%s", tt_last_error(admin));
+  ck_assert_int_eq(write(go[1], &byte, 1), 1);
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child as uid 65534 failed: see its message above");
+  close(ready[0]);
+  close(go[1]);
+  tt_disconnect(admin);
   stop();
 }
 END_TEST
@@ -316,10 +438,13 @@ START_TEST(test_tcp_listener_and_env_target) {
   tt_session_info *list = NULL;
   size_t n = 0;
   ck_assert_int_eq(tt_list_sessions(c, &list, &n), TT_PERMISSION_DENIED);
-  ck_assert_ptr_nonnull(strstr(tt_last_error(c), "without --tokens only callers on a Unix socket file"));
+  ck_assert_msg(strstr(tt_last_error(c), "came over a network listener") &&
+                strstr(tt_last_error(c), "(peer ipv4:127.0.0.1:"), "%s", tt_last_error(c));
   tt_client *local = harness_connect(&proc, 0);
   ck_assert_int_eq(tt_list_sessions(local, &list, &n), TT_OK);
   ck_assert_uint_eq(n, 2);
+  const tt_session_info *over_tcp = find_session(list, n, tt_session_id(c)); /* the gate read its address */
+  ck_assert_msg(over_tcp && strncmp(over_tcp->peer, "ipv4:127.0.0.1:", 15) == 0, "%s", over_tcp ? over_tcp->peer : "-");
   tt_session_list_free(list);
   tt_disconnect(local);
   tt_tensor_free(back);
@@ -423,7 +548,8 @@ Suite *e2e_sessions_suite(void) {
   tcase_add_test(tc, test_concurrent_clients);
   tcase_add_test(tc, test_call_timeout);
   tcase_add_test(tc, test_tcp_listener_and_env_target);
-  tcase_add_test(tc, test_abstract_listener_makes_no_admin);
+  tcase_add_test(tc, test_abstract_listener_caller_is_no_admin);
+  tcase_add_test(tc, test_other_uid_is_tenant_without_admin);
   tcase_add_test(tc, test_default_target);
   tcase_add_test(tc, test_no_default_daemon_says_where_it_looked);
   suite_add_tcase(s, tc);
