@@ -182,10 +182,10 @@ bool tt_resume_wanted(tt_client *client, tt_rpc_method method, tt_status st, con
  * resume the session (not: unreachable, stopping, or not answering in time). */
 bool tt_resume_refused(tt_status st);
 
-/* Resumes the session unless another thread did since generation (read before the failed
- * call): waits up to resume_timeout_ms for ttd, OpenSession with the secret, registers the
+/* Resumes the session for a call of method unless another thread did since generation (read
+ * before the failed call): waits up to resume_timeout_ms for ttd (5 s at most to close it), OpenSession with the secret, registers the
  * shared-memory segments again. On failure err says why (and keeps the call's own error). */
-tt_status tt_resume(tt_client *client, unsigned generation, char *err, size_t err_len);
+tt_status tt_resume(tt_client *client, tt_rpc_method method, unsigned generation, char *err, size_t err_len);
 
 /* ---- process and host (malloc_tuning.c, shm_pool.c) ---- */
 

@@ -24,9 +24,7 @@ void tt_session_adopt(tt_client *c, const Ttd__V1__OpenSessionResponse *resp) {
 }
 
 bool tt_resume_wanted(tt_client *c, tt_rpc_method method, tt_status st, const char *err) {
-  if (c->closed || !c->resume_secret_len || method == TT_RPC_OPEN_SESSION || method == TT_RPC_CLOSE_SESSION) {
-    return false;
-  }
+  if (c->closed || !c->resume_secret_len || method == TT_RPC_OPEN_SESSION) return false;
   /* Unreachable: ttd is stopping or not back yet. CANCELLED, which this library never asks
    * for and ttd never answers a call it ran: a stopping ttd's gRPC server kills the calls it
    * had not taken yet (those queued for a handler, those arriving once the stop began), so
@@ -35,6 +33,8 @@ bool tt_resume_wanted(tt_client *c, tt_rpc_method method, tt_status st, const ch
   return st == TT_UNAVAILABLE || st == TT_CANCELLED ||
          (st == TT_FAILED_PRECONDITION && (strstr(err, "daemon restarted") || strstr(err, "to resume it")));
 }
+
+#define CLOSE_WAIT_MS 5000
 
 static int64_t now_ms(void) {
   struct timespec ts;
@@ -51,7 +51,7 @@ bool tt_resume_refused(tt_status st) {
   return st != TT_UNAVAILABLE && st != TT_CANCELLED && st != TT_DEADLINE_EXCEEDED && st != TT_INTERNAL;
 }
 
-tt_status tt_resume(tt_client *c, unsigned generation, char *err, size_t err_len) {
+tt_status tt_resume(tt_client *c, tt_rpc_method method, unsigned generation, char *err, size_t err_len) {
   pthread_mutex_lock(&c->resume_lock);
   if (atomic_load(&c->resume_generation) != generation) { /* another thread resumed it meanwhile */
     pthread_mutex_unlock(&c->resume_lock);
@@ -59,7 +59,11 @@ tt_status tt_resume(tt_client *c, unsigned generation, char *err, size_t err_len
   }
   char cause[512];
   snprintf(cause, sizeof(cause), "%s", err);
-  int64_t deadline = now_ms() + c->resume_timeout_ms;
+  /* A program that disconnects while ttd restarts waits a little for it, so that its session
+   * is closed (its memory freed at once) rather than left to its lease. */
+  int64_t wait_ms = method == TT_RPC_CLOSE_SESSION && c->resume_timeout_ms > CLOSE_WAIT_MS ? CLOSE_WAIT_MS
+                                                                                           : c->resume_timeout_ms;
+  int64_t deadline = now_ms() + wait_ms;
   int64_t pause = 5;
   tt_status st;
   char why[512] = "";

@@ -250,7 +250,7 @@ tt_status tt_rpc_unary_quiet(tt_client *client, tt_rpc_method method, const Prot
     unsigned generation = atomic_load(&client->resume_generation);
     tt_status st = unary_once(client, method, request, response_type, out_response, err, err_len);
     if (st == TT_OK || attempt == RESUME_ATTEMPTS || !tt_resume_wanted(client, method, st, err)) return st;
-    st = tt_resume(client, generation, err, err_len);
+    st = tt_resume(client, method, generation, err, err_len);
     if (st != TT_OK) return st;
   }
 }
@@ -343,7 +343,7 @@ tt_status tt_rpc_upload(tt_client *client, const Ttd__V1__UploadHeader *header, 
     unsigned generation = atomic_load(&client->resume_generation);
     tt_status st = upload_once(client, header, data, bytes, out_response, err, sizeof(err));
     if (st != TT_OK && attempt < RESUME_ATTEMPTS && tt_resume_wanted(client, TT_RPC_UPLOAD, st, err)) {
-      st = tt_resume(client, generation, err, sizeof(err));
+      st = tt_resume(client, TT_RPC_UPLOAD, generation, err, sizeof(err));
       if (st == TT_OK) continue;
     }
     return st == TT_OK ? st : tt_client_fail(client, st, "%s", err);
@@ -455,7 +455,7 @@ tt_status tt_rpc_download(tt_client *client, uint64_t handle, tt_dtype target, v
     unsigned generation = atomic_load(&client->resume_generation);
     tt_status st = download_once(client, handle, target, dst, bytes, shm_segment, err, sizeof(err));
     if (st != TT_OK && attempt < RESUME_ATTEMPTS && tt_resume_wanted(client, TT_RPC_DOWNLOAD, st, err)) {
-      st = tt_resume(client, generation, err, sizeof(err));
+      st = tt_resume(client, TT_RPC_DOWNLOAD, generation, err, sizeof(err));
       if (st == TT_OK) continue;
     }
     return st == TT_OK ? st : tt_client_fail(client, st, "%s", err);

@@ -154,6 +154,7 @@ void faults_phase_graceful(faults_ctx *ctx) {
   int up = faults_check(ctx, ft_daemon_start(&ctx->daemon, 30, err, sizeof(err)) == 0, "restarting ttd: %s", err);
   double up_s = bench_now() - stopped_at;
   t->injected = 1;
+  for (int i = 0; i < started; i++) ft_proc_send(&clients[i].proc, 'g'); /* their call after the restart */
 
   int resumed = 0, in_flight[KINDS] = {0}, kinds[KINDS] = {0}, drained = 0;
   double longest = 0, usual = 0;
