@@ -2,6 +2,8 @@
 #include "state/state_files.h"
 
 #include <dirent.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -145,4 +147,83 @@ void ttd_state_remove_tree(int dir_fd, const char *name) {
   }
   closedir(d);
   unlinkat(dir_fd, name, AT_REMOVEDIR);
+}
+
+/* Parts of the pieces, handed out to the threads by an atomic counter. */
+typedef struct pieces_job {
+  int fd;
+  bool write;
+  const ttd_state_piece *pieces;
+  size_t n;
+  uint64_t *part_start; /* per piece: the index of its first part */
+  uint64_t parts;
+  atomic_ullong next;
+  pthread_mutex_t lock;
+  ttd_status_t status; /* the first error, under lock */
+} pieces_job;
+
+static void *pieces_main(void *arg) {
+  pieces_job *j = arg;
+  for (;;) {
+    uint64_t part = atomic_fetch_add(&j->next, 1);
+    if (part >= j->parts) return NULL;
+    size_t lo = 0, hi = j->n; /* the last piece whose first part is <= part */
+    while (hi - lo > 1) {
+      size_t mid = lo + (hi - lo) / 2;
+      if (j->part_start[mid] <= part) lo = mid;
+      else hi = mid;
+    }
+    size_t k = lo;
+    const ttd_state_piece *p = &j->pieces[k];
+    uint64_t at = (part - j->part_start[k]) * WRITEBACK_STEP;
+    uint64_t len = p->len - at < WRITEBACK_STEP ? p->len - at : WRITEBACK_STEP;
+    unsigned char *mem = (unsigned char *)p->mem + at;
+    ttd_status_t status = TTD_OK;
+    if (j->write) {
+      for (uint64_t done = 0; done < len && !status;) {
+        ssize_t w = pwrite(j->fd, mem + done, len - done, (off_t)(p->file_offset + at + done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) status = io_error("write", "data", errno);
+        else done += (uint64_t)w;
+      }
+      if (!status) sync_file_range(j->fd, (off_t)(p->file_offset + at), (off_t)len, SYNC_FILE_RANGE_WRITE);
+    } else {
+      status = ttd_read_all_at(j->fd, mem, len, p->file_offset + at);
+    }
+    if (status) {
+      pthread_mutex_lock(&j->lock);
+      if (!j->status) j->status = status;
+      else ttd_status_free(status);
+      pthread_mutex_unlock(&j->lock);
+      atomic_store(&j->next, j->parts); /* the others stop too */
+    }
+  }
+}
+
+#define PIECE_THREADS 4
+
+ttd_status_t ttd_state_pieces_run(int fd, const ttd_state_piece *pieces, size_t n, bool write) {
+  if (n == 0) return TTD_OK;
+  pieces_job j = {.fd = fd, .write = write, .pieces = pieces, .n = n};
+  j.part_start = calloc(n, sizeof(*j.part_start));
+  if (!j.part_start) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
+  for (size_t k = 0; k < n; k++) {
+    j.part_start[k] = j.parts;
+    j.parts += (pieces[k].len + WRITEBACK_STEP - 1) / WRITEBACK_STEP;
+  }
+  atomic_init(&j.next, 0);
+  pthread_mutex_init(&j.lock, NULL);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int helpers = (int)(cores < PIECE_THREADS ? cores : PIECE_THREADS) - 1;
+  if ((uint64_t)helpers >= j.parts) helpers = (int)j.parts - 1;
+  pthread_t threads[PIECE_THREADS];
+  int started = 0;
+  for (; started < helpers; started++) {
+    if (pthread_create(&threads[started], NULL, pieces_main, &j) != 0) break;
+  }
+  pieces_main(&j);
+  for (int i = 0; i < started; i++) pthread_join(threads[i], NULL);
+  pthread_mutex_destroy(&j.lock);
+  free(j.part_start);
+  return j.status;
 }

@@ -51,6 +51,19 @@ ttd_status_t ttd_state_read_small(int dir_fd, const char *name, const Ttd__V1__S
 /* Whether fd is a file of this user that nobody else may read or write; FAILED_PRECONDITION naming name otherwise. */
 ttd_status_t ttd_state_check_private(int fd, const char *name);
 
+/* Bytes of a file and the host memory they go to or come from: a tensor's, in the card's
+ * memory where the backend shows it to the host. */
+typedef struct ttd_state_piece {
+  void *mem;
+  uint64_t len;
+  uint64_t file_offset;
+} ttd_state_piece;
+
+/* Writes (pwrite, its writeback started as it goes) or reads (pread) the pieces, split in
+ * 64 MiB parts spread over a few threads: a first touch of fresh memory, the page cache's
+ * or the card's, costs more than the copy, and costs it per core. The first error wins. */
+ttd_status_t ttd_state_pieces_run(int fd, const ttd_state_piece *pieces, size_t n, bool write);
+
 /* Removes the folder name (one level of files) under dir_fd, if it exists. */
 void ttd_state_remove_tree(int dir_fd, const char *name);
 

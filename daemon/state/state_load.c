@@ -62,9 +62,11 @@ static ttd_status_t open_data(int dir_fd, const Ttd__V1__SavedFile *expected, da
   return TTD_OK;
 }
 
-/* One tensor: its spec checked against the file's entry, device memory made, bytes read in. */
+/* One tensor: its spec checked against the file's entry, device memory made, bytes read in
+ * through a bounce buffer, or, where the card's memory shows to the host, added to pieces
+ * (n_pieces of them so far) to be read straight into it. */
 static ttd_status_t load_tensor(ttd_core *core, ttd_session *session, data_file *f, const Ttd__V1__SavedTensor *m,
-                                uint8_t **bounce, ttd_tensor **out) {
+                                uint8_t **bounce, ttd_state_piece *pieces, size_t *n_pieces, ttd_tensor **out) {
   *out = NULL;
   ttd_tensor_spec spec = {.dtype = (ttd_dtype)m->dtype, .ndim = (int)m->n_shape, .device = (int)m->device,
                           .location = m->location == TTD__V1__MEMORY_LOCATION__MEMORY_LOCATION_L1 ? TTD_MEM_L1 : TTD_MEM_DRAM};
@@ -90,8 +92,10 @@ static ttd_status_t load_tensor(ttd_core *core, ttd_session *session, data_file 
   ttd_backend *b = core->backend;
   void *mapped = spec.nbytes && b->vtable->buffer_host_map ? b->vtable->buffer_host_map(b, t->buffer, 0, spec.nbytes)
                                                              : NULL;
-  if (mapped) { /* straight from the file into the card's memory */
-    status = data_read(f, mapped, spec.nbytes, file_at);
+  if (mapped) { /* straight from the file into the card's memory, later */
+    if (file_at != f->read_upto) status = damaged(f->name, "its tensors are not laid out as ttd writes them");
+    f->read_upto += spec.nbytes;
+    pieces[(*n_pieces)++] = (ttd_state_piece){.mem = mapped, .len = spec.nbytes, .file_offset = file_at};
   } else if (!*bounce && spec.nbytes && !(*bounce = malloc(BOUNCE_BYTES))) {
     status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
   }
@@ -195,9 +199,14 @@ static ttd_status_t load_session(ttd_state *state, int dir_fd, const Ttd__V1__Sa
     status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
   }
   uint8_t *bounce = NULL;
+  ttd_state_piece *pieces = status ? NULL : calloc(m->n_tensors + 1, sizeof(*pieces));
+  size_t n_pieces = 0;
+  if (!status && !pieces) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of host memory");
   for (size_t i = 0; i < m->n_tensors && !status; i++) {
-    status = load_tensor(core, session, &f, m->tensors[i], &bounce, &tensors[i]);
+    status = load_tensor(core, session, &f, m->tensors[i], &bounce, pieces, &n_pieces, &tensors[i]);
   }
+  if (!status) status = ttd_state_pieces_run(f.fd, pieces, n_pieces, false);
+  free(pieces);
   free(bounce);
   if (!status && f.read_upto != e->data->bytes) status = damaged(f.name, "bytes follow the last tensor");
   /* Links between tensors, and the handles. */

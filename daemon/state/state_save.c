@@ -253,26 +253,38 @@ static ttd_status_t write_data(int dir_fd, const char *name, ttd_backend *backen
   if (!status) status = ttd_state_writer_open(&w, dir_fd, name, false);
   if (!status) status = ttd_state_writer_put(&w, header, header_len);
   free(header);
+  /* Where the card's memory shows to the host, the tensors go from it to the file over a few
+   * threads; otherwise one by one through a bounce buffer. */
+  ttd_state_piece *pieces = calloc(c->count + 1, sizeof(*pieces));
+  ttd_host_pin **pins = calloc(c->count + 1, sizeof(*pins));
+  size_t n_pieces = 0;
+  uint64_t offset = header_len;
+  if (!status && (!pieces || !pins)) status = oom();
   uint8_t *bounce = NULL;
   for (size_t i = 0; i < c->count && !status; i++) {
     ttd_tensor *t = c->tensors[i];
     uint64_t n = t->spec.nbytes;
-    ttd_host_pin *pin = NULL;
     const void *view = n && backend->vtable->buffer_host_view
-                           ? backend->vtable->buffer_host_view(backend, t->buffer, 0, n, &pin)
+                           ? backend->vtable->buffer_host_view(backend, t->buffer, 0, n, &pins[n_pieces])
                            : NULL;
     if (view) {
-      status = ttd_state_writer_put(&w, view, n);
-      pin->release(pin);
-      continue;
+      pieces[n_pieces++] = (ttd_state_piece){.mem = (void *)view, .len = n, .file_offset = offset};
+    } else if (n && !bounce && !(bounce = malloc(BOUNCE_BYTES))) {
+      status = oom();
     }
-    if (!bounce && n && !(bounce = malloc(BOUNCE_BYTES))) status = oom();
-    for (uint64_t at = 0; at < n && !status; at += BOUNCE_BYTES) {
+    for (uint64_t at = 0; !view && at < n && !status; at += BOUNCE_BYTES) {
       uint64_t len = n - at < BOUNCE_BYTES ? n - at : BOUNCE_BYTES;
       status = backend->vtable->buffer_read(backend, t->buffer, at, bounce, len);
-      if (!status) status = ttd_state_writer_put(&w, bounce, len);
+      ttd_state_piece part = {.mem = bounce, .len = len, .file_offset = offset + at};
+      if (!status) status = ttd_state_pieces_run(w.fd, &part, 1, true);
     }
+    offset += n;
   }
+  if (!status) status = ttd_state_pieces_run(w.fd, pieces, n_pieces, true);
+  for (size_t i = 0; i < n_pieces; i++) pins[i]->release(pins[i]);
+  free(pieces);
+  free(pins);
+  w.bytes = offset;
   free(bounce);
   free(names);
   if (w.fd >= 0) {
