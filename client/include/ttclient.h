@@ -234,6 +234,14 @@ tt_tensor *tt_to(tt_tensor *tensor, const char *device);
  * even), as a card's to_device does; host <-> device only, or host to host. */
 tt_tensor *tt_to_dtype(tt_tensor *tensor, const char *device, tt_dtype dtype);
 
+/* torch's dst.copy_(src): src's values written into dst's memory, in place (dst keeps its
+ * handle, place and dtype): host or device either side, the same shape, float32 <->
+ * bfloat16 converted. Work queued on either tensor (a step, a Backward into a .grad) runs
+ * first, so writing averaged gradients into tt_param_grad's tensors before tt_step is what
+ * a data-parallel step does. INVALID_ARGUMENT for another shape, an int32/float mix, or a
+ * dst lending the caller's memory (tt_tensor_wrap_host). */
+tt_status tt_copy_(tt_tensor *dst, tt_tensor *src);
+
 /* Accessors. They lend; nothing is copied. */
 tt_client *tt_tensor_client(const tt_tensor *tensor);
 tt_dtype tt_tensor_dtype(const tt_tensor *tensor);

@@ -26,6 +26,9 @@ tt_status tt_upload_new(tt_client *client, const tt_place *place, tt_dtype dtype
  * zeroing of its parameters); OK when there is none. */
 typedef tt_status (*tt_pending_flush_fn)(const tt_tensor *tensor);
 
+/* Sends what the hook says is queued for tensor's device bytes; OK when nothing is. */
+tt_status tt_to_flush_pending(const tt_tensor *tensor);
+
 /* Installs the hook tt_to calls before it reads or moves a device tensor; any thread, at any
  * time (the module layer installs it when it compiles a module). */
 void tt_to_set_pending_flush(tt_pending_flush_fn flush);

@@ -16,7 +16,7 @@ static _Atomic(tt_pending_flush_fn) pending_flush;
 
 void tt_to_set_pending_flush(tt_pending_flush_fn flush) { atomic_store(&pending_flush, flush); }
 
-static tt_status flush_pending(const tt_tensor *t) {
+tt_status tt_to_flush_pending(const tt_tensor *t) {
   tt_pending_flush_fn flush = atomic_load(&pending_flush);
   return flush ? flush(t) : TT_OK;
 }
@@ -53,7 +53,7 @@ static tt_tensor *upload(tt_tensor *src, const tt_place *place, tt_dtype dtype) 
 
 static tt_tensor *download(tt_tensor *src, tt_dtype dtype) {
   if (src->host_copy) return tt_inline_to_host(src, dtype); /* inline.c: its bytes are here already */
-  if (flush_pending(src) != TT_OK) return NULL;              /* a parameter or .grad: queued work first */
+  if (tt_to_flush_pending(src) != TT_OK) return NULL;              /* a parameter or .grad: queued work first */
   tt_tensor *t = tt_tensor_host_uninit(src->client, dtype, src->shape, src->ndim);
   if (!t) return NULL;
   if (tt_rpc_download(src->client, src->handle, dtype, t->data, t->nbytes, t->shm_segment) != TT_OK) {
@@ -64,7 +64,7 @@ static tt_tensor *download(tt_tensor *src, tt_dtype dtype) {
 }
 
 static tt_tensor *move(tt_tensor *src, const tt_place *place) {
-  if (tt_tensor_materialize(src) != TT_OK || flush_pending(src) != TT_OK) return NULL;
+  if (tt_tensor_materialize(src) != TT_OK || tt_to_flush_pending(src) != TT_OK) return NULL;
   tt_tensor *t = tt_tensor_like(src, place, src->dtype);
   if (!t) return NULL;
   char device[16];

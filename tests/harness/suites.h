@@ -53,6 +53,7 @@ Suite *e2e_programs_suite(void);
 Suite *e2e_modules_suite(void);
 Suite *e2e_input_grads_suite(void);
 Suite *e2e_restart_suite(void);
+Suite *e2e_copy_suite(void);
 Suite *e2e_concurrent_writes_suite(void);
 Suite *e2e_admin_bounds_suite(void);
 Suite *e2e_conn_bounds_suite(void);
