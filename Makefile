@@ -2,6 +2,8 @@
 # every suite plus an ASan/UBSan build of them; `make demo` runs the main job through a real ttd.
 
 BUILD ?= build
+# The test target builds on every core.
+NPROC := $(shell nproc 2>/dev/null || echo 2)
 SAN ?= 0
 CC ?= gcc
 PKGS := grpc libprotobuf-c libevent zlib jansson libcrypto libsystemd
@@ -149,7 +151,7 @@ test-unit: all
 	$(MAKE) --no-print-directory fuzz-replay
 
 test-asan:
-	$(MAKE) BUILD=$(BUILD)/asan SAN=1 all
+	$(MAKE) -j$(NPROC) BUILD=$(BUILD)/asan SAN=1 all
 	TTD_SKIP_HUGE=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  $(MAKE) --no-print-directory BUILD=$(BUILD)/asan SAN=1 test-unit
@@ -172,7 +174,7 @@ check-docs: all
 
 test: deps
 	$(MAKE) check-layers
-	$(MAKE) all
+	$(MAKE) -j$(NPROC) all
 	$(MAKE) test-unit
 	$(MAKE) --no-print-directory test-python
 	$(MAKE) --no-print-directory check-docs
