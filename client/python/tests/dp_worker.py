@@ -2,7 +2,7 @@
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TTD_ADDRESS in the environment; DP_DEVICE the card,
 "tt" by default), and what both sides share: the model and the global batches.
 
-    dp_worker.py SCENARIO OUT   (SCENARIO: train, train_built, exit)
+    dp_worker.py SCENARIO OUT   (SCENARIO: train, train_built, exit; "{}" in OUT: the rank)
 
 train: SGD and Adam, 20 steps each on this rank's half of every global batch, after a
 no_sync accumulation check; OUT gets torch.save of the results. train_built: SGD only, the
@@ -123,7 +123,7 @@ def main(scenario, out):
         except ttd.parallel.RankError as e:
             result["error"], result["lost"] = str(e), e.lost
         result["seconds"] = time.time() - start
-    torch.save(result, out)
+    torch.save(result, out.format(rank))
     return 0
 
 

@@ -1,7 +1,6 @@
 """ttd.parallel.DistributedDataParallel: two torch.distributed (gloo) ranks over 127.0.0.1, started
 as torchrun starts them (dp_worker.py), against one process training on the whole batch."""
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -11,43 +10,20 @@ import torch
 
 import dp_worker
 import ttd.torch as ttd
-from conftest import start_ttd, stop_ttd
+from conftest import run_ranks, start_ttd, stop_ttd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _spawn(scenario, addresses, devices=("tt", "tt"), timeout=60):
     """Runs dp_worker.py SCENARIO as ranks 0 and 1 (rank r on addresses[r], card devices[r]);
     each rank's saved results (None where a rank saved none) once both exited 0."""
     tmp = tempfile.mkdtemp(prefix="ttd-dp-")
-    port = _free_port()
-    procs, outs = [], []
-    for rank in range(2):
-        out = os.path.join(tmp, f"rank{rank}.pt")
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), TTD_ADDRESS=addresses[rank], DP_DEVICE=devices[rank])
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "dp_worker.py"), scenario, out], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outs.append(out)
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{logs[rank]}"
+    outs = [os.path.join(tmp, f"rank{rank}.pt") for rank in range(2)]
+    ranks = run_ranks([sys.executable, os.path.join(HERE, "dp_worker.py"), scenario, os.path.join(tmp, "rank{}.pt")],
+                      lambda rank: dict(TTD_ADDRESS=addresses[rank], DP_DEVICE=devices[rank]), timeout=timeout)
+    for rank, (rc, log) in enumerate(ranks):
+        assert rc == 0, f"rank {rank} exited {rc}:\n{log}"
     return [torch.load(o) if os.path.exists(o) else None for o in outs]
 
 
