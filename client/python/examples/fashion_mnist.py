@@ -6,8 +6,14 @@ with a tqdm progress bar, the test accuracy, and the command line of every examp
 Data: Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist, IDX files, gzipped),
 or --data DIR. The package is taken from the build tree (client/python beside this folder)
 unless `ttd` is importable; libttclient from $TTD_LIB, else the build tree's build/lib.
-The daemon: --target, else $TTD_ADDRESS, else the default sockets."""
+The daemon: --target, else $TTD_ADDRESS, else the default sockets.
+
+Data-parallel: started by torchrun (or with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set as it
+sets them), each rank joins torch.distributed's gloo group, takes its own card (--device, by
+default tt:$LOCAL_RANK) of its ttd, and trains on its share of each global batch of --batch
+images, ttd.parallel.DistributedDataParallel averaging the gradients; rank 0 prints."""
 import argparse
+import datetime
 import gzip
 import os
 import struct
@@ -16,6 +22,7 @@ import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 try:
@@ -61,20 +68,24 @@ def load(data_dir, split, limit=None, shape=(784,)):
     return x, torch.from_numpy(labels.astype(np.int64))
 
 
-def train_epoch(tt_model, opt, x, y, batch, epoch, epochs, generator):
+def train_epoch(tt_model, opt, x, y, batch, epoch, epochs, generator, device="tt", rank=0, world=1):
+    """One epoch of global batches of `batch` images; of each, this rank trains on its
+    batch // world (every rank draws the same order from the same generator)."""
     tt_model.train()
     order = torch.randperm(len(x), generator=generator)
     steps = len(x) // batch  # drop_last: the last partial batch is left out
+    local = batch // world
     bar = None
-    if tqdm is not None:
+    if tqdm is not None and rank == 0:
         bar = tqdm(total=steps, desc=f"epoch {epoch}/{epochs}", unit="batch", file=sys.stderr,
                    disable=not sys.stderr.isatty())
     running = 0.0
     for i in range(steps):
-        idx = order[i * batch:(i + 1) * batch]
-        out = tt_model(x[idx].to("tt"))          # runs on the card; the output stays there
+        idx = order[i * batch + rank * local:i * batch + (rank + 1) * local]
+        out = tt_model(x[idx].to(device))        # runs on the card; the output stays there
         loss = F.cross_entropy(out.to("cpu"), y[idx])  # the loss on the CPU
         loss.backward()                           # reaches the card: .grad of each parameter there
+        #                                           (data-parallel: averaged over the ranks)
         opt.step()
         opt.zero_grad()
         running = 0.9 * running + 0.1 * loss.item() if i else loss.item()
@@ -86,12 +97,12 @@ def train_epoch(tt_model, opt, x, y, batch, epoch, epochs, generator):
     return running
 
 
-def evaluate(tt_model, x, y, batch):
+def evaluate(tt_model, x, y, batch, device="tt"):
     tt_model.eval()
     correct = 0
     with torch.no_grad():
         for i in range(0, len(x), batch):  # the last batch may be smaller: any batch size runs
-            out = tt_model(x[i:i + batch].to("tt")).to("cpu")
+            out = tt_model(x[i:i + batch].to(device)).to("cpu")
             correct += (out.argmax(dim=1) == y[i:i + batch]).sum().item()
     return correct / len(x)
 
@@ -110,9 +121,18 @@ def train(make_model, shape, lr, momentum, doc, argv=None):
     ap.add_argument("--limit", type=int, default=None, metavar="N",
                     help="use the first N training images and N/4 test images (quick runs)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default=None,
+                    help="the card (default tt; data-parallel: tt:$LOCAL_RANK, a card per rank of one ttd)")
     args = ap.parse_args(argv)
     if args.epochs < 1 or args.batch < 1 or (args.limit is not None and args.limit < args.batch):
         ap.error("--epochs and --batch must be positive, and --limit at least --batch")
+    rank, world = 0, 1
+    if "WORLD_SIZE" in os.environ:  # torchrun's environment: data-parallel
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if args.batch % world:
+            ap.error(f"--batch {args.batch} does not split over {world} ranks")
+    device = args.device or (f"tt:{os.environ.get('LOCAL_RANK', 0)}" if world > 1 else "tt")
 
     torch.manual_seed(args.seed)
     x_train, y_train = load(args.data, "train", args.limit, shape)
@@ -122,16 +142,23 @@ def train(make_model, shape, lr, momentum, doc, argv=None):
         ttd.connect(args.target)
     model = make_model()
     tt_model = ttd.compile(model)
-    tt_model.to("tt")  # parameters onto the card
+    tt_model.to(device)  # parameters onto the card
+    if world > 1:  # rank 0's parameters everywhere; each backward averages the .grads
+        tt_model = ttd.parallel.DistributedDataParallel(tt_model)
     opt = ttd.optim.SGD(tt_model.parameters(), lr=args.lr, momentum=args.momentum)
 
     gen = torch.Generator().manual_seed(args.seed)
     start = time.time()
     for epoch in range(1, args.epochs + 1):
-        loss = train_epoch(tt_model, opt, x_train, y_train, args.batch, epoch, args.epochs, gen)
-        print(f"epoch {epoch}: loss {loss:.4f} ({time.time() - start:.1f} s)", flush=True)
-    acc = evaluate(tt_model, x_test, y_test, args.batch)
-    print(f"test accuracy: {acc:.4f}", flush=True)
+        loss = train_epoch(tt_model, opt, x_train, y_train, args.batch, epoch, args.epochs, gen, device, rank, world)
+        if rank == 0:
+            print(f"epoch {epoch}: loss {loss:.4f} ({time.time() - start:.1f} s)", flush=True)
+    if rank == 0:  # every rank holds the same parameters: one evaluates
+        acc = evaluate(tt_model, x_test, y_test, args.batch, device)
+        print(f"test accuracy: {acc:.4f}", flush=True)
+    if world > 1:
+        dist.barrier()  # no rank leaves while rank 0 (the rendezvous store's host) may still need it
+        dist.destroy_process_group()
     return 0
 
 
@@ -139,6 +166,6 @@ def main(prog, make_model, shape, lr, momentum, doc):
     """train(), with ttd down or the data missing told in one line rather than a traceback."""
     try:
         return train(make_model, shape, lr, momentum, doc)
-    except (ttd.TTError, FileNotFoundError) as e:
+    except (ttd.TTError, ttd.parallel.RankError, FileNotFoundError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1

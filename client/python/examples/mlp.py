@@ -7,6 +7,11 @@ The batches go to the card with `x.to("tt")`, the model is `ttd.compile`d and mo
 The data, the loop and the options: fashion_mnist.py beside this file.
 
     /usr/bin/python3 client/python/examples/mlp.py --epochs 1
+
+Data-parallel, two ranks each on its own card of one ttd (`ttd --devices 2`), each global batch
+of 64 split 32 and 32 (ttd.parallel.DistributedDataParallel; see docs/parallel-pytorch.md):
+
+    torchrun --nproc_per_node 2 client/python/examples/mlp.py --epochs 1
 """
 import sys
 

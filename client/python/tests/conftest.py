@@ -3,6 +3,7 @@ socket with two simulated cards and --admin off for the test session, points TTD
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,29 @@ def stop_ttd(proc):
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def run_ranks(argv, env_of_rank, world=2, timeout=60):
+    """argv started once per rank as torchrun starts a program (RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_ADDR=127.0.0.1 and a free MASTER_PORT), plus env_of_rank(rank); waits for all of them
+    (killed past timeout) and returns each one's (exit status, output)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), **env_of_rank(rank))
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [(p.returncode, out) for p, out in zip(procs, outs)]
 
 
 @pytest.fixture(scope="session", autouse=True)

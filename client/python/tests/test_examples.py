@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from conftest import run_ranks
+
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
 DATA = "/usr/share/datasets/fashion-mnist"
 
@@ -40,3 +42,17 @@ def test_lenet_example_learns_fashion_mnist(ttd_daemon):
     of all 60000), chance is 0.10."""
     acc, out = _test_accuracy(ttd_daemon, "lenet.py", "--epochs", "1", "--limit", "16384")
     assert acc > 0.6, out
+
+
+@needs_data
+def test_mlp_example_data_parallel(ttd_daemon):
+    """mlp.py as torchrun starts two ranks (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), each
+    on its own card of one ttd (tt:0, tt:1), each global batch of 64 split 32 and 32: exits 0,
+    rank 0 alone prints, and it learns as one process does (0.77 at seed 0, as above)."""
+    argv = [sys.executable, os.path.join(EXAMPLES, "mlp.py"), "--epochs", "1", "--limit", "4096"]
+    ranks = run_ranks(argv, lambda rank: dict(TTD_ADDRESS=ttd_daemon), timeout=120)
+    outs = [out for _, out in ranks]
+    assert [rc for rc, _ in ranks] == [0, 0], outs
+    assert "test accuracy" not in outs[1], outs[1]
+    m = re.search(r"^test accuracy: (0\.\d{4})$", outs[0], re.M)
+    assert m and float(m.group(1)) > 0.6, outs[0]

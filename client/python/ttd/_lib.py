@@ -68,6 +68,7 @@ _sig("tt_tensor_wrap_host", _P, _P, c_void_p, c_int, POINTER(c_int64), c_int, _P
 _sig("tt_tensor_free", None, _P)
 _sig("tt_to", _P, _P, c_char_p)
 _sig("tt_to_dtype", _P, _P, c_char_p, c_int)
+_sig("tt_copy_", c_int, _P, _P)
 _sig("tt_tensor_client", _P, _P)
 _sig("tt_tensor_dtype", c_int, _P)
 _sig("tt_tensor_ndim", c_int, _P)
@@ -224,6 +225,11 @@ class Tensor:
         if dtype is None or dtype == self.dtype:
             return Tensor(self.client, _L.tt_to(self._p, device.encode()), self._keep)
         return Tensor(self.client, _L.tt_to_dtype(self._p, device.encode(), dtype), self._keep)
+
+    def copy_(self, src):
+        """torch's self.copy_(src) (tt_copy_): src's values written into this tensor's memory,
+        host or device either side, after any work queued on either (a .grad's Backward)."""
+        self.client.check(_L.tt_copy_(self._p, src._p))
 
     @property
     def shape(self):

@@ -47,8 +47,8 @@ class _RunState:
     """What a run's backward needs: the libttclient tensors of its outputs and of its inputs
     that take a gradient (in the order of _Run's anchors)."""
 
-    def __init__(self, outputs, inputs):
-        self.outputs, self.inputs = outputs, inputs
+    def __init__(self, outputs, inputs, after_backward=None):
+        self.outputs, self.inputs, self.after_backward = outputs, inputs, after_backward
 
     def release(self):
         """torch freed the graph holding the run: its activations go (tt_release_run)."""
@@ -79,6 +79,8 @@ class _Run(torch.autograd.Function):
         pairs = [(o, _host_from_torch(g.float())) for o, g in zip(state.outputs, grads) if g is not None]
         if pairs:
             _lib.backward([o for o, _ in pairs], [g for _, g in pairs], retain_graph=True)
+        if state.after_backward is not None:
+            state.after_backward()  # inside torch's backward: the run's .grads are (queued) on the card
         input_grads = []
         for t in state.inputs:
             g = t.take_grad()
@@ -86,10 +88,12 @@ class _Run(torch.autograd.Function):
         return (None, None, *input_grads)
 
 
-def run(outputs, inputs, input_anchors):
+def run(outputs, inputs, input_anchors, after_backward=None):
     """The anchors of a training run's outputs (libttclient tensors), in torch's graph after
-    the anchors of the inputs that take a gradient (inputs: their libttclient tensors)."""
-    return _Run.apply(_RunState(outputs, inputs), _LEAF, *input_anchors)
+    the anchors of the inputs that take a gradient (inputs: their libttclient tensors).
+    after_backward: None, or called with no arguments inside torch's backward each time this
+    run's backward has sent its gradients to the card (ttd.parallel queues its all-reduce)."""
+    return _Run.apply(_RunState(outputs, inputs, after_backward), _LEAF, *input_anchors)
 
 
 def upload_anchor(x):

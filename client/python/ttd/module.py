@@ -67,6 +67,7 @@ class CompiledModule:
         self._zeroer = None  # a stateless SGD whose tt_zero_grad serves zero_grad()
         self._grad_none = False  # zero_grad(set_to_none=True) until the next training run
         self._lowering = Lowering(self._gm, set(self._params))
+        self._after_backward = None  # ttd.parallel's hook: called in each run's backward
 
     def _build(self, example):
         m = _lib.Module(self._lowering.build(example))
@@ -186,7 +187,7 @@ class CompiledModule:
                 self._module.train(True)
         if training:
             self._grad_none = False
-            out_anchors = autograd.run(outs, [t for t, _ in watched], [a for _, a in watched])
+            out_anchors = autograd.run(outs, [t for t, _ in watched], [a for _, a in watched], self._after_backward)
         else:
             out_anchors = [None] * len(outs)
         res = [Tensor(o, a) for o, a in zip(outs, out_anchors)]
