@@ -2,10 +2,10 @@
  * parameters broadcast from one rank: the data-parallel step of ttparallel.h.
  *
  * Layout: the gradients of consecutive parameters share a bucket, a slice of one host buffer
- * of all the parameters' float32 bytes. Each parameter has a host staging tensor of its own
- * (made by libttclient, so that a large one moves through the same-host shared memory):
- * a .grad comes down into it with tt_copy_, is copied into its bucket, and the reduced values
- * go back through it into the same .grad handle. A helper thread downloads the buckets in
+ * of all the parameters' float32 bytes. A .grad comes down (tt_to) and is copied into its
+ * bucket; the reduced values go back through a host staging tensor of the parameter's (made
+ * by libttclient, so that a large one moves through the same-host shared memory) into the
+ * same .grad handle with tt_copy_. A helper thread downloads the buckets in
  * order while this thread starts each bucket's MPI_Iallreduce as it lands and drives the
  * ones in flight with MPI_Test: Open MPI progresses a non-blocking collective only inside
  * MPI calls, so a thread of its own for the downloads is what lets them overlap. */
@@ -191,7 +191,7 @@ int tt_dp_rank(const tt_dp *dp) { return dp ? dp->rank : -1; }
 int tt_dp_size(const tt_dp *dp) { return dp ? dp->size : -1; }
 const char *tt_dp_last_error(const tt_dp *dp) { return dp ? dp->err : "out of memory"; }
 
-/* ---- moving one parameter's bytes through its staging tensor ---- */
+/* ---- moving one parameter's bytes between its .grad or value and its slice of host ---- */
 
 static tt_status dp_stage(tt_dp *dp, int i, tt_tensor *like) {
   if (dp->stage[i]) return TT_OK;
@@ -199,12 +199,13 @@ static tt_status dp_stage(tt_dp *dp, int i, tt_tensor *like) {
   return dp->stage[i] ? TT_OK : dp_tt_fail(dp, "making the host buffer of", dp->names[i]);
 }
 
-/* like's values (a .grad or a parameter, anywhere) into parameter i's slice of host. */
+/* src's values (a .grad or a parameter, anywhere) into parameter i's slice of host: a
+ * download (tt_copy_ into a host tensor would download and copy once more). */
 static tt_status dp_down(tt_dp *dp, int i, tt_tensor *src, const char *what) {
-  tt_status st = dp_stage(dp, i, src);
-  if (st != TT_OK) return st;
-  if (tt_copy_(dp->stage[i], src) != TT_OK) return dp_tt_fail(dp, what, dp->names[i]);
-  memcpy((char *)dp->host + dp->offset[i], tt_tensor_data(dp->stage[i]), dp->bytes[i]);
+  tt_tensor *h = tt_to(src, "cpu");
+  if (!h) return dp_tt_fail(dp, what, dp->names[i]);
+  memcpy((char *)dp->host + dp->offset[i], tt_tensor_data(h), dp->bytes[i]);
+  tt_tensor_free(h);
   return TT_OK;
 }
 
