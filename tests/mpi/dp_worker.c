@@ -5,8 +5,11 @@
  * parameters to PREFIX.rR.safetensors. Under one rank it is the one-process reference.
  *   dp_worker --target T[,T2...] --steps N --batch B --opt sgd|adam --save PREFIX
  *             [--bucket-bytes N] [--timeout-ms N] [--die-at K] [--stall-at K]
+ *             [--kill-daemon-at K --daemon-pid PID]
  * --die-at K: rank 1 kills itself (SIGKILL, as the OOM killer would) at step K, before the all-reduce (a rank that
- * dies); --stall-at K: rank 1 sleeps instead (a rank that stops answering). Prints, per rank,
+ * dies); --stall-at K: rank 1 sleeps instead (a rank that stops answering);
+ * --kill-daemon-at K: rank 1 SIGKILLs the ttd of --daemon-pid (its own) at step K, and goes
+ * on to the all-reduce (a daemon that dies). Prints, per rank,
  * "rank R of N: device D target T" and, at the end, "rank R: bytes per step X, parameter
  * bytes Y, buckets per step Z". An error prints "dp_worker: rank R: ..." and aborts the job. */
 #include <mpi.h>
@@ -50,7 +53,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   const char *targets = NULL, *opt_name = "sgd", *save = NULL;
-  int steps = 20, batch = 32, die_at = -1, stall_at = -1;
+  int steps = 20, batch = 32, die_at = -1, stall_at = -1, kill_daemon_at = -1, daemon_pid = 0;
   tt_dp_options dopts;
   tt_dp_options_init(&dopts);
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -64,6 +67,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(k, "--timeout-ms")) dopts.timeout_ms = atoll(v);
     else if (!strcmp(k, "--die-at")) die_at = atoi(v);
     else if (!strcmp(k, "--stall-at")) stall_at = atoi(v);
+    else if (!strcmp(k, "--kill-daemon-at")) kill_daemon_at = atoi(v);
+    else if (!strcmp(k, "--daemon-pid")) daemon_pid = atoi(v);
     else return fail("parsing the arguments", k);
   }
   if (batch % ranks) return fail("splitting the batch", "--batch is not a multiple of the ranks");
@@ -106,6 +111,11 @@ int main(int argc, char **argv) {
     if (rank == 1 && s == stall_at) {
       fprintf(stderr, "dp_worker: rank 1 stops answering at step %d, as --stall-at asks\n", s);
       sleep(60);
+    }
+    if (rank == 1 && s == kill_daemon_at && daemon_pid > 0) {
+      fprintf(stderr, "dp_worker: rank 1 kills its ttd (pid %d) at step %d, as --kill-daemon-at asks\n", daemon_pid, s);
+      kill(daemon_pid, SIGKILL);
+      usleep(200 * 1000);
     }
     if (tt_dp_allreduce_grads(dp) != TT_OK) return fail("averaging the gradients", tt_dp_last_error(dp));
     if (tt_step(opt) != TT_OK) return fail("optimizer step", tt_last_error(c));

@@ -4,10 +4,12 @@
  * process at batch 32, for SGD (momentum) and Adam, over 20 steps; all-reduced bytes per step
  * equal the parameter bytes, in one bucket and in several. A rank killed at step 5 ends the
  * job with its rank named; a rank that stops answering makes the other fail with a bounded
- * wait naming itself and the all-reduce. mpirun runs over loopback TCP, as root if need be,
+ * wait naming itself and the all-reduce; a rank whose ttd is killed fails naming itself and
+ * UNAVAILABLE. mpirun runs over loopback TCP, as root if need be,
  * under coreutils' timeout as the last bound. */
 #include <check.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -200,6 +202,25 @@ START_TEST(test_rank_stalls) {
 }
 END_TEST
 
+/* Rank 1's ttd killed at step 5: rank 1's all-reduce fails naming rank 1, its ttd call and
+ * UNAVAILABLE, and the job ends. */
+START_TEST(test_daemon_dies) {
+  ttd_proc doomed;
+  ttd_proc_start(&doomed, NULL);
+  char *out = NULL;
+  double s = 0;
+  int rc = mpirun(2, &out, &s, "--target %s,%s --kill-daemon-at 5 --daemon-pid %d", daemon_a.target, doomed.target,
+                  (int)doomed.pid);
+  ttd_proc_kill(&doomed, SIGKILL); /* reaps it */
+  ttd_proc_stop(&doomed);          /* removes its folder */
+  ck_assert_msg(rc != 0 && rc != 124, "mpirun exited %d: %s", rc, out);
+  ck_assert_msg(strstr(out, "dp_worker: rank 1: averaging the gradients failed: rank 1 of 2: ") &&
+                strstr(out, "UNAVAILABLE"), "%s", out);
+  ck_assert_msg(s < 20, "the job took %.1f s to end", s);
+  free(out);
+}
+END_TEST
+
 Suite *e2e_parallel_suite(void) {
   Suite *s = suite_create("e2e_parallel");
   TCase *tc = tcase_create("mpirun");
@@ -209,6 +230,7 @@ Suite *e2e_parallel_suite(void) {
   tcase_add_test(tc, test_card_per_rank);
   tcase_add_test(tc, test_rank_dies);
   tcase_add_test(tc, test_rank_stalls);
+  tcase_add_test(tc, test_daemon_dies);
   suite_add_tcase(s, tc);
   return s;
 }
