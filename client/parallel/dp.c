@@ -122,6 +122,7 @@ tt_status tt_dp_create(tt_module *module, MPI_Comm comm, const tt_dp_options *op
   dp->rank = -1;
   int initialized = 0;
   MPI_Initialized(&initialized);
+  if (initialized) MPI_Comm_rank(comm, &dp->rank), MPI_Comm_size(comm, &dp->size); /* for messages */
   if (!module || !initialized)
     return dp_fail(dp, TT_INVALID_ARGUMENT, "tt_dp_create: %s", module ? "MPI_Init has not been called" : "module is NULL");
   tt_dp_options defaults;
