@@ -48,8 +48,9 @@ KERNEL_SRC := $(call tree,kernels)
 RUNTIME_SRC := $(call tree,daemon/runtime)
 # The server: every folder of daemon/ but the runtime.
 SERVER_SRC := $(filter-out daemon/service/main.c,$(filter-out daemon/runtime/%,$(call tree,daemon)))
-CLIENT_SRC := $(filter-out client/tools/% client/examples/%,$(call tree,client))
-TEST_SRC := $(filter-out tests/fuzz/%,$(call tree,tests))
+CLIENT_SRC := $(filter-out client/tools/% client/examples/% client/parallel/%,$(call tree,client))
+# tests/mpi/: programs mpirun starts for the e2e_parallel suite, linked with MPI, not check_ttd.
+TEST_SRC := $(filter-out tests/fuzz/% tests/mpi/%,$(call tree,tests))
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 GEN_OBJ := $(BUILD)/obj/gen/ttd.pb-c.o
@@ -64,10 +65,22 @@ $(SERVER_OBJ) $(BUILD)/obj/daemon/service/main.o: LAYER_INC := $(SERVER_INC)
 $(CLIENT_OBJ): LAYER_INC := $(CLIENT_INC)
 $(TEST_OBJ) $(call obj,$(call tree,tests/fuzz)): LAYER_INC := $(TEST_INC)
 
+# libttparallel (client/parallel/, header client/include/ttparallel.h): data-parallel training
+# over Open MPI, beside libttclient, which stays free of MPI. It sees only ttclient.h and MPI.
+MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null)
+MPI_LIBS := $(shell pkg-config --libs ompi-c 2>/dev/null)
+PAR_SRC := $(call tree,client/parallel)
+PAR_OBJ := $(call obj,$(PAR_SRC))
+$(PAR_OBJ): LAYER_INC := -Iclient/include $(MPI_CFLAGS)
+LIB_PAR_A := $(BUILD)/lib/libttparallel.a
+LIB_PAR_SO := $(BUILD)/lib/libttparallel.so
+# The programs that link it: the data-parallel MLP example and the e2e_parallel suite's worker.
+MPI_BIN := $(BUILD)/bin/mlp_dp $(BUILD)/bin/dp_worker
+
 TTD := $(BUILD)/bin/ttd
 LIB_A := $(BUILD)/lib/libttclient.a
 LIB_SO := $(BUILD)/lib/libttclient.so
-EXAMPLES := $(patsubst client/examples/%.c,$(BUILD)/bin/%,$(wildcard client/examples/*.c))
+EXAMPLES := $(patsubst client/examples/%.c,$(BUILD)/bin/%,$(filter-out %_dp.c,$(wildcard client/examples/*.c)))
 CHECK := $(BUILD)/bin/check_ttd
 
 # Fuzz harnesses (tests/fuzz/fuzz_NAME.c, each an LLVMFuzzerTestOneInput) and their seed
@@ -80,7 +93,7 @@ FUZZ_REPLAY := $(patsubst %,$(BUILD)/bin/fuzz_replay_%,$(FUZZ_HARNESSES))
 .SECONDARY: $(call obj,$(wildcard tests/fuzz/*.c)) # kept, though only pattern rules name them
 
 .PHONY: all deps check-layers test test-unit test-asan demo clean install bench bench-deps bench-bin fuzz fuzz-deps fuzz-bin fuzz-replay fuzz-corpus
-all: $(TTD) $(LIB_RT) $(LIB_A) $(LIB_SO) $(EXAMPLES) $(CHECK) $(PY_GEN) $(BUILD)/bin/ttctl $(FUZZ_REPLAY)
+all: $(TTD) $(LIB_RT) $(LIB_A) $(LIB_SO) $(LIB_PAR_A) $(LIB_PAR_SO) $(EXAMPLES) $(MPI_BIN) $(CHECK) $(PY_GEN) $(BUILD)/bin/ttctl $(FUZZ_REPLAY)
 
 deps:
 	@scripts/install-deps.sh
@@ -129,6 +142,27 @@ $(BUILD)/bin/%: client/examples/%.c client/examples/train_common.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	@echo "  LINK    $@"
 	@$(CC) $(filter-out -MMD -MP,$(CFLAGS)) -Iclient/include $(LDFLAGS) $< $(LIB_A) $(GRPC_LIBS) -o $@
+
+$(LIB_PAR_A): $(PAR_OBJ)
+	@mkdir -p $(dir $@)
+	@echo "  AR      $@"
+	@rm -f $@ && ar rcs $@ $^
+
+$(LIB_PAR_SO): $(PAR_OBJ) $(LIB_SO) client/libttparallel.map
+	@mkdir -p $(dir $@)
+	@echo "  LINK    $@"
+	@$(CC) -shared $(LDFLAGS) -Wl,-soname,libttparallel.so.1 -Wl,--version-script,client/libttparallel.map \
+	  $(PAR_OBJ) -L$(BUILD)/lib -lttclient $(MPI_LIBS) -lpthread -o $@.1
+	@ln -sf libttparallel.so.1 $@
+
+# mlp_dp: mlp's data-parallel mode (mlp execs it when started under mpirun with 2 ranks or more).
+$(BUILD)/bin/mlp_dp: client/examples/mlp_dp.c client/examples/train_common.h $(LIB_PAR_A) $(LIB_A)
+$(BUILD)/bin/dp_worker: tests/mpi/dp_worker.c $(LIB_PAR_A) $(LIB_A)
+$(MPI_BIN):
+	@mkdir -p $(dir $@)
+	@echo "  LINK    $@"
+	@$(CC) $(filter-out -MMD -MP,$(CFLAGS)) -Iclient/include $(MPI_CFLAGS) $(LDFLAGS) $< $(LIB_PAR_A) $(LIB_A) \
+	  $(MPI_LIBS) $(GRPC_LIBS) -o $@
 
 # ttctl, the operator's tool: the public client API plus the runtime's token and config code.
 TTCTL_SRC := $(wildcard client/tools/*.c)
@@ -189,7 +223,7 @@ demo: deps
 # and writes $(BUILD)/bench/results.json. The programs are not part of `all`: they link
 # OpenBLAS (the sgemm reference, bench only), which `make test` must not need. $(LIB_A)
 # holds the kernels (ttd_k_matmul, ttd_pool) bench_matmul measures.
-BENCH_BIN := $(patsubst %,$(BUILD)/bin/bench_%,transfer rpc matmul train sessions restart)
+BENCH_BIN := $(patsubst %,$(BUILD)/bin/bench_%,transfer rpc matmul train sessions restart dp)
 BENCH_LIB_SRC := scripts/bench/bench_common.c scripts/bench/bench_bare_grpc.c scripts/bench/bench_mlp.c
 BENCH_CFLAGS = $(TOOL_CFLAGS) -I. $(shell pkg-config --cflags openblas 2>/dev/null)
 BENCH_LIBS = $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
@@ -198,6 +232,13 @@ $(BUILD)/bin/bench_%: scripts/bench/bench_%.c $(BENCH_LIB_SRC) $(wildcard script
 	@mkdir -p $(dir $@)
 	@echo "  LINK    $@"
 	@$(CC) $(BENCH_CFLAGS) $(LDFLAGS) $< $(BENCH_LIB_SRC) $(LIB_A) $(BENCH_LIBS) $(GRPC_LIBS) -o $@
+
+# bench_dp runs under mpirun: libttparallel and MPI besides.
+$(BUILD)/bin/bench_dp: scripts/bench/bench_dp.c $(BENCH_LIB_SRC) $(wildcard scripts/bench/*.h) $(LIB_PAR_A) $(LIB_A)
+	@mkdir -p $(dir $@)
+	@echo "  LINK    $@"
+	@$(CC) $(BENCH_CFLAGS) $(MPI_CFLAGS) $(LDFLAGS) $< $(BENCH_LIB_SRC) $(LIB_PAR_A) $(LIB_A) $(BENCH_LIBS) $(MPI_LIBS) \
+	  $(GRPC_LIBS) -o $@
 
 bench-deps:
 	@scripts/install-deps.sh --bench
@@ -258,9 +299,10 @@ INSTALL_GEN := $(BUILD)/install
 PY_VERSION := $(shell /usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 PYTHONDIR ?= $(if $(filter /usr,$(PREFIX)),$(PREFIX)/lib/python3/dist-packages,$(PREFIX)/lib/python$(PY_VERSION)/dist-packages)
 
-install: $(TTD) $(LIB_A) $(LIB_SO) $(BUILD)/bin/ttctl
+install: $(TTD) $(LIB_A) $(LIB_SO) $(LIB_PAR_A) $(LIB_PAR_SO) $(BUILD)/bin/ttctl
 	@mkdir -p $(INSTALL_GEN)
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(TTCLIENT_VERSION)|g' client/ttclient.pc.in > $(INSTALL_GEN)/ttclient.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(TTCLIENT_VERSION)|g' client/ttparallel.pc.in > $(INSTALL_GEN)/ttparallel.pc
 	sed -e 's|^ExecStart=/usr/local/bin/ttd|ExecStart=$(PREFIX)/bin/ttd|' scripts/ttd.service > $(INSTALL_GEN)/ttd.service
 	install -D -m 0755 $(TTD) $(DESTDIR)$(PREFIX)/bin/ttd
 	install -D -m 0755 $(BUILD)/bin/ttctl $(DESTDIR)$(PREFIX)/bin/ttctl
@@ -268,6 +310,11 @@ install: $(TTD) $(LIB_A) $(LIB_SO) $(BUILD)/bin/ttctl
 	install -D -m 0755 $(LIB_SO).1 $(DESTDIR)$(PREFIX)/lib/libttclient.so.1
 	ln -sfn libttclient.so.1 $(DESTDIR)$(PREFIX)/lib/libttclient.so
 	install -D -m 0644 client/include/ttclient.h $(DESTDIR)$(PREFIX)/include/ttclient.h
+	install -D -m 0644 $(LIB_PAR_A) $(DESTDIR)$(PREFIX)/lib/libttparallel.a
+	install -D -m 0755 $(LIB_PAR_SO).1 $(DESTDIR)$(PREFIX)/lib/libttparallel.so.1
+	ln -sfn libttparallel.so.1 $(DESTDIR)$(PREFIX)/lib/libttparallel.so
+	install -D -m 0644 client/include/ttparallel.h $(DESTDIR)$(PREFIX)/include/ttparallel.h
+	install -D -m 0644 $(INSTALL_GEN)/ttparallel.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/ttparallel.pc
 	install -D -m 0644 docs/man/ttd.8 $(DESTDIR)$(PREFIX)/share/man/man8/ttd.8
 	install -D -m 0644 docs/man/ttctl.8 $(DESTDIR)$(PREFIX)/share/man/man8/ttctl.8
 	install -D -m 0644 $(INSTALL_GEN)/ttclient.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/ttclient.pc

@@ -10,9 +10,11 @@ PACKAGES=(
   protobuf-compiler python3 python3-grpcio python3-protobuf
   zlib1g-dev libjansson-dev dataset-fashion-mnist
   libsystemd-dev systemd libssl-dev openssl curl groff-base
+  libopenmpi-dev openmpi-bin
   python3-torch python3-numpy python3-pytest python3-tqdm
 )
 
+# Open MPI: libttparallel, the data-parallel example and the e2e_parallel suite (mpirun).
 # PyTorch, numpy and pytest: the Python package's tests (make test-python), and the bench's
 # training-step reference.
 # --bench: also OpenBLAS, the sgemm reference of `make bench`, which building, testing and

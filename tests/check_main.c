@@ -52,6 +52,7 @@ int main(void) {
   srunner_add_suite(sr, e2e_input_grads_suite());
   srunner_add_suite(sr, e2e_restart_suite());
   srunner_add_suite(sr, e2e_copy_suite());
+  srunner_add_suite(sr, e2e_parallel_suite());
   srunner_add_suite(sr, e2e_concurrent_writes_suite());
   srunner_add_suite(sr, e2e_admin_bounds_suite());
   srunner_add_suite(sr, e2e_conn_bounds_suite());

@@ -15,6 +15,14 @@ typedef struct train_options {
   const char *data, *target, *save;
   int epochs, batch;
   float lr;
+  /* Data-parallel (mlp_dp): this process is rank `rank` of `ranks` (0 and 0 alone: one
+   * process). Each rank trains on its slice of every global batch of `batch` examples, and
+   * sync(sync_arg), called after the backward and before the step, averages the gradients
+   * over the ranks (non-zero: it failed and said why). Rank 0 alone shows progress and
+   * evaluates. */
+  int rank, ranks;
+  int (*sync)(void *sync_arg);
+  void *sync_arg;
 } train_options;
 
 typedef enum loss_kind { LOSS_CROSS_ENTROPY, LOSS_L1_ONE_HOT } loss_kind;
@@ -86,7 +94,7 @@ static int train_run(tt_client *c, tt_module *m, tt_optimizer *opt, const train_
     fprintf(stderr, "%s\n", err);
     return 1;
   }
-  int batch = o->batch;
+  int ranks = o->ranks > 1 ? o->ranks : 1, batch = o->batch, local = batch / ranks;
   int64_t pixels = (int64_t)train->rows * train->cols;
   float *xb = malloc(sizeof(float) * (size_t)(batch * pixels));
   int32_t *yb = malloc(sizeof(int32_t) * (size_t)batch);
@@ -106,17 +114,17 @@ static int train_run(tt_client *c, tt_module *m, tt_optimizer *opt, const train_
     }
     char label[32];
     snprintf(label, sizeof(label), "epoch %d/%d", epoch + 1, o->epochs);
-    tt_progress *bar = tt_progress_start(label, steps, stdout, -1);
+    tt_progress *bar = o->rank == 0 ? tt_progress_start(label, steps, stdout, -1) : NULL;
     double loss_sum = 0;
     for (int64_t s = 0; s < steps && !rc; s++) {
-      train_gather(train, order, s * batch, batch, xb, yb);
-      shape[0] = batch;
+      train_gather(train, order, s * batch + (int64_t)o->rank * local, local, xb, yb); /* this rank's slice */
+      shape[0] = local;
       tt_tensor *xh = tt_tensor_from_host(c, xb, TT_FLOAT32, shape, x_ndim);
       tt_tensor *xd = tt_to(xh, tt_module_device(m)), *out = NULL, *out_cpu = NULL, *loss = NULL;
       if (!xd || tt_forward(m, &xd, 1, &out) != TT_OK || !(out_cpu = tt_to(out, "cpu")) ||
-          !(loss = train_loss(c, kind, out_cpu, yb, batch)) || tt_zero_grad(opt) != TT_OK || tt_backward(loss) != TT_OK ||
-          tt_step(opt) != TT_OK) {
-        rc = train_die(c, "training step");
+          !(loss = train_loss(c, kind, out_cpu, yb, local)) || tt_zero_grad(opt) != TT_OK ||
+          tt_backward(loss) != TT_OK || (o->sync && o->sync(o->sync_arg) != 0 && (rc = 1)) || tt_step(opt) != TT_OK) {
+        if (!rc) rc = train_die(c, "training step");
       } else {
         loss_sum += tt_tensor_item(loss);
         tt_progress_update(bar, s + 1, loss_sum / (double)(s + 1));
@@ -128,7 +136,7 @@ static int train_run(tt_client *c, tt_module *m, tt_optimizer *opt, const train_
   }
   tt_module_train(m, 0);
   int64_t correct = 0;
-  for (int64_t first = 0; first < test->count && !rc; first += batch) {
+  for (int64_t first = 0; first < test->count && !rc && o->rank == 0; first += batch) {
     int n = (int)(test->count - first < batch ? test->count - first : batch);
     train_gather(test, NULL, first, n, xb, yb);
     shape[0] = n;
@@ -149,8 +157,8 @@ static int train_run(tt_client *c, tt_module *m, tt_optimizer *opt, const train_
     tt_tensor_free(xd);
     tt_tensor_free(xh);
   }
-  if (!rc) printf("test accuracy: %.4f\n", (double)correct / (double)test->count);
-  if (!rc && o->save && tt_module_save(m, o->save) != TT_OK) rc = train_die(c, "saving the checkpoint");
+  if (!rc && o->rank == 0) printf("test accuracy: %.4f\n", (double)correct / (double)test->count);
+  if (!rc && o->rank == 0 && o->save && tt_module_save(m, o->save) != TT_OK) rc = train_die(c, "saving the checkpoint");
   free(order);
   free(yb);
   free(xb);
@@ -163,7 +171,7 @@ static int train_run(tt_client *c, tt_module *m, tt_optimizer *opt, const train_
  * [batch, ...x_tail], put it on the card, train with SGD (momentum) and evaluate. */
 typedef tt_value (*model_builder)(tt_graph *graph, tt_value x);
 
-static int train_example(int argc, char **argv, train_options o, const char *title, model_builder build,
+__attribute__((unused)) static int train_example(int argc, char **argv, train_options o, const char *title, model_builder build,
                          const int64_t *x_tail, int tail_ndim, loss_kind kind, float momentum) {
   if (train_parse(argc, argv, &o) != 0) return 2;
   tt_client *c = NULL;

@@ -95,6 +95,8 @@ void bench_mlp_set_hook(bench_mlp *m, bench_mlp_hook hook, void *arg) {
   m->hook_arg = arg;
 }
 
+tt_module *bench_mlp_module(bench_mlp *m) { return m->module; }
+
 void bench_mlp_destroy(bench_mlp *m) {
   if (!m) return;
   tt_optimizer_free(m->opt);

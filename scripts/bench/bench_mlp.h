@@ -40,6 +40,9 @@ typedef void (*bench_mlp_hook)(void *arg, bench_mlp_stage stage, int done);
 /* Sets the step's hook (NULL: none); the losses stay as without one. */
 void bench_mlp_set_hook(bench_mlp *m, bench_mlp_hook hook, void *arg);
 
+/* The model's module (lent), for a step that does more with it (bench_dp's all-reduce). */
+tt_module *bench_mlp_module(bench_mlp *m);
+
 /* Frees the model, and disconnects a client bench_mlp_create made. Accepts NULL. */
 void bench_mlp_destroy(bench_mlp *m);
 

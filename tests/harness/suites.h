@@ -54,6 +54,7 @@ Suite *e2e_modules_suite(void);
 Suite *e2e_input_grads_suite(void);
 Suite *e2e_restart_suite(void);
 Suite *e2e_copy_suite(void);
+Suite *e2e_parallel_suite(void);
 Suite *e2e_concurrent_writes_suite(void);
 Suite *e2e_admin_bounds_suite(void);
 Suite *e2e_conn_bounds_suite(void);
