@@ -9,7 +9,7 @@ The data, the loop and the options: fashion_mnist.py beside this file.
     /usr/bin/python3 client/python/examples/mlp.py --epochs 1
 
 Data-parallel, two ranks each on its own card of one ttd (`ttd --devices 2`), each global batch
-of 64 split 32 and 32 (ttd.parallel.DistributedDataParallel; see docs/parallel-pytorch.md):
+of 64 split 32 and 32 (ttd.parallel.DistributedDataParallel; see docs/parallel.md, "PyTorch"):
 
     torchrun --nproc_per_node 2 client/python/examples/mlp.py --epochs 1
 """
