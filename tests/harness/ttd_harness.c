@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* unshare */
 #include "ttd_harness.h"
 
 #include <arpa/inet.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -89,6 +91,7 @@ static void spawn(ttd_proc *proc, const char *const *extra_args, const char *con
       dup2(fd, 1);
     }
     for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
+    if (proc->own_netns && unshare(CLONE_NEWNET) != 0) _exit(126); /* the parent checked it may */
     execv(bin, (char *const *)argv);
     _exit(127);
   }
@@ -117,6 +120,22 @@ void ttd_proc_start_env(ttd_proc *proc, const char *const *extra_args, const cha
   snprintf(proc->target, sizeof(proc->target), "unix:%s/ttd.sock", proc->dir);
   snprintf(proc->log_path, sizeof(proc->log_path), "%s/ttd.log", proc->dir);
   spawn(proc, extra_args, env, 0);
+}
+
+void ttd_proc_start_isolated(ttd_proc *proc, const char *const *extra_args) {
+  memset(proc, 0, sizeof(*proc));
+  snprintf(proc->dir, sizeof(proc->dir), "/tmp/ttd-test-XXXXXX");
+  ck_assert_msg(mkdtemp(proc->dir) != NULL, "mkdtemp: %s", strerror(errno));
+  snprintf(proc->target, sizeof(proc->target), "unix:%s/ttd.sock", proc->dir);
+  snprintf(proc->log_path, sizeof(proc->log_path), "%s/ttd.log", proc->dir);
+  /* Whether this process may make a network namespace: try it in a child. */
+  pid_t probe = fork();
+  ck_assert_int_ge(probe, 0);
+  if (probe == 0) _exit(unshare(CLONE_NEWNET) == 0 ? 0 : 1);
+  int status = 0;
+  waitpid(probe, &status, 0);
+  proc->own_netns = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  spawn(proc, extra_args, NULL, 0);
 }
 
 int ttd_proc_kill(ttd_proc *proc, int sig) {

@@ -14,6 +14,7 @@ typedef struct ttd_proc {
   char target[96];   /* "unix:/tmp/.../ttd.sock" */
   char log_path[192];
   int starts;        /* daemons started in this folder (each logs event=ready once) */
+  int own_netns;     /* ttd_proc_start_isolated: started in a network namespace of its own */
 } ttd_proc;
 
 /* Starts ttd with the given extra arguments (NULL-terminated list, may be NULL) and waits
@@ -23,6 +24,12 @@ void ttd_proc_start(ttd_proc *proc, const char *const *extra_args);
 /* The same with extra environment variables for the daemon: a NULL-terminated list of
  * "NAME=VALUE" (may be NULL), added to the test's own environment. */
 void ttd_proc_start_env(ttd_proc *proc, const char *const *extra_args, const char *const *env);
+
+/* The same in a network namespace of its own (unshare(CLONE_NEWNET) in the child), as a ttd
+ * on another host: it reaches no TCP address of this one, and is reached through its Unix
+ * socket alone. Without the privilege for that (not root) it starts as ttd_proc_start does;
+ * proc->own_netns says which. */
+void ttd_proc_start_isolated(ttd_proc *proc, const char *const *extra_args);
 
 /* Starts ttd on 2 devices with its admin HTTP listener (--admin) on a free 127.0.0.1 port;
  * returns that port. */

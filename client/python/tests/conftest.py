@@ -1,6 +1,7 @@
 """Starts a real ttd (TTD_BIN, default build/bin/ttd of this repository) on a temporary Unix
 socket with two simulated cards and --admin off for the test session, points TTD_ADDRESS at it, stops it after."""
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -15,15 +16,31 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 
 
-def start_ttd(sock, log, extra=()):
+CLONE_NEWNET = 0x40000000
+
+
+def _own_network_namespace():
+    """In the child before exec: a network namespace of its own, as on another host (root only;
+    otherwise it shares this one)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.unshare(CLONE_NEWNET)
+
+
+def same_network_namespace(pid):
+    return os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net")
+
+
+def start_ttd(sock, log, extra=(), isolated=False):
     """A ttd (TTD_BIN) serving unix:sock with --admin off and the extra arguments, its output to
-    the file log; None if it exited or did not make its socket within 10 s (then it is killed)."""
+    the file log; None if it exited or did not make its socket within 10 s (then it is killed).
+    isolated: in a network namespace of its own when this process may make one (root)."""
     binary = os.environ.get("TTD_BIN", os.path.join(REPO, "build", "bin", "ttd"))
     if not os.path.exists(binary):
         pytest.exit(f"no ttd at {binary}: run `make all` or set TTD_BIN", returncode=2)
     proc = subprocess.Popen([binary, "--listen", f"unix:{sock}", "--admin", "off", "--log-level", "warn",
                              "--devices", "2", *extra],
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=_own_network_namespace if isolated else None)
     deadline = time.time() + 10
     while not os.path.exists(sock):
         if proc.poll() is not None or time.time() > deadline:

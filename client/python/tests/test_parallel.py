@@ -10,7 +10,7 @@ import torch
 
 import dp_worker
 import ttd.torch as ttd
-from conftest import run_ranks, start_ttd, stop_ttd
+from conftest import run_ranks, same_network_namespace, start_ttd, stop_ttd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -29,13 +29,15 @@ def _spawn(scenario, addresses, devices=("tt", "tt"), timeout=60):
 
 @pytest.fixture(scope="module")
 def two_daemons():
-    """Two private ttds on sockets of their own: one per rank, as on two hosts."""
+    """Two private ttds on sockets of their own, each in a network namespace of its own when the
+    test may make one (root): one per rank, as on two hosts."""
     tmp = tempfile.mkdtemp(prefix="ttd-dp-")
     procs, addresses = [], []
     for i in range(2):
         sock = os.path.join(tmp, f"ttd{i}.sock")
-        proc = start_ttd(sock, subprocess.DEVNULL)
+        proc = start_ttd(sock, subprocess.DEVNULL, isolated=True)
         assert proc is not None, "private ttd did not start"
+        assert os.geteuid() != 0 or not same_network_namespace(proc.pid), "ttd shares the test's network namespace"
         procs.append(proc)
         addresses.append(f"unix:{sock}")
     yield addresses

@@ -34,12 +34,25 @@ static void find_worker(void) {
   ck_assert_msg(access(worker, X_OK) == 0, "no dp_worker at %s", worker);
 }
 
+/* Whether process pid's network namespace is another than this process's. */
+static int differs_from_mine(pid_t pid) {
+  char path[64], mine[64] = "", theirs[64] = "";
+  snprintf(path, sizeof(path), "/proc/%d/ns/net", (int)pid);
+  ck_assert_int_gt(readlink("/proc/self/ns/net", mine, sizeof(mine) - 1), 0);
+  ck_assert_int_gt(readlink(path, theirs, sizeof(theirs) - 1), 0);
+  return strcmp(mine, theirs) != 0;
+}
+
 static void setup(void) {
   find_worker();
   snprintf(dir, sizeof(dir), "/tmp/ttd-dp-XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(dir));
-  ttd_proc_start(&daemon_a, NULL);
-  ttd_proc_start(&daemon_b, NULL);
+  /* Two daemons as on two hosts: each in a network namespace of its own when the test may
+   * make one (root), reached by its rank through its Unix socket only. */
+  ttd_proc_start_isolated(&daemon_a, NULL);
+  ttd_proc_start_isolated(&daemon_b, NULL);
+  if (geteuid() == 0) ck_assert(daemon_a.own_netns && daemon_b.own_netns);
+  ck_assert_msg(daemon_a.own_netns == differs_from_mine(daemon_a.pid), "daemon a's network namespace");
 }
 
 static void teardown(void) {
