@@ -54,6 +54,18 @@ static tt_status dp_fail(tt_dp *dp, tt_status code, const char *fmt, ...) {
   return code;
 }
 
+/* The ranks a collective waits for besides this one, in words: "rank 1" of two, "one of ranks
+ * 0, 2, 3" of more (the first eight). A collective does not tell which one is missing. */
+static void other_ranks(const tt_dp *dp, char *buf, size_t size) {
+  int n = snprintf(buf, size, dp->size == 2 ? "rank" : "one of ranks");
+  for (int r = 0, listed = 0; r < dp->size && n > 0 && (size_t)n < size; r++) {
+    if (r == dp->rank) continue;
+    n += listed == 8 ? snprintf(buf + n, size - (size_t)n, ", ...")
+                     : snprintf(buf + n, size - (size_t)n, "%s %d", listed ? "," : "", r);
+    if (listed++ == 8) break;
+  }
+}
+
 static tt_status dp_mpi_fail(tt_dp *dp, int rc, const char *what, int bucket) {
   char text[MPI_MAX_ERROR_STRING] = "";
   int len = 0, klass = 0;
@@ -96,11 +108,14 @@ static tt_status dp_wait(tt_dp *dp, MPI_Request *req, const char *what, int buck
     int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return dp_mpi_fail(dp, rc, what, bucket);
     if (done) return TT_OK;
-    if (now_ms() > deadline)
+    if (now_ms() > deadline) {
+      char others[96];
+      other_ranks(dp, others, sizeof(others));
       return dp_fail(dp, TT_DEADLINE_EXCEEDED,
-                     "%s of bucket %d did not complete within %lld ms: another rank stopped or died (mpirun names "
+                     "%s of bucket %d did not complete within %lld ms: %s stopped or died (if it died, mpirun names "
                      "it)",
-                     what, bucket, (long long)dp->timeout_ms);
+                     what, bucket, (long long)dp->timeout_ms, others);
+    }
     dp_pause(polls);
   }
 }
