@@ -115,6 +115,18 @@ void ttd_k_matmul(ttd_pool *pool, const float *a, const float *b, float *c, int6
 void ttd_k_matmul_bias(ttd_pool *pool, const float *a, const float *b, const float *bias, float *c, int64_t batch,
                        int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
                        int64_t b_batch_stride);
+/* The same with A and B in bfloat16 (bits as uint16_t, as the project stores them; the
+ * strides count elements), C in float32, each product exact and summed in float32 (so C
+ * matches the float32 matmul of the widened operands to float32 rounding). bias may be NULL.
+ * On a CPU with AVX-512 BF16 it runs on vdpbf16ps (subnormal operands and products count as
+ * zero there), elsewhere, or with TTD_KERNEL_ISA set to "avx512", "avx2" or "generic", it
+ * widens the operands as it packs them and runs that ISA's float32 micro-kernel. Thread-safe
+ * as ttd_k_matmul; no allocation failure is reported (a tile falls back to a direct loop). */
+void ttd_k_matmul_bf16(ttd_pool *pool, const uint16_t *a, const uint16_t *b, const float *bias, float *c,
+                       int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
+                       int64_t a_batch_stride, int64_t b_batch_stride);
+/* The path ttd_k_matmul_bf16 takes now: "avx512bf16" or "float32" (widened). Never NULL, static. */
+const char *ttd_k_matmul_bf16_path(void);
 /* da and/or db for the same problem from dc [batch, m, n]; with a zero batch stride the
  * gradient is summed over the batch. */
 void ttd_k_matmul_backward(ttd_pool *pool, const float *a, const float *b, const float *dc, int64_t batch, int64_t m,

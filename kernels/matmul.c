@@ -14,13 +14,24 @@
  *
  * Each C element is summed in the same order whatever the tile sizes or the thread count
  * (K blocks whose size depends only on K, in order; inside a block one accumulator per
- * element), so results do not depend on the pool. */
+ * element), so results do not depend on the pool.
+ *
+ * A and B may instead hold bfloat16 (ttd_k_matmul_bf16), summed in float32 all the same. On
+ * a CPU with AVX-512 BF16 the packs keep them as bfloat16, K pairs side by side in 32 bits
+ * (the layout vdpbf16ps multiplies, a zero past an odd K), so one "packed step" of a panel
+ * is two steps of K; elsewhere (or with TTD_KERNEL_ISA set) they are widened to float32 as
+ * they are packed and the float32 micro-kernels run. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "kernel_internal.h"
 #include "kernels.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 enum {
   MR = 6,       /* micro-tile rows */
@@ -32,8 +43,8 @@ enum {
 };
 
 /* C[mr x nr] (=, or += when accumulate) the product of an MR-row A micro-panel and an
- * NR-column B micro-panel over kc steps. */
-typedef void (*micro_kernel_fn)(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,
+ * NR-column B micro-panel over kd packed steps (a float each, or a pair of bfloat16). */
+typedef void (*micro_kernel_fn)(int64_t kd, const void *restrict ap, const void *restrict bp, float *restrict c,
                                 int64_t ldc, int64_t mr, int64_t nr, int accumulate);
 
 /* Sixteen rows contiguous along p (row j at src + j*ld_src), p in [0, len), interleaved into
@@ -41,17 +52,25 @@ typedef void (*micro_kernel_fn)(int64_t kc, const float *restrict ap, const floa
 typedef void (*interleave16_fn)(const float *restrict src, int64_t ld_src, int64_t len, float *restrict dst,
                                 int64_t ld_dst);
 
+/* How A and B are held and packed. */
+typedef enum gemm_mode {
+  MODE_F32,        /* float32, packed as float32 */
+  MODE_BF16_WIDEN, /* bfloat16, widened to float32 as packed: any float32 micro-kernel */
+  MODE_BF16_PAIRS, /* bfloat16, packed as K pairs: the AVX-512 BF16 micro-kernel */
+} gemm_mode;
+
 typedef struct gemm_problem {
   int64_t batch, m, n, k;
-  const float *a; /* A(q,i,p) = a[q*a_bs + i*a_rs + p*a_cs] */
+  gemm_mode mode;
+  const void *a; /* A(q,i,p) = a[q*a_bs + i*a_rs + p*a_cs], float or bfloat16 bits (uint16_t) */
   int64_t a_rs, a_cs, a_bs;
-  const float *b; /* B(q,p,j) = b[q*b_bs + p*b_rs + j*b_cs] */
+  const void *b; /* B(q,p,j) = b[q*b_bs + p*b_rs + j*b_cs] */
   int64_t b_rs, b_cs, b_bs;
   float *c; /* C(q,i,j) = c[q*c_bs + i*ldc + j]; c_bs 0: all q summed into one C */
   int64_t ldc, c_bs;
   const float *col_bias; /* or NULL: C(q,i,j) += col_bias[j] once the sum is complete */
   int64_t kc, mc, nc, m_tiles, n_tiles, outputs; /* blocking and tiling, filled by gemm_run */
-  float *a_packed; /* or NULL: A packed for all tasks, K block p0 at a_packed + p0 * round_up(m, MR) */
+  float *a_packed; /* or NULL: A packed for all tasks, K block p0 at a_packed + depth(p0) * round_up(m, MR) */
   micro_kernel_fn kernel;
   interleave16_fn interleave16; /* or NULL: interleave_rows */
 } gemm_problem;
@@ -62,9 +81,10 @@ typedef struct gemm_problem {
  * vector accumulators that stay in registers, the B row of the pass in CW/W more and the
  * broadcast A element in one. Full tiles are stored straight from the accumulators. */
 #define TTD_DEFINE_MICRO_KERNEL(name, attr, W, CW)                                                                 \
-  attr static void name(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,         \
+  attr static void name(int64_t kc, const void *restrict ap_, const void *restrict bp_, float *restrict c,       \
                         int64_t ldc, int64_t mr, int64_t nr, int accumulate) {                                     \
     typedef float vec __attribute__((vector_size((W) * sizeof(float))));                                           \
+    const float *restrict ap = ap_, *restrict bp = bp_;                                                            \
     enum { V = (CW) / (W) };                                                                                       \
     int full = mr == MR && nr == NR;                                                                               \
     float tile[MR][NR];                                                                                            \
@@ -110,7 +130,55 @@ TTD_DEFINE_MICRO_KERNEL(micro_kernel_generic, , 4, 8)
 TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx2, __attribute__((target("avx2,fma"))), 8, 16)
 /* AVX-512: 6 x 32 in 12 zmm, one pass (6 x 16 in 6 zmm ran at 155 GFLOP/s here, this at 185). */
 TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx512, __attribute__((target("avx512f"))), 16, 32)
+
+/* AVX-512 BF16: the same 6 x 32 tile in 12 zmm, each vdpbf16ps two steps of K (a pair of
+ * bfloat16 of A broadcast against 32 pairs of B), so twice the multiply-adds of an FMA. The
+ * products of two bfloat16 are exact in float32; subnormals are flushed, as the instruction
+ * does. Panels are MODE_BF16_PAIRS packs: 32-bit pairs, low half the even step. */
+__attribute__((target("avx512f,avx512bf16"))) static void micro_kernel_avx512bf16(
+    int64_t kd, const void *restrict ap_, const void *restrict bp_, float *restrict c, int64_t ldc, int64_t mr,
+    int64_t nr, int accumulate) {
+  const uint32_t *restrict ap = ap_, *restrict bp = bp_;
+  __m512 acc[MR][2];
+  _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kd; p++) {
+    __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * NR), b1 = (__m512bh)_mm512_loadu_si512(bp + p * NR + 16);
+    _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++) {
+      __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[p * MR + i]);
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], a, b0);
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], a, b1);
+    }
+  }
+  if (mr == MR && nr == NR) {
+    _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++) for (int v = 0; v < 2; v++) {
+      float *dst = c + i * ldc + 16 * v;
+      __m512 out = accumulate ? _mm512_add_ps(acc[i][v], _mm512_loadu_ps(dst)) : acc[i][v];
+      _mm512_storeu_ps(dst, out);
+    }
+    return;
+  }
+  float tile[MR][NR];
+  for (int i = 0; i < MR; i++) {
+    _mm512_storeu_ps(&tile[i][0], acc[i][0]);
+    _mm512_storeu_ps(&tile[i][16], acc[i][1]);
+  }
+  for (int64_t i = 0; i < mr; i++)
+    for (int64_t j = 0; j < nr; j++) c[i * ldc + j] = accumulate ? c[i * ldc + j] + tile[i][j] : tile[i][j];
+}
 #endif
+
+/* Whether bfloat16 operands go to the AVX-512 BF16 micro-kernel (MODE_BF16_PAIRS): where the
+ * CPU has it and TTD_KERNEL_ISA names no narrower ISA ("avx512", "avx2", "generic" widen to
+ * float32 and take that ISA's float32 kernel; the tests run each path this way). */
+static int pick_bf16_pairs(void) {
+  const char *isa = getenv("TTD_KERNEL_ISA");
+  if (isa && *isa && strcmp(isa, "avx512bf16") != 0) return 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+#else
+  return 0;
+#endif
+}
 
 /* The widest kernel this CPU runs (the CPU model is read by a libgcc constructor, so this is
  * safe from any thread), or a narrower one named by TTD_KERNEL_ISA ("avx2", "generic"; the
@@ -284,6 +352,105 @@ static void pack_b(const float *restrict b, int64_t rs, int64_t cs, int64_t kc, 
   }
 }
 
+/* Packed steps for kc steps of K: one float each, or one per pair of bfloat16. */
+static int64_t depth(const gemm_problem *g, int64_t kc) { return g->mode == MODE_BF16_PAIRS ? (kc + 1) / 2 : kc; }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+typedef uint16_t v32u16 __attribute__((vector_size(32 * sizeof(uint16_t))));
+_Static_assert(NR == 32, "weave_pairs32_avx512 fills 32-column panels");
+/* panel[d*NR + i] = src[2d*s_p + i] | src[(2d+1)*s_p + i] << 16 for d < kd, i < NR = 32: two
+ * rows of B woven into pairs, 32 at a time with AVX-512 BW (vpermt2w). Only in
+ * MODE_BF16_PAIRS, which pick_bf16_pairs grants where the CPU has AVX-512 BW. */
+__attribute__((target("avx512f,avx512bw"))) static void weave_pairs32_avx512(const uint16_t *restrict src,
+                                                                             int64_t s_p, int64_t kd,
+                                                                             uint32_t *restrict panel) {
+  for (int64_t d = 0; d < kd; d++) {
+    v32u16 lo, hi;
+    memcpy(&lo, src + 2 * d * s_p, sizeof(lo));
+    memcpy(&hi, src + (2 * d + 1) * s_p, sizeof(hi));
+    v32u16 w0 = __builtin_shufflevector(lo, hi, 0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41,
+                                        10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47);
+    v32u16 w1 = __builtin_shufflevector(lo, hi, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24,
+                                        56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63);
+    memcpy(panel + d * NR, &w0, sizeof(w0));
+    memcpy(panel + d * NR + 16, &w1, sizeof(w1));
+  }
+}
+#endif
+
+/* Packs rows [0, rows) x steps [0, kc) of the bfloat16 X(i,p) = x[i*s_i + p*s_p] into R-row
+ * panels (R = MR for A; for B, R = NR and its columns are the rows), zero past row `rows` and
+ * step kc. Widened, panel r holds out[r*kc*R + p*R + i] = X(r*R + i, p); as pairs, out (as
+ * uint32_t) [r*kd*R + d*R + i] = X(., 2d) | X(., 2d + 1) << 16, kd = ceil(kc / 2). */
+static void pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, int64_t rows, int64_t kc, int64_t R,
+                      int pairs, float *restrict out) {
+  int64_t kd = pairs ? (kc + 1) / 2 : kc, kc2 = kc & ~(int64_t)1;
+  for (int64_t r0 = 0; r0 < rows; r0 += R) {
+    int64_t n = rows - r0 < R ? rows - r0 : R;
+    const uint16_t *src = x + r0 * s_i;
+    if (!pairs) {
+      float *restrict panel = out + (r0 / R) * kc * R;
+      if (n < R) memset(panel, 0, (size_t)(kc * R) * sizeof(float));
+      if (s_i == 1) { /* rows of X contiguous along i (B row-major) */
+        for (int64_t p = 0; p < kc; p++)
+          for (int64_t i = 0; i < n; i++) panel[p * R + i] = ttd_f32_from_bf16(src[p * s_p + i]);
+      } else {
+        for (int64_t i = 0; i < n; i++)
+          for (int64_t p = 0; p < kc; p++) panel[p * R + i] = ttd_f32_from_bf16(src[i * s_i + p * s_p]);
+      }
+      continue;
+    }
+    uint32_t *restrict panel = (uint32_t *)out + (r0 / R) * kd * R;
+    if (n < R) memset(panel, 0, (size_t)(kd * R) * sizeof(uint32_t));
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (s_i == 1 && n == NR && R == NR) /* B row-major, a full panel */
+      weave_pairs32_avx512(src, s_p, kc2 / 2, panel);
+    else
+#endif
+    if (s_i == 1) { /* two rows of X side by side (B row-major): a widening interleave */
+      for (int64_t d = 0; d < kc2 / 2; d++) {
+        const uint16_t *lo = src + 2 * d * s_p, *hi = lo + s_p;
+        for (int64_t i = 0; i < n; i++) panel[d * R + i] = (uint32_t)lo[i] | (uint32_t)hi[i] << 16;
+      }
+    } else if (s_p == 1) { /* a pair is 32 contiguous bits (A row-major, a linear's weight) */
+      for (int64_t i = 0; i < n; i++)
+        for (int64_t d = 0; d < kc2 / 2; d++) {
+          uint32_t v;
+          memcpy(&v, src + i * s_i + 2 * d, sizeof(v));
+          panel[d * R + i] = v; /* x86-64 and arm64 are little-endian: low half is step 2d */
+        }
+    } else {
+      for (int64_t i = 0; i < n; i++)
+        for (int64_t d = 0; d < kc2 / 2; d++)
+          panel[d * R + i] = (uint32_t)src[i * s_i + 2 * d * s_p] | (uint32_t)src[i * s_i + (2 * d + 1) * s_p] << 16;
+    }
+    if (kc2 < kc) /* an odd K: the last pair's second half is zero */
+      for (int64_t i = 0; i < n; i++) panel[(kd - 1) * R + i] = src[i * s_i + kc2 * s_p];
+  }
+}
+
+/* Element `off` of a float or bfloat16 operand. */
+static const void *elem_at(const gemm_problem *g, const void *base, int64_t off) {
+  return (const char *)base + off * (g->mode == MODE_F32 ? (int64_t)sizeof(float) : (int64_t)sizeof(uint16_t));
+}
+
+/* Packs A(i,p), i in [0, mc), p in [0, kc), of the operand at `a` (strides as in g) for g's micro-kernel. */
+static void pack_a_any(const gemm_problem *g, const void *a, int64_t mc, int64_t kc, float *out) {
+  if (g->mode == MODE_F32) pack_a(a, g->a_rs, g->a_cs, mc, kc, out);
+  else pack_bf16(a, g->a_rs, g->a_cs, mc, kc, MR, g->mode == MODE_BF16_PAIRS, out);
+}
+
+/* Packs B(p,j), p in [0, kc), j in [0, nc), likewise. */
+static void pack_b_any(const gemm_problem *g, const void *b, int64_t kc, int64_t nc, float *out) {
+  if (g->mode == MODE_F32) pack_b(b, g->b_rs, g->b_cs, kc, nc, out, g->interleave16);
+  else pack_bf16(b, g->b_cs, g->b_rs, nc, kc, NR, g->mode == MODE_BF16_PAIRS, out);
+}
+
+/* One element of an operand as float. */
+static float elem_f32(const gemm_problem *g, const void *base, int64_t off) {
+  return g->mode == MODE_F32 ? ((const float *)base)[off] : ttd_f32_from_bf16(((const uint16_t *)base)[off]);
+}
+
 /* Without pack buffers (out of memory): the same tile, computed directly. */
 static void tile_unpacked(const gemm_problem *g, int64_t q0, int64_t q1, int64_t i0, int64_t i1, int64_t j0, int64_t j1,
                           float *c) {
@@ -293,9 +460,8 @@ static void tile_unpacked(const gemm_problem *g, int64_t q0, int64_t q1, int64_t
       if (ttd_kstop(&check, (q1 - q0) * g->k)) return;
       float s = 0.0f;
       for (int64_t q = q0; q < q1; q++) {
-        const float *a = g->a + q * g->a_bs + i * g->a_rs;
-        const float *b = g->b + q * g->b_bs + j * g->b_cs;
-        for (int64_t p = 0; p < g->k; p++) s += a[p * g->a_cs] * b[p * g->b_rs];
+        int64_t a0 = q * g->a_bs + i * g->a_rs, b0 = q * g->b_bs + j * g->b_cs;
+        for (int64_t p = 0; p < g->k; p++) s += elem_f32(g, g->a, a0 + p * g->a_cs) * elem_f32(g, g->b, b0 + p * g->b_rs);
       }
       c[i * g->ldc + j] = s;
     }
@@ -316,9 +482,9 @@ static void add_col_bias(const gemm_problem *g, float *c, int64_t i0, int64_t mc
 /* Tasks [begin, end): task t is output o = t / (m_tiles * n_tiles) and one C tile of it. */
 static void gemm_tasks(void *ctx, size_t begin, size_t end) {
   const gemm_problem *g = ctx;
-  int64_t kc_max = g->k < g->kc ? g->k : g->kc;
-  size_t a_len = g->a_packed ? 0 : (size_t)(round_up(g->mc, MR) * kc_max);
-  size_t b_len = (size_t)(round_up(g->nc, NR) * kc_max);
+  int64_t kd_max = depth(g, g->k < g->kc ? g->k : g->kc);
+  size_t a_len = g->a_packed ? 0 : (size_t)(round_up(g->mc, MR) * kd_max);
+  size_t b_len = (size_t)(round_up(g->nc, NR) * kd_max);
   size_t bytes = (a_len + b_len) * sizeof(float);
   float *buf = bytes ? aligned_alloc(64, round_up((int64_t)bytes, 64)) : NULL;
   float *ap = buf, *bp = buf ? buf + a_len : NULL;
@@ -345,19 +511,18 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
     }
     int first = 1;
     for (int64_t q = q0; q < q1; q++) {
-      const float *a = g->a + q * g->a_bs + i0 * g->a_rs;
-      const float *b = g->b + q * g->b_bs + j0 * g->b_cs;
+      int64_t a0 = q * g->a_bs + i0 * g->a_rs, b0 = q * g->b_bs + j0 * g->b_cs;
       for (int64_t p0 = 0; p0 < g->k; p0 += g->kc) {
-        int64_t kc = g->k - p0 < g->kc ? g->k - p0 : g->kc;
+        int64_t kc = g->k - p0 < g->kc ? g->k - p0 : g->kc, kd = depth(g, kc);
         if (ttd_kstop(&check, mc * nc * kc)) goto out; /* a block is at most MC_MAX x NC_MAX x KC */
-        pack_b(b + p0 * g->b_rs, g->b_rs, g->b_cs, kc, nc, bp, g->interleave16);
-        if (g->a_packed) ap = g->a_packed + p0 * round_up(g->m, MR) + i0 * kc;
-        else pack_a(a + p0 * g->a_cs, g->a_rs, g->a_cs, mc, kc, ap);
+        pack_b_any(g, elem_at(g, g->b, b0 + p0 * g->b_rs), kc, nc, bp);
+        if (g->a_packed) ap = g->a_packed + depth(g, p0) * round_up(g->m, MR) + i0 * kd; /* p0 is even */
+        else pack_a_any(g, elem_at(g, g->a, a0 + p0 * g->a_cs), mc, kc, ap);
         for (int64_t jr = 0; jr < nc; jr += NR) {
           int64_t nr = nc - jr < NR ? nc - jr : NR;
           for (int64_t ir = 0; ir < mc; ir += MR) {
             int64_t mr = mc - ir < MR ? mc - ir : MR;
-            g->kernel(kc, ap + ir * kc, bp + jr * kc, c + (i0 + ir) * g->ldc + j0 + jr, g->ldc, mr, nr, !first);
+            g->kernel(kd, ap + ir * kd, bp + jr * kd, c + (i0 + ir) * g->ldc + j0 + jr, g->ldc, mr, nr, !first);
           }
         }
         first = 0;
@@ -378,7 +543,8 @@ static void pack_a_units(void *ctx, size_t begin, size_t end) {
     int64_t p0 = (int64_t)u / panels * g->kc, r0 = (int64_t)u % panels * MR;
     int64_t kc = g->k - p0 < g->kc ? g->k - p0 : g->kc;
     int64_t rows = g->m - r0 < MR ? g->m - r0 : MR;
-    pack_a(g->a + p0 * g->a_cs + r0 * g->a_rs, g->a_rs, g->a_cs, rows, kc, g->a_packed + p0 * m_pad + r0 * kc);
+    pack_a_any(g, elem_at(g, g->a, p0 * g->a_cs + r0 * g->a_rs), rows, kc,
+               g->a_packed + depth(g, p0) * m_pad + r0 * depth(g, kc));
   }
 }
 
@@ -392,7 +558,8 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
     g->k = 0;
   }
   g->outputs = g->c_bs ? g->batch : 1;
-  int64_t k_blocks = (g->k + KC - 1) / KC;
+  int64_t kc_max = g->mode == MODE_BF16_PAIRS ? 2 * KC : KC; /* the same bytes of B panel: KC packed steps */
+  int64_t k_blocks = (g->k + kc_max - 1) / kc_max;
   g->kc = k_blocks ? round_up((g->k + k_blocks - 1) / k_blocks, 8) : KC; /* even blocks: no 16-step tail */
   g->m_tiles = (g->m + MC_MAX - 1) / MC_MAX;
   g->n_tiles = (g->n + NC_MAX - 1) / NC_MAX;
@@ -410,8 +577,11 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
     g->n_tiles = (g->n + g->nc - 1) / g->nc;
   }
   g->kernel = pick_micro_kernel();
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (g->mode == MODE_BF16_PAIRS) g->kernel = micro_kernel_avx512bf16;
+#endif
   g->interleave16 = NR % 16 == 0 ? pick_interleave16() : NULL;
-  int64_t a_floats = round_up(g->m, MR) * g->k;
+  int64_t a_floats = round_up(g->m, MR) * depth(g, g->k);
   if (g->batch == 1 && g->n_tiles > 1 && g->k > 0 && a_floats <= SHARED_A_MAX) {
     g->a_packed = aligned_alloc(64, (size_t)round_up(a_floats * (int64_t)sizeof(float), 64));
     if (g->a_packed) {
@@ -447,17 +617,33 @@ void ttd_k_matmul(ttd_pool *pool, const float *a, const float *b, float *c, int6
   ttd_k_matmul_bias(pool, a, b, NULL, c, batch, m, n, k, trans_a, trans_b, a_batch_stride, b_batch_stride);
 }
 
-void ttd_k_matmul_bias(ttd_pool *pool, const float *a, const float *b, const float *bias, float *c, int64_t batch,
-                       int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
-                       int64_t b_batch_stride) {
+/* ttd_k_matmul_bias over operands held as `mode`. */
+static void matmul_bias(ttd_pool *pool, gemm_mode mode, const void *a, const void *b, const float *bias, float *c,
+                        int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
+                        int64_t a_batch_stride, int64_t b_batch_stride) {
   int64_t a_rs, a_cs, b_rs, b_cs;
   op_strides(trans_a, m, k, &a_rs, &a_cs);
   op_strides(trans_b, k, n, &b_rs, &b_cs);
   gemm_problem g = {.batch = batch, .m = m, .n = n, .k = k, .a = a, .a_rs = a_rs, .a_cs = a_cs, .a_bs = a_batch_stride};
-  g.b = b, g.b_rs = b_rs, g.b_cs = b_cs, g.b_bs = b_batch_stride;
+  g.mode = mode, g.b = b, g.b_rs = b_rs, g.b_cs = b_cs, g.b_bs = b_batch_stride;
   g.c = c, g.ldc = n, g.c_bs = m * n, g.col_bias = bias;
   gemm_run(pool, &g);
 }
+
+void ttd_k_matmul_bias(ttd_pool *pool, const float *a, const float *b, const float *bias, float *c, int64_t batch,
+                       int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
+                       int64_t b_batch_stride) {
+  matmul_bias(pool, MODE_F32, a, b, bias, c, batch, m, n, k, trans_a, trans_b, a_batch_stride, b_batch_stride);
+}
+
+void ttd_k_matmul_bf16(ttd_pool *pool, const uint16_t *a, const uint16_t *b, const float *bias, float *c,
+                       int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
+                       int64_t a_batch_stride, int64_t b_batch_stride) {
+  gemm_mode mode = pick_bf16_pairs() ? MODE_BF16_PAIRS : MODE_BF16_WIDEN;
+  matmul_bias(pool, mode, a, b, bias, c, batch, m, n, k, trans_a, trans_b, a_batch_stride, b_batch_stride);
+}
+
+const char *ttd_k_matmul_bf16_path(void) { return pick_bf16_pairs() ? "avx512bf16" : "float32"; }
 
 /* With A' = op(A) [m,k], B' = op(B) [k,n] and dC [m,n] per problem:
  *   dA' = dC B'^T, stored as is, or transposed (B' dC^T) when trans_a;

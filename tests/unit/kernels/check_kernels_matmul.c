@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "kernels.h"
 #include "kernel_testing.h"
 #include "suites.h"
@@ -211,6 +212,165 @@ START_TEST(test_matmul_pool_identical) {
 }
 END_TEST
 
+/* ---- matmul over bfloat16 operands ---- */
+
+/* n random bfloat16 in [-1, 1] (untracked, free()), and their float32 widening in *out_f. */
+static uint16_t *bf16_rand_buf(uint64_t *rng, int64_t n, float **out_f) {
+  float *f = kt_rand_buf(rng, n, -1, 1);
+  uint16_t *h = malloc((size_t)(n ? n : 1) * sizeof(uint16_t));
+  ck_assert_ptr_nonnull(h);
+  for (int64_t i = 0; i < n; i++) {
+    h[i] = ttd_bf16_from_f32(f[i]);
+    f[i] = ttd_f32_from_bf16(h[i]);
+  }
+  *out_f = f;
+  return h;
+}
+
+/* Odd sizes from {1, 3, 17, 511, 513} (odd K: the zero pad of the last pair), all four
+ * transposes, under the path TTD_KERNEL_ISA leaves: C matches the double sum of the bfloat16
+ * values to float32 accumulation error, and the float32 matmul of the widened operands. */
+static void check_bf16_sizes(const char *isa) {
+  static const int64_t sizes[][3] = {{1, 1, 1},     {3, 17, 1},      {17, 3, 513},   {1, 513, 17},
+                                     {513, 1, 3},   {511, 17, 513},  {17, 513, 511}, {3, 511, 17}};
+  uint64_t rng = 11;
+  for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
+    for (int t = 0; t < 4; t++) {
+      int64_t m = sizes[s][0], n = sizes[s][1], k = sizes[s][2];
+      int ta = t & 1, tb = t >> 1;
+      float *af, *bf;
+      uint16_t *a = bf16_rand_buf(&rng, m * k, &af), *b = bf16_rand_buf(&rng, k * n, &bf);
+      float *c = kt_nan_buf(m * n), *c32 = kt_nan_buf(m * n);
+      double *want = kt_dzeros(m * n), *got32 = kt_dzeros(m * n);
+      ttd_k_matmul_bf16(NULL, a, b, NULL, c, 1, m, n, k, ta, tb, 0, 0);
+      ttd_k_matmul(NULL, af, bf, c32, 1, m, n, k, ta, tb, 0, 0);
+      ref_matmul(af, bf, want, m, n, k, ta, tb);
+      for (int64_t i = 0; i < m * n; i++) got32[i] = c32[i];
+      char what[96];
+      snprintf(what, sizeof(what), "%s (%s): C %lldx%lldx%lld ta=%d tb=%d", isa, ttd_k_matmul_bf16_path(),
+               (long long)m, (long long)n, (long long)k, ta, tb);
+      kt_expect_close(what, c, want, m * n, 1e-5, kt_dot_tol(k));
+      kt_expect_close(what, c, got32, m * n, 1e-5, 2 * kt_dot_tol(k));
+      free(a), free(b), free(af), free(bf), free(c), free(c32), free(want), free(got32);
+    }
+}
+
+/* The widest path this CPU has (AVX-512 BF16 where it exists, and then taken) matches double at odd sizes. */
+START_TEST(test_matmul_bf16_forward) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw"))
+    ck_assert_str_eq(ttd_k_matmul_bf16_path(), "avx512bf16");
+#endif
+  check_bf16_sizes("widest");
+}
+END_TEST
+
+/* TTD_KERNEL_ISA forces the portable path (widen, then a float32 kernel), as on a CPU without
+ * the instruction: it says so and gives the same results at every ISA. */
+START_TEST(test_matmul_bf16_portable) {
+  const char *isas[] = {"avx512", "avx2", "generic"};
+  for (size_t i = 0; i < 3; i++) {
+    setenv("TTD_KERNEL_ISA", isas[i], 1);
+    ck_assert_str_eq(ttd_k_matmul_bf16_path(), "float32");
+    check_bf16_sizes(isas[i]);
+  }
+  unsetenv("TTD_KERNEL_ISA");
+}
+END_TEST
+
+/* Against the float32 product of the unrounded inputs, bfloat16's tolerance holds: each error
+ * within 2^-7 of sum |a||b| (two roundings of 2^-9 each, and float32 accumulation). */
+START_TEST(test_matmul_bf16_vs_float32) {
+  const int64_t m = 17, n = 33, k = 129;
+  uint64_t rng = 12;
+  float *a = kt_rand_buf(&rng, m * k, -1, 1), *b = kt_rand_buf(&rng, k * n, -1, 1), *c = kt_nan_buf(m * n);
+  uint16_t *ah = malloc((size_t)(m * k) * sizeof(uint16_t)), *bh = malloc((size_t)(k * n) * sizeof(uint16_t));
+  ck_assert(ah && bh);
+  for (int64_t i = 0; i < m * k; i++) ah[i] = ttd_bf16_from_f32(a[i]);
+  for (int64_t i = 0; i < k * n; i++) bh[i] = ttd_bf16_from_f32(b[i]);
+  ttd_k_matmul_bf16(NULL, ah, bh, NULL, c, 1, m, n, k, 0, 0, 0, 0);
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      double s = 0.0, mag = 0.0;
+      for (int64_t p = 0; p < k; p++) {
+        s += (double)a[i * k + p] * b[p * n + j];
+        mag += fabs((double)a[i * k + p] * b[p * n + j]);
+      }
+      double err = fabs(c[i * n + j] - s);
+      KT_CHECK_EACH(err <= mag / 128.0, "C[%lld,%lld]: got %.9g, want %.9g (err %.3g, sum|ab| %.3g)", (long long)i,
+                    (long long)j, (double)c[i * n + j], s, err, mag);
+    }
+  free(a), free(b), free(c), free(ah), free(bh);
+}
+END_TEST
+
+/* Operands at odd element offsets and odd batch strides (pairs not 4-byte aligned), B
+ * broadcast then A broadcast, with a bias: each problem matches double, on every path. */
+START_TEST(test_matmul_bf16_unaligned_batched) {
+  const int64_t batch = 3, m = 7, n = 37, k = 19;
+  const char *isas[] = {NULL, "generic"};
+  uint64_t rng = 13;
+  for (size_t v = 0; v < 2; v++) {
+    if (isas[v]) setenv("TTD_KERNEL_ISA", isas[v], 1);
+    for (int t = 0; t < 4; t++)
+      for (int which = 0; which < 2; which++) {
+        int ta = t & 1, tb = t >> 1;
+        int64_t as = which == 0 ? m * k + 3 : 0, bs = which == 0 ? 0 : k * n + 5;
+        float *af, *bf, *bias = kt_rand_buf(&rng, n, -1, 1);
+        uint16_t *a = bf16_rand_buf(&rng, 1 + (as ? batch * as : m * k), &af);
+        uint16_t *b = bf16_rand_buf(&rng, 1 + (bs ? batch * bs : k * n), &bf);
+        float *c = kt_nan_buf(batch * m * n);
+        double *want = kt_dzeros(m * n);
+        ttd_k_matmul_bf16(NULL, a + 1, b + 1, bias, c, batch, m, n, k, ta, tb, as, bs);
+        for (int64_t q = 0; q < batch; q++) {
+          ref_matmul(af + 1 + q * as, bf + 1 + q * bs, want, m, n, k, ta, tb);
+          for (int64_t i = 0; i < m * n; i++) want[i] += bias[i % n];
+          kt_expect_close(which ? "C (A broadcast)" : "C (B broadcast)", c + q * m * n, want, m * n, 1e-5,
+                          kt_dot_tol(k + 1));
+        }
+        free(a), free(b), free(af), free(bf), free(bias), free(c), free(want);
+      }
+    unsetenv("TTD_KERNEL_ISA");
+  }
+}
+END_TEST
+
+/* A NULL pool and a 4-thread pool give bit-identical C (A packed once for all tasks, too). */
+START_TEST(test_matmul_bf16_pool_identical) {
+  ttd_pool *pool = ttd_pool_create(4);
+  ck_assert_ptr_nonnull(pool);
+  const int64_t m = 64, n = 530, k = 785;
+  uint64_t rng = 14;
+  for (int t = 0; t < 4; t++) {
+    int ta = t & 1, tb = t >> 1;
+    float *af, *bf;
+    uint16_t *a = bf16_rand_buf(&rng, m * k, &af), *b = bf16_rand_buf(&rng, k * n, &bf);
+    float *c1 = kt_nan_buf(m * n), *c4 = kt_nan_buf(m * n);
+    ttd_k_matmul_bf16(NULL, a, b, NULL, c1, 1, m, n, k, ta, tb, 0, 0);
+    ttd_k_matmul_bf16(pool, a, b, NULL, c4, 1, m, n, k, ta, tb, 0, 0);
+    ck_assert(memcmp(c1, c4, (size_t)(m * n) * sizeof(float)) == 0);
+    ck_assert(!isnan(c4[0]) && !isnan(c4[m * n - 1]));
+    free(a), free(b), free(af), free(bf), free(c1), free(c4);
+  }
+  ttd_pool_destroy(pool);
+}
+END_TEST
+
+/* k = 0 gives C = bias (or zeros); m = 0 writes nothing. */
+START_TEST(test_matmul_bf16_empty) {
+  uint16_t a[4] = {0x3f80, 0x4000, 0x4040, 0x4080}, b[4] = {0x3f80, 0x3f80, 0x3f80, 0x3f80};
+  float bias[3] = {1, 2, 3}, c[6];
+  for (int i = 0; i < 6; i++) c[i] = NAN;
+  ttd_k_matmul_bf16(NULL, a, b, bias, c, 1, 2, 3, 0, 0, 0, 0, 0);
+  for (int i = 0; i < 6; i++) KT_CHECK_EACH(c[i] == bias[i % 3], "c[%d] = %g", i, (double)c[i]);
+  ttd_k_matmul_bf16(NULL, a, b, NULL, c, 1, 0, 3, 2, 0, 0, 0, 0);
+  for (int i = 0; i < 6; i++) KT_CHECK_EACH(c[i] == bias[i % 3], "c[%d] = %g", i, (double)c[i]);
+  /* 1x2 times 2x1: 1*1 + 2*1, exact on every path */
+  ttd_k_matmul_bf16(NULL, a, b, NULL, c, 1, 1, 1, 2, 0, 0, 0, 0);
+  ck_assert_float_eq(c[0], 3.0f);
+}
+END_TEST
+
 /* ---- linear ---- */
 
 /* y = x W^T + bias, with and without bias, against the double reference. */
@@ -277,6 +437,16 @@ Suite *kernels_matmul_suite(void) {
   tcase_add_test(tc, test_matmul_backward_fd);
   tcase_add_test(tc, test_matmul_backward_large);
   tcase_add_test(tc, test_matmul_pool_identical);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("matmul_bf16");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_matmul_bf16_forward);
+  tcase_add_test(tc, test_matmul_bf16_portable);
+  tcase_add_test(tc, test_matmul_bf16_vs_float32);
+  tcase_add_test(tc, test_matmul_bf16_unaligned_batched);
+  tcase_add_test(tc, test_matmul_bf16_pool_identical);
+  tcase_add_test(tc, test_matmul_bf16_empty);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("linear");
