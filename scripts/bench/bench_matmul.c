@@ -4,7 +4,10 @@
  *   bench_matmul
  * records matmul_512_{1t,all}, matmul_64x784x512_{1t,all} (the MLP's batch-64 layer) and
  * matmul_1024_{1t,all}. Each repetition runs a shape for about 0.2 s; ours and OpenBLAS
- * alternate; results are medians. OpenBLAS is linked into this bench only. */
+ * alternate; results are medians. OpenBLAS is linked into this bench only.
+ * Also matmul_512_bf16_1t: ttd_k_matmul_bf16 (bfloat16 inputs, float32 accumulate) against
+ * ttd_k_matmul on the same values in float32, one thread, its result checked against the
+ * float32 one within bfloat16's tolerance. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +16,7 @@
 #include <unistd.h>
 
 #include "bench_common.h"
+#include "dtype.h"
 #include "kernels.h"
 
 #define REP_SECONDS 0.2
@@ -27,11 +31,14 @@ typedef struct problem {
   const float *a, *b;
   float *c;
   ttd_pool *pool; /* ours; NULL means OpenBLAS */
+  const uint16_t *a16, *b16; /* set: ttd_k_matmul_bf16 on these (pool NULL: one thread) */
 } problem;
 
 static void run_once(const problem *p) {
   const shape *s = p->s;
-  if (p->pool) {
+  if (p->a16) {
+    ttd_k_matmul_bf16(p->pool, p->a16, p->b16, NULL, p->c, 1, s->m, s->n, s->k, 0, 0, 0, 0);
+  } else if (p->pool) {
     ttd_k_matmul(p->pool, p->a, p->b, p->c, 1, s->m, s->n, s->k, 0, 0, 0, 0);
   } else {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)s->m, (int)s->n, (int)s->k, 1.0f, p->a, (int)s->k, p->b,
@@ -62,6 +69,39 @@ static float max_diff(const float *x, const float *y, int64_t n) {
   return d;
 }
 
+/* matmul_512_bf16_1t: both sides get the same bfloat16 values, one as bfloat16, the other
+ * widened to float32. */
+static void bench_bf16(int reps, unsigned long long *rng) {
+  static const shape s = {"matmul_512_bf16", 512, 512, 512};
+  size_t na = (size_t)(s.m * s.k), nb = (size_t)(s.k * s.n), nc = (size_t)(s.m * s.n);
+  float *a = malloc(sizeof(float) * na), *b = malloc(sizeof(float) * nb);
+  float *c16 = malloc(sizeof(float) * nc), *c32 = malloc(sizeof(float) * nc);
+  uint16_t *a16 = malloc(sizeof(uint16_t) * na), *b16 = malloc(sizeof(uint16_t) * nb);
+  if (!a || !b || !c16 || !c32 || !a16 || !b16) bench_die("allocating matrices", "out of memory");
+  bench_fill_random(a, na, rng);
+  bench_fill_random(b, nb, rng);
+  for (size_t i = 0; i < na; i++) a[i] = ttd_f32_from_bf16(a16[i] = ttd_bf16_from_f32(a[i]));
+  for (size_t i = 0; i < nb; i++) b[i] = ttd_f32_from_bf16(b16[i] = ttd_bf16_from_f32(b[i]));
+  ttd_pool *pool = ttd_pool_create(1);
+  if (!pool) bench_die("ttd_pool_create", "out of memory");
+  problem bf = {.s = &s, .c = c16, .a16 = a16, .b16 = b16}, fp = {.s = &s, .a = a, .b = b, .c = c32, .pool = pool};
+  run_once(&bf);
+  run_once(&fp);
+  /* Products of bfloat16 values are exact in float32: only the sums' order may differ. */
+  if (!(max_diff(c16, c32, s.m * s.n) <= 1e-5f * (float)s.k)) bench_die(s.name, "the bfloat16 and float32 results disagree");
+  int it_bf = calibrate(&bf), it_fp = calibrate(&fp);
+  double *g = calloc((size_t)reps, sizeof(double)), *gr = calloc((size_t)reps, sizeof(double));
+  for (int r = 0; r < reps; r++) {
+    g[r] = gflops(&bf, it_bf);
+    gr[r] = gflops(&fp, it_fp);
+  }
+  bench_log("matmul_512_bf16_1t takes the %s path", ttd_k_matmul_bf16_path());
+  bench_record("matmul_512_bf16_1t", bench_median(g, reps), bench_median(gr, reps), "GFLOP/s", "higher");
+  free(g), free(gr);
+  ttd_pool_destroy(pool);
+  free(a), free(b), free(c16), free(c32), free(a16), free(b16);
+}
+
 int main(void) {
   static const shape shapes[] = {
       {"matmul_512", 512, 512, 512},
@@ -84,7 +124,7 @@ int main(void) {
       ttd_pool *pool = ttd_pool_create(threads);
       if (!pool) bench_die("ttd_pool_create", "out of memory");
       openblas_set_num_threads(threads);
-      problem ours = {s, a, b, c1, pool}, blas = {s, a, b, c2, NULL};
+      problem ours = {.s = s, .a = a, .b = b, .c = c1, .pool = pool}, blas = {.s = s, .a = a, .b = b, .c = c2};
       run_once(&ours);
       run_once(&blas);
       float diff = max_diff(c1, c2, s->m * s->n);
@@ -103,5 +143,6 @@ int main(void) {
     }
     free(a), free(b), free(c1), free(c2);
   }
+  bench_bf16(reps, &rng);
   return 0;
 }
