@@ -30,6 +30,14 @@ def same_network_namespace(pid):
     return os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net")
 
 
+def can_make_network_namespace():
+    """Whether a child of this process may unshare its network namespace (root with the
+    privilege; not in an unprivileged container)."""
+    probe = subprocess.run([sys.executable, "-c", "import ctypes, sys; "
+                            f"sys.exit(ctypes.CDLL(None).unshare({CLONE_NEWNET}) != 0)"])
+    return probe.returncode == 0
+
+
 def start_ttd(sock, log, extra=(), isolated=False):
     """A ttd (TTD_BIN) serving unix:sock with --admin off and the extra arguments, its output to
     the file log; None if it exited or did not make its socket within 10 s (then it is killed).

@@ -10,7 +10,7 @@ import torch
 
 import dp_worker
 import ttd.torch as ttd
-from conftest import run_ranks, same_network_namespace, start_ttd, stop_ttd
+from conftest import can_make_network_namespace, run_ranks, same_network_namespace, start_ttd, stop_ttd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -33,11 +33,13 @@ def two_daemons():
     test may make one (root): one per rank, as on two hosts."""
     tmp = tempfile.mkdtemp(prefix="ttd-dp-")
     procs, addresses = [], []
+    isolating = can_make_network_namespace()
     for i in range(2):
         sock = os.path.join(tmp, f"ttd{i}.sock")
         proc = start_ttd(sock, subprocess.DEVNULL, isolated=True)
         assert proc is not None, "private ttd did not start"
-        assert os.geteuid() != 0 or not same_network_namespace(proc.pid), "ttd shares the test's network namespace"
+        if isolating:
+            assert not same_network_namespace(proc.pid), "ttd shares the test's network namespace"
         procs.append(proc)
         addresses.append(f"unix:{sock}")
     yield addresses
