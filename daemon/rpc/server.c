@@ -2,10 +2,6 @@
 #include "rpc/server.h"
 
 #include <errno.h>
-#include <netdb.h>
-#include <openssl/err.h>
-#include <openssl/pem.h>
-#include <openssl/x509.h>
 #include <sys/socket.h>
 #include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
@@ -22,6 +18,7 @@
 #include "telemetry/log.h"
 #include "rpc/conn_gate.h"
 #include "rpc/dispatch.h"
+#include "rpc/listener_credentials.h"
 #include "work/work_queue.h"
 #include "ttd/v1/protocol.h"
 
@@ -609,126 +606,17 @@ static void *poller_main(void *arg) {
   }
 }
 
-/* The first PEM certificate of text, or NULL. */
-static X509 *pem_certificate(const char *text) {
-  BIO *bio = BIO_new_mem_buf(text, -1);
-  X509 *x = bio ? PEM_read_bio_X509(bio, NULL, NULL, NULL) : NULL;
-  BIO_free(bio);
-  return x;
-}
-
-/* gRPC takes any text for a certificate or key and fails later, when the port is added,
- * with no reason given: each file is parsed here, and the key must match the certificate,
- * so the error names the file to fix. */
-static ttd_status_t check_tls_files(const ttd_config *config, const char *cert, const char *key, const char *ca) {
-  ttd_status_t status = TTD_OK;
-  X509 *x = pem_certificate(cert);
-  BIO *bio = BIO_new_mem_buf(key, -1);
-  EVP_PKEY *pkey = bio ? PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL) : NULL;
-  BIO_free(bio);
-  X509 *authority = ca ? pem_certificate(ca) : NULL;
-  if (!x) {
-    status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--tls-cert %s holds no PEM certificate", config->tls_cert);
-  } else if (!pkey) {
-    status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                             "--tls-key %s holds no PEM private key (or it is encrypted: ttd needs it unencrypted)",
-                             config->tls_key);
-  } else if (X509_check_private_key(x, pkey) != 1) {
-    status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--tls-key %s is not the key of the certificate in --tls-cert %s",
-                             config->tls_key, config->tls_cert);
-  } else if (ca && !authority) {
-    status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--tls-client-ca %s holds no PEM certificate",
-                             config->tls_client_ca);
-  }
-  X509_free(authority);
-  EVP_PKEY_free(pkey);
-  X509_free(x);
-  ERR_clear_error();
-  return status;
-}
-
-/* Why a TCP address cannot be listened on: resolves it and binds a socket to it, so the
- * error says which of syntax, name, port in use or permission it is. */
-static ttd_status_t tcp_listen_error(const char *address) {
-  struct addrinfo *ai = NULL;
-  TTD_RETURN_IF_ERROR(ttd_conn_gate_resolve(address, &ai));
-  int err = 0;
-  int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-  if (fd < 0) err = errno;
-  int one = 1;
-  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (fd >= 0 && bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) err = errno;
-  if (fd >= 0) close(fd);
-  freeaddrinfo(ai);
-  if (err == EADDRINUSE) {
-    return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s': address in use (is another ttd running?)",
-                           address);
-  }
-  if (err) return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s': %s", address, strerror(err));
-  return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s'", address);
-}
-
-/* The credentials of one listener: Unix sockets are plain (the file's mode and group guard
- * them); TCP is TLS from --tls-cert/--tls-key (mutual with --tls-client-ca), or plain only
- * with --insecure. */
-static ttd_status_t listener_credentials(const ttd_config *config, const char *address,
-                                         grpc_server_credentials **out) {
-  *out = NULL;
-  if (strncmp(address, "unix:", 5) == 0 || strncmp(address, "unix-abstract:", 14) == 0) {
-    *out = grpc_insecure_server_credentials_create();
-    return TTD_OK;
-  }
-  if (!config->tls_cert && !config->tls_key) {
-    if (!config->insecure) {
-      return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
-                             "TCP listener %s needs TLS: pass --tls-cert and --tls-key (and --tls-client-ca for "
-                             "mutual TLS), or --insecure for plain text on a trusted network", address);
-    }
-    TTD_LOG(TTD_LOG_WARN, "event=insecure-listener address=%s reason=\"--insecure: tokens and tensors cross the "
-            "network in plain text\"", address);
-    *out = grpc_insecure_server_credentials_create();
-    return TTD_OK;
-  }
-  if (!config->tls_cert || !config->tls_key) {
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "TLS needs both --tls-cert and --tls-key");
-  }
-  char *cert = NULL, *key = NULL, *ca = NULL;
-  ttd_status_t status = ttd_read_text_file(config->tls_cert, "TLS certificate", &cert);
-  if (!status) status = ttd_read_text_file(config->tls_key, "TLS key", &key);
-  if (!status && ttd_file_world_readable(config->tls_key)) {
-    TTD_LOG(TTD_LOG_WARN, "event=unsafe-file file=%s what=\"TLS key\" problem=\"readable by everyone: chmod o-r it\"",
-            config->tls_key);
-  }
-  if (!status && config->tls_client_ca) status = ttd_read_text_file(config->tls_client_ca, "TLS client CA", &ca);
-  if (!status && (!strstr(cert, "-----BEGIN") || !strstr(key, "-----BEGIN") || (ca && !strstr(ca, "-----BEGIN")))) {
-    status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--tls-cert, --tls-key and --tls-client-ca must be PEM files");
-  }
-  if (!status) status = check_tls_files(config, cert, key, ca);
-  if (!status) {
-    grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
-    *out = grpc_ssl_server_credentials_create_ex(
-        ca, &pair, 1, ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-        NULL);
-    if (!*out) status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "TLS credentials could not be made from --tls-cert and --tls-key");
-  }
-  if (key) memset(key, 0, strlen(key));
-  free(cert);
-  free(key);
-  free(ca);
-  return status;
-}
-
 static ttd_status_t bind_address(ttd_server *server, const char *address) {
   const ttd_config *config = server->core->config;
   grpc_server_credentials *creds = NULL;
-  TTD_RETURN_IF_ERROR(listener_credentials(config, address, &creds));
+  TTD_RETURN_IF_ERROR(ttd_listener_credentials(config, address, &creds));
   if (ttd_conn_gate_owns(config, address)) { /* plain text: ttd accepts, gRPC gets each connection */
     grpc_server_credentials_release(creds);
     return ttd_conn_gate_listen(server->gate, address);
   }
   int port = grpc_server_add_http2_port(server->server, address, creds); /* TLS over TCP */
   grpc_server_credentials_release(creds);
-  if (port == 0) return tcp_listen_error(address);
+  if (port == 0) return ttd_tcp_listen_error(address);
   TTD_LOG(TTD_LOG_INFO, "event=listening address=%s tls=%s", address,
           !config->tls_cert ? "no" : config->tls_client_ca ? "mutual" : "yes");
   return TTD_OK;

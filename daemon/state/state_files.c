@@ -30,22 +30,13 @@ ttd_status_t ttd_state_writer_open(ttd_state_writer *w, int dir_fd, const char *
   return w->fd < 0 ? io_error("create", name, errno) : TTD_OK;
 }
 
-/* Bytes written between two starts of their writeback. */
+/* Bytes written between two starts of their writeback (ttd_state_pieces_run). */
 #define WRITEBACK_STEP ((uint64_t)64 << 20)
 
 ttd_status_t ttd_state_writer_put(ttd_state_writer *w, const void *data, uint64_t len) {
-  const unsigned char *p = data;
-  while (len > 0) {
-    /* The disk starts on each piece while the next is copied, so that the final fsync waits
-     * only for the last one. */
-    uint64_t n = len < WRITEBACK_STEP ? len : WRITEBACK_STEP;
-    TTD_RETURN_IF_ERROR(ttd_write_all(w->fd, p, n));
-    if (w->checksum) w->crc = (uint32_t)crc32_z(w->crc, p, (z_size_t)n);
-    if (n == WRITEBACK_STEP) sync_file_range(w->fd, (off_t)w->bytes, (off_t)n, SYNC_FILE_RANGE_WRITE);
-    w->bytes += n;
-    p += n;
-    len -= n;
-  }
+  TTD_RETURN_IF_ERROR(ttd_write_all(w->fd, data, len));
+  if (w->checksum) w->crc = (uint32_t)crc32_z(w->crc, data, (z_size_t)len);
+  w->bytes += len;
   return TTD_OK;
 }
 

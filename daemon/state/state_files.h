@@ -21,6 +21,9 @@ struct ttd_state {
 #define TTD_STATE_MANIFEST "MANIFEST"
 #define TTD_STATE_LOCK "lock"
 
+/* Tensors a backend cannot show the host move through a buffer of this size. */
+#define BOUNCE_BYTES (4u << 20)
+
 /* "ID.session" / "ID.safetensors" for session id. */
 void ttd_state_file_name(char *buf, size_t size, uint64_t session_id, const char *suffix);
 

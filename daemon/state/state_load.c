@@ -20,7 +20,6 @@
 #include "telemetry/log.h"
 #include "wire/safetensors.h"
 
-#define BOUNCE_BYTES (4u << 20)
 
 static ttd_status_t damaged(const char *file, const char *what) {
   return ttd_make_status(GRPC_STATUS_DATA_LOSS, "%s: %s", file, what);

@@ -18,7 +18,6 @@
 #include "telemetry/log.h"
 #include "wire/safetensors.h"
 
-#define BOUNCE_BYTES (4u << 20) /* tensors a backend cannot show the host go through this */
 
 /* A session's tensors in the order they are saved, each once. */
 typedef struct collected {
