@@ -110,6 +110,12 @@ $(GEN_OBJ): $(GEN_C)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RUNTIME_INC) -c $< -o $@
 
+# The kernels stay at -O2 in the sanitizer builds (still instrumented): at -O1 a micro-kernel's
+# vector accumulators live on the instrumented stack and a matmul runs some 25 times slower.
+ifeq ($(SAN),1)
+$(BUILD)/obj/kernels/%.o: CFLAGS += -O2
+endif
+
 $(BUILD)/obj/%.o: %.c $(GEN_H)
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"
