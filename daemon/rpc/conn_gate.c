@@ -32,6 +32,8 @@
 #define GATE_ACCEPT_RETRY_MS 100
 /* Threads that relay TCP connections. */
 #define GATE_RELAY_THREADS 2
+/* The send buffer of each end of a relayed connection's socketpair. */
+#define GATE_PAIR_BUFFER (1024 * 1024)
 
 static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"; /* 24 bytes */
 #define PREFACE_LEN 24
@@ -567,6 +569,11 @@ static void start_relay(ttd_conn_gate *g, gate_conn *c) {
     pthread_mutex_unlock(&g->lock);
     return;
   }
+  /* Room for a few of the relay's reads either way: fewer turns between gRPC and the relay
+   * (the kernel caps it at net.core.wmem_max). */
+  int bytes = GATE_PAIR_BUFFER;
+  setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  setsockopt(pair[1], SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
   int peer_fd = c->fd;
   SSL *ssl = c->ssl;
   uint8_t first[PREFACE_LEN];

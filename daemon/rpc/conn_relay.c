@@ -2,6 +2,7 @@
 #include "rpc/conn_relay.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <openssl/err.h>
 #include <pthread.h>
@@ -18,6 +19,8 @@
 
 /* Reads one side may take in a turn before the relay looks at other connections. */
 #define RELAY_READS_PER_TURN 4
+/* A frame payload at least this long still to come is spliced, not read (plain text). */
+#define RELAY_SPLICE_MIN (16 * 1024)
 
 enum { SIDE_WAKE, SIDE_PEER, SIDE_LOCAL };
 enum { IO_OK, IO_AGAIN, IO_EOF, IO_ERROR };
@@ -27,11 +30,16 @@ typedef struct relay_tag {
   struct relay_conn *conn;
 } relay_tag;
 
-/* One direction: bytes read from its source that its destination has not taken yet. */
+/* One direction: bytes read from its source that its destination has not taken yet, in
+ * memory (held) or in a pipe (piped: moved by splice, never copied to ttd's memory; the
+ * peer-to-gRPC direction only, for long frame payloads in plain text). */
 typedef struct relay_dir {
   uint8_t *held;
   size_t held_off, held_len;
-  bool eof; /* its source ended */
+  int pipe_r, pipe_w; /* -1 until first needed */
+  size_t piped;
+  bool no_pipe;       /* none could be made: bytes are copied */
+  bool eof;           /* its source ended */
 } relay_dir;
 
 typedef struct relay_conn {
@@ -201,15 +209,74 @@ static int flush(relay_conn *c, relay_dir *d, bool to_peer) {
   return 1;
 }
 
-/* The peer's bytes to gRPC, each read parsed first. -1: end the connection (c->frames says
- * whether for what the peer sent). */
+/* Whether d has a pipe (made at the first need, TTD_RELAY_CHUNK deep where the system
+ * allows; none when descriptors run out, and the bytes are then copied). */
+static bool pipe_ready(relay_dir *d) {
+  if (d->pipe_r >= 0) return true;
+  if (d->no_pipe) return false;
+  int fds[2];
+  if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) {
+    d->no_pipe = true;
+    return false;
+  }
+  fcntl(fds[1], F_SETPIPE_SZ, TTD_RELAY_CHUNK); /* else the default 64 KiB */
+  d->pipe_r = fds[0];
+  d->pipe_w = fds[1];
+  return true;
+}
+
+/* Splices what d's pipe holds to fd: 1 when all of it is gone, 0 when fd is full, -1 when
+ * it failed. */
+static int pipe_flush(relay_dir *d, int fd) {
+  while (d->piped) {
+    ssize_t n = splice(d->pipe_r, NULL, fd, NULL, d->piped, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    if (n > 0) {
+      d->piped -= (size_t)n;
+      continue;
+    }
+    return n < 0 && (errno == EAGAIN || errno == EINTR) ? 0 : -1;
+  }
+  return 1;
+}
+
+/* Splices up to want bytes from fd into d's empty pipe: IO_OK with d->piped set, or why not. */
+static int pipe_fill(relay_dir *d, int fd, size_t want) {
+  ssize_t n = splice(fd, NULL, d->pipe_w, NULL, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+  if (n > 0) {
+    d->piped = (size_t)n;
+    return IO_OK;
+  }
+  if (n == 0) return IO_EOF;
+  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? IO_AGAIN : IO_ERROR;
+}
+
+/* The peer's bytes to gRPC, each read parsed first; the long rest of a frame's payload is
+ * spliced unread (plain text). -1: end the connection (c->frames says whether for what the
+ * peer sent). */
 static int pump_up(relay_worker *w, relay_conn *c) {
   if (c->up.held) {
     int flushed = flush(c, &c->up, false);
     if (flushed <= 0) return flushed;
   }
+  if (c->up.piped) {
+    int flushed = pipe_flush(&c->up, c->local_fd);
+    if (flushed <= 0) return flushed;
+  }
   for (int turn = 0; turn < RELAY_READS_PER_TURN && !c->up.eof; turn++) {
     size_t n;
+    if (!c->ssl && c->frames.payload_left >= RELAY_SPLICE_MIN && pipe_ready(&c->up)) {
+      int status = pipe_fill(&c->up, c->peer_fd, c->frames.payload_left);
+      if (status == IO_AGAIN) return 0;
+      if (status == IO_ERROR) return -1;
+      if (status == IO_EOF) {
+        c->up.eof = true;
+        break;
+      }
+      ttd_h2_frames_skip(&c->frames, c->up.piped);
+      int flushed = pipe_flush(&c->up, c->local_fd);
+      if (flushed <= 0) return flushed;
+      continue;
+    }
     int status = peer_read(c, w->scratch, TTD_RELAY_CHUNK, &n);
     if (status == IO_AGAIN) return 0;
     if (status == IO_ERROR) return -1;
@@ -228,7 +295,8 @@ static int pump_up(relay_worker *w, relay_conn *c) {
   return 0;
 }
 
-/* gRPC's bytes to the peer. -1: end the connection (gRPC closed it, or a side failed). */
+/* gRPC's bytes to the peer (copied: splicing them measured no faster, and costs a pipe per
+ * connection). -1: end the connection (gRPC closed it, or a side failed). */
 static int pump_down(relay_worker *w, relay_conn *c) {
   if (c->down.held) {
     int flushed = flush(c, &c->down, true);
@@ -261,8 +329,12 @@ static void conn_close(relay_conn *c, bool graceful) {
   }
   if (c->peer_fd >= 0) close(c->peer_fd);
   if (c->local_fd >= 0) close(c->local_fd);
-  free(c->up.held);
-  free(c->down.held);
+  relay_dir *dirs[2] = {&c->up, &c->down};
+  for (int i = 0; i < 2; i++) {
+    free(dirs[i]->held);
+    if (dirs[i]->pipe_r >= 0) close(dirs[i]->pipe_r);
+    if (dirs[i]->pipe_w >= 0) close(dirs[i]->pipe_w);
+  }
 }
 
 /* Ends c: closes both sides now, calls the end callback, frees c after the batch. */
@@ -294,15 +366,16 @@ static void service(relay_worker *w, relay_conn *c) {
     conn_end(w, c);
     return;
   }
+  bool up_full = c->up.held || c->up.piped, down_full = c->down.held || c->down.piped;
   uint32_t peer = 0, local = 0;
-  if (!c->up.held && !c->up.eof) peer |= EPOLLIN;
-  if (c->down.held || c->read_wants_write) peer |= EPOLLOUT;
+  if (!up_full && !c->up.eof) peer |= EPOLLIN;
+  if (down_full || c->read_wants_write) peer |= EPOLLOUT;
   if (c->write_wants_read) peer |= EPOLLIN;
-  if (!c->down.held) local |= EPOLLIN;
-  if (c->up.held) local |= EPOLLOUT;
+  if (!down_full) local |= EPOLLIN;
+  if (up_full) local |= EPOLLOUT;
   watch(w, c->peer_fd, &c->peer_tag, &c->peer_events, peer);
   watch(w, c->local_fd, &c->local_tag, &c->local_events, local);
-  if (c->ssl && !c->again && !c->up.held && !c->up.eof && SSL_has_pending(c->ssl)) {
+  if (c->ssl && !c->again && !up_full && !c->up.eof && SSL_has_pending(c->ssl)) {
     c->again = true; /* decrypted bytes wait in the session, and no event will say so */
     c->again_next = w->again;
     w->again = c;
@@ -420,12 +493,14 @@ ttd_status_t ttd_conn_relay_add(ttd_conn_relay *r, int peer_fd, SSL *ssl, int lo
                                 size_t first_len, void *cookie) {
   relay_conn *c = calloc(1, sizeof(*c));
   if (!c) {
-    relay_conn doomed = {.peer_fd = peer_fd, .local_fd = local_fd, .ssl = ssl};
+    relay_conn doomed = {.peer_fd = peer_fd, .local_fd = local_fd, .ssl = ssl, .up = {.pipe_r = -1, .pipe_w = -1},
+                         .down = {.pipe_r = -1, .pipe_w = -1}};
     conn_close(&doomed, false);
     return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory for a relayed connection");
   }
   *c = (relay_conn){.peer_tag = {SIDE_PEER, c}, .local_tag = {SIDE_LOCAL, c}, .peer_fd = peer_fd, .ssl = ssl,
-                    .local_fd = local_fd, .cookie = cookie};
+                    .local_fd = local_fd, .cookie = cookie, .up = {.pipe_r = -1, .pipe_w = -1},
+                    .down = {.pipe_r = -1, .pipe_w = -1}};
   ttd_h2_frames_init(&c->frames, r->max_resets, 1, now_ms());
   if (first_len) {
     /* Checked by the gate already, and short: gRPC's end of a fresh socketpair takes it. */

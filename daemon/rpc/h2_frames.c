@@ -62,6 +62,10 @@ ttd_h2_verdict ttd_h2_frames_feed(ttd_h2_frames *f, const uint8_t *data, size_t 
   return f->verdict;
 }
 
+void ttd_h2_frames_skip(ttd_h2_frames *f, size_t n) {
+  f->payload_left -= n < f->payload_left ? (uint32_t)n : f->payload_left;
+}
+
 const char *ttd_h2_verdict_text(ttd_h2_verdict v) {
   switch (v) {
     case TTD_H2_PASS: return "HTTP/2 frames";

@@ -48,6 +48,10 @@ void ttd_h2_frames_init(ttd_h2_frames *f, int max_resets, int expect_preface, in
  * milliseconds); returns the verdict so far. data may be NULL when len is 0. */
 ttd_h2_verdict ttd_h2_frames_feed(ttd_h2_frames *f, const uint8_t *data, size_t len, int64_t now_ms);
 
+/* Passes n bytes of the current frame's payload without reading them (the relay moves
+ * large payloads with splice); n at most f->payload_left. */
+void ttd_h2_frames_skip(ttd_h2_frames *f, size_t n);
+
 /* What a verdict means, for logs: "HTTP/2 rapid reset" and the like. */
 const char *ttd_h2_verdict_text(ttd_h2_verdict v);
 
