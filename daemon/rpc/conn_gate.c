@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "rpc/conn_relay.h"
+#include "rpc/tls_server.h"
 #include "telemetry/log.h"
 
 #define GATE_MAX_LISTENERS 32
@@ -406,20 +407,8 @@ static void admit(ttd_conn_gate *g, gate_listener *l, int fd) {
     else if (g->peers[peer].count >= g->config->max_peer_connections) refused = "--max-peer-connections reached";
   }
   gate_conn *c = refused ? NULL : calloc(1, sizeof(*c));
-  SSL *ssl = c && l->tls ? SSL_new(l->tls) : NULL;
-  if (ssl) { /* the handshake writes to memory first: see tls_flush */
-    BIO *rbio = BIO_new_socket(fd, BIO_NOCLOSE), *wbio = BIO_new(BIO_s_mem());
-    if (rbio && wbio) {
-      SSL_set_bio(ssl, rbio, wbio);
-    } else {
-      BIO_free(rbio);
-      BIO_free(wbio);
-      SSL_free(ssl);
-      ssl = NULL;
-    }
-  }
+  SSL *ssl = c && l->tls ? ttd_tls_server_session(l->tls, fd) : NULL;
   if (c && l->tls && !ssl) {
-    ERR_clear_error();
     free(c);
     c = NULL;
   }
@@ -434,7 +423,6 @@ static void admit(ttd_conn_gate *g, gate_listener *l, int fd) {
   *c = (gate_conn){.tag = TAG_CONN, .fd = fd, .watch = -1, .peer = peer, .who = who, .resets = TTD_GATE_MAX_RESETS,
                    .resets_ms = now_ms(), .deadline = now_ms() + g->config->handshake_timeout_ms,
                    .tcp = l->kind == TTD_CONN_PEER_TCP, .ssl = ssl, .events = EPOLLIN | EPOLLRDHUP};
-  if (ssl) SSL_set_accept_state(ssl);
   if (c->tcp) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)); /* as gRPC sets its own */
@@ -509,7 +497,8 @@ static void close_unhanded(ttd_conn_gate *g, gate_conn *c) {
 }
 
 /* A TLS handshake that failed, or ended without ALPN "h2": one line a second, naming the
- * peer (not for the prober, whose handshakes fail against mutual TLS by design). */
+ * peer (not for the prober, whose handshakes fail against mutual TLS by design). The
+ * session sent no alert (tls_server.h). */
 static void tls_failed(ttd_conn_gate *g, gate_conn *c, const char *why) {
   if (c->who.kind == TTD_CONN_PEER_PROBER) return;
   char name[64];
@@ -598,75 +587,26 @@ static void start_relay(ttd_conn_gate *g, gate_conn *c) {
   g->handoff(g->handoff_arg, pair[0]);
 }
 
-/* Sends what the TLS handshake wrote to its memory BIO: 1 when all of it is gone, 0 when
- * the socket is full, -1 when it failed. The handshake writes to memory so that a failed one
- * sends no alert, as gRPC's own TLS server sends none: the client reads a closed connection
- * and says the server refused it. */
-static int tls_flush(gate_conn *c) {
-  BIO *out = SSL_get_wbio(c->ssl);
-  char *data;
-  long len;
-  while ((len = BIO_get_mem_data(out, &data)) > 0) {
-    ssize_t n = send(c->fd, data, (size_t)len, MSG_NOSIGNAL);
-    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
-    char sink[4096];
-    for (ssize_t left = n; left > 0;) {
-      int k = BIO_read(out, sink, left < (ssize_t)sizeof(sink) ? (int)left : (int)sizeof(sink));
-      if (k <= 0) return -1;
-      left -= k;
-    }
-  }
-  return 1;
-}
-
-/* Closes a connection whose TLS handshake failed: what the client sent is read first, so
- * that it gets an orderly close (not a reset) and no alert. */
-static void tls_refuse(ttd_conn_gate *g, gate_conn *c, const char *why) {
-  char sink[4096];
-  for (int i = 0; i < 16 && recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; i++) {
-  }
-  tls_failed(g, c, why);
-  close_unhanded(g, c);
-}
-
 /* A TCP connection before its handoff: the TLS handshake when its listener ends TLS, then
  * the client preface, read here and passed to gRPC by the relay. Anything else is closed. */
 static void advance_tcp(ttd_conn_gate *g, gate_conn *c) {
   if (c->ssl && !c->tls_done) {
-    if (!SSL_is_init_finished(c->ssl)) {
-      ERR_clear_error();
-      int rc = SSL_do_handshake(c->ssl);
-      int err = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(c->ssl, rc);
-      if (err != SSL_ERROR_NONE && err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) {
-        unsigned long e = ERR_peek_error();
-        char why[160];
-        if (e) ERR_error_string_n(e, why, sizeof(why));
-        else snprintf(why, sizeof(why), "the peer closed the connection");
-        ERR_clear_error();
-        tls_refuse(g, c, why);
+    char why[160];
+    switch (ttd_tls_server_handshake(c->ssl, c->fd, why, sizeof(why))) {
+      case TTD_TLS_WANT_READ:
+        set_events(g, c, EPOLLIN);
         return;
-      }
+      case TTD_TLS_WANT_WRITE:
+        set_events(g, c, EPOLLOUT);
+        return;
+      case TTD_TLS_FAILED:
+        tls_failed(g, c, why);
+        close_unhanded(g, c);
+        return;
+      case TTD_TLS_DONE:
+        c->tls_done = true;
+        break;
     }
-    int flushed = tls_flush(c);
-    if (flushed < 0) {
-      close_unhanded(g, c);
-      return;
-    }
-    if (flushed == 0 || !SSL_is_init_finished(c->ssl)) {
-      set_events(g, c, flushed ? EPOLLIN : EPOLLOUT);
-      return;
-    }
-    const unsigned char *alpn = NULL;
-    unsigned alpn_len = 0;
-    SSL_get0_alpn_selected(c->ssl, &alpn, &alpn_len);
-    BIO *out = BIO_new_socket(c->fd, BIO_NOCLOSE);
-    if (alpn_len != 2 || memcmp(alpn, "h2", 2) != 0 || !out) {
-      BIO_free(out);
-      tls_refuse(g, c, out ? "the client did not offer HTTP/2 (ALPN h2)" : "out of memory");
-      return;
-    }
-    SSL_set0_wbio(c->ssl, out); /* from here the session writes to the socket */
-    c->tls_done = true;
   }
   set_events(g, c, EPOLLIN);
   while (c->preface_seen < PREFACE_LEN) {
