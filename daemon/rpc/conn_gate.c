@@ -83,7 +83,7 @@ typedef struct gate_conn {
   bool tls_done;    /* the handshake is over and its bytes sent */
   uint32_t events;  /* before the handoff: what the gate's epoll watches for */
   SSL *ssl;         /* a TLS listener's connection before the handoff */
-  uint8_t first[24]; /* TCP: the client preface, read before the handoff */
+  uint8_t first[PREFACE_LEN]; /* TCP: the client preface, read before the handoff */
   size_t preface_seen;
   int64_t deadline; /* no preface (TLS: handshake and preface) by then: closed */
   double resets;    /* bucket of TTD_GATE_MAX_RESETS */
