@@ -26,12 +26,13 @@
 #include <unistd.h>
 
 #include "rpc/conn_relay.h"
+#include "rpc/h2_read_guard.h"
 #include "rpc/tls_server.h"
 #include "telemetry/log.h"
 
 #define GATE_MAX_LISTENERS 32
 #define GATE_ACCEPT_RETRY_MS 100
-/* Threads that relay TCP connections. */
+/* Threads that relay TLS connections. */
 #define GATE_RELAY_THREADS 2
 /* The send buffer of each end of a relayed connection's socketpair. */
 #define GATE_PAIR_BUFFER (1024 * 1024)
@@ -78,17 +79,14 @@ typedef struct gate_conn {
   int peer;         /* index in peers; -1 for the prober's own connections */
   gate_who who;
   bool handed;
-  bool tcp;         /* from a TCP listener: relayed after the handoff */
-  bool relayed;     /* TCP, handed over: the relay holds the socket until it calls relay_ended */
+  bool tcp;         /* from a TCP listener */
+  bool relayed;     /* TLS, handed over: the relay holds the socket until it calls relay_ended */
   bool tls_done;    /* the handshake is over and its bytes sent */
   uint32_t events;  /* before the handoff: what the gate's epoll watches for */
   SSL *ssl;         /* a TLS listener's connection before the handoff */
   uint8_t first[PREFACE_LEN]; /* TCP: the client preface, read before the handoff */
   size_t preface_seen;
   int64_t deadline; /* no preface (TLS: handshake and preface) by then: closed */
-  double resets;    /* bucket of TTD_GATE_MAX_RESETS */
-  int64_t resets_ms;
-  bool killed;
   struct gate_conn *next, *prev; /* every connection */
 } gate_conn;
 
@@ -105,7 +103,7 @@ struct ttd_conn_gate {
   pthread_t thread, prober;
   bool thread_started, prober_started, stopped;
   atomic_bool stopping;
-  pthread_mutex_t lock; /* conns, by_fd, peers: taken by the gate thread, note_reset and peer */
+  pthread_mutex_t lock; /* conns, by_fd, peers: taken by the gate thread, the relay, the guard and peer */
   gate_conn *conns;
   gate_slot *by_fd; /* by gRPC's descriptor: the handed connection, who was at its end */
   int by_fd_size;
@@ -420,14 +418,14 @@ static void admit(ttd_conn_gate *g, gate_listener *l, int fd) {
     close(fd);
     return;
   }
-  *c = (gate_conn){.tag = TAG_CONN, .fd = fd, .watch = -1, .peer = peer, .who = who, .resets = TTD_GATE_MAX_RESETS,
-                   .resets_ms = now_ms(), .deadline = now_ms() + g->config->handshake_timeout_ms,
+  *c = (gate_conn){.tag = TAG_CONN, .fd = fd, .watch = -1, .peer = peer, .who = who,
+                   .deadline = now_ms() + g->config->handshake_timeout_ms,
                    .tcp = l->kind == TTD_CONN_PEER_TCP, .ssl = ssl, .events = EPOLLIN | EPOLLRDHUP};
   if (c->tcp) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)); /* as gRPC sets its own */
-    c->events = EPOLLIN;
   }
+  if (c->ssl) c->events = EPOLLIN;
   if (peer >= 0) g->peers[peer].count++;
   g->total++;
   c->next = g->conns;
@@ -462,10 +460,14 @@ static void check_preface(ttd_conn_gate *g, gate_conn *c) {
   }
   epoll_ctl(g->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
   c->watch = fcntl(c->fd, F_DUPFD_CLOEXEC, 0);
-  if (c->watch < 0 || c->fd >= g->by_fd_size) {
+  const char *refused = c->watch < 0 || c->fd >= g->by_fd_size ? "no descriptor left to watch it"
+                        : ttd_h2_read_guard_watch(c->fd, TTD_GATE_MAX_RESETS) != 0 /* gRPC's reads, counted */
+                            ? "descriptor past the read guard's range"
+                            : NULL;
+  if (refused) {
     if (c->watch >= 0) close(c->watch);
     c->watch = -1;
-    refuse_log(g, "no descriptor left to watch it", "-");
+    refuse_log(g, refused, "-");
     atomic_fetch_add(&g->core->metrics.connections_refused, 1);
     epoll_ctl(g->epoll_fd, EPOLL_CTL_ADD, c->fd, &(struct epoll_event){.events = 0, .data.ptr = c});
     conn_free(g, c);
@@ -512,35 +514,49 @@ static void tls_failed(ttd_conn_gate *g, gate_conn *c, const char *why) {
   pthread_mutex_unlock(&g->lock);
 }
 
-/* The relay ended a connection: its place is free; a peer it closed for what it sent is
- * counted and logged (one line a second). */
+/* Under lock. A peer closed for the frames it sent (by the relay or the read guard): counted,
+ * and logged one line a second. */
+static void closed_for_frames(ttd_conn_gate *g, const gate_who *who, int fd, ttd_h2_verdict why) {
+  bool reset = why == TTD_H2_RESET_FLOOD;
+  atomic_fetch_add(reset ? &g->core->metrics.connections_reset_closed : &g->core->metrics.connections_protocol_closed,
+                   1);
+  int64_t second = now_ms() / 1000;
+  if (second == g->relay_log_second) {
+    g->relay_log_left_out++;
+    return;
+  }
+  char name[64];
+  who_name(who, fd, name, sizeof(name));
+  if (reset) {
+    TTD_LOG(TTD_LOG_WARN, "event=rapid-reset action=closed peer=\"%s\" reason=\"the client reset streams faster "
+            "than %d a second (HTTP/2 rapid reset)\" left_out=%llu", name, TTD_GATE_MAX_RESETS,
+            (unsigned long long)g->relay_log_left_out);
+  } else {
+    TTD_LOG(TTD_LOG_WARN, "event=protocol-error action=closed peer=\"%s\" reason=\"%s\" left_out=%llu", name,
+            ttd_h2_verdict_text(why), (unsigned long long)g->relay_log_left_out);
+  }
+  g->relay_log_second = second;
+  g->relay_log_left_out = 0;
+}
+
+/* The relay ended a connection: its place is free. */
 static void relay_ended(void *arg, void *cookie, ttd_h2_verdict why) {
   ttd_conn_gate *g = arg;
   gate_conn *c = cookie;
   pthread_mutex_lock(&g->lock);
-  if (why != TTD_H2_PASS) {
-    bool reset = why == TTD_H2_RESET_FLOOD;
-    atomic_fetch_add(reset ? &g->core->metrics.connections_reset_closed : &g->core->metrics.connections_protocol_closed,
-                     1);
-    int64_t second = now_ms() / 1000;
-    if (second != g->relay_log_second) {
-      char name[64];
-      who_name(&c->who, c->fd, name, sizeof(name));
-      if (reset) {
-        TTD_LOG(TTD_LOG_WARN, "event=rapid-reset action=closed peer=\"%s\" reason=\"the client reset streams faster "
-                "than %d a second (HTTP/2 rapid reset)\" left_out=%llu", name, TTD_GATE_MAX_RESETS,
-                (unsigned long long)g->relay_log_left_out);
-      } else {
-        TTD_LOG(TTD_LOG_WARN, "event=protocol-error action=closed peer=\"%s\" reason=\"%s\" left_out=%llu", name,
-                ttd_h2_verdict_text(why), (unsigned long long)g->relay_log_left_out);
-      }
-      g->relay_log_second = second;
-      g->relay_log_left_out = 0;
-    } else {
-      g->relay_log_left_out++;
-    }
-  }
+  if (why != TTD_H2_PASS) closed_for_frames(g, &c->who, c->fd, why);
   conn_free(g, c);
+  pthread_mutex_unlock(&g->lock);
+}
+
+/* The read guard closed a plain-text connection gRPC holds as fd (on gRPC's reading thread);
+ * the gate frees its place when the watch sees the end. */
+static void guard_closed(void *arg, int fd, ttd_h2_verdict why) {
+  ttd_conn_gate *g = arg;
+  pthread_mutex_lock(&g->lock);
+  gate_slot *slot = fd >= 0 && fd < g->by_fd_size ? &g->by_fd[fd] : NULL;
+  gate_who who = slot ? slot->who : (gate_who){0};
+  closed_for_frames(g, &who, fd, why);
   pthread_mutex_unlock(&g->lock);
 }
 
@@ -587,10 +603,10 @@ static void start_relay(ttd_conn_gate *g, gate_conn *c) {
   g->handoff(g->handoff_arg, pair[0]);
 }
 
-/* A TCP connection before its handoff: the TLS handshake when its listener ends TLS, then
- * the client preface, read here and passed to gRPC by the relay. Anything else is closed. */
-static void advance_tcp(ttd_conn_gate *g, gate_conn *c) {
-  if (c->ssl && !c->tls_done) {
+/* A TLS connection before its handoff: the handshake, then the client preface, read here and
+ * passed to gRPC by the relay. Anything else is closed. */
+static void advance_tls(ttd_conn_gate *g, gate_conn *c) {
+  if (!c->tls_done) {
     char why[160];
     switch (ttd_tls_server_handshake(c->ssl, c->fd, why, sizeof(why))) {
       case TTD_TLS_WANT_READ:
@@ -612,23 +628,16 @@ static void advance_tcp(ttd_conn_gate *g, gate_conn *c) {
   while (c->preface_seen < PREFACE_LEN) {
     uint8_t *at = c->first + c->preface_seen;
     size_t want = PREFACE_LEN - c->preface_seen;
-    ssize_t n;
-    if (c->ssl) {
+    ERR_clear_error();
+    int n = SSL_read(c->ssl, at, (int)want);
+    if (n <= 0) {
+      int err = SSL_get_error(c->ssl, n);
       ERR_clear_error();
-      int got = SSL_read(c->ssl, at, (int)want);
-      if (got <= 0) {
-        int err = SSL_get_error(c->ssl, got);
-        ERR_clear_error();
-        if (err == SSL_ERROR_WANT_READ) return;
-        if (err == SSL_ERROR_WANT_WRITE) {
-          set_events(g, c, EPOLLOUT);
-          return;
-        }
+      if (err == SSL_ERROR_WANT_READ) return;
+      if (err == SSL_ERROR_WANT_WRITE) {
+        set_events(g, c, EPOLLOUT);
+        return;
       }
-      n = got;
-    } else {
-      n = recv(c->fd, at, want, 0);
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     }
     if (n <= 0 || memcmp(at, preface + c->preface_seen, (size_t)n) != 0) {
       close_unhanded(g, c); /* closed, or not HTTP/2 */
@@ -698,7 +707,7 @@ static int timers(ttd_conn_gate *g) {
       conn_free(g, c);
       continue;
     }
-    if (c->preface_seen && !c->tcp) { /* a partial preface, peeked: look again soon */
+    if (c->preface_seen && !c->ssl) { /* a partial preface, peeked: look again soon */
       struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
       epoll_ctl(g->epoll_fd, EPOLL_CTL_MOD, c->fd, &ev);
       if (now + 10 < next) next = now + 10;
@@ -735,7 +744,7 @@ static void *gate_main(void *arg) {
       }
       gate_conn *c = events[i].data.ptr;
       if (!c->handed) {
-        if (c->tcp) advance_tcp(g, c);
+        if (c->ssl) advance_tls(g, c);
         else check_preface(g, c);
       } else { /* gRPC closed it (or the peer hung up): its place is free */
         pthread_mutex_lock(&g->lock);
@@ -760,28 +769,6 @@ void ttd_conn_gate_peer(ttd_conn_gate *g, int fd, ttd_conn_peer *out) {
   out->gid = who.gid;
   out->pid = who.pid;
   who_name(&who, fd, out->name, sizeof(out->name));
-}
-
-void ttd_conn_gate_note_reset(ttd_conn_gate *g, int fd) {
-  if (!g) return;
-  pthread_mutex_lock(&g->lock);
-  gate_conn *c = fd >= 0 && fd < g->by_fd_size ? g->by_fd[fd].conn : NULL;
-  if (c && !c->killed && !c->relayed) { /* a relayed connection's resets are the relay's to count */
-    int64_t now = now_ms();
-    c->resets += (double)(now - c->resets_ms) * TTD_GATE_MAX_RESETS / 1000.0;
-    if (c->resets > TTD_GATE_MAX_RESETS) c->resets = TTD_GATE_MAX_RESETS;
-    c->resets_ms = now;
-    c->resets -= 1;
-    if (c->resets < 0) {
-      /* The socket, not only our descriptor: gRPC reads its end and drops the connection. */
-      c->killed = true;
-      shutdown(c->watch, SHUT_RDWR);
-      atomic_fetch_add(&g->core->metrics.connections_reset_closed, 1);
-      TTD_LOG(TTD_LOG_WARN, "event=rapid-reset action=closed peer=\"%s\" reason=\"the client cancelled calls faster "
-              "than %d a second\"", c->peer >= 0 ? g->peers[c->peer].key : "-", TTD_GATE_MAX_RESETS);
-    }
-  }
-  pthread_mutex_unlock(&g->lock);
 }
 
 /* ---- the prober ---- */
@@ -921,6 +908,7 @@ ttd_status_t ttd_conn_gate_create(ttd_core *core, ttd_conn_gate_handoff_fn hando
   g->handoff_arg = arg;
   g->wake_tag = TAG_WAKE;
   pthread_mutex_init(&g->lock, NULL);
+  ttd_h2_read_guard_init(guard_closed, g);
   struct rlimit rl;
   g->by_fd_size = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < (1u << 20) ? (int)rl.rlim_cur : 1 << 20;
   g->by_fd = calloc((size_t)g->by_fd_size, sizeof(*g->by_fd));
@@ -942,9 +930,9 @@ ttd_status_t ttd_conn_gate_start(ttd_conn_gate *g) {
     struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &g->listeners[i]};
     epoll_ctl(g->epoll_fd, EPOLL_CTL_ADD, g->listeners[i].fd, &lev);
   }
-  bool tcp = false;
-  for (int i = 0; i < g->listener_count; i++) tcp |= g->listeners[i].kind == TTD_CONN_PEER_TCP;
-  if (tcp) {
+  bool tls = false;
+  for (int i = 0; i < g->listener_count; i++) tls |= g->listeners[i].tls != NULL;
+  if (tls) {
     TTD_RETURN_IF_ERROR(ttd_conn_relay_create(GATE_RELAY_THREADS, TTD_GATE_MAX_RESETS, relay_ended, g, &g->relay));
   }
   if (g->listener_count) {

@@ -13,13 +13,13 @@
  * preface) within the handshake timeout, and keeps accepting after EMFILE (a reserve
  * descriptor is given up to accept and close the connection it cannot hold).
  *
- * A Unix socket's connection goes to gRPC as it is (its latency matters, its peer is a local
- * user). A TCP connection goes through the relay (conn_relay.h): the gate ends TLS itself
- * (OpenSSL; ALPN h2; client certificates with --tls-client-ca), gRPC gets one end of a
- * socketpair in plain text, and the relay counts the peer's HTTP/2 frames before gRPC reads
- * them, closing a peer that resets streams faster than TTD_GATE_MAX_RESETS a second (HTTP/2
- * rapid reset) or sends a frame gRPC would refuse. On a Unix socket, resets are counted as
- * cancelled calls reach ttd (ttd_conn_gate_note_reset). */
+ * Every peer's HTTP/2 frames are counted before gRPC parses them, and a peer that resets
+ * streams faster than TTD_GATE_MAX_RESETS a second (HTTP/2 rapid reset) or sends a frame gRPC
+ * would refuse is closed. A plain-text connection (unix:, unix-abstract:, TCP with --insecure)
+ * goes to gRPC as it is, and the read guard (h2_read_guard.h) counts the frames in gRPC's own
+ * reads: no copy, no thread hop. A TLS connection goes through the relay (conn_relay.h): the
+ * gate ends TLS itself (OpenSSL; ALPN h2; client certificates with --tls-client-ca), gRPC
+ * gets one end of a socketpair in plain text, and the relay counts the decrypted frames. */
 #ifndef TTD_RPC_CONN_GATE_H
 #define TTD_RPC_CONN_GATE_H
 
@@ -89,12 +89,9 @@ bool ttd_conn_gate_listening(const ttd_conn_gate *gate);
  * Any thread. */
 void ttd_conn_gate_peer(ttd_conn_gate *gate, int fd, ttd_conn_peer *out);
 
-/* The client of the connection gRPC names "fd:FD" cancelled a call. Any thread. */
-void ttd_conn_gate_note_reset(ttd_conn_gate *gate, int fd);
-
 /* Stops accepting and the gate's threads, closes connections not yet handed over; the relay
  * goes on relaying the handed ones (calls still draining) until ttd_conn_gate_destroy, and
- * what the gate recorded stays for ttd_conn_gate_peer and ttd_conn_gate_note_reset. Once;
+ * what the gate recorded stays for ttd_conn_gate_peer. Once;
  * the thread that created the gate. NULL ok. */
 void ttd_conn_gate_stop(ttd_conn_gate *gate);
 

@@ -19,8 +19,6 @@
 
 /* Reads one side may take in a turn before the relay looks at other connections. */
 #define RELAY_READS_PER_TURN 4
-/* A frame payload at least this long still to come is spliced, not read (plain text). */
-#define RELAY_SPLICE_MIN (16 * 1024)
 
 enum { SIDE_WAKE, SIDE_PEER, SIDE_LOCAL };
 enum { IO_OK, IO_AGAIN, IO_EOF, IO_ERROR };
@@ -30,16 +28,11 @@ typedef struct relay_tag {
   struct relay_conn *conn;
 } relay_tag;
 
-/* One direction: bytes read from its source that its destination has not taken yet, in
- * memory (held) or in a pipe (piped: moved by splice, never copied to ttd's memory; the
- * peer-to-gRPC direction only, for long frame payloads in plain text). */
+/* One direction: bytes read from its source that its destination has not taken yet. */
 typedef struct relay_dir {
   uint8_t *held;
   size_t held_off, held_len;
-  int pipe_r, pipe_w; /* -1 until first needed */
-  size_t piped;
-  bool no_pipe;       /* none could be made: bytes are copied */
-  bool eof;           /* its source ended */
+  bool eof; /* its source ended */
 } relay_dir;
 
 typedef struct relay_conn {
@@ -91,15 +84,6 @@ static int64_t now_ms(void) {
 
 static int peer_read(relay_conn *c, uint8_t *buf, size_t cap, size_t *out_n) {
   *out_n = 0;
-  if (!c->ssl) {
-    ssize_t n = recv(c->peer_fd, buf, cap, 0);
-    if (n > 0) {
-      *out_n = (size_t)n;
-      return IO_OK;
-    }
-    if (n == 0) return IO_EOF;
-    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? IO_AGAIN : IO_ERROR;
-  }
   /* A record is at most 16 KiB: gather several into one write to gRPC. */
   int status = IO_OK;
   size_t got = 0;
@@ -127,14 +111,6 @@ static int peer_read(relay_conn *c, uint8_t *buf, size_t cap, size_t *out_n) {
 
 static int peer_write(relay_conn *c, const uint8_t *buf, size_t len, size_t *out_n) {
   *out_n = 0;
-  if (!c->ssl) {
-    ssize_t n = send(c->peer_fd, buf, len, MSG_NOSIGNAL);
-    if (n >= 0) {
-      *out_n = (size_t)n;
-      return IO_OK;
-    }
-    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? IO_AGAIN : IO_ERROR;
-  }
   ERR_clear_error();
   int n = SSL_write(c->ssl, buf, (int)(len < INT_MAX ? len : INT_MAX)); /* partial writes are on */
   if (n > 0) {
@@ -209,74 +185,15 @@ static int flush(relay_conn *c, relay_dir *d, bool to_peer) {
   return 1;
 }
 
-/* Whether d has a pipe (made at the first need, TTD_RELAY_CHUNK deep where the system
- * allows; none when descriptors run out, and the bytes are then copied). */
-static bool pipe_ready(relay_dir *d) {
-  if (d->pipe_r >= 0) return true;
-  if (d->no_pipe) return false;
-  int fds[2];
-  if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) {
-    d->no_pipe = true;
-    return false;
-  }
-  fcntl(fds[1], F_SETPIPE_SZ, TTD_RELAY_CHUNK); /* else the default 64 KiB */
-  d->pipe_r = fds[0];
-  d->pipe_w = fds[1];
-  return true;
-}
-
-/* Splices what d's pipe holds to fd: 1 when all of it is gone, 0 when fd is full, -1 when
- * it failed. */
-static int pipe_flush(relay_dir *d, int fd) {
-  while (d->piped) {
-    ssize_t n = splice(d->pipe_r, NULL, fd, NULL, d->piped, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-    if (n > 0) {
-      d->piped -= (size_t)n;
-      continue;
-    }
-    return n < 0 && (errno == EAGAIN || errno == EINTR) ? 0 : -1;
-  }
-  return 1;
-}
-
-/* Splices up to want bytes from fd into d's empty pipe: IO_OK with d->piped set, or why not. */
-static int pipe_fill(relay_dir *d, int fd, size_t want) {
-  ssize_t n = splice(fd, NULL, d->pipe_w, NULL, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-  if (n > 0) {
-    d->piped = (size_t)n;
-    return IO_OK;
-  }
-  if (n == 0) return IO_EOF;
-  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? IO_AGAIN : IO_ERROR;
-}
-
-/* The peer's bytes to gRPC, each read parsed first; the long rest of a frame's payload is
- * spliced unread (plain text). -1: end the connection (c->frames says whether for what the
- * peer sent). */
+/* The peer's decrypted bytes to gRPC, each read parsed first. -1: end the connection
+ * (c->frames says whether for what the peer sent). */
 static int pump_up(relay_worker *w, relay_conn *c) {
   if (c->up.held) {
     int flushed = flush(c, &c->up, false);
     if (flushed <= 0) return flushed;
   }
-  if (c->up.piped) {
-    int flushed = pipe_flush(&c->up, c->local_fd);
-    if (flushed <= 0) return flushed;
-  }
   for (int turn = 0; turn < RELAY_READS_PER_TURN && !c->up.eof; turn++) {
     size_t n;
-    if (!c->ssl && c->frames.payload_left >= RELAY_SPLICE_MIN && pipe_ready(&c->up)) {
-      int status = pipe_fill(&c->up, c->peer_fd, c->frames.payload_left);
-      if (status == IO_AGAIN) return 0;
-      if (status == IO_ERROR) return -1;
-      if (status == IO_EOF) {
-        c->up.eof = true;
-        break;
-      }
-      ttd_h2_frames_skip(&c->frames, c->up.piped);
-      int flushed = pipe_flush(&c->up, c->local_fd);
-      if (flushed <= 0) return flushed;
-      continue;
-    }
     int status = peer_read(c, w->scratch, TTD_RELAY_CHUNK, &n);
     if (status == IO_AGAIN) return 0;
     if (status == IO_ERROR) return -1;
@@ -295,8 +212,7 @@ static int pump_up(relay_worker *w, relay_conn *c) {
   return 0;
 }
 
-/* gRPC's bytes to the peer (copied: splicing them measured no faster, and costs a pipe per
- * connection). -1: end the connection (gRPC closed it, or a side failed). */
+/* gRPC's bytes to the peer, encrypted. -1: end the connection (gRPC closed it, or a side failed). */
 static int pump_down(relay_worker *w, relay_conn *c) {
   if (c->down.held) {
     int flushed = flush(c, &c->down, true);
@@ -332,8 +248,6 @@ static void conn_close(relay_conn *c, bool graceful) {
   relay_dir *dirs[2] = {&c->up, &c->down};
   for (int i = 0; i < 2; i++) {
     free(dirs[i]->held);
-    if (dirs[i]->pipe_r >= 0) close(dirs[i]->pipe_r);
-    if (dirs[i]->pipe_w >= 0) close(dirs[i]->pipe_w);
   }
 }
 
@@ -366,7 +280,7 @@ static void service(relay_worker *w, relay_conn *c) {
     conn_end(w, c);
     return;
   }
-  bool up_full = c->up.held || c->up.piped, down_full = c->down.held || c->down.piped;
+  bool up_full = c->up.held != NULL, down_full = c->down.held != NULL;
   uint32_t peer = 0, local = 0;
   if (!up_full && !c->up.eof) peer |= EPOLLIN;
   if (down_full || c->read_wants_write) peer |= EPOLLOUT;
@@ -375,7 +289,7 @@ static void service(relay_worker *w, relay_conn *c) {
   if (up_full) local |= EPOLLOUT;
   watch(w, c->peer_fd, &c->peer_tag, &c->peer_events, peer);
   watch(w, c->local_fd, &c->local_tag, &c->local_events, local);
-  if (c->ssl && !c->again && !up_full && !c->up.eof && SSL_has_pending(c->ssl)) {
+  if (!c->again && !up_full && !c->up.eof && SSL_has_pending(c->ssl)) {
     c->again = true; /* decrypted bytes wait in the session, and no event will say so */
     c->again_next = w->again;
     w->again = c;
@@ -493,14 +407,12 @@ ttd_status_t ttd_conn_relay_add(ttd_conn_relay *r, int peer_fd, SSL *ssl, int lo
                                 size_t first_len, void *cookie) {
   relay_conn *c = calloc(1, sizeof(*c));
   if (!c) {
-    relay_conn doomed = {.peer_fd = peer_fd, .local_fd = local_fd, .ssl = ssl, .up = {.pipe_r = -1, .pipe_w = -1},
-                         .down = {.pipe_r = -1, .pipe_w = -1}};
+    relay_conn doomed = {.peer_fd = peer_fd, .local_fd = local_fd, .ssl = ssl};
     conn_close(&doomed, false);
     return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory for a relayed connection");
   }
   *c = (relay_conn){.peer_tag = {SIDE_PEER, c}, .local_tag = {SIDE_LOCAL, c}, .peer_fd = peer_fd, .ssl = ssl,
-                    .local_fd = local_fd, .cookie = cookie, .up = {.pipe_r = -1, .pipe_w = -1},
-                    .down = {.pipe_r = -1, .pipe_w = -1}};
+                    .local_fd = local_fd, .cookie = cookie};
   ttd_h2_frames_init(&c->frames, r->max_resets, 1, now_ms());
   if (first_len) {
     /* Checked by the gate already, and short: gRPC's end of a fresh socketpair takes it. */

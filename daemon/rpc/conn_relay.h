@@ -1,9 +1,10 @@
-/* The relay between a TCP peer and gRPC: the connection gate (conn_gate.h) hands gRPC one end
- * of a socketpair and the relay the other, with the peer's socket (and its TLS session when
- * the listener is TLS, handshake done). The relay moves bytes both ways and reads the
- * peer's HTTP/2 frames (h2_frames.h) before gRPC does, so that a peer resetting streams
- * faster than the bucket allows (HTTP/2 rapid reset), or sending a frame gRPC would refuse,
- * is closed before gRPC has parsed and queued its frames.
+/* The relay between a TLS peer and gRPC: the connection gate (conn_gate.h) ends TLS, hands
+ * gRPC one end of a socketpair and the relay the other, with the peer's socket and its TLS
+ * session (handshake done). The relay moves bytes both ways, decrypting and encrypting, and
+ * reads the peer's HTTP/2 frames (h2_frames.h) before gRPC does, so that a peer resetting
+ * streams faster than the bucket allows (HTTP/2 rapid reset), or sending a frame gRPC would
+ * refuse, is closed before gRPC has parsed and queued its frames. (Plain-text peers need no
+ * relay: h2_read_guard.h counts their frames in gRPC's own reads.)
  *
  * Each direction holds at most one read's bytes (TTD_RELAY_CHUNK) that the other side could
  * not take yet, and reads no more until they are gone: a side that stops reading stops the
@@ -35,7 +36,7 @@ typedef void (*ttd_conn_relay_end_fn)(void *arg, void *cookie, ttd_h2_verdict wh
 ttd_status_t ttd_conn_relay_create(int threads, int max_resets, ttd_conn_relay_end_fn end, void *end_arg,
                                    ttd_conn_relay **out_relay);
 
-/* Relays between peer_fd (a connected TCP socket; with ssl, a TLS session over it whose
+/* Relays between peer_fd (a connected TCP socket, with ssl the TLS session over it whose
  * handshake is done) and local_fd (a socketpair end whose other end gRPC reads). first holds
  * bytes already read from the peer (its preface), passed on first and parsed like the rest.
  * Takes peer_fd, ssl and local_fd whatever it returns (closes and frees them on an error).

@@ -51,19 +51,21 @@ ttd_h2_verdict ttd_h2_frames_feed(ttd_h2_frames *f, const uint8_t *data, size_t 
       f->payload_left -= (uint32_t)n;
       at += n;
     } else if (f->head_len == 0 && len - at >= TTD_H2_FRAME_HEADER_LEN) {
+      f->head_at = f->offset + at;
       memcpy(f->head, data + at, TTD_H2_FRAME_HEADER_LEN); /* the common case: a whole header */
       at += TTD_H2_FRAME_HEADER_LEN;
       f->verdict = frame_header(f, now_ms);
     } else {
+      if (f->head_len == 0) f->head_at = f->offset + at;
       f->head[f->head_len++] = data[at++];
       if (f->head_len == TTD_H2_FRAME_HEADER_LEN) f->verdict = frame_header(f, now_ms);
     }
   }
+  f->offset += at;
+  if (f->verdict == TTD_H2_PASS) f->good = f->offset;
+  else if (f->verdict == TTD_H2_BAD_PREFACE) f->good = 0;
+  else if (f->good < f->head_at) f->good = f->head_at; /* up to the offending frame */
   return f->verdict;
-}
-
-void ttd_h2_frames_skip(ttd_h2_frames *f, size_t n) {
-  f->payload_left -= n < f->payload_left ? (uint32_t)n : f->payload_left;
 }
 
 const char *ttd_h2_verdict_text(ttd_h2_verdict v) {

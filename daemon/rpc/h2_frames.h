@@ -1,6 +1,7 @@
-/* HTTP/2 frames as a client sends them, counted before gRPC reads them: the connection relay
- * (conn_relay.h) feeds each chunk of a TCP peer's bytes through a parser and passes them on
- * only while the verdict is TTD_H2_PASS. It reads the 24-byte client preface and then each
+/* HTTP/2 frames as a client sends them, counted before gRPC parses them: the TLS relay
+ * (conn_relay.h) and the read guard of plain-text connections (h2_read_guard.h) feed each
+ * chunk of a peer's bytes through a parser and pass them on only while the verdict is
+ * TTD_H2_PASS. It reads the 24-byte client preface and then each
  * frame's 9-byte header (length, type, flags, stream), skipping payloads; no HPACK. Pure: no
  * I/O, no clock (the caller passes the time), no allocation. */
 #ifndef TTD_RPC_H2_FRAMES_H
@@ -36,6 +37,10 @@ typedef struct ttd_h2_frames {
   int64_t resets_ms;       /* when the bucket was last filled */
   uint64_t frames;         /* whole frame headers read */
   uint64_t resets;         /* RST_STREAM frames read */
+  uint64_t offset;         /* bytes fed */
+  uint64_t head_at;        /* the offset of the current frame header's first byte */
+  uint64_t good;           /* bytes that may go on: all fed while PASS, else up to the frame
+                            * (or preface) that turned the verdict */
   ttd_h2_verdict verdict;  /* sticky: once not PASS, feeding changes nothing */
 } ttd_h2_frames;
 
@@ -47,10 +52,6 @@ void ttd_h2_frames_init(ttd_h2_frames *f, int max_resets, int expect_preface, in
 /* Reads len more bytes of the client's stream, received at now_ms (a monotonic clock in
  * milliseconds); returns the verdict so far. data may be NULL when len is 0. */
 ttd_h2_verdict ttd_h2_frames_feed(ttd_h2_frames *f, const uint8_t *data, size_t len, int64_t now_ms);
-
-/* Passes n bytes of the current frame's payload without reading them (the relay moves
- * large payloads with splice); n at most f->payload_left. */
-void ttd_h2_frames_skip(ttd_h2_frames *f, size_t n);
 
 /* What a verdict means, for logs: "HTTP/2 rapid reset" and the like. */
 const char *ttd_h2_verdict_text(ttd_h2_verdict v);

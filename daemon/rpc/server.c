@@ -556,7 +556,6 @@ static void on_call_event(ttd_call *c, bool ok) {
       send_stream_message(c);
       return;
     case TTD_CALL_FINISHING:
-      if (c->cancelled && c->gate_fd >= 0) ttd_conn_gate_note_reset(c->server->gate, c->gate_fd); /* rapid reset? */
       call_destroy(c);
       return;
   }

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -136,18 +137,26 @@ END_TEST
  * RST_STREAM, written as fast as the connection takes them. ttd closes the connection before
  * gRPC has queued the calls (its peak memory grows by less than 64 MiB, where gRPC alone
  * queues 2.5 GiB), logs and counts it, and serves a tenant over TCP after. */
-START_TEST(test_rapid_reset_disconnected) {
+/* 200000 rapid-reset pairs over fd (then closed): ttd closes the connection, its peak memory
+ * grows by less than 64 MiB, and its log names the peer, whose name starts with peer. */
+static void flood_closed(int fd, const char *peer) {
   long hwm_before = harness_hwm_kib(&proc);
   ck_assert_int_gt(hwm_before, 0);
-  int fd = connect_tcp();
-  ck_assert_int_ge(fd, 0);
   int sent = h2_flood_rapid_reset(h2_flood_write_fd, &fd, "/ttd.v1.Device/ListDevices", 200000);
   ck_assert_int_eq(sent < 200000 || closed_within(fd, 5000), 1);
   close(fd);
   long grown = harness_hwm_kib(&proc) - hwm_before;
   ck_assert_msg(grown < 64 * 1024, "the flood (%d pairs sent) grew ttd's peak memory by %ld KiB", sent, grown);
-  for (int i = 0; i < 50 && harness_log_count(&proc, "event=rapid-reset action=closed") == 0; i++) usleep(100 * 1000);
-  ck_assert_int_ge(harness_log_count(&proc, "event=rapid-reset action=closed peer=\"ipv4:127.0.0.1:"), 1);
+  char line[96];
+  snprintf(line, sizeof(line), "event=rapid-reset action=closed peer=\"%s", peer);
+  for (int i = 0; i < 50 && harness_log_count(&proc, line) == 0; i++) usleep(100 * 1000);
+  ck_assert_int_ge(harness_log_count(&proc, line), 1);
+}
+
+START_TEST(test_rapid_reset_disconnected) {
+  int fd = connect_tcp();
+  ck_assert_int_ge(fd, 0);
+  flood_closed(fd, "ipv4:127.0.0.1:");
   char target[32];
   snprintf(target, sizeof(target), "127.0.0.1:%d", tcp_port);
   tenant_served(target);
@@ -155,6 +164,20 @@ START_TEST(test_rapid_reset_disconnected) {
   char *m = harness_http(admin_port, "GET", "/metrics");
   ck_assert_double_ge(harness_metric(m, "ttd_connections_reset_closed_total"), 1);
   free(m);
+}
+END_TEST
+
+/* The same flood over the Unix socket, whose connections go to gRPC without a relay: the read
+ * guard counts the frames in gRPC's own reads and closes the peer as early, naming its uid. */
+START_TEST(test_rapid_reset_unix_socket) {
+  ck_assert(strncmp(proc.target, "unix:", 5) == 0);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  snprintf(addr.sun_path, sizeof(addr.sun_path), "%.107s", proc.target + 5);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+  flood_closed(fd, "unix:uid=");
+  tenant_served(proc.target);
 }
 END_TEST
 
@@ -195,6 +218,7 @@ Suite *e2e_conn_bounds_suite(void) {
   tcase_add_test(tc, test_handshake_timeout);
   tcase_add_test(tc, test_fd_exhaustion);
   tcase_add_test(tc, test_rapid_reset_disconnected);
+  tcase_add_test(tc, test_rapid_reset_unix_socket);
   tcase_add_test(tc, test_oversized_frame_closed);
   suite_add_tcase(s, tc);
   return s;

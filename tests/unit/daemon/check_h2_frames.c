@@ -1,5 +1,6 @@
-/* The relay's HTTP/2 frame reader (rpc/h2_frames.h): the client preface, frame headers split
- * at every byte boundary, a frame longer than gRPC allows, and the RST_STREAM bucket. */
+/* The HTTP/2 frame reader of the read guard and the TLS relay (rpc/h2_frames.h): the client
+ * preface, frame headers split at every byte boundary, a frame longer than gRPC allows, the
+ * RST_STREAM bucket, and how many bytes may go on when the verdict turns. */
 #include <check.h>
 #include <string.h>
 
@@ -123,6 +124,37 @@ START_TEST(test_reset_bucket) {
 }
 END_TEST
 
+/* The bytes that may go on stop at the first byte of the reset past the bucket, whether its
+ * header comes whole, split after its third byte within one chunk, or split across two
+ * chunks (then the chunk holding its end passes nothing more). */
+START_TEST(test_good_stops_at_offending_frame) {
+  uint8_t buf[24 + 9 + 4 * 13];
+  size_t n = 24;
+  memcpy(buf, preface, 24);
+  n += frame(buf + n, 0, 4, 0);
+  size_t resets_at = n;
+  for (int i = 0; i < 4; i++) n += frame(buf + n, 4, 3, (uint32_t)(2 * i + 1));
+  size_t third = resets_at + 2 * 13; /* the third reset, one past a bucket of 2 */
+  ttd_h2_frames f;
+  ttd_h2_frames_init(&f, 2, 1, 0);
+  ck_assert_int_eq(ttd_h2_frames_feed(&f, buf, n, 0), TTD_H2_RESET_FLOOD);
+  ck_assert_uint_eq(f.good, third);
+  ck_assert_uint_eq(f.resets, 3);
+  for (size_t cut = third + 1; cut < third + 9; cut++) {
+    ttd_h2_frames_init(&f, 2, 1, 0);
+    ck_assert_int_eq(ttd_h2_frames_feed(&f, buf, cut, 0), TTD_H2_PASS);
+    ck_assert_uint_eq(f.good, cut); /* part of a header is no frame yet */
+    ck_assert_int_eq(ttd_h2_frames_feed(&f, buf + cut, n - cut, 0), TTD_H2_RESET_FLOOD);
+    ck_assert_uint_eq(f.good, cut);
+    ck_assert_int_eq(ttd_h2_frames_feed(&f, buf, n, 0), TTD_H2_RESET_FLOOD); /* sticky */
+    ck_assert_uint_eq(f.good, cut);
+  }
+  ttd_h2_frames_init(&f, 2, 1, 0);
+  ck_assert_int_eq(ttd_h2_frames_feed(&f, (const uint8_t *)"GET / HTTP/1.1\r\n", 16, 0), TTD_H2_BAD_PREFACE);
+  ck_assert_uint_eq(f.good, 0);
+}
+END_TEST
+
 Suite *h2_frames_suite(void) {
   Suite *s = suite_create("h2_frames");
   TCase *tc = tcase_create("h2_frames");
@@ -130,6 +162,7 @@ Suite *h2_frames_suite(void) {
   tcase_add_test(tc, test_preface);
   tcase_add_test(tc, test_oversized_length);
   tcase_add_test(tc, test_reset_bucket);
+  tcase_add_test(tc, test_good_stops_at_offending_frame);
   suite_add_tcase(s, tc);
   return s;
 }
