@@ -13,6 +13,7 @@ int main(void) {
   srunner_add_suite(sr, block_cache_suite());
   srunner_add_suite(sr, address_suite());
   srunner_add_suite(sr, handle_map_suite());
+  srunner_add_suite(sr, h2_frames_suite());
   srunner_add_suite(sr, config_suite());
   srunner_add_suite(sr, sim_backend_suite());
   srunner_add_suite(sr, session_suite());

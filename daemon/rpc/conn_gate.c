@@ -7,6 +7,7 @@
 #include <grp.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <poll.h>
@@ -24,10 +25,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "rpc/conn_relay.h"
+#include "rpc/h2_read_guard.h"
+#include "rpc/tls_server.h"
 #include "telemetry/log.h"
 
 #define GATE_MAX_LISTENERS 32
 #define GATE_ACCEPT_RETRY_MS 100
+/* Threads that relay TLS connections. */
+#define GATE_RELAY_THREADS 2
+/* The send buffer of each end of a relayed connection's socketpair. */
+#define GATE_PAIR_BUFFER (1024 * 1024)
 
 static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"; /* 24 bytes */
 #define PREFACE_LEN 24
@@ -39,6 +47,7 @@ typedef struct gate_listener {
   int fd;
   int index;                /* in config->listen */
   ttd_conn_peer_kind kind;  /* of its connections: a socket file, an abstract socket, TCP */
+  SSL_CTX *tls;             /* TCP with TLS: ended here; NULL: plain text */
   int64_t paused_until;     /* 0: accepting */
 } gate_listener;
 
@@ -65,16 +74,19 @@ typedef struct gate_peer {
 
 typedef struct gate_conn {
   int tag;
-  int fd;           /* accepted; after the handoff, gRPC's "fd:N" */
-  int watch;        /* after the handoff: our duplicate, watched for the connection's end */
+  int fd;           /* accepted; after the handoff, gRPC's "fd:N" (for TCP its socketpair end) */
+  int watch;        /* after a Unix socket's handoff: our duplicate, watched for its end */
   int peer;         /* index in peers; -1 for the prober's own connections */
   gate_who who;
   bool handed;
+  bool tcp;         /* from a TCP listener */
+  bool relayed;     /* TLS, handed over: the relay holds the socket until it calls relay_ended */
+  bool tls_done;    /* the handshake is over and its bytes sent */
+  uint32_t events;  /* before the handoff: what the gate's epoll watches for */
+  SSL *ssl;         /* a TLS listener's connection before the handoff */
+  uint8_t first[PREFACE_LEN]; /* TCP: the client preface, read before the handoff */
   size_t preface_seen;
-  int64_t deadline; /* no preface by then: closed */
-  double resets;    /* bucket of TTD_GATE_MAX_RESETS */
-  int64_t resets_ms;
-  bool killed;
+  int64_t deadline; /* no preface (TLS: handshake and preface) by then: closed */
   struct gate_conn *next, *prev; /* every connection */
 } gate_conn;
 
@@ -83,6 +95,7 @@ struct ttd_conn_gate {
   const ttd_config *config;
   ttd_conn_gate_handoff_fn handoff;
   void *handoff_arg;
+  ttd_conn_relay *relay; /* TCP connections after their handoff */
   gate_listener listeners[GATE_MAX_LISTENERS];
   int listener_count;
   int epoll_fd, wake_fd, wake_tag;
@@ -90,7 +103,7 @@ struct ttd_conn_gate {
   pthread_t thread, prober;
   bool thread_started, prober_started, stopped;
   atomic_bool stopping;
-  pthread_mutex_t lock; /* conns, by_fd, peers: taken by the gate thread, note_reset and peer */
+  pthread_mutex_t lock; /* conns, by_fd, peers: taken by the gate thread, the relay, the guard and peer */
   gate_conn *conns;
   gate_slot *by_fd; /* by gRPC's descriptor: the handed connection, who was at its end */
   int by_fd_size;
@@ -100,17 +113,14 @@ struct ttd_conn_gate {
   atomic_int probe_port; /* the prober's own TCP source port, exempt from the bounds */
   int64_t log_second;
   uint64_t log_left_out;
+  int64_t relay_log_second; /* the same for the relay's ends, under lock */
+  uint64_t relay_log_left_out;
 };
 
 static int64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-bool ttd_conn_gate_owns(const ttd_config *config, const char *address) {
-  if (strncmp(address, "unix", 4) == 0) return true; /* unix: and unix-abstract: */
-  return config->insecure && !config->tls_cert && !config->tls_key;
 }
 
 /* At most one line a second for refusals and failed accepts, then the count left out. */
@@ -204,9 +214,9 @@ static int listen_unix(const ttd_config *config, const char *address, bool abstr
   return fd;
 }
 
-ttd_status_t ttd_conn_gate_listen(ttd_conn_gate *g, const char *address) {
+ttd_status_t ttd_conn_gate_listen(ttd_conn_gate *g, const char *address, SSL_CTX *tls) {
   if (g->listener_count == GATE_MAX_LISTENERS) {
-    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "at most %d plain-text listeners", GATE_MAX_LISTENERS);
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "at most %d listeners: pass fewer --listen", GATE_MAX_LISTENERS);
   }
   int fd = -1, err = 0;
   ttd_conn_peer_kind kind = strncmp(address, "unix-abstract:", 14) == 0 ? TTD_CONN_PEER_UNIX_ABSTRACT
@@ -239,14 +249,42 @@ ttd_status_t ttd_conn_gate_listen(ttd_conn_gate *g, const char *address) {
   }
   int index = 0;
   while (index < g->config->listen_count && strcmp(g->config->listen[index], address) != 0) index++;
-  g->listeners[g->listener_count++] = (gate_listener){.tag = TAG_LISTENER, .fd = fd, .index = index, .kind = kind};
-  TTD_LOG(TTD_LOG_INFO, "event=listening address=%s tls=no gate=yes max_connections=%d max_peer_connections=%d "
-          "handshake_timeout_ms=%lld", address, g->config->max_connections, g->config->max_peer_connections,
+  if (kind != TTD_CONN_PEER_TCP) tls = NULL;
+  if (tls) SSL_CTX_up_ref(tls);
+  g->listeners[g->listener_count++] =
+      (gate_listener){.tag = TAG_LISTENER, .fd = fd, .index = index, .kind = kind, .tls = tls};
+  TTD_LOG(TTD_LOG_INFO, "event=listening address=%s tls=%s relay=%s max_connections=%d max_peer_connections=%d "
+          "handshake_timeout_ms=%lld", address, !tls ? "no" : g->config->tls_client_ca ? "mutual" : "yes",
+          kind == TTD_CONN_PEER_TCP ? "yes" : "no", g->config->max_connections, g->config->max_peer_connections,
           (long long)g->config->handshake_timeout_ms);
   return TTD_OK;
 }
 
 /* ---- connections ---- */
+
+/* The name ttd_conn_peer gives who (fd: the descriptor gRPC names, for an unknown peer). */
+static void who_name(const gate_who *who, int fd, char *out, size_t size) {
+  switch ((ttd_conn_peer_kind)who->kind) {
+    case TTD_CONN_PEER_UNIX_FILE:
+    case TTD_CONN_PEER_UNIX_ABSTRACT:
+      snprintf(out, size, "%s:uid=%u,pid=%d", who->kind == TTD_CONN_PEER_UNIX_FILE ? "unix" : "unix-abstract",
+               (unsigned)who->uid, (int)who->pid);
+      return;
+    case TTD_CONN_PEER_TCP: {
+      char ip[INET6_ADDRSTRLEN] = "?";
+      inet_ntop(who->family == AF_INET6 ? AF_INET6 : AF_INET, who->addr, ip, sizeof(ip));
+      if (who->family == AF_INET6) snprintf(out, size, "ipv6:[%s]:%u", ip, (unsigned)who->port);
+      else snprintf(out, size, "ipv4:%s:%u", ip, (unsigned)who->port);
+      return;
+    }
+    case TTD_CONN_PEER_PROBER:
+      snprintf(out, size, "ttd-prober");
+      return;
+    case TTD_CONN_PEER_UNKNOWN:
+      break;
+  }
+  snprintf(out, size, "fd:%d", fd);
+}
 
 /* Who is at fd's other end (a Unix peer's credentials, a TCP peer's address) and its key
  * for the per-peer bound ("ip ADDRESS", "uid N"); -1 for ttd's own prober (and a peer that
@@ -331,14 +369,18 @@ static void refuse_log(ttd_conn_gate *g, const char *why, const char *key) {
           g->total, (unsigned long long)left_out);
 }
 
-/* Under lock. Closes a connection the gate holds (before or after the handoff). */
+/* Under lock. Closes a connection the gate holds (before or after the handoff; a relayed
+ * one's sockets are the relay's, which has closed them or closes them at its end). */
 static void conn_free(ttd_conn_gate *g, gate_conn *c) {
   if (c->handed) {
     if (c->fd >= 0 && c->fd < g->by_fd_size && g->by_fd[c->fd].conn == c) g->by_fd[c->fd].conn = NULL;
-    epoll_ctl(g->epoll_fd, EPOLL_CTL_DEL, c->watch, NULL);
-    close(c->watch);
+    if (c->watch >= 0) {
+      epoll_ctl(g->epoll_fd, EPOLL_CTL_DEL, c->watch, NULL);
+      close(c->watch);
+    }
   } else {
     epoll_ctl(g->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+    SSL_free(c->ssl);
     close(c->fd);
   }
   if (c->peer >= 0) g->peers[c->peer].count--;
@@ -363,6 +405,11 @@ static void admit(ttd_conn_gate *g, gate_listener *l, int fd) {
     else if (g->peers[peer].count >= g->config->max_peer_connections) refused = "--max-peer-connections reached";
   }
   gate_conn *c = refused ? NULL : calloc(1, sizeof(*c));
+  SSL *ssl = c && l->tls ? ttd_tls_server_session(l->tls, fd) : NULL;
+  if (c && l->tls && !ssl) {
+    free(c);
+    c = NULL;
+  }
   if (!c) {
     if (!refused) refused = "out of memory";
     atomic_fetch_add(&g->core->metrics.connections_refused, 1);
@@ -371,14 +418,20 @@ static void admit(ttd_conn_gate *g, gate_listener *l, int fd) {
     close(fd);
     return;
   }
-  *c = (gate_conn){.tag = TAG_CONN, .fd = fd, .watch = -1, .peer = peer, .who = who, .resets = TTD_GATE_MAX_RESETS,
-                   .resets_ms = now_ms(), .deadline = now_ms() + g->config->handshake_timeout_ms};
+  *c = (gate_conn){.tag = TAG_CONN, .fd = fd, .watch = -1, .peer = peer, .who = who,
+                   .deadline = now_ms() + g->config->handshake_timeout_ms,
+                   .tcp = l->kind == TTD_CONN_PEER_TCP, .ssl = ssl, .events = EPOLLIN | EPOLLRDHUP};
+  if (c->tcp) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)); /* as gRPC sets its own */
+  }
+  if (c->ssl) c->events = EPOLLIN;
   if (peer >= 0) g->peers[peer].count++;
   g->total++;
   c->next = g->conns;
   if (c->next) c->next->prev = c;
   g->conns = c;
-  struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+  struct epoll_event ev = {.events = c->events, .data.ptr = c};
   if (epoll_ctl(g->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) conn_free(g, c);
   pthread_mutex_unlock(&g->lock);
 }
@@ -407,10 +460,14 @@ static void check_preface(ttd_conn_gate *g, gate_conn *c) {
   }
   epoll_ctl(g->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
   c->watch = fcntl(c->fd, F_DUPFD_CLOEXEC, 0);
-  if (c->watch < 0 || c->fd >= g->by_fd_size) {
+  const char *refused = c->watch < 0 || c->fd >= g->by_fd_size ? "no descriptor left to watch it"
+                        : ttd_h2_read_guard_watch(c->fd, TTD_GATE_MAX_RESETS) != 0 /* gRPC's reads, counted */
+                            ? "descriptor past the read guard's range"
+                            : NULL;
+  if (refused) {
     if (c->watch >= 0) close(c->watch);
     c->watch = -1;
-    refuse_log(g, "no descriptor left to watch it", "-");
+    refuse_log(g, refused, "-");
     atomic_fetch_add(&g->core->metrics.connections_refused, 1);
     epoll_ctl(g->epoll_fd, EPOLL_CTL_ADD, c->fd, &(struct epoll_event){.events = 0, .data.ptr = c});
     conn_free(g, c);
@@ -425,6 +482,170 @@ static void check_preface(ttd_conn_gate *g, gate_conn *c) {
   int fd = c->fd;
   pthread_mutex_unlock(&g->lock);
   g->handoff(g->handoff_arg, fd);
+}
+
+/* Under lock, or on the gate thread before the handoff. */
+static void set_events(ttd_conn_gate *g, gate_conn *c, uint32_t events) {
+  if (c->events == events) return;
+  c->events = events;
+  struct epoll_event ev = {.events = events, .data.ptr = c};
+  epoll_ctl(g->epoll_fd, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
+static void close_unhanded(ttd_conn_gate *g, gate_conn *c) {
+  pthread_mutex_lock(&g->lock);
+  conn_free(g, c);
+  pthread_mutex_unlock(&g->lock);
+}
+
+/* A TLS handshake that failed, or ended without ALPN "h2": one line a second, naming the
+ * peer (not for the prober, whose handshakes fail against mutual TLS by design). The
+ * session sent no alert (tls_server.h). */
+static void tls_failed(ttd_conn_gate *g, gate_conn *c, const char *why) {
+  if (c->who.kind == TTD_CONN_PEER_PROBER) return;
+  char name[64];
+  who_name(&c->who, c->fd, name, sizeof(name));
+  pthread_mutex_lock(&g->lock);
+  uint64_t left_out;
+  if (log_allowed(g, &left_out)) {
+    TTD_LOG(TTD_LOG_INFO, "event=tls-handshake-failed peer=\"%s\" reason=\"%s\" left_out=%llu", name, why,
+            (unsigned long long)left_out);
+  }
+  pthread_mutex_unlock(&g->lock);
+}
+
+/* Under lock. A peer closed for the frames it sent (by the relay or the read guard): counted,
+ * and logged one line a second. */
+static void closed_for_frames(ttd_conn_gate *g, const gate_who *who, int fd, ttd_h2_verdict why) {
+  bool reset = why == TTD_H2_RESET_FLOOD;
+  atomic_fetch_add(reset ? &g->core->metrics.connections_reset_closed : &g->core->metrics.connections_protocol_closed,
+                   1);
+  int64_t second = now_ms() / 1000;
+  if (second == g->relay_log_second) {
+    g->relay_log_left_out++;
+    return;
+  }
+  char name[64];
+  who_name(who, fd, name, sizeof(name));
+  if (reset) {
+    TTD_LOG(TTD_LOG_WARN, "event=rapid-reset action=closed peer=\"%s\" reason=\"the client reset streams faster "
+            "than %d a second (HTTP/2 rapid reset)\" left_out=%llu", name, TTD_GATE_MAX_RESETS,
+            (unsigned long long)g->relay_log_left_out);
+  } else {
+    TTD_LOG(TTD_LOG_WARN, "event=protocol-error action=closed peer=\"%s\" reason=\"%s\" left_out=%llu", name,
+            ttd_h2_verdict_text(why), (unsigned long long)g->relay_log_left_out);
+  }
+  g->relay_log_second = second;
+  g->relay_log_left_out = 0;
+}
+
+/* The relay ended a connection: its place is free. */
+static void relay_ended(void *arg, void *cookie, ttd_h2_verdict why) {
+  ttd_conn_gate *g = arg;
+  gate_conn *c = cookie;
+  pthread_mutex_lock(&g->lock);
+  if (why != TTD_H2_PASS) closed_for_frames(g, &c->who, c->fd, why);
+  conn_free(g, c);
+  pthread_mutex_unlock(&g->lock);
+}
+
+/* The read guard closed a plain-text connection gRPC holds as fd (on gRPC's reading thread);
+ * the gate frees its place when the watch sees the end. */
+static void guard_closed(void *arg, int fd, ttd_h2_verdict why) {
+  ttd_conn_gate *g = arg;
+  pthread_mutex_lock(&g->lock);
+  gate_slot *slot = fd >= 0 && fd < g->by_fd_size ? &g->by_fd[fd] : NULL;
+  gate_who who = slot ? slot->who : (gate_who){0};
+  closed_for_frames(g, &who, fd, why);
+  pthread_mutex_unlock(&g->lock);
+}
+
+/* A TCP connection whose preface (and TLS handshake) is done: gRPC gets one end of a
+ * socketpair, the relay the other and the peer's socket. */
+static void start_relay(ttd_conn_gate *g, gate_conn *c) {
+  int pair[2] = {-1, -1};
+  pthread_mutex_lock(&g->lock);
+  epoll_ctl(g->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0 || pair[0] >= g->by_fd_size) {
+    if (pair[0] >= 0) close(pair[0]), close(pair[1]);
+    refuse_log(g, "no descriptor left for its relay", "-");
+    atomic_fetch_add(&g->core->metrics.connections_refused, 1);
+    conn_free(g, c);
+    pthread_mutex_unlock(&g->lock);
+    return;
+  }
+  /* Room for a few of the relay's reads either way: fewer turns between gRPC and the relay
+   * (the kernel caps it at net.core.wmem_max). */
+  int bytes = GATE_PAIR_BUFFER;
+  setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  setsockopt(pair[1], SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  int peer_fd = c->fd;
+  SSL *ssl = c->ssl;
+  uint8_t first[PREFACE_LEN];
+  memcpy(first, c->first, PREFACE_LEN);
+  c->ssl = NULL;
+  c->fd = pair[0];
+  c->handed = c->relayed = true;
+  g->by_fd[pair[0]] = (gate_slot){.conn = c, .who = c->who};
+  pthread_mutex_unlock(&g->lock);
+  /* From here the relay may end c (relay_ended) at any moment: c is not touched again. */
+  ttd_status_t status = ttd_conn_relay_add(g->relay, peer_fd, ssl, pair[1], first, PREFACE_LEN, c);
+  if (status) {
+    pthread_mutex_lock(&g->lock);
+    refuse_log(g, ttd_status_message(status), "-");
+    atomic_fetch_add(&g->core->metrics.connections_refused, 1);
+    conn_free(g, c);
+    pthread_mutex_unlock(&g->lock);
+    ttd_status_free(status);
+    close(pair[0]);
+    return;
+  }
+  g->handoff(g->handoff_arg, pair[0]);
+}
+
+/* A TLS connection before its handoff: the handshake, then the client preface, read here and
+ * passed to gRPC by the relay. Anything else is closed. */
+static void advance_tls(ttd_conn_gate *g, gate_conn *c) {
+  if (!c->tls_done) {
+    char why[160];
+    switch (ttd_tls_server_handshake(c->ssl, c->fd, why, sizeof(why))) {
+      case TTD_TLS_WANT_READ:
+        set_events(g, c, EPOLLIN);
+        return;
+      case TTD_TLS_WANT_WRITE:
+        set_events(g, c, EPOLLOUT);
+        return;
+      case TTD_TLS_FAILED:
+        tls_failed(g, c, why);
+        close_unhanded(g, c);
+        return;
+      case TTD_TLS_DONE:
+        c->tls_done = true;
+        break;
+    }
+  }
+  set_events(g, c, EPOLLIN);
+  while (c->preface_seen < PREFACE_LEN) {
+    uint8_t *at = c->first + c->preface_seen;
+    size_t want = PREFACE_LEN - c->preface_seen;
+    ERR_clear_error();
+    int n = SSL_read(c->ssl, at, (int)want);
+    if (n <= 0) {
+      int err = SSL_get_error(c->ssl, n);
+      ERR_clear_error();
+      if (err == SSL_ERROR_WANT_READ) return;
+      if (err == SSL_ERROR_WANT_WRITE) {
+        set_events(g, c, EPOLLOUT);
+        return;
+      }
+    }
+    if (n <= 0 || memcmp(at, preface + c->preface_seen, (size_t)n) != 0) {
+      close_unhanded(g, c); /* closed, or not HTTP/2 */
+      return;
+    }
+    c->preface_seen += (size_t)n;
+  }
+  start_relay(g, c);
 }
 
 static void pause_listener(ttd_conn_gate *g, gate_listener *l) {
@@ -479,13 +700,14 @@ static int timers(ttd_conn_gate *g) {
       atomic_fetch_add(&g->core->metrics.connections_timed_out, 1);
       uint64_t left_out;
       if (log_allowed(g, &left_out)) {
-        TTD_LOG(TTD_LOG_INFO, "event=handshake-timeout reason=\"no HTTP/2 preface within %lld ms\" left_out=%llu",
+        TTD_LOG(TTD_LOG_INFO, "event=handshake-timeout reason=\"no %s within %lld ms\" left_out=%llu",
+                c->ssl ? "TLS handshake and HTTP/2 preface" : "HTTP/2 preface",
                 (long long)g->config->handshake_timeout_ms, (unsigned long long)left_out);
       }
       conn_free(g, c);
       continue;
     }
-    if (c->preface_seen) { /* a partial preface: look again soon */
+    if (c->preface_seen && !c->ssl) { /* a partial preface, peeked: look again soon */
       struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
       epoll_ctl(g->epoll_fd, EPOLL_CTL_MOD, c->fd, &ev);
       if (now + 10 < next) next = now + 10;
@@ -522,7 +744,8 @@ static void *gate_main(void *arg) {
       }
       gate_conn *c = events[i].data.ptr;
       if (!c->handed) {
-        check_preface(g, c);
+        if (c->ssl) advance_tls(g, c);
+        else check_preface(g, c);
       } else { /* gRPC closed it (or the peer hung up): its place is free */
         pthread_mutex_lock(&g->lock);
         conn_free(g, c);
@@ -545,48 +768,7 @@ void ttd_conn_gate_peer(ttd_conn_gate *g, int fd, ttd_conn_peer *out) {
   out->uid = who.uid;
   out->gid = who.gid;
   out->pid = who.pid;
-  switch (out->kind) {
-    case TTD_CONN_PEER_UNIX_FILE:
-    case TTD_CONN_PEER_UNIX_ABSTRACT:
-      snprintf(out->name, sizeof(out->name), "%s:uid=%u,pid=%d",
-               out->kind == TTD_CONN_PEER_UNIX_FILE ? "unix" : "unix-abstract", (unsigned)who.uid, (int)who.pid);
-      break;
-    case TTD_CONN_PEER_TCP: {
-      char ip[INET6_ADDRSTRLEN] = "?";
-      inet_ntop(who.family == AF_INET6 ? AF_INET6 : AF_INET, who.addr, ip, sizeof(ip));
-      if (who.family == AF_INET6) snprintf(out->name, sizeof(out->name), "ipv6:[%s]:%u", ip, (unsigned)who.port);
-      else snprintf(out->name, sizeof(out->name), "ipv4:%s:%u", ip, (unsigned)who.port);
-      break;
-    }
-    case TTD_CONN_PEER_PROBER:
-      snprintf(out->name, sizeof(out->name), "ttd-prober");
-      break;
-    case TTD_CONN_PEER_UNKNOWN:
-      snprintf(out->name, sizeof(out->name), "fd:%d", fd);
-      break;
-  }
-}
-
-void ttd_conn_gate_note_reset(ttd_conn_gate *g, int fd) {
-  if (!g) return;
-  pthread_mutex_lock(&g->lock);
-  gate_conn *c = fd >= 0 && fd < g->by_fd_size ? g->by_fd[fd].conn : NULL;
-  if (c && !c->killed) {
-    int64_t now = now_ms();
-    c->resets += (double)(now - c->resets_ms) * TTD_GATE_MAX_RESETS / 1000.0;
-    if (c->resets > TTD_GATE_MAX_RESETS) c->resets = TTD_GATE_MAX_RESETS;
-    c->resets_ms = now;
-    c->resets -= 1;
-    if (c->resets < 0) {
-      /* The socket, not only our descriptor: gRPC reads its end and drops the connection. */
-      c->killed = true;
-      shutdown(c->watch, SHUT_RDWR);
-      atomic_fetch_add(&g->core->metrics.connections_reset_closed, 1);
-      TTD_LOG(TTD_LOG_WARN, "event=rapid-reset action=closed peer=\"%s\" reason=\"the client cancelled calls faster "
-              "than %d a second\"", c->peer >= 0 ? g->peers[c->peer].key : "-", TTD_GATE_MAX_RESETS);
-    }
-  }
-  pthread_mutex_unlock(&g->lock);
+  who_name(&who, fd, out->name, sizeof(out->name));
 }
 
 /* ---- the prober ---- */
@@ -726,6 +908,7 @@ ttd_status_t ttd_conn_gate_create(ttd_core *core, ttd_conn_gate_handoff_fn hando
   g->handoff_arg = arg;
   g->wake_tag = TAG_WAKE;
   pthread_mutex_init(&g->lock, NULL);
+  ttd_h2_read_guard_init(guard_closed, g);
   struct rlimit rl;
   g->by_fd_size = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < (1u << 20) ? (int)rl.rlim_cur : 1 << 20;
   g->by_fd = calloc((size_t)g->by_fd_size, sizeof(*g->by_fd));
@@ -746,6 +929,11 @@ ttd_status_t ttd_conn_gate_start(ttd_conn_gate *g) {
   for (int i = 0; i < g->listener_count; i++) {
     struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &g->listeners[i]};
     epoll_ctl(g->epoll_fd, EPOLL_CTL_ADD, g->listeners[i].fd, &lev);
+  }
+  bool tls = false;
+  for (int i = 0; i < g->listener_count; i++) tls |= g->listeners[i].tls != NULL;
+  if (tls) {
+    TTD_RETURN_IF_ERROR(ttd_conn_relay_create(GATE_RELAY_THREADS, TTD_GATE_MAX_RESETS, relay_ended, g, &g->relay));
   }
   if (g->listener_count) {
     if (pthread_create(&g->thread, NULL, gate_main, g) != 0) {
@@ -772,13 +960,21 @@ void ttd_conn_gate_stop(ttd_conn_gate *g) {
   if (g->prober_started) pthread_join(g->prober, NULL);
   for (int i = 0; i < g->listener_count; i++) close(g->listeners[i].fd);
   pthread_mutex_lock(&g->lock);
-  while (g->conns) conn_free(g, g->conns);
+  for (gate_conn *c = g->conns, *after; c; c = after) { /* relayed ones serve until destroy */
+    after = c->next;
+    if (!c->relayed) conn_free(g, c);
+  }
   pthread_mutex_unlock(&g->lock);
 }
 
 void ttd_conn_gate_destroy(ttd_conn_gate *g) {
   if (!g) return;
   ttd_conn_gate_stop(g);
+  ttd_conn_relay_destroy(g->relay); /* closes what it still relays; no relay_ended after */
+  pthread_mutex_lock(&g->lock);
+  while (g->conns) conn_free(g, g->conns);
+  pthread_mutex_unlock(&g->lock);
+  for (int i = 0; i < g->listener_count; i++) SSL_CTX_free(g->listeners[i].tls);
   if (g->epoll_fd >= 0) close(g->epoll_fd);
   if (g->wake_fd >= 0) close(g->wake_fd);
   if (g->reserve_fd >= 0) close(g->reserve_fd);

@@ -1,29 +1,37 @@
-/* The connection gate: ttd's own accept loop for every listener gRPC 1.51 can be handed
- * connections of (unix: socket files, unix-abstract:, and TCP with --insecure), and the
- * prober that tells whether every listener, gRPC's own TLS ones included, still takes
- * connections. Runs two threads of its own; hands each admitted connection to the gRPC
- * server through a callback, and remembers who is at its other end (ttd_conn_gate_peer).
+/* The connection gate: ttd's own accept loop for every listener (unix: socket files,
+ * unix-abstract:, TCP in plain text with --insecure and TCP with TLS), and the prober that
+ * tells whether every listener still takes connections. Runs two threads of its own; hands
+ * each admitted connection to the gRPC server through a callback, and remembers who is at
+ * its other end (ttd_conn_gate_peer).
  *
  * Why: gRPC 1.51's accept loop stops for good at the first EMFILE, bounds nothing per peer,
- * has no handshake timeout for plain text, and names a Unix caller only "unix:", without its
- * user. The gate reads a Unix peer's credentials (SO_PEERCRED) and a TCP peer's address at
- * accept, bounds connections per peer (TCP: the address; Unix: the uid) and in total, closes
- * a peer that has not sent the HTTP/2 client preface within the handshake timeout, keeps
- * accepting after EMFILE (a reserve descriptor is given up to accept and close the
- * connection it cannot hold), and closes a connection whose client resets calls faster than
- * TTD_GATE_MAX_RESETS a second (HTTP/2 rapid reset), counted by the RPC layer as cancelled
- * calls arrive (ttd_conn_gate_note_reset). */
+ * has no handshake timeout for plain text, names a Unix caller only "unix:", without its
+ * user, and reads and queues every frame a peer sends before ttd sees the first call. The
+ * gate reads a Unix peer's credentials (SO_PEERCRED) and a TCP peer's address at accept,
+ * bounds connections per peer (TCP: the address; Unix: the uid) and in total, closes a peer
+ * that has not sent the HTTP/2 client preface (TLS: finished its handshake and sent the
+ * preface) within the handshake timeout, and keeps accepting after EMFILE (a reserve
+ * descriptor is given up to accept and close the connection it cannot hold).
+ *
+ * Every peer's HTTP/2 frames are counted before gRPC parses them, and a peer that resets
+ * streams faster than TTD_GATE_MAX_RESETS a second (HTTP/2 rapid reset) or sends a frame gRPC
+ * would refuse is closed. A plain-text connection (unix:, unix-abstract:, TCP with --insecure)
+ * goes to gRPC as it is, and the read guard (h2_read_guard.h) counts the frames in gRPC's own
+ * reads: no copy, no thread hop. A TLS connection goes through the relay (conn_relay.h): the
+ * gate ends TLS itself (OpenSSL; ALPN h2; client certificates with --tls-client-ca), gRPC
+ * gets one end of a socketpair in plain text, and the relay counts the decrypted frames. */
 #ifndef TTD_RPC_CONN_GATE_H
 #define TTD_RPC_CONN_GATE_H
 
 #include <netdb.h>
+#include <openssl/ssl.h>
 #include <stdbool.h>
 #include <sys/types.h>
 
 #include "core/core.h"
 
-/* Resets a connection's calls may take a second (a bucket this deep, refilled at this rate)
- * before the gate closes it. A client that cancels its own calls does so a few at a time. */
+/* Streams a connection's client may reset a second (a bucket this deep, refilled at this
+ * rate) before the gate closes it. A client that cancels its own calls does so a few at a time. */
 #define TTD_GATE_MAX_RESETS 200
 /* How often the prober checks every listener, and how long one answer may take. */
 #define TTD_GATE_PROBE_MS 1000
@@ -52,11 +60,6 @@ typedef struct ttd_conn_peer {
 /* Receives an admitted connection's descriptor, which gRPC then owns (and closes). */
 typedef void (*ttd_conn_gate_handoff_fn)(void *arg, int fd);
 
-/* Whether the gate, rather than gRPC, listens on address (plain text: unix:, unix-abstract:,
- * or TCP with --insecure and no TLS). TLS listeners stay gRPC's: gRPC 1.51 takes handed-over
- * connections in plain text only. */
-bool ttd_conn_gate_owns(const ttd_config *config, const char *address);
-
 /* Resolves a TCP "host:port" for listening (AI_PASSIVE); INVALID_ARGUMENT naming it. The
  * caller frees *out with freeaddrinfo. */
 ttd_status_t ttd_conn_gate_resolve(const char *address, struct addrinfo **out);
@@ -65,14 +68,16 @@ ttd_status_t ttd_conn_gate_resolve(const char *address, struct addrinfo **out);
 ttd_status_t ttd_conn_gate_create(ttd_core *core, ttd_conn_gate_handoff_fn handoff, void *arg,
                                   ttd_conn_gate **out_gate);
 
-/* Binds and listens on address (one the gate owns); UNAVAILABLE / INVALID_ARGUMENT naming
- * it. A unix: socket file is born mode 0660 (no moment where others may connect), owned by
+/* Binds and listens on address; with tls (TCP only; the gate takes a reference) it ends TLS
+ * on each connection, else plain text. UNAVAILABLE / INVALID_ARGUMENT naming it. A unix:
+ * socket file is born mode 0660 (no moment where others may connect), owned by
  * --socket-group when given; the caller has removed a stale file, and removes it at the
  * stop. Before ttd_conn_gate_start. */
-ttd_status_t ttd_conn_gate_listen(ttd_conn_gate *gate, const char *address);
+ttd_status_t ttd_conn_gate_listen(ttd_conn_gate *gate, const char *address, SSL_CTX *tls);
 
-/* Starts the accept thread and the prober (which also watches gRPC's own listeners, named
- * in config->listen, and sets core->metrics.listeners_down). */
+/* Starts the accept thread, the relay's threads when a TCP listener is there, and the
+ * prober (which probes every listener of config->listen and sets
+ * core->metrics.listeners_down). */
 ttd_status_t ttd_conn_gate_start(ttd_conn_gate *gate);
 
 /* Whether the gate listens anywhere (else no call comes over its connections). NULL ok. */
@@ -84,15 +89,14 @@ bool ttd_conn_gate_listening(const ttd_conn_gate *gate);
  * Any thread. */
 void ttd_conn_gate_peer(ttd_conn_gate *gate, int fd, ttd_conn_peer *out);
 
-/* The client of the connection gRPC names "fd:FD" cancelled a call. Any thread. */
-void ttd_conn_gate_note_reset(ttd_conn_gate *gate, int fd);
-
-/* Stops accepting and the threads, closes connections not yet handed over; what it recorded
- * stays for ttd_conn_gate_peer and ttd_conn_gate_note_reset (calls still draining). Once;
+/* Stops accepting and the gate's threads, closes connections not yet handed over; the relay
+ * goes on relaying the handed ones (calls still draining) until ttd_conn_gate_destroy, and
+ * what the gate recorded stays for ttd_conn_gate_peer. Once;
  * the thread that created the gate. NULL ok. */
 void ttd_conn_gate_stop(ttd_conn_gate *gate);
 
-/* Stops the gate if it runs and frees it. NULL ok. */
+/* Stops the gate if it runs, closes every relayed connection and frees it: after gRPC's
+ * server is destroyed. NULL ok. */
 void ttd_conn_gate_destroy(ttd_conn_gate *gate);
 
 #endif

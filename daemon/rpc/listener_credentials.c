@@ -1,16 +1,12 @@
 #include "rpc/listener_credentials.h"
 
-#include <errno.h>
-#include <netdb.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
-#include "rpc/conn_gate.h"
+#include "rpc/tls_server.h"
 #include "telemetry/log.h"
 
 /* The first PEM certificate of text, or NULL. */
@@ -51,31 +47,9 @@ static ttd_status_t check_tls_files(const ttd_config *config, const char *cert, 
   return status;
 }
 
-ttd_status_t ttd_tcp_listen_error(const char *address) {
-  struct addrinfo *ai = NULL;
-  TTD_RETURN_IF_ERROR(ttd_conn_gate_resolve(address, &ai));
-  int err = 0;
-  int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-  if (fd < 0) err = errno;
-  int one = 1;
-  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (fd >= 0 && bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) err = errno;
-  if (fd >= 0) close(fd);
-  freeaddrinfo(ai);
-  if (err == EADDRINUSE) {
-    return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s': address in use (is another ttd running?)",
-                           address);
-  }
-  if (err) return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s': %s", address, strerror(err));
-  return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen on '%s'", address);
-}
-
-ttd_status_t ttd_listener_credentials(const ttd_config *config, const char *address, grpc_server_credentials **out) {
+ttd_status_t ttd_listener_credentials(const ttd_config *config, const char *address, SSL_CTX **out) {
   *out = NULL;
-  if (strncmp(address, "unix:", 5) == 0 || strncmp(address, "unix-abstract:", 14) == 0) {
-    *out = grpc_insecure_server_credentials_create();
-    return TTD_OK;
-  }
+  if (strncmp(address, "unix:", 5) == 0 || strncmp(address, "unix-abstract:", 14) == 0) return TTD_OK;
   if (!config->tls_cert && !config->tls_key) {
     if (!config->insecure) {
       return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
@@ -84,7 +58,6 @@ ttd_status_t ttd_listener_credentials(const ttd_config *config, const char *addr
     }
     TTD_LOG(TTD_LOG_WARN, "event=insecure-listener address=%s reason=\"--insecure: tokens and tensors cross the "
             "network in plain text\"", address);
-    *out = grpc_insecure_server_credentials_create();
     return TTD_OK;
   }
   if (!config->tls_cert || !config->tls_key) {
@@ -102,13 +75,7 @@ ttd_status_t ttd_listener_credentials(const ttd_config *config, const char *addr
     status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "--tls-cert, --tls-key and --tls-client-ca must be PEM files");
   }
   if (!status) status = check_tls_files(config, cert, key, ca);
-  if (!status) {
-    grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
-    *out = grpc_ssl_server_credentials_create_ex(
-        ca, &pair, 1, ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-        NULL);
-    if (!*out) status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "TLS credentials could not be made from --tls-cert and --tls-key");
-  }
+  if (!status) status = ttd_tls_server_context(cert, key, ca, out);
   if (key) memset(key, 0, strlen(key));
   free(cert);
   free(key);

@@ -44,7 +44,7 @@ struct ttd_server {
   atomic_ullong next_request_id;
   atomic_bool cancelling; /* the drain timeout passed: queued device work is not run */
   ttd_call *active;       /* calls a client started, not yet destroyed; under lock */
-  ttd_conn_gate *gate;    /* accepts for the plain-text listeners; probes every listener */
+  ttd_conn_gate *gate;    /* accepts for every listener (ends TLS, relays TCP); probes them */
   grpc_server_credentials *fd_creds; /* insecure: for the connections the gate hands over */
 };
 
@@ -505,7 +505,7 @@ void ttd_call_peer(ttd_call *c, ttd_conn_peer *out) {
     ttd_conn_gate_peer(c->server->gate, c->gate_fd, out);
     return;
   }
-  out->kind = TTD_CONN_PEER_TCP; /* a TLS listener's: gRPC's own, over TCP */
+  out->kind = TTD_CONN_PEER_UNKNOWN; /* not the gate's: every listener is, so never seen */
   char *peer = grpc_call_get_peer(c->call);
   snprintf(out->name, sizeof(out->name), "%s", peer ? peer : "?");
   gpr_free(peer);
@@ -556,7 +556,6 @@ static void on_call_event(ttd_call *c, bool ok) {
       send_stream_message(c);
       return;
     case TTD_CALL_FINISHING:
-      if (c->cancelled && c->gate_fd >= 0) ttd_conn_gate_note_reset(c->server->gate, c->gate_fd); /* rapid reset? */
       call_destroy(c);
       return;
   }
@@ -606,20 +605,13 @@ static void *poller_main(void *arg) {
   }
 }
 
+/* Every listener is the gate's: it accepts (and ends TLS), gRPC gets each connection. */
 static ttd_status_t bind_address(ttd_server *server, const char *address) {
-  const ttd_config *config = server->core->config;
-  grpc_server_credentials *creds = NULL;
-  TTD_RETURN_IF_ERROR(ttd_listener_credentials(config, address, &creds));
-  if (ttd_conn_gate_owns(config, address)) { /* plain text: ttd accepts, gRPC gets each connection */
-    grpc_server_credentials_release(creds);
-    return ttd_conn_gate_listen(server->gate, address);
-  }
-  int port = grpc_server_add_http2_port(server->server, address, creds); /* TLS over TCP */
-  grpc_server_credentials_release(creds);
-  if (port == 0) return ttd_tcp_listen_error(address);
-  TTD_LOG(TTD_LOG_INFO, "event=listening address=%s tls=%s", address,
-          !config->tls_cert ? "no" : config->tls_client_ca ? "mutual" : "yes");
-  return TTD_OK;
+  SSL_CTX *tls = NULL;
+  TTD_RETURN_IF_ERROR(ttd_listener_credentials(server->core->config, address, &tls));
+  ttd_status_t status = ttd_conn_gate_listen(server->gate, address, tls);
+  SSL_CTX_free(tls);
+  return status;
 }
 
 /* A connection the gate admitted: gRPC owns it from here. */
@@ -665,9 +657,6 @@ ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int 
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
       /* Streams one connection may have open; more are refused by the transport. */
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_CONCURRENT_STREAMS, .value.integer = TTD_MAX_CONNECTION_STREAMS},
-      /* The TLS listeners' handshakes (gRPC's own); the gate times the plain-text ones. */
-      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
-       .value.integer = (int)core->config->handshake_timeout_ms},
   };
   grpc_channel_args channel_args = {sizeof(args) / sizeof(args[0]), args};
   server->server = grpc_server_create(&channel_args, NULL);

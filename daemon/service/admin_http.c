@@ -203,7 +203,7 @@ char *ttd_admin_render_metrics(ttd_core *core) {
   put(&t, "# HELP ttd_rpc_in_flight RPCs arrived and not yet answered (the queue depth).\n"
           "# TYPE ttd_rpc_in_flight gauge\nttd_rpc_in_flight %lld\n",
       (long long)atomic_load(&mt->in_flight));
-  put(&t, "# HELP ttd_connections_refused_total Connections the plain-text listeners closed at once: past "
+  put(&t, "# HELP ttd_connections_refused_total Connections the listeners closed at once: past "
           "--max-connections or --max-peer-connections, or no descriptor left.\n"
           "# TYPE ttd_connections_refused_total counter\nttd_connections_refused_total %llu\n"
           "# HELP ttd_connections_handshake_timeouts_total Connections closed without an HTTP/2 preface within "
@@ -211,11 +211,15 @@ char *ttd_admin_render_metrics(ttd_core *core) {
           "ttd_connections_handshake_timeouts_total %llu\n"
           "# HELP ttd_connections_reset_closed_total Connections closed for cancelling calls too fast (HTTP/2 rapid "
           "reset).\n# TYPE ttd_connections_reset_closed_total counter\nttd_connections_reset_closed_total %llu\n"
+          "# HELP ttd_connections_protocol_closed_total TCP connections closed for an HTTP/2 frame gRPC would "
+          "refuse (longer than the frame size it advertises).\n"
+          "# TYPE ttd_connections_protocol_closed_total counter\nttd_connections_protocol_closed_total %llu\n"
           "# HELP ttd_listeners_down Listeners that did not answer the last probe (/healthz fails while any).\n"
           "# TYPE ttd_listeners_down gauge\nttd_listeners_down %d\n",
       (unsigned long long)atomic_load(&mt->connections_refused),
       (unsigned long long)atomic_load(&mt->connections_timed_out),
       (unsigned long long)atomic_load(&mt->connections_reset_closed),
+      (unsigned long long)atomic_load(&mt->connections_protocol_closed),
       __builtin_popcount(atomic_load(&mt->listeners_down)));
   put(&t, "# HELP ttd_bytes_to_device_total Tensor bytes received from clients (uploads, inline tensors).\n"
           "# TYPE ttd_bytes_to_device_total counter\nttd_bytes_to_device_total %llu\n",

@@ -372,6 +372,30 @@ def tokens_seeds():
     return s
 
 
+# ---- h2_frames: a client's HTTP/2 bytes as the relay reads them ----
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def h2_frame(kind, stream, payload=b"", flags=0, length=None):
+    n = len(payload) if length is None else length
+    return struct.pack(">I", n)[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+def h2_frames_seeds():
+    headers = b"\x83\x86\x00\x05:path\x1a/ttd.v1.Device/ListDevices"
+    opening = H2_PREFACE + h2_frame(4, 0) + h2_frame(1, 1, headers, 4)
+    s = {"call": b"\x01\x07" + opening + h2_frame(0, 1, b"\0\0\0\0\0", 1) + h2_frame(6, 0, b"\0" * 8)}
+    s["reset-flood"] = b"\x01\xff" + H2_PREFACE + b"".join(
+        h2_frame(1, 2 * i + 1, headers, 4) + h2_frame(3, 2 * i + 1, b"\0\0\0\x08") for i in range(210))
+    s["resets-over-time"] = b"\x15\x10" + H2_PREFACE + b"".join(h2_frame(3, 2 * i + 1, b"\0\0\0\x08") for i in range(300))
+    s["oversized"] = b"\x01\x03" + opening + h2_frame(0, 1, b"", 0, 0x400000)
+    s["largest"] = b"\x01\x20" + opening + h2_frame(0, 1, b"x" * 64, 0, 0x3fffff)
+    s["bad-preface"] = b"\x01\x00GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    s["no-preface"] = b"\x00\x02" + h2_frame(4, 0) + h2_frame(3, 1, b"\0\0\0\x08")
+    return s
+
+
 # ---- admin_http: raw HTTP requests; shm_socket: side-socket messages ----
 
 def http(*lines, body=b""):
@@ -461,7 +485,8 @@ def shm_socket_seeds():
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "corpus")
     sets = {"rpc": rpc_seeds(), "upload": upload_seeds(), "compile": compile_seeds(), "config": config_seeds(),
-            "tokens": tokens_seeds(), "admin_http": admin_http_seeds(), "shm_socket": shm_socket_seeds()}
+            "tokens": tokens_seeds(), "admin_http": admin_http_seeds(), "shm_socket": shm_socket_seeds(),
+            "h2_frames": h2_frames_seeds()}
     for harness, seeds in sets.items():
         folder = os.path.join(out, harness)
         os.makedirs(folder, exist_ok=True)

@@ -13,6 +13,7 @@ Suite *wire_frame_suite(void);
 Suite *block_cache_suite(void);
 Suite *address_suite(void);
 Suite *handle_map_suite(void);
+Suite *h2_frames_suite(void);
 Suite *config_suite(void);
 Suite *sim_backend_suite(void);
 Suite *session_suite(void);

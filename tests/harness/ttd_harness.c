@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -31,6 +32,28 @@ int harness_unix_connect(const char *path, int type) {
   int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   ck_assert_msg(fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect %s: %s", path, strerror(errno));
   return fd;
+}
+
+int harness_tcp_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  struct timeval tv = {0, 300 * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+int harness_closed_within(int fd, int ms) {
+  char buf[4096];
+  for (int waited = 0; waited < ms; waited += 300) {
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return 1;
+  }
+  return 0;
 }
 
 void harness_token(char *token, size_t size, char *auth, size_t auth_size) {
@@ -159,17 +182,23 @@ int ttd_proc_start_admin(ttd_proc *proc) {
   return port;
 }
 
-long harness_rss_kib(const ttd_proc *proc) {
+/* A "Name:   N kB" line of the daemon's /proc/PID/status, or -1. */
+static long status_kib(const ttd_proc *proc, const char *name) {
   char path[64], line[256];
   snprintf(path, sizeof(path), "/proc/%d/status", (int)proc->pid);
   FILE *f = fopen(path, "r");
   long kib = -1;
+  size_t len = strlen(name);
   while (f && fgets(line, sizeof(line), f)) {
-    if (strncmp(line, "VmRSS:", 6) == 0) kib = atol(line + 6);
+    if (strncmp(line, name, len) == 0) kib = atol(line + len);
   }
   if (f) fclose(f);
   return kib;
 }
+
+long harness_rss_kib(const ttd_proc *proc) { return status_kib(proc, "VmRSS:"); }
+
+long harness_hwm_kib(const ttd_proc *proc) { return status_kib(proc, "VmHWM:"); }
 
 int ttd_proc_alive(ttd_proc *proc) {
   if (!proc->pid) return 0;

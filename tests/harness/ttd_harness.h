@@ -49,6 +49,9 @@ int ttd_proc_stop(ttd_proc *proc);
 /* The daemon's resident memory in KiB (VmRSS), or -1. */
 long harness_rss_kib(const ttd_proc *proc);
 
+/* The most resident memory the daemon has had, in KiB (VmHWM), or -1. */
+long harness_hwm_kib(const ttd_proc *proc);
+
 /* Whether the daemon process is still running. */
 int ttd_proc_alive(ttd_proc *proc);
 
@@ -86,6 +89,13 @@ int harness_log_count(const ttd_proc *proc, const char *needle);
  * shared-memory side socket) connected to the Unix socket at path; fails the test if it
  * cannot connect. The caller closes it. */
 int harness_unix_connect(const char *path, int type);
+
+/* A TCP connection to 127.0.0.1:port whose reads time out after 300 ms, or -1. */
+int harness_tcp_connect(int port);
+
+/* Whether the daemon closed fd within ms (a read returns 0, or an error other than a
+ * timeout); reads and drops what arrives meanwhile. fd: from harness_tcp_connect. */
+int harness_closed_within(int fd, int ms);
 
 /* A fresh random token into token, and its "Bearer TOKEN" authorization value into auth. */
 void harness_token(char *token, size_t size, char *auth, size_t auth_size);

@@ -47,11 +47,11 @@ static const option options[] = {
     {"admin-timeout", OPT_DURATION, FIELD(admin_timeout_ms), 1000, 3600000, "10",
      "admin HTTP: close a connection that sends or takes nothing for this long"},
     {"max-connections", OPT_INT, FIELD(max_connections), 1, 1000000, "4096",
-     "connections the plain-text listeners (unix-abstract:, TCP with --insecure) hold at once; more are closed at "
-     "once (keep it well under the descriptor limit, LimitNOFILE)"},
+     "connections all listeners hold at once; more are closed at once (keep it well under the descriptor limit, "
+     "LimitNOFILE: a TCP connection takes 3 to 5 descriptors)"},
     {"max-peer-connections", OPT_INT, FIELD(max_peer_connections), 1, 1000000, "1024",
-     "connections one TCP address, or one local user on a Unix socket, may hold at once on the plain-text "
-     "listeners (a user's training processes each hold one or more); more are closed at once"},
+     "connections one TCP address, or one local user on a Unix socket, may hold at once (a user's training "
+     "processes each hold one or more); more are closed at once"},
     {"handshake-timeout", OPT_DURATION, FIELD(handshake_timeout_ms), 100, 3600000, "10",
      "close a connection that has not sent the HTTP/2 client preface (TLS: finished its handshake) within this long"},
     {"max-program-cost", OPT_SIZE, FIELD(max_program_cost), 1, INT64_MAX, "1T",

@@ -2,8 +2,8 @@
  * Unix socket: one peer's connections past --max-peer-connections are closed while a tenant
  * is still served; a connection that never sends the HTTP/2 preface is closed after
  * --handshake-timeout; after descriptors run out, both listeners (the gate's) still accept
- * and /healthz stays up; a peer that resets calls as fast as it can (HTTP/2 rapid reset) is
- * disconnected. */
+ * and /healthz stays up; a peer that resets streams as fast as it can (HTTP/2 rapid reset),
+ * or sends a frame gRPC would refuse, is disconnected before gRPC reads its frames. */
 #define _GNU_SOURCE /* prlimit */
 #include <arpa/inet.h>
 #include <check.h>
@@ -14,10 +14,12 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "h2_flood.h"
 #include "suites.h"
 #include "ttd_harness.h"
 
@@ -38,28 +40,9 @@ static void start(const char *handshake_timeout) {
 static void setup(void) { start("10"); }
 static void teardown(void) { ck_assert_int_eq(ttd_proc_stop(&proc), 0); }
 
-static int connect_tcp(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)tcp_port),
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-    close(fd);
-    return -1;
-  }
-  struct timeval tv = {0, 300 * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  return fd;
-}
+static int connect_tcp(void) { return harness_tcp_connect(tcp_port); }
 
-/* Whether the daemon closed fd within ms (a read returns 0 or an error other than a timeout). */
-static int closed_within(int fd, int ms) {
-  char buf[4096];
-  for (int waited = 0; waited < ms; waited += 300) {
-    ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return 1;
-  }
-  return 0;
-}
+static int closed_within(int fd, int ms) { return harness_closed_within(fd, ms); }
 
 static void tenant_served(const char *target) {
   tt_connect_options o;
@@ -150,57 +133,79 @@ START_TEST(test_fd_exhaustion) {
 }
 END_TEST
 
-/* HTTP/2 frames by hand: a HEADERS frame opening ListDevices and an RST_STREAM cancelling
- * it, 1024 times: the daemon closes the connection, logs it, and serves a tenant after. */
-static size_t frame(unsigned char *out, int type, int flags, uint32_t stream, const void *payload, size_t len) {
-  out[0] = (unsigned char)(len >> 16), out[1] = (unsigned char)(len >> 8), out[2] = (unsigned char)len;
-  out[3] = (unsigned char)type, out[4] = (unsigned char)flags;
-  out[5] = (unsigned char)(stream >> 24), out[6] = (unsigned char)(stream >> 16);
-  out[7] = (unsigned char)(stream >> 8), out[8] = (unsigned char)stream;
-  if (len) memcpy(out + 9, payload, len);
-  return 9 + len;
-}
-
-static size_t literal(unsigned char *out, const char *name, const char *value) {
-  size_t n = strlen(name), v = strlen(value);
-  out[0] = 0, out[1] = (unsigned char)n;
-  memcpy(out + 2, name, n);
-  out[2 + n] = (unsigned char)v;
-  memcpy(out + 3 + n, value, v);
-  return 3 + n + v;
+/* HTTP/2 rapid reset: 200000 HEADERS frames opening ListDevices, each cancelled by an
+ * RST_STREAM, written as fast as the connection takes them. ttd closes the connection before
+ * gRPC has queued the calls (its peak memory grows by less than 64 MiB, where gRPC alone
+ * queues 2.5 GiB), logs and counts it, and serves a tenant over TCP after. */
+/* 200000 rapid-reset pairs over fd (then closed): ttd closes the connection, its peak memory
+ * grows by less than 64 MiB, and its log names the peer, whose name starts with peer. */
+static void flood_closed(int fd, const char *peer) {
+  long hwm_before = harness_hwm_kib(&proc);
+  ck_assert_int_gt(hwm_before, 0);
+  int sent = h2_flood_rapid_reset(h2_flood_write_fd, &fd, "/ttd.v1.Device/ListDevices", 200000);
+  ck_assert_int_eq(sent < 200000 || closed_within(fd, 5000), 1);
+  close(fd);
+  long grown = harness_hwm_kib(&proc) - hwm_before;
+  ck_assert_msg(grown < 64 * 1024, "the flood (%d pairs sent) grew ttd's peak memory by %ld KiB", sent, grown);
+  char line[96];
+  snprintf(line, sizeof(line), "event=rapid-reset action=closed peer=\"%s", peer);
+  for (int i = 0; i < 50 && harness_log_count(&proc, line) == 0; i++) usleep(100 * 1000);
+  ck_assert_int_ge(harness_log_count(&proc, line), 1);
 }
 
 START_TEST(test_rapid_reset_disconnected) {
-  unsigned char headers[256];
-  size_t h = 0;
-  headers[h++] = 0x83, headers[h++] = 0x86; /* :method POST, :scheme http */
-  h += literal(headers + h, ":path", "/ttd.v1.Device/ListDevices");
-  h += literal(headers + h, ":authority", "x");
-  h += literal(headers + h, "content-type", "application/grpc");
-  h += literal(headers + h, "te", "trailers");
   int fd = connect_tcp();
   ck_assert_int_ge(fd, 0);
-  unsigned char buf[64 * 512];
-  size_t n = 0;
-  memcpy(buf, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
-  n = 24 + frame(buf + 24, 4, 0, 0, NULL, 0);
-  ck_assert_int_eq(send(fd, buf, n, MSG_NOSIGNAL), (ssize_t)n);
-  static const unsigned char cancel[4] = {0, 0, 0, 8};
-  int sent = 0, broken = 0;
-  while (sent < 1024 && !broken) {
-    n = 0;
-    for (int i = 0; i < 256; i++, sent++) {
-      uint32_t id = 2 * (uint32_t)sent + 1;
-      n += frame(buf + n, 1, 0x4, id, headers, h);
-      n += frame(buf + n, 3, 0, id, cancel, sizeof(cancel));
-    }
-    if (send(fd, buf, n, MSG_NOSIGNAL) != (ssize_t)n) broken = 1;
-  }
-  ck_assert_int_eq(broken || closed_within(fd, 5000), 1);
-  close(fd);
-  for (int i = 0; i < 50 && harness_log_count(&proc, "event=rapid-reset action=closed") == 0; i++) usleep(100 * 1000);
-  ck_assert_int_ge(harness_log_count(&proc, "event=rapid-reset action=closed"), 1);
+  flood_closed(fd, "ipv4:127.0.0.1:");
+  char target[32];
+  snprintf(target, sizeof(target), "127.0.0.1:%d", tcp_port);
+  tenant_served(target);
   tenant_served(proc.target);
+  char *m = harness_http(admin_port, "GET", "/metrics");
+  ck_assert_double_ge(harness_metric(m, "ttd_connections_reset_closed_total"), 1);
+  free(m);
+}
+END_TEST
+
+/* The same flood over the Unix socket, whose connections go to gRPC without a relay: the read
+ * guard counts the frames in gRPC's own reads and closes the peer as early, naming its uid. */
+START_TEST(test_rapid_reset_unix_socket) {
+  ck_assert(strncmp(proc.target, "unix:", 5) == 0);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  snprintf(addr.sun_path, sizeof(addr.sun_path), "%.107s", proc.target + 5);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+  flood_closed(fd, "unix:uid=");
+  tenant_served(proc.target);
+}
+END_TEST
+
+/* A frame longer than gRPC's advertised SETTINGS_MAX_FRAME_SIZE (4 MiB - 1) closes the
+ * connection before gRPC reads it; so does a peer that sends something else than the
+ * HTTP/2 preface. */
+START_TEST(test_oversized_frame_closed) {
+  int fd = connect_tcp();
+  ck_assert_int_ge(fd, 0);
+  unsigned char start[24 + 9 + 9];
+  memcpy(start, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
+  memset(start + 24, 0, 18);
+  start[24 + 3] = 4;                                         /* SETTINGS, empty */
+  start[33] = 0x40, start[34] = 0, start[35] = 0, start[36] = 0; /* DATA of 4 MiB */
+  start[41] = 1;                                             /* stream 1 */
+  ck_assert_int_eq(send(fd, start, sizeof(start), MSG_NOSIGNAL), (ssize_t)sizeof(start));
+  ck_assert_int_eq(closed_within(fd, 3000), 1);
+  close(fd);
+  for (int i = 0; i < 50 && harness_log_count(&proc, "event=protocol-error") == 0; i++) usleep(100 * 1000);
+  ck_assert_int_ge(harness_log_count(&proc, "event=protocol-error action=closed"), 1);
+  char *m = harness_http(admin_port, "GET", "/metrics");
+  ck_assert_double_ge(harness_metric(m, "ttd_connections_protocol_closed_total"), 1);
+  free(m);
+  fd = connect_tcp();
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(send(fd, "GET / HTTP/1.1\r\n\r\n", 18, MSG_NOSIGNAL), 18);
+  ck_assert_int_eq(closed_within(fd, 3000), 1);
+  close(fd);
 }
 END_TEST
 
@@ -213,6 +218,8 @@ Suite *e2e_conn_bounds_suite(void) {
   tcase_add_test(tc, test_handshake_timeout);
   tcase_add_test(tc, test_fd_exhaustion);
   tcase_add_test(tc, test_rapid_reset_disconnected);
+  tcase_add_test(tc, test_rapid_reset_unix_socket);
+  tcase_add_test(tc, test_oversized_frame_closed);
   suite_add_tcase(s, tc);
   return s;
 }

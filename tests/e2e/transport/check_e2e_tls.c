@@ -2,9 +2,15 @@
  * mutual TLS checks client certificates against --tls-client-ca, and Unix sockets are
  * mode 0660 with a configurable group. Certificates are made for each run with the
  * openssl command: a CA, a server certificate for 127.0.0.1 and localhost, a client
- * certificate from the CA, and a client certificate from an unrelated CA. */
+ * certificate from the CA, and a client certificate from an unrelated CA. ttd ends TLS
+ * itself: a flood of HTTP/2 resets over TLS is closed before gRPC reads it, and TLS peers
+ * meet the handshake timeout and the per-peer connection bound. */
 #include <check.h>
+#include <errno.h>
 #include <grp.h>
+#include <signal.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,12 +20,14 @@
 #include <unistd.h>
 
 #include "wire/tokens.h"
+#include "h2_flood.h"
 #include "suites.h"
 #include "ttd_harness.h"
 
 static char dir[64];
 static ttd_proc proc;
 static char tcp[32];
+static int tcp_port;
 static char token[64], tokens_file[96]; /* tenant "remote" */
 
 static void path(char *out, size_t size, const char *name) { snprintf(out, size, "%s/%s", dir, name); }
@@ -56,7 +64,8 @@ static void make_certs(void) {
 
 static void setup(void) {
   make_certs();
-  snprintf(tcp, sizeof(tcp), "127.0.0.1:%d", harness_free_tcp_port());
+  tcp_port = harness_free_tcp_port();
+  snprintf(tcp, sizeof(tcp), "127.0.0.1:%d", tcp_port);
   ttd_token_generate(token, sizeof(token));
   char digest[80];
   ttd_token_digest_text(token, strlen(token), digest, sizeof(digest));
@@ -75,21 +84,25 @@ static void teardown(void) {
 }
 
 /* TLS needs tokens to say who may call; mutual TLS alone is enough (only clients with
- * certificates from the CA get in). */
-static void start_tls(int mutual) {
+ * certificates from the CA get in). extra: more arguments (NULL-terminated), or NULL. */
+static void start_tls_with(int mutual, const char *const *extra) {
   char cert[96], key[96], ca[96];
   path(cert, sizeof(cert), "server.pem");
   path(key, sizeof(key), "server.key");
   path(ca, sizeof(ca), "ca.pem");
-  const char *args[] = {"--listen", tcp, "--tls-cert", cert, "--tls-key", key,
-                        mutual ? "--tls-client-ca" : "--tokens", mutual ? ca : tokens_file, NULL};
+  const char *args[24] = {"--listen", tcp, "--tls-cert", cert, "--tls-key", key,
+                          mutual ? "--tls-client-ca" : "--tokens", mutual ? ca : tokens_file};
+  for (int i = 0, n = 8; extra && extra[i] && n < 23; i++) args[n++] = extra[i];
   ttd_proc_start(&proc, args);
   if (!mutual) setenv("TTD_TOKEN", token, 1);
 }
 
+static void start_tls(int mutual) { start_tls_with(mutual, NULL); }
+
 /* Connects over TCP with the given files (names in dir, NULL for none); returns the status
  * and, when it worked, checks a round trip of data. */
 static char last_error[2048]; /* connect_tcp's client's last error */
+static int64_t transfer_floats = 1000; /* the tensor connect_tcp moves there and back */
 
 /* Connects to tcp with the given files of dir (NULL: none), moves a tensor there and back;
  * the status of the connection, and its error text in last_error. */
@@ -116,18 +129,19 @@ static tt_status connect_tcp(const char *ca, const char *cert, const char *key, 
     st = tt_connect(tcp, &o, &c);
   }
   if (st == TT_OK) {
-    float data[1000];
-    for (int i = 0; i < 1000; i++) data[i] = (float)i * 0.5f;
-    int64_t n = 1000;
+    int64_t n = transfer_floats;
+    float *data = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) data[i] = (float)i * 0.5f;
     tt_tensor *h = tt_tensor_from_host(c, data, TT_FLOAT32, &n, 1);
     tt_tensor *d = tt_to(h, "tt");
     ck_assert_ptr_nonnull(d);
     tt_tensor *back = tt_to(d, "cpu");
     ck_assert_ptr_nonnull(back);
-    ck_assert_int_eq(memcmp(tt_tensor_data(back), data, sizeof(data)), 0);
+    ck_assert_int_eq(memcmp(tt_tensor_data(back), data, (size_t)n * sizeof(float)), 0);
     tt_tensor_free(back);
     tt_tensor_free(d);
     tt_tensor_free(h);
+    free(data);
   }
   snprintf(last_error, sizeof(last_error), "%s", c ? tt_last_error(c) : "");
   tt_disconnect(c);
@@ -270,6 +284,135 @@ START_TEST(test_mutual_tls) {
 }
 END_TEST
 
+/* A TLS session with the daemon over a fresh TCP connection (ALPN h2, the server checked
+ * against ca.pem), its socket in *out_fd; NULL when the handshake failed. */
+static SSL *tls_open(SSL_CTX **out_ctx, int *out_fd) {
+  char ca[96];
+  path(ca, sizeof(ca), "ca.pem");
+  *out_ctx = SSL_CTX_new(TLS_client_method());
+  ck_assert_ptr_nonnull(*out_ctx);
+  ck_assert_int_eq(SSL_CTX_load_verify_locations(*out_ctx, ca, NULL), 1);
+  SSL_CTX_set_verify(*out_ctx, SSL_VERIFY_PEER, NULL);
+  static const unsigned char h2[] = {2, 'h', '2'};
+  ck_assert_int_eq(SSL_CTX_set_alpn_protos(*out_ctx, h2, sizeof(h2)), 0);
+  *out_fd = harness_tcp_connect(tcp_port);
+  ck_assert_int_ge(*out_fd, 0);
+  SSL *ssl = SSL_new(*out_ctx);
+  SSL_set_fd(ssl, *out_fd);
+  SSL_set_tlsext_host_name(ssl, "localhost");
+  if (SSL_connect(ssl) != 1) {
+    SSL_free(ssl);
+    ERR_clear_error();
+    return NULL;
+  }
+  return ssl;
+}
+
+static int write_tls(void *arg, const void *buf, size_t len) {
+  return SSL_write(arg, buf, (int)len) == (int)len ? 0 : -1;
+}
+
+/* Whether the daemon ended the TLS session within ms (a read returns 0 or fails other than
+ * by a timeout of the socket's 300 ms). */
+static int tls_closed_within(SSL *ssl, int ms) {
+  char buf[4096];
+  for (int waited = 0; waited < ms;) {
+    ERR_clear_error();
+    int n = SSL_read(ssl, buf, sizeof(buf));
+    if (n > 0) continue;
+    int err = SSL_get_error(ssl, n);
+    if (err != SSL_ERROR_WANT_READ && !(err == SSL_ERROR_SYSCALL && (errno == EAGAIN || errno == EWOULDBLOCK))) {
+      ERR_clear_error();
+      return 1;
+    }
+    waited += 300;
+  }
+  return 0;
+}
+
+/* HTTP/2 rapid reset over TLS: 200000 HEADERS+RST_STREAM pairs from an OpenSSL client. ttd
+ * ends TLS itself and counts the frames before gRPC reads them: the session is closed, the
+ * daemon's peak memory grows by less than 64 MiB, and a client on another connection is
+ * served. */
+START_TEST(test_tls_rapid_reset) {
+  signal(SIGPIPE, SIG_IGN); /* SSL_write to the closed connection */
+  start_tls(0);
+  long hwm_before = harness_hwm_kib(&proc);
+  SSL_CTX *ctx;
+  int fd;
+  SSL *ssl = tls_open(&ctx, &fd);
+  ck_assert_msg(ssl != NULL, "TLS handshake with ALPN h2 failed");
+  const unsigned char *alpn = NULL;
+  unsigned alpn_len = 0;
+  SSL_get0_alpn_selected(ssl, &alpn, &alpn_len);
+  ck_assert_int_eq(alpn_len, 2);
+  ck_assert_int_eq(memcmp(alpn, "h2", 2), 0);
+  int sent = h2_flood_rapid_reset(write_tls, ssl, "/ttd.v1.Device/ListDevices", 200000);
+  ck_assert_int_eq(sent < 200000 || tls_closed_within(ssl, 5000), 1);
+  SSL_free(ssl);
+  SSL_CTX_free(ctx);
+  close(fd);
+  for (int i = 0; i < 50 && harness_log_count(&proc, "event=rapid-reset action=closed") == 0; i++) usleep(100 * 1000);
+  ck_assert_int_ge(harness_log_count(&proc, "event=rapid-reset action=closed peer=\"ipv4:127.0.0.1:"), 1);
+  long grown = harness_hwm_kib(&proc) - hwm_before;
+  ck_assert_msg(grown < 64 * 1024, "the flood (%d pairs sent) grew ttd's peak memory by %ld KiB", sent, grown);
+  ck_assert_int_eq(connect_tcp("ca.pem", NULL, NULL, 0), TT_OK);
+}
+END_TEST
+
+/* With --handshake-timeout 500ms, a TCP connection to a TLS listener that sends nothing is
+ * closed after it, not before; so is one that finishes the handshake and sends no HTTP/2
+ * preface. */
+START_TEST(test_tls_handshake_timeout) {
+  const char *extra[] = {"--handshake-timeout", "500ms", NULL};
+  start_tls_with(0, extra);
+  int idle = harness_tcp_connect(tcp_port);
+  ck_assert_int_ge(idle, 0);
+  SSL_CTX *ctx;
+  int fd;
+  SSL *mute = tls_open(&ctx, &fd);
+  ck_assert_ptr_nonnull(mute);
+  ck_assert_int_eq(harness_closed_within(idle, 300), 0);
+  ck_assert_int_eq(harness_closed_within(idle, 3000), 1);
+  ck_assert_int_eq(tls_closed_within(mute, 3000), 1);
+  SSL_free(mute);
+  SSL_CTX_free(ctx);
+  close(fd);
+  close(idle);
+  ck_assert_int_ge(harness_log_count(&proc, "event=handshake-timeout"), 1);
+  ck_assert_int_eq(connect_tcp("ca.pem", NULL, NULL, 0), TT_OK);
+}
+END_TEST
+
+/* TLS connections count against --max-peer-connections: of 5 from 127.0.0.1 with a bound
+ * of 2, 3 are closed at once; once they are gone a client is served. */
+START_TEST(test_tls_peer_bound) {
+  const char *extra[] = {"--max-peer-connections", "2", NULL};
+  start_tls_with(0, extra);
+  int fds[5], closed = 0;
+  for (int i = 0; i < 5; i++) ck_assert_int_ge(fds[i] = harness_tcp_connect(tcp_port), 0);
+  for (int i = 0; i < 5; i++) closed += harness_closed_within(fds[i], 600);
+  ck_assert_int_eq(closed, 3);
+  ck_assert_int_ge(harness_log_count(&proc, "--max-peer-connections reached"), 1);
+  for (int i = 0; i < 5; i++) close(fds[i]);
+  usleep(200 * 1000);
+  ck_assert_int_eq(connect_tcp("ca.pem", NULL, NULL, 0), TT_OK);
+}
+END_TEST
+
+/* 24 MiB there and back over TLS, and over --insecure plain TCP (where the relay splices
+ * long frame payloads): every byte comes back. */
+START_TEST(test_large_transfer_through_relay) {
+  transfer_floats = 6 << 20;
+  start_tls(0);
+  ck_assert_int_eq(connect_tcp("ca.pem", NULL, NULL, 0), TT_OK);
+  ck_assert_int_eq(ttd_proc_stop(&proc), 0);
+  const char *args[] = {"--listen", tcp, "--insecure", NULL};
+  ttd_proc_start(&proc, args);
+  ck_assert_int_eq(connect_tcp(NULL, NULL, NULL, 1), TT_OK);
+}
+END_TEST
+
 START_TEST(test_unix_socket_mode_and_group) {
   struct group *g = getgrgid(getegid());
   ck_assert_ptr_nonnull(g);
@@ -313,6 +456,10 @@ Suite *e2e_tls_suite(void) {
   tcase_add_test(tc, test_tls);
   tcase_add_test(tc, test_mutual_tls);
   tcase_add_test(tc, test_unix_socket_mode_and_group);
+  tcase_add_test(tc, test_tls_rapid_reset);
+  tcase_add_test(tc, test_tls_handshake_timeout);
+  tcase_add_test(tc, test_tls_peer_bound);
+  tcase_add_test(tc, test_large_transfer_through_relay);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1,0 +1,59 @@
+/* HTTP/2 frames as a client sends them, counted before gRPC parses them: the TLS relay
+ * (conn_relay.h) and the read guard of plain-text connections (h2_read_guard.h) feed each
+ * chunk of a peer's bytes through a parser and pass them on only while the verdict is
+ * TTD_H2_PASS. It reads the 24-byte client preface and then each
+ * frame's 9-byte header (length, type, flags, stream), skipping payloads; no HPACK. Pure: no
+ * I/O, no clock (the caller passes the time), no allocation. */
+#ifndef TTD_RPC_H2_FRAMES_H
+#define TTD_RPC_H2_FRAMES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TTD_H2_PREFACE_LEN 24
+#define TTD_H2_FRAME_HEADER_LEN 9
+/* The SETTINGS_MAX_FRAME_SIZE gRPC 1.51's server advertises (4 MiB - 1); before the client
+ * acknowledges it gRPC holds frames to the protocol's 16384, so a longer frame is one gRPC
+ * refuses in any case. */
+#define TTD_H2_MAX_FRAME_SIZE 4194303u
+#define TTD_H2_RST_STREAM 3
+
+typedef enum ttd_h2_verdict {
+  TTD_H2_PASS,            /* every byte so far may go on to gRPC */
+  TTD_H2_BAD_PREFACE,     /* the first 24 bytes are not the HTTP/2 client preface */
+  TTD_H2_FRAME_TOO_LARGE, /* a frame longer than TTD_H2_MAX_FRAME_SIZE */
+  TTD_H2_RESET_FLOOD,     /* RST_STREAM frames past the bucket (HTTP/2 rapid reset) */
+} ttd_h2_verdict;
+
+/* One connection's client-to-server direction. Plain data: copy, no destroy. */
+typedef struct ttd_h2_frames {
+  uint32_t preface_seen;   /* bytes of the preface read, up to TTD_H2_PREFACE_LEN */
+  uint8_t head[TTD_H2_FRAME_HEADER_LEN];
+  uint32_t head_len;       /* bytes of the current frame header read */
+  uint32_t payload_left;   /* bytes of the current frame's payload still to skip */
+  int64_t reset_millis;    /* the reset bucket, in thousandths of a reset */
+  int64_t reset_depth;     /* its depth in thousandths: max_resets * 1000 */
+  int max_resets;          /* a second, and the bucket's depth */
+  int64_t resets_ms;       /* when the bucket was last filled */
+  uint64_t frames;         /* whole frame headers read */
+  uint64_t resets;         /* RST_STREAM frames read */
+  uint64_t offset;         /* bytes fed */
+  uint64_t head_at;        /* the offset of the current frame header's first byte */
+  uint64_t good;           /* bytes that may go on: all fed while PASS, else up to the frame
+                            * (or preface) that turned the verdict */
+  ttd_h2_verdict verdict;  /* sticky: once not PASS, feeding changes nothing */
+} ttd_h2_frames;
+
+/* A parser at the start of a connection (the preface is next), its bucket full: max_resets
+ * RST_STREAM frames at once, then max_resets a second. expect_preface false starts at a frame
+ * header (for callers that checked the preface themselves). */
+void ttd_h2_frames_init(ttd_h2_frames *f, int max_resets, int expect_preface, int64_t now_ms);
+
+/* Reads len more bytes of the client's stream, received at now_ms (a monotonic clock in
+ * milliseconds); returns the verdict so far. data may be NULL when len is 0. */
+ttd_h2_verdict ttd_h2_frames_feed(ttd_h2_frames *f, const uint8_t *data, size_t len, int64_t now_ms);
+
+/* What a verdict means, for logs: "HTTP/2 rapid reset" and the like. */
+const char *ttd_h2_verdict_text(ttd_h2_verdict v);
+
+#endif
