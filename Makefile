@@ -190,6 +190,8 @@ test-unit: all
 	$(TEST_ENV) $(CHECK)
 	$(MAKE) --no-print-directory fuzz-replay
 
+# The sanitizer run leaves out what only the plain run needs to show (TTD_SKIP_HUGE): the 2 GiB
+# transfer and two concurrent epochs of training; the demo's epoch goes in batches of 256.
 test-asan:
 	$(MAKE) -j$(NPROC) BUILD=$(BUILD)/asan SAN=1 all
 	TTD_SKIP_HUGE=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
