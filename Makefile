@@ -187,7 +187,7 @@ $(CHECK): $(TEST_OBJ) $(SERVER_OBJ) $(LIB_A)
 TEST_ENV = TTD_BIN=$(abspath $(BUILD))/bin/ttd TTD_PY_GEN=$(abspath $(BUILD))/py TTD_TESTS_DIR=$(abspath tests)
 
 test-unit: all
-	$(TEST_ENV) $(CHECK)
+	$(TEST_ENV) scripts/run-suites $(CHECK)
 	$(MAKE) --no-print-directory fuzz-replay
 
 # The sanitizer run leaves out what only the plain run needs to show (TTD_SKIP_HUGE): the 2 GiB

@@ -77,7 +77,7 @@ static tt_status fail_unreachable(tt_client *c, const char *why) {
                           "nothing listens at %s: start ttd there (`ttd --listen ...`, or `sudo systemctl start ttd` "
                           "for the service), or point TTD_ADDRESS at the ttd you mean [%s]", c->target, why);
   }
-  if (strstr(why, "Socket closed") && strncmp(c->target, "unix", 4) != 0) {
+  if ((strstr(why, "Socket closed") || strstr(why, "Connection reset by peer")) && strncmp(c->target, "unix", 4) != 0) {
     return tt_client_fail(c, TT_UNAVAILABLE,
                           "ttd at %s closed the connection during setup: a TLS listener refuses plain text (drop "
                           "insecure and pass tls_ca_file), and a listener that needs a client certificate refuses "

@@ -512,6 +512,11 @@ static void tls_failed(ttd_conn_gate *g, gate_conn *c, const char *why) {
             (unsigned long long)left_out);
   }
   pthread_mutex_unlock(&g->lock);
+  /* What the client sent after its last handshake message (TLS 1.3 lets it send at once) is
+   * read off, so that the close is an end of stream rather than a reset where it can be. */
+  char drop[4096];
+  for (int i = 0; i < 16 && recv(c->fd, drop, sizeof(drop), MSG_DONTWAIT) > 0; i++) {
+  }
 }
 
 /* Under lock. A peer closed for the frames it sent (by the relay or the read guard): counted,
