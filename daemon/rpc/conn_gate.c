@@ -27,6 +27,7 @@
 
 #include "rpc/conn_relay.h"
 #include "rpc/h2_read_guard.h"
+#include "rpc/listener_probe.h"
 #include "rpc/tls_server.h"
 #include "telemetry/log.h"
 
@@ -37,8 +38,7 @@
 /* The send buffer of each end of a relayed connection's socketpair. */
 #define GATE_PAIR_BUFFER (1024 * 1024)
 
-static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"; /* 24 bytes */
-#define PREFACE_LEN 24
+#define PREFACE_LEN TTD_H2_PREFACE_LEN
 
 enum { TAG_WAKE, TAG_LISTENER, TAG_CONN };
 
@@ -100,8 +100,9 @@ struct ttd_conn_gate {
   int listener_count;
   int epoll_fd, wake_fd, wake_tag;
   int reserve_fd; /* given up to accept and close a connection when descriptors run out */
-  pthread_t thread, prober;
-  bool thread_started, prober_started, stopped;
+  pthread_t thread;
+  bool thread_started, stopped;
+  ttd_listener_probe *probe; /* checks every listener each second */
   atomic_bool stopping;
   pthread_mutex_t lock; /* conns, by_fd, peers: taken by the gate thread, the relay, the guard and peer */
   gate_conn *conns;
@@ -110,7 +111,6 @@ struct ttd_conn_gate {
   gate_peer *peers;
   int peer_count, peer_cap;
   int total;
-  atomic_int probe_port; /* the prober's own TCP source port, exempt from the bounds */
   int64_t log_second;
   uint64_t log_left_out;
   int64_t relay_log_second; /* the same for the relay's ends, under lock */
@@ -304,7 +304,7 @@ static int peer_identify(ttd_conn_gate *g, int fd, ttd_conn_peer_kind kind, gate
       struct sockaddr_in *in = (struct sockaddr_in *)&ss;
       inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
       port = ntohs(in->sin_port);
-      if (port == atomic_load(&g->probe_port) && ntohl(in->sin_addr.s_addr) == INADDR_LOOPBACK) {
+      if (port == ttd_listener_probe_port(g->probe) && ntohl(in->sin_addr.s_addr) == INADDR_LOOPBACK) {
         who->kind = TTD_CONN_PEER_PROBER;
         return -1;
       }
@@ -313,7 +313,7 @@ static int peer_identify(ttd_conn_gate *g, int fd, ttd_conn_peer_kind kind, gate
       struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
       inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof(ip));
       port = ntohs(in6->sin6_port);
-      if (port == atomic_load(&g->probe_port) && IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) {
+      if (port == ttd_listener_probe_port(g->probe) && IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) {
         who->kind = TTD_CONN_PEER_PROBER;
         return -1;
       }
@@ -446,7 +446,7 @@ static void check_preface(ttd_conn_gate *g, gate_conn *c) {
     pthread_mutex_unlock(&g->lock);
     return;
   }
-  if (n <= 0 || memcmp(buf, preface, (size_t)n) != 0) {
+  if (n <= 0 || memcmp(buf, ttd_h2_preface, (size_t)n) != 0) {
     conn_free(g, c); /* closed, or not HTTP/2 */
     pthread_mutex_unlock(&g->lock);
     return;
@@ -644,7 +644,7 @@ static void advance_tls(ttd_conn_gate *g, gate_conn *c) {
         return;
       }
     }
-    if (n <= 0 || memcmp(at, preface + c->preface_seen, (size_t)n) != 0) {
+    if (n <= 0 || memcmp(at, ttd_h2_preface + c->preface_seen, (size_t)n) != 0) {
       close_unhanded(g, c); /* closed, or not HTTP/2 */
       return;
     }
@@ -776,130 +776,6 @@ void ttd_conn_gate_peer(ttd_conn_gate *g, int fd, ttd_conn_peer *out) {
   who_name(&who, fd, out->name, sizeof(out->name));
 }
 
-/* ---- the prober ---- */
-
-static void set_timeouts(int fd) {
-  struct timeval tv = {TTD_GATE_PROBE_TIMEOUT_MS / 1000, (TTD_GATE_PROBE_TIMEOUT_MS % 1000) * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-}
-
-/* A socket connected to address (blocking, with the probe's timeouts), or -1. */
-static int probe_connect(ttd_conn_gate *g, const char *address) {
-  int fd = -1;
-  if (strncmp(address, "unix:", 5) == 0 || strncmp(address, "unix-abstract:", 14) == 0) {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    bool abstract = address[4] == '-';
-    const char *name = abstract ? address + 14 : address + 5;
-    size_t len = strlen(name);
-    if (len + 2 > sizeof(sa.sun_path)) return -1;
-    memcpy(sa.sun_path + (abstract ? 1 : 0), name, len);
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    set_timeouts(fd);
-    socklen_t sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len + (abstract ? 1 : 0));
-    if (connect(fd, (struct sockaddr *)&sa, sl) != 0) {
-      close(fd);
-      return -1;
-    }
-    return fd;
-  }
-  struct addrinfo *ai = NULL;
-  ttd_status_t status = ttd_conn_gate_resolve(address, &ai);
-  if (status) {
-    ttd_status_free(status);
-    return -1;
-  }
-  /* A wildcard address is probed on the loopback of its family. */
-  if (ai->ai_family == AF_INET) {
-    struct sockaddr_in *in = (struct sockaddr_in *)ai->ai_addr;
-    if (in->sin_addr.s_addr == htonl(INADDR_ANY)) in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  } else if (ai->ai_family == AF_INET6) {
-    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ai->ai_addr;
-    if (IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr)) in6->sin6_addr = in6addr_loopback;
-  }
-  fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0) {
-    set_timeouts(fd);
-    struct sockaddr_storage local = {.ss_family = (sa_family_t)ai->ai_family};
-    socklen_t ll = ai->ai_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
-    bind(fd, (struct sockaddr *)&local, ll); /* an ephemeral port, known before connect */
-    if (getsockname(fd, (struct sockaddr *)&local, &ll) == 0) {
-      atomic_store(&g->probe_port, ntohs(((struct sockaddr_in *)&local)->sin_port)); /* same offset in _in6 */
-    }
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(ai);
-  return fd;
-}
-
-/* Whether the plain-text listener answers the client preface with its SETTINGS. */
-static bool probe_plain(int fd) {
-  static const unsigned char settings[9] = {0, 0, 0, 4, 0, 0, 0, 0, 0};
-  if (send(fd, preface, PREFACE_LEN, MSG_NOSIGNAL) != PREFACE_LEN) return false;
-  if (send(fd, settings, sizeof(settings), MSG_NOSIGNAL) != (ssize_t)sizeof(settings)) return false;
-  unsigned char head[9];
-  size_t got = 0;
-  while (got < sizeof(head)) {
-    ssize_t n = recv(fd, head + got, sizeof(head) - got, 0);
-    if (n <= 0) return false;
-    got += (size_t)n;
-  }
-  return head[3] == 4; /* SETTINGS */
-}
-
-/* Whether the TLS listener answers a ClientHello at all (a ServerHello or an alert): it
- * accepted the connection; the handshake need not succeed (mutual TLS wants a certificate). */
-static bool probe_tls(int fd) {
-  SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
-  SSL *ssl = ctx ? SSL_new(ctx) : NULL;
-  bool answered = false;
-  if (ssl) {
-    SSL_set_verify(ssl, SSL_VERIFY_NONE, NULL);
-    SSL_set_fd(ssl, fd);
-    SSL_connect(ssl);
-    answered = BIO_number_read(SSL_get_rbio(ssl)) > 0;
-  }
-  SSL_free(ssl);
-  SSL_CTX_free(ctx);
-  ERR_clear_error();
-  return answered;
-}
-
-static void *prober_main(void *arg) {
-  ttd_conn_gate *g = arg;
-  pthread_setname_np(pthread_self(), "ttd-probe");
-  const ttd_config *config = g->config;
-  unsigned down_logged = 0;
-  while (!atomic_load(&g->stopping)) {
-    unsigned down = 0;
-    for (int i = 0; i < config->listen_count && i < 32 && !atomic_load(&g->stopping); i++) {
-      const char *address = config->listen[i];
-      bool tls = strncmp(address, "unix", 4) != 0 && config->tls_cert;
-      int fd = probe_connect(g, address);
-      bool up = fd >= 0 && (tls ? probe_tls(fd) : probe_plain(fd));
-      if (fd >= 0) close(fd);
-      if (!up) down |= 1u << i;
-      if (!up && !(down_logged & (1u << i))) {
-        TTD_LOG(TTD_LOG_ERROR, "event=listener-down address=%s reason=\"it did not answer a connection within %d ms\"",
-                address, TTD_GATE_PROBE_TIMEOUT_MS);
-      } else if (up && (down_logged & (1u << i))) {
-        TTD_LOG(TTD_LOG_INFO, "event=listener-up address=%s", address);
-      }
-    }
-    down_logged = down;
-    atomic_store(&g->core->metrics.listeners_down, down);
-    for (int slept = 0; slept < TTD_GATE_PROBE_MS && !atomic_load(&g->stopping); slept += 50) {
-      struct timespec ts = {0, 50 * 1000000};
-      nanosleep(&ts, NULL);
-    }
-  }
-  return NULL;
-}
-
 /* ---- life ---- */
 
 ttd_status_t ttd_conn_gate_create(ttd_core *core, ttd_conn_gate_handoff_fn handoff, void *arg,
@@ -940,16 +816,14 @@ ttd_status_t ttd_conn_gate_start(ttd_conn_gate *g) {
   if (tls) {
     TTD_RETURN_IF_ERROR(ttd_conn_relay_create(GATE_RELAY_THREADS, TTD_GATE_MAX_RESETS, relay_ended, g, &g->relay));
   }
+  /* Before the gate's thread, which reads g->probe at every accept. */
+  TTD_RETURN_IF_ERROR(ttd_listener_probe_start(g->core, &g->probe));
   if (g->listener_count) {
     if (pthread_create(&g->thread, NULL, gate_main, g) != 0) {
       return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot start the connection gate's thread");
     }
     g->thread_started = true;
   }
-  if (pthread_create(&g->prober, NULL, prober_main, g) != 0) {
-    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot start the listener prober's thread");
-  }
-  g->prober_started = true;
   return TTD_OK;
 }
 
@@ -962,7 +836,8 @@ void ttd_conn_gate_stop(ttd_conn_gate *g) {
     (void)!write(g->wake_fd, &one, sizeof(one));
   }
   if (g->thread_started) pthread_join(g->thread, NULL);
-  if (g->prober_started) pthread_join(g->prober, NULL);
+  ttd_listener_probe_stop(g->probe);
+  g->probe = NULL;
   for (int i = 0; i < g->listener_count; i++) close(g->listeners[i].fd);
   pthread_mutex_lock(&g->lock);
   for (gate_conn *c = g->conns, *after; c; c = after) { /* relayed ones serve until destroy */

@@ -33,9 +33,6 @@
 /* Streams a connection's client may reset a second (a bucket this deep, refilled at this
  * rate) before the gate closes it. A client that cancels its own calls does so a few at a time. */
 #define TTD_GATE_MAX_RESETS 200
-/* How often the prober checks every listener, and how long one answer may take. */
-#define TTD_GATE_PROBE_MS 1000
-#define TTD_GATE_PROBE_TIMEOUT_MS 2000
 
 typedef struct ttd_conn_gate ttd_conn_gate;
 
@@ -76,8 +73,7 @@ ttd_status_t ttd_conn_gate_create(ttd_core *core, ttd_conn_gate_handoff_fn hando
 ttd_status_t ttd_conn_gate_listen(ttd_conn_gate *gate, const char *address, SSL_CTX *tls);
 
 /* Starts the accept thread, the relay's threads when a TCP listener is there, and the
- * prober (which probes every listener of config->listen and sets
- * core->metrics.listeners_down). */
+ * listener prober (listener_probe.h). */
 ttd_status_t ttd_conn_gate_start(ttd_conn_gate *gate);
 
 /* Whether the gate listens anywhere (else no call comes over its connections). NULL ok. */

@@ -2,7 +2,7 @@
 
 #include <string.h>
 
-static const uint8_t preface[TTD_H2_PREFACE_LEN + 1] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const uint8_t ttd_h2_preface[TTD_H2_PREFACE_LEN + 1] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 void ttd_h2_frames_init(ttd_h2_frames *f, int max_resets, int expect_preface, int64_t now_ms) {
   memset(f, 0, sizeof(*f));
@@ -43,7 +43,7 @@ ttd_h2_verdict ttd_h2_frames_feed(ttd_h2_frames *f, const uint8_t *data, size_t 
     if (f->preface_seen < TTD_H2_PREFACE_LEN) {
       size_t n = TTD_H2_PREFACE_LEN - f->preface_seen;
       if (n > len - at) n = len - at;
-      if (memcmp(data + at, preface + f->preface_seen, n) != 0) f->verdict = TTD_H2_BAD_PREFACE;
+      if (memcmp(data + at, ttd_h2_preface + f->preface_seen, n) != 0) f->verdict = TTD_H2_BAD_PREFACE;
       f->preface_seen += (uint32_t)n;
       at += n;
     } else if (f->payload_left) {

@@ -12,6 +12,9 @@
 
 #define TTD_H2_PREFACE_LEN 24
 #define TTD_H2_FRAME_HEADER_LEN 9
+
+/* "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", the client preface (with a terminating NUL). */
+extern const uint8_t ttd_h2_preface[TTD_H2_PREFACE_LEN + 1];
 /* The SETTINGS_MAX_FRAME_SIZE gRPC 1.51's server advertises (4 MiB - 1); before the client
  * acknowledges it gRPC holds frames to the protocol's 16384, so a longer frame is one gRPC
  * refuses in any case. */

@@ -170,7 +170,7 @@ START_TEST(test_accept_failure_pauses_and_recovers) {
   ck_assert_msg(lines >= 1 && lines <= 4, "%d accept-failure lines in 2 s", lines);
   ck_assert_msg(spent < 0.5, "the daemon spent %.2f s of CPU in 2 s", spent);
   /* The squeeze also kept the gRPC listeners from taking the prober's connection: /healthz
-   * is 200 again from the prober's next look (TTD_GATE_PROBE_MS). */
+   * is 200 again from the prober's next look (TTD_PROBE_MS). */
   char *r = NULL;
   for (int i = 0; i < 30; i++) {
     free(r);
