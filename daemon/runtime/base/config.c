@@ -48,7 +48,7 @@ static const option options[] = {
      "admin HTTP: close a connection that sends or takes nothing for this long"},
     {"max-connections", OPT_INT, FIELD(max_connections), 1, 1000000, "4096",
      "connections all listeners hold at once; more are closed at once (keep it well under the descriptor limit, "
-     "LimitNOFILE: a TCP connection takes 3 to 5 descriptors)"},
+     "LimitNOFILE: a TLS connection takes 3 to 5 descriptors)"},
     {"max-peer-connections", OPT_INT, FIELD(max_peer_connections), 1, 1000000, "1024",
      "connections one TCP address, or one local user on a Unix socket, may hold at once (a user's training "
      "processes each hold one or more); more are closed at once"},
