@@ -133,11 +133,24 @@ void ttd_k_matmul_backward(ttd_pool *pool, const float *a, const float *b, const
                            int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
                            int64_t b_batch_stride, float *da, float *db);
 
+/* Gradients a backward adds to instead of writing (a parameter's .grad, summed in place
+ * with no separate pass): bits of the `add` argument of the *_backward_add kernels. */
+enum { TTD_KGRAD_ADD_A = 1, TTD_KGRAD_ADD_B = 2, TTD_KGRAD_ADD_BIAS = 4 };
+/* ttd_k_matmul_backward with da (TTD_KGRAD_ADD_A) and/or db (TTD_KGRAD_ADD_B) summed into:
+ * each element becomes its old value plus the sum over K blocks in order. */
+void ttd_k_matmul_backward_add(ttd_pool *pool, const float *a, const float *b, const float *dc, int64_t batch,
+                               int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
+                               int64_t b_batch_stride, float *da, float *db, unsigned add);
+
 /* ---- linear: y[n,out] = x[n,in] W[out,in]^T + bias[out] (bias may be NULL) ---- */
 void ttd_k_linear(ttd_pool *pool, const float *x, const float *w, const float *bias, int64_t n, int64_t in, int64_t out,
                   float *y);
 void ttd_k_linear_backward(ttd_pool *pool, const float *x, const float *w, const float *dy, int64_t n, int64_t in,
                            int64_t out, float *dx, float *dw, float *dbias);
+/* The same with dx (TTD_KGRAD_ADD_A), dw (TTD_KGRAD_ADD_B) and/or dbias (TTD_KGRAD_ADD_BIAS)
+ * added to rather than written. */
+void ttd_k_linear_backward_add(ttd_pool *pool, const float *x, const float *w, const float *dy, int64_t n, int64_t in,
+                               int64_t out, float *dx, float *dw, float *dbias, unsigned add);
 
 /* ---- convolution and pooling, NCHW ---- */
 typedef struct ttd_conv2d_params {

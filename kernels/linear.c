@@ -9,6 +9,7 @@ typedef struct bias_job {
   const float *dy;
   float *dbias;
   int64_t rows, cols;
+  int add; /* dbias += the sums */
 } bias_job;
 
 /* dbias[c] = sum over rows of dy[:, c] for the column blocks [begin, end), in double. */
@@ -22,7 +23,7 @@ static void sum_columns(void *ctx, size_t begin, size_t end) {
       const float *restrict dy = j->dy + r * j->cols + c0;
       for (int64_t c = 0; c < w; c++) acc[c] += dy[c];
     }
-    for (int64_t c = 0; c < w; c++) j->dbias[c0 + c] = (float)acc[c];
+    for (int64_t c = 0; c < w; c++) j->dbias[c0 + c] = j->add ? j->dbias[c0 + c] + (float)acc[c] : (float)acc[c];
   }
 }
 
@@ -33,9 +34,14 @@ void ttd_k_linear(ttd_pool *pool, const float *x, const float *w, const float *b
 
 void ttd_k_linear_backward(ttd_pool *pool, const float *x, const float *w, const float *dy, int64_t n, int64_t in,
                            int64_t out, float *dx, float *dw, float *dbias) {
-  ttd_k_matmul_backward(pool, x, w, dy, 1, n, out, in, 0, 1, 0, 0, dx, dw);
+  ttd_k_linear_backward_add(pool, x, w, dy, n, in, out, dx, dw, dbias, 0);
+}
+
+void ttd_k_linear_backward_add(ttd_pool *pool, const float *x, const float *w, const float *dy, int64_t n, int64_t in,
+                               int64_t out, float *dx, float *dw, float *dbias, unsigned add) {
+  ttd_k_matmul_backward_add(pool, x, w, dy, 1, n, out, in, 0, 1, 0, 0, dx, dw, add & (TTD_KGRAD_ADD_A | TTD_KGRAD_ADD_B));
   if (dbias && out > 0) {
-    bias_job j = {.dy = dy, .dbias = dbias, .rows = n, .cols = out};
+    bias_job j = {.dy = dy, .dbias = dbias, .rows = n, .cols = out, .add = (add & TTD_KGRAD_ADD_BIAS) != 0};
     ttd_pool_parallel_for(pool, (size_t)((out + BIAS_COLS - 1) / BIAS_COLS), 1, sum_columns, &j);
   }
 }

@@ -68,6 +68,7 @@ typedef struct gemm_problem {
   int64_t b_rs, b_cs, b_bs;
   float *c; /* C(q,i,j) = c[q*c_bs + i*ldc + j]; c_bs 0: all q summed into one C */
   int64_t ldc, c_bs;
+  int c_accumulate; /* C += the product instead of C = it */
   const float *col_bias; /* or NULL: C(q,i,j) += col_bias[j] once the sum is complete */
   int64_t kc, mc, nc, m_tiles, n_tiles, outputs; /* blocking and tiling, filled by gemm_run */
   float *a_packed; /* or NULL: A packed for all tasks, K block p0 at a_packed + depth(p0) * round_up(m, MR) */
@@ -497,7 +498,7 @@ static void tile_unpacked(const gemm_problem *g, int64_t q0, int64_t q1, int64_t
         int64_t a0 = q * g->a_bs + i * g->a_rs, b0 = q * g->b_bs + j * g->b_cs;
         for (int64_t p = 0; p < g->k; p++) s += elem_f32(g, g->a, a0 + p * g->a_cs) * elem_f32(g, g->b, b0 + p * g->b_rs);
       }
-      c[i * g->ldc + j] = s;
+      c[i * g->ldc + j] = g->c_accumulate ? c[i * g->ldc + j] + s : s;
     }
 }
 
@@ -534,7 +535,7 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
     float *c = g->c + o * g->c_bs;
 
     if (g->k == 0) {
-      for (int64_t i = i0; i < i0 + mc; i++) memset(c + i * g->ldc + j0, 0, (size_t)nc * sizeof(float));
+      for (int64_t i = i0; !g->c_accumulate && i < i0 + mc; i++) memset(c + i * g->ldc + j0, 0, (size_t)nc * sizeof(float));
       add_col_bias(g, c, i0, mc, j0, nc);
       continue;
     }
@@ -543,7 +544,7 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
       add_col_bias(g, c, i0, mc, j0, nc);
       continue;
     }
-    int first = 1;
+    int first = !g->c_accumulate;
     for (int64_t q = q0; q < q1; q++) {
       int64_t a0 = q * g->a_bs + i0 * g->a_rs, b0 = q * g->b_bs + j0 * g->b_cs;
       for (int64_t p0 = 0; p0 < g->k; p0 += g->kc) {
@@ -632,10 +633,10 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
  * gemm_problem. */
 static void gemm(ttd_pool *pool, int64_t batch, int64_t m, int64_t n, int64_t k, const float *a, int64_t a_rs,
                  int64_t a_cs, int64_t a_bs, const float *b, int64_t b_rs, int64_t b_cs, int64_t b_bs, float *c,
-                 int64_t ldc, int64_t c_bs) {
+                 int64_t ldc, int64_t c_bs, int accumulate) {
   gemm_problem g = {.batch = batch, .m = m, .n = n, .k = k, .a = a, .a_rs = a_rs, .a_cs = a_cs, .a_bs = a_bs};
   g.b = b, g.b_rs = b_rs, g.b_cs = b_cs, g.b_bs = b_bs;
-  g.c = c, g.ldc = ldc, g.c_bs = c_bs;
+  g.c = c, g.ldc = ldc, g.c_bs = c_bs, g.c_accumulate = accumulate;
   gemm_run(pool, &g);
 }
 
@@ -686,11 +687,18 @@ const char *ttd_k_matmul_bf16_path(void) { return pick_bf16_pairs() ? "avx512bf1
 void ttd_k_matmul_backward(ttd_pool *pool, const float *a, const float *b, const float *dc, int64_t batch, int64_t m,
                            int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
                            int64_t b_batch_stride, float *da, float *db) {
+  ttd_k_matmul_backward_add(pool, a, b, dc, batch, m, n, k, trans_a, trans_b, a_batch_stride, b_batch_stride, da, db, 0);
+}
+
+void ttd_k_matmul_backward_add(ttd_pool *pool, const float *a, const float *b, const float *dc, int64_t batch,
+                               int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
+                               int64_t b_batch_stride, float *da, float *db, unsigned add) {
   int64_t a_rs, a_cs, b_rs, b_cs, mn = m * n;
+  int add_a = (add & TTD_KGRAD_ADD_A) != 0, add_b = (add & TTD_KGRAD_ADD_B) != 0;
   op_strides(trans_a, m, k, &a_rs, &a_cs);
   op_strides(trans_b, k, n, &b_rs, &b_cs);
-  if (da && !trans_a) gemm(pool, batch, m, k, n, dc, n, 1, mn, b, b_cs, b_rs, b_batch_stride, da, k, a_batch_stride);
-  if (da && trans_a) gemm(pool, batch, k, m, n, b, b_rs, b_cs, b_batch_stride, dc, 1, n, mn, da, m, a_batch_stride);
-  if (db && !trans_b) gemm(pool, batch, k, n, m, a, a_cs, a_rs, a_batch_stride, dc, n, 1, mn, db, n, b_batch_stride);
-  if (db && trans_b) gemm(pool, batch, n, k, m, dc, 1, n, mn, a, a_rs, a_cs, a_batch_stride, db, k, b_batch_stride);
+  if (da && !trans_a) gemm(pool, batch, m, k, n, dc, n, 1, mn, b, b_cs, b_rs, b_batch_stride, da, k, a_batch_stride, add_a);
+  if (da && trans_a) gemm(pool, batch, k, m, n, b, b_rs, b_cs, b_batch_stride, dc, 1, n, mn, da, m, a_batch_stride, add_a);
+  if (db && !trans_b) gemm(pool, batch, k, n, m, a, a_cs, a_rs, a_batch_stride, dc, n, 1, mn, db, n, b_batch_stride, add_b);
+  if (db && trans_b) gemm(pool, batch, n, k, m, dc, 1, n, mn, a, a_rs, a_cs, a_batch_stride, db, k, b_batch_stride, add_b);
 }

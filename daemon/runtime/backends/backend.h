@@ -82,9 +82,11 @@ typedef struct ttd_node_call {
   const struct ttd_kshape *output_shape;
   ttd_backend_buffer *saved[2];
   /* Backward only: the gradient of the output, and where to write each input's gradient
-   * (NULL: not needed). Written, not accumulated. */
+   * (NULL: not needed). Written, except input k's when bit k of input_grads_add is set: that
+   * one is added to (only where backward_adds says the backend can). */
   ttd_backend_buffer *output_grad;
   ttd_backend_buffer *input_grads[3];
+  unsigned input_grads_add;
   ttd_run_mode mode; /* the run's, the same for its forward and backward */
 } ttd_node_call;
 
@@ -141,6 +143,10 @@ typedef struct ttd_backend_vtable {
   /* The node's backward: input gradients from the output gradient and the forward's
    * operands, output and saved buffers. */
   ttd_status_t (*run_node_backward)(ttd_backend *backend, int device, const ttd_node_call *call);
+  /* Optional (NULL: never): whether run_node_backward can add input `input`'s gradient to
+   * its buffer rather than write it (ttd_node_call.input_grads_add), so that a parameter's
+   * .grad is summed in place, with no gradient buffer and no buffer_accumulate pass. */
+  bool (*backward_adds)(ttd_backend *backend, const struct ttd_program_node *node, int input);
   /* dst += src, float32 elements, same size, same device. */
   ttd_status_t (*buffer_accumulate)(ttd_backend *backend, ttd_backend_buffer *dst, ttd_backend_buffer *src);
   ttd_status_t (*optimizer_step)(ttd_backend *backend, int device, const ttd_optimizer_call *call);

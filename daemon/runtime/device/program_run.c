@@ -170,7 +170,48 @@ static bool grad_needed(const ttd_program_value *v, bool input_grads) {
   return input_grads ? v->requires_grad : v->param_grad;
 }
 
-static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd_tensor **grads, bool input_grads) {
+/* How a Backward treats each parameter's .grad: summed at the end from the gradient
+ * buffers (the general way), or summed in place by the nodes themselves, which is one pass
+ * less over it and no buffer. In place only where the backend can add that operand's
+ * gradient and the .grad is known to be all zeros when the Backward first reaches it: the
+ * first node then writes it, later ones add to it, and a Backward that stops puts it back
+ * exactly (zeroes it again). Every run of a parameter, and its ZeroGrad and steps, are
+ * device work of its card, one at a time, so no other call sees it meanwhile. */
+enum { GRAD_AT_END, GRAD_IN_PLACE };
+
+/* Whether input k of node i sums its gradient into its parameter's .grad (p: the
+ * parameter's index, or -1); *first when the .grad still holds its zeros (written, not
+ * added to). */
+static bool grad_in_place(ttd_backend *backend, const ttd_run *run, int i, int k, int p, unsigned char *grad_mode,
+                          bool *first) {
+  const ttd_program *program = run->program;
+  const ttd_program_node *node = &program->nodes[i];
+  *first = false;
+  if (p < 0 || !backend->vtable->backward_adds || !backend->vtable->backward_adds(backend, node, k)) return false;
+  for (int j = 0; j < node->n_inputs; j++) {
+    if (j != k && node->inputs[j] == node->inputs[k]) return false; /* x @ x: its gradients are summed at the end */
+  }
+  if (grad_mode[p] == GRAD_IN_PLACE) return true;
+  ttd_tensor *param = run->operands[program->n_inputs + p];
+  pthread_mutex_lock(&param->train_lock);
+  ttd_tensor *g = param->grad;
+  /* Claimed by clearing the flag: a parameter bound twice (one tensor for two of the
+   * program's parameters) is summed in place once, and at the end for the other. */
+  bool zeroed = g && g->spec.dtype == TTD_DTYPE_FLOAT32 && g->spec.numel == param->spec.numel &&
+                atomic_exchange(&g->zeroed, false);
+  pthread_mutex_unlock(&param->train_lock);
+  if (zeroed) grad_mode[p] = GRAD_IN_PLACE;
+  *first = zeroed;
+  return zeroed;
+}
+
+/* The index of the parameter whose value v is, or -1. */
+static int param_index(const ttd_program *program, int v) {
+  return v >= program->n_inputs && v < program->n_inputs + program->n_params ? v - program->n_inputs : -1;
+}
+
+static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd_tensor **grads, bool input_grads,
+                                  unsigned char *grad_mode) {
   const ttd_program *program = run->program;
   const ttd_program_node *node = &program->nodes[i];
   ttd_node_call call = {.node = node,
@@ -184,10 +225,16 @@ static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd
     const ttd_program_value *in = &program->values[node->inputs[k]];
     call.inputs[k] = run->values[node->inputs[k]]->buffer;
     call.input_shapes[k] = &in->type.shape;
-    if (grad_needed(in, input_grads)) {
-      status = make_tensor(backend, run, TTD_DTYPE_FLOAT32, &in->type.shape, &contrib[k]);
-      if (!status) call.input_grads[k] = contrib[k]->buffer;
+    if (!grad_needed(in, input_grads)) continue;
+    int p = param_index(program, node->inputs[k]);
+    bool first;
+    if (grad_in_place(backend, run, i, k, p, grad_mode, &first)) {
+      call.input_grads[k] = run->operands[program->n_inputs + p]->grad->buffer;
+      if (!first) call.input_grads_add |= 1u << k;
+      continue;
     }
+    status = make_tensor(backend, run, TTD_DTYPE_FLOAT32, &in->type.shape, &contrib[k]);
+    if (!status) call.input_grads[k] = contrib[k]->buffer;
   }
   for (int k = 0; k < 2; k++) call.saved[k] = run->saved[2 * i + k] ? run->saved[2 * i + k]->buffer : NULL;
   if (!status) status = node_status(run, i, "backward", backend->vtable->run_node_backward(backend, run->device, &call));
@@ -205,7 +252,24 @@ static ttd_status_t accumulate_param_grad(ttd_backend *backend, ttd_tensor *para
   pthread_mutex_lock(&param->train_lock);
   if (!param->grad) param->grad = ttd_tensor_retain(g);
   else status = backend->vtable->buffer_accumulate(backend, param->grad->buffer, g->buffer);
+  atomic_store(&param->grad->zeroed, false);
   pthread_mutex_unlock(&param->train_lock);
+  return status;
+}
+
+/* A Backward that stopped or failed: the .grads it summed in place are zeros again. */
+static ttd_status_t grads_in_place_undo(ttd_backend *backend, const ttd_run *run, const unsigned char *grad_mode) {
+  ttd_status_t status = TTD_OK;
+  for (int p = 0; p < run->program->n_params; p++) {
+    if (grad_mode[p] != GRAD_IN_PLACE) continue;
+    ttd_tensor *param = run->operands[run->program->n_inputs + p];
+    pthread_mutex_lock(&param->train_lock);
+    ttd_status_t s = backend->vtable->buffer_zero(backend, param->grad->buffer);
+    atomic_store(&param->grad->zeroed, s == TTD_OK);
+    pthread_mutex_unlock(&param->train_lock);
+    if (!status) status = s;
+    else ttd_status_free(s);
+  }
   return status;
 }
 
@@ -224,7 +288,12 @@ ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *co
     TTD_RETURN_IF_ERROR(check_operand(&want, output_grads[i], "gradient of output", run->device));
   }
   ttd_tensor **grads = calloc((size_t)program->n_values, sizeof(*grads));
-  if (!grads) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  unsigned char *grad_mode = calloc((size_t)program->n_params + 1, 1); /* GRAD_AT_END each */
+  if (!grads || !grad_mode) {
+    free(grads);
+    free(grad_mode);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  }
   ttd_status_t status = TTD_OK;
   for (int i = 0; i < program->n_outputs && !status; i++) {
     if (!output_grads[i]) continue;
@@ -238,21 +307,22 @@ ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *co
     int v = program->nodes[i].value;
     if ((status = stopped(run, i, "backward"))) break;
     if (grads[v] && grad_needed(&program->values[v], out_input_grads != NULL)) {
-      status = node_backward(backend, run, i, grads, out_input_grads != NULL);
+      status = node_backward(backend, run, i, grads, out_input_grads != NULL, grad_mode);
     }
   }
   for (int i = 0; i < program->n_params && !status; i++) {
     ttd_tensor *g = grads[ttd_program_param_value(program, i)];
     ttd_tensor *param = run->operands[program->n_inputs + i]; /* the caller's, not a widened copy */
     out_param_grads[i] = NULL;
-    if (!g) continue;
-    status = accumulate_param_grad(backend, param, g);
-    if (!status) out_param_grads[i] = ttd_tensor_retain(param->grad);
+    if (g) status = accumulate_param_grad(backend, param, g);
+    if (!status && (g || grad_mode[i] == GRAD_IN_PLACE)) out_param_grads[i] = ttd_tensor_retain(param->grad);
   }
+  if (status) ttd_status_free(grads_in_place_undo(backend, run, grad_mode));
   for (int i = 0; out_input_grads && i < program->n_inputs; i++) {
     out_input_grads[i] = !status && grads[i] ? ttd_tensor_retain(grads[i]) : NULL;
   }
   for (int i = 0; i < program->n_values; i++) ttd_tensor_release(grads[i]);
   free(grads);
+  free(grad_mode);
   return status;
 }

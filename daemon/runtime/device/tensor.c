@@ -17,6 +17,7 @@ ttd_status_t ttd_tensor_create(ttd_backend *backend, ttd_quota *quota, const ttd
   t->quota = ttd_quota_retain(quota);
   atomic_init(&t->refs, 1);
   atomic_init(&t->access, 0);
+  atomic_init(&t->zeroed, false);
   pthread_mutex_init(&t->train_lock, NULL);
   t->spec = *spec;
   t->backend = backend;
@@ -47,7 +48,11 @@ void ttd_tensor_read_end(ttd_tensor *tensor) { atomic_fetch_sub_explicit(&tensor
 
 bool ttd_tensor_write_begin(ttd_tensor *tensor) {
   int idle = 0;
-  return atomic_compare_exchange_strong_explicit(&tensor->access, &idle, -1, memory_order_acquire, memory_order_relaxed);
+  if (!atomic_compare_exchange_strong_explicit(&tensor->access, &idle, -1, memory_order_acquire, memory_order_relaxed)) {
+    return false;
+  }
+  atomic_store(&tensor->zeroed, false);
+  return true;
 }
 
 void ttd_tensor_write_end(ttd_tensor *tensor) { atomic_store_explicit(&tensor->access, 0, memory_order_release); }

@@ -31,6 +31,10 @@ typedef struct ttd_tensor {
   /* Who uses the bytes now: > 0 calls reading them (a program run), -1 an Upload writing
    * them, 0 none. A run never reads a tensor while an Upload rewrites it, nor the reverse. */
   atomic_int access;
+  /* Every byte is known to be 0: set by a parameter's ZeroGrad on its .grad, cleared by an
+   * Upload into it and by a Backward summing into it (false means unknown). A Backward sums
+   * a zeroed .grad in place, and zeroes it again if it stops. */
+  atomic_bool zeroed;
 } ttd_tensor;
 
 /* Allocates device memory for spec (already finished and validated), charged to quota

@@ -100,7 +100,20 @@ START_TEST(test_copy_into_grad_feeds_the_step) {
     float want = before[i] - 0.5f * 0.25f * (float)(i + 1);
     ck_assert_float_eq_tol(((float *)tt_tensor_data(w1))[i], want, 1e-6f);
   }
-  tt_tensor *all[] = {xh, x2, xd, y, yh, loss, w, w0, grad, mine, mine2, w1};
+  /* Values written into a zeroed .grad stay: the next backward adds its gradient to them
+   * (dsum/dW[o][i] is x's column sum, 0.5 0.7 0.9) rather than writing over them. */
+  ck_assert_int_eq(tt_zero_grad(opt), TT_OK);
+  ck_assert_msg(tt_copy_(grad, mine2) == TT_OK, "%s", tt_last_error(client));
+  tt_tensor *y2 = NULL;
+  ck_assert_int_eq(tt_forward(m, &xd, 1, &y2), TT_OK);
+  tt_tensor *y2h = to_host(y2), *loss2 = tt_sum(y2h);
+  ck_assert_int_eq(tt_backward(loss2), TT_OK);
+  tt_tensor *grad2 = tt_param_grad(m, "linear1.weight"), *g2 = to_host(grad2);
+  for (int k = 0; k < 6; k++) {
+    float want = 0.25f * (float)(k + 1) + (0.1f * (float)(k % 3 + 1) + 0.1f * (float)(k % 3 + 4));
+    ck_assert_float_eq_tol(((float *)tt_tensor_data(g2))[k], want, 1e-6f);
+  }
+  tt_tensor *all[] = {xh, x2, xd, y, yh, loss, w, w0, grad, mine, mine2, w1, y2, y2h, loss2, grad2, g2};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) tt_tensor_free(all[i]);
   tt_optimizer_free(opt);
   tt_module_free(m);

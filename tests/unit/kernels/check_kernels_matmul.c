@@ -426,6 +426,69 @@ START_TEST(test_linear_backward_fd) {
 }
 END_TEST
 
+
+/* The _add forms add each gradient to what its buffer held: old + the written gradient,
+ * within a rounding of each element, for every transpose, per-problem and batch-summed
+ * operands, one K block and several (k 600), odd sizes, a pool of 3; the gradient not
+ * asked to add is written as before, bit for bit. */
+START_TEST(test_backward_add) {
+  ttd_pool *pool = ttd_pool_create(3);
+  ck_assert_ptr_nonnull(pool);
+  static const int64_t shapes[][4] = {{1, 1, 1, 1}, {2, 3, 17, 5}, {3, 17, 3, 600}, {1, 64, 130, 513}};
+  uint64_t rng = 11;
+  for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+    for (int t = 0; t < 4; t++)
+      for (int bc = 0; bc < 2; bc++) {
+        int64_t batch = shapes[si][0], m = shapes[si][1], n = shapes[si][2], k = shapes[si][3];
+        int ta = t & 1, tb = t >> 1;
+        int64_t as = m * k, bs = bc ? 0 : k * n, na = batch * as, nb = bc ? k * n : batch * bs;
+        float *a = kt_rand_buf(&rng, na, -1, 1), *b = kt_rand_buf(&rng, nb, -1, 1);
+        float *dy = kt_rand_buf(&rng, batch * m * n, -1, 1);
+        float *da = kt_nan_buf(na), *db = kt_nan_buf(nb);
+        float *old_a = kt_rand_buf(&rng, na, -1, 1), *old_b = kt_rand_buf(&rng, nb, -1, 1);
+        float *acc_a = malloc((size_t)na * sizeof(float)), *acc_b = malloc((size_t)nb * sizeof(float));
+        memcpy(acc_a, old_a, (size_t)na * sizeof(float));
+        memcpy(acc_b, old_b, (size_t)nb * sizeof(float));
+        ttd_k_matmul_backward(pool, a, b, dy, batch, m, n, k, ta, tb, as, bs, da, db);
+        for (unsigned add = 1; add <= 2; add++) { /* A then B added to, the other written */
+          float *wa = kt_nan_buf(na), *wb = kt_nan_buf(nb);
+          float *ga = add == TTD_KGRAD_ADD_A ? acc_a : wa, *gb = add == TTD_KGRAD_ADD_B ? acc_b : wb;
+          ttd_k_matmul_backward_add(pool, a, b, dy, batch, m, n, k, ta, tb, as, bs, ga, gb, add);
+          ck_assert(memcmp(add == TTD_KGRAD_ADD_A ? wb : wa, add == TTD_KGRAD_ADD_A ? db : da,
+                           (size_t)(add == TTD_KGRAD_ADD_A ? nb : na) * sizeof(float)) == 0);
+          free(wa), free(wb);
+        }
+        for (int64_t i = 0; i < na; i++) {
+          float want = old_a[i] + da[i];
+          ck_assert_msg(fabsf(acc_a[i] - want) <= 1e-5f * (1.0f + fabsf(want)) + 1e-6f * (float)n,
+                        "dA[%lld] shape %zu t %d: %g + %g gave %g", (long long)i, si, t, old_a[i], da[i], acc_a[i]);
+        }
+        for (int64_t i = 0; i < nb; i++) {
+          float want = old_b[i] + db[i];
+          ck_assert_msg(fabsf(acc_b[i] - want) <= 1e-5f * (1.0f + fabsf(want)) + 1e-6f * (float)(batch * m),
+                        "dB[%lld] shape %zu t %d: %g + %g gave %g", (long long)i, si, t, old_b[i], db[i], acc_b[i]);
+        }
+        free(a), free(b), free(dy), free(da), free(db), free(old_a), free(old_b), free(acc_a), free(acc_b);
+      }
+  /* linear: dW and dbias added to, dx written; one K block, so old + dW exactly */
+  const int64_t rows = 9, in = 13, out = 7;
+  float *x = kt_rand_buf(&rng, rows * in, -1, 1), *w = kt_rand_buf(&rng, out * in, -1, 1);
+  float *dy = kt_rand_buf(&rng, rows * out, -1, 1);
+  float *dx = kt_nan_buf(rows * in), *dw = kt_nan_buf(out * in), *dbias = kt_nan_buf(out);
+  ttd_k_linear_backward(pool, x, w, dy, rows, in, out, dx, dw, dbias);
+  float *dx2 = kt_nan_buf(rows * in), *gw = kt_rand_buf(&rng, out * in, -1, 1), *gb = kt_rand_buf(&rng, out, -1, 1);
+  float *gw0 = malloc(sizeof(float) * out * in), *gb0 = malloc(sizeof(float) * out);
+  memcpy(gw0, gw, sizeof(float) * out * in);
+  memcpy(gb0, gb, sizeof(float) * out);
+  ttd_k_linear_backward_add(pool, x, w, dy, rows, in, out, dx2, gw, gb, TTD_KGRAD_ADD_B | TTD_KGRAD_ADD_BIAS);
+  ck_assert(memcmp(dx, dx2, sizeof(float) * rows * in) == 0);
+  for (int64_t i = 0; i < out * in; i++) ck_assert_float_eq(gw[i], gw0[i] + dw[i]);
+  for (int64_t i = 0; i < out; i++) ck_assert_float_eq(gb[i], gb0[i] + dbias[i]);
+  free(x), free(w), free(dy), free(dx), free(dw), free(dbias), free(dx2), free(gw), free(gb), free(gw0), free(gb0);
+  ttd_pool_destroy(pool);
+}
+END_TEST
+
 Suite *kernels_matmul_suite(void) {
   Suite *s = suite_create("kernels_matmul");
   TCase *tc = tcase_create("matmul");
@@ -437,6 +500,7 @@ Suite *kernels_matmul_suite(void) {
   tcase_add_test(tc, test_matmul_backward_fd);
   tcase_add_test(tc, test_matmul_backward_large);
   tcase_add_test(tc, test_matmul_pool_identical);
+  tcase_add_test(tc, test_backward_add);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("matmul_bf16");

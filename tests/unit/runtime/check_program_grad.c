@@ -443,6 +443,155 @@ START_TEST(test_bfloat16_storage_matches_float32) {
 }
 END_TEST
 
+
+/* ---- .grad summed in place ---- */
+
+static const ttd_backend_vtable *sim_vtable; /* the wrapped backend's own */
+static uint64_t alloc_bytes_seen[8];          /* sizes to count, then their counts */
+static int alloc_count[8], alloc_kinds;
+static ttd_cancel *stop_flag; /* set after stop_after backwards of matmul or linear nodes */
+static int stop_after;
+
+static ttd_status_t counting_alloc(ttd_backend *backend, int device, ttd_memloc loc, uint64_t bytes,
+                                   ttd_backend_buffer **out) {
+  for (int i = 0; i < alloc_kinds; i++) alloc_count[i] += alloc_bytes_seen[i] == bytes;
+  return sim_vtable->buffer_alloc(backend, device, loc, bytes, out);
+}
+
+static ttd_status_t stopping_backward(ttd_backend *backend, int device, const ttd_node_call *call) {
+  ttd_status_t s = sim_vtable->run_node_backward(backend, device, call);
+  bool summing = call->node->op == TTD_OP_MATMUL || call->node->op == TTD_OP_LINEAR;
+  if (stop_flag && summing && --stop_after == 0) atomic_store(&stop_flag->code, GRPC_STATUS_DEADLINE_EXCEEDED);
+  return s;
+}
+
+/* What ZeroGrad does to a parameter's .grad. */
+static void zero_grad(harness *h, ttd_tensor *param) {
+  ck_assert_ptr_null(h->backend->vtable->buffer_zero(h->backend, param->grad->buffer));
+  atomic_store(&param->grad->zeroed, true);
+}
+
+static ttd_status_t backward_once(harness *h, ttd_cancel *cancel) {
+  ttd_run *run = NULL;
+  ck_assert_ptr_null(ttd_run_forward(h->backend, NULL, h->program, h->inputs, h->program->n_inputs, h->params,
+                                     h->program->n_params, &run));
+  ttd_tensor *dloss = unit_loss_grad(h->backend), *out_grads[1] = {dloss}, *param_grads[MAXV] = {0};
+  run->mode.cancel = cancel;
+  for (int i = 0; i < alloc_kinds; i++) alloc_count[i] = 0;
+  ttd_status_t s = ttd_run_backward(run, h->backend, out_grads, param_grads, NULL);
+  for (int p = 0; p < h->program->n_params; p++) {
+    if (!s) ck_assert_ptr_eq(param_grads[p], h->params[p]->grad); /* every parameter got its .grad back */
+    ttd_tensor_release(param_grads[p]);
+  }
+  ttd_run_free(run);
+  ttd_tensor_release(dloss);
+  return s;
+}
+
+/* After ZeroGrad, a Backward writes the .grad of linear and matmul parameters in place: no
+ * gradient buffer of theirs is allocated, and every .grad equals, value for value, the one
+ * summed at the end (the first Backward, when there is no .grad yet). Without ZeroGrad the
+ * gradients are summed at the end onto the old ones (2x). A tensor bound to two parameters
+ * is summed in place once and at the end once (their sum). A Backward stopped after three
+ * of its nodes had written .grads in place (wb's, w2's; not w1's) leaves every .grad at
+ * zero, known to be zero, and nothing allocated. */
+START_TEST(test_grad_summed_in_place) {
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "x", F32, 2, 8, 20, 0, 0);
+  gb_value(&b, 0, "y", I32, 1, 8, 0, 0, 0);
+  gb_value(&b, 1, "w1", F32, 2, 16, 20, 0, 0);
+  gb_value(&b, 1, "b1", F32, 1, 16, 0, 0, 0);
+  gb_value(&b, 1, "w2", F32, 2, 16, 5, 0, 0);
+  gb_value(&b, 1, "wa", F32, 2, 5, 5, 0, 0);
+  gb_value(&b, 1, "wb", F32, 2, 5, 5, 0, 0);
+  gb_node(&b, "z", "linear", "x", "w1", "b1");
+  gb_node(&b, "h", "relu", "z", NULL, NULL);
+  gb_node(&b, "l", "matmul", "h", "w2", NULL);
+  gb_node(&b, "m1", "matmul", "l", "wa", NULL);
+  gb_node(&b, "m2", "matmul", "l", "wb", NULL);
+  gb_node(&b, "s", "add", "m1", "m2", NULL);
+  gb_node(&b, "loss", "cross_entropy", "s", "y", NULL);
+  b.outputs[b.graph.n_outputs++] = "loss";
+  harness h;
+  harness_setup(&h, &b, 0.5f, 5);
+  ttd_tensor_release(h.params[4]); /* wb is wa's tensor */
+  h.params[4] = ttd_tensor_retain(h.params[3]);
+  ttd_backend_vtable wrapped = *h.backend->vtable;
+  sim_vtable = h.backend->vtable;
+  wrapped.buffer_alloc = counting_alloc;
+  wrapped.run_node_backward = stopping_backward;
+  h.backend->vtable = &wrapped;
+  alloc_kinds = 3;
+  alloc_bytes_seen[0] = 16 * 20 * 4; /* w1's gradient (no other value has its size) */
+  alloc_bytes_seen[1] = 16 * 5 * 4;  /* w2's */
+  alloc_bytes_seen[2] = 5 * 5 * 4;   /* wa's and wb's */
+
+  ck_assert_ptr_null(backward_once(&h, NULL)); /* no .grad yet: made at the end */
+  ck_assert_int_eq(alloc_count[0], 1);
+  ck_assert_int_eq(alloc_count[1], 1);
+  ck_assert_int_eq(alloc_count[2], 2);
+  enum { NP = 4 }; /* w1 b1 w2 wa(=wb) */
+  float *first[NP];
+  for (int p = 0; p < NP; p++) {
+    ttd_tensor *g = h.params[p]->grad;
+    ck_assert(!atomic_load(&g->zeroed));
+    first[p] = malloc(g->spec.nbytes);
+    h.backend->vtable->buffer_read(h.backend, g->buffer, 0, first[p], g->spec.nbytes);
+  }
+  for (int p = 0; p < NP; p++) zero_grad(&h, h.params[p]);
+  ttd_device_info info;
+  h.backend->vtable->device_info(h.backend, 0, &info);
+  uint64_t used = info.memory[0].used_bytes;
+
+  ck_assert_ptr_null(backward_once(&h, NULL)); /* in place */
+  ck_assert_int_eq(alloc_count[0], 0);
+  ck_assert_int_eq(alloc_count[1], 0);
+  ck_assert_int_eq(alloc_count[2], 1); /* wb in place, wa (the same tensor) at the end */
+  for (int p = 0; p < NP; p++) {
+    ttd_tensor *g = h.params[p]->grad;
+    ck_assert(!atomic_load(&g->zeroed));
+    for (uint64_t i = 0; i < g->spec.numel; i++) {
+      float want = first[p][i], got = read_at(h.backend, g, i);
+      if (p == 3) ck_assert_msg(fabsf(got - want) <= 1e-6f * (1.0f + fabsf(want)), "wa[%llu] %g vs %g", (unsigned long long)i, got, want);
+      else ck_assert_msg(got == want, "parameter %d [%llu]: in place %g, at the end %g", p, (unsigned long long)i, got, want);
+    }
+  }
+
+  ck_assert_ptr_null(backward_once(&h, NULL)); /* no ZeroGrad: summed onto the old .grad */
+  ck_assert_int_eq(alloc_count[0], 1);
+  for (int p = 0; p < 3; p++) {
+    for (uint64_t i = 0; i < h.params[p]->spec.numel; i++) ck_assert_float_eq(read_at(h.backend, h.params[p]->grad, i), 2 * first[p][i]);
+  }
+
+  for (int p = 0; p < NP; p++) zero_grad(&h, h.params[p]);
+  ttd_cancel cancel = {0};
+  stop_flag = &cancel;
+  stop_after = 3; /* m2 (wb in place), m1 (wa at the end), l (w2 in place) */
+  ttd_status_t s = backward_once(&h, &cancel);
+  stop_flag = NULL;
+  ck_assert_int_eq(stop_after, 0);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_DEADLINE_EXCEEDED);
+  ck_assert_msg(strstr(ttd_status_message(s), "stopped in the backward"), "%s", ttd_status_message(s));
+  ttd_status_free(s);
+  for (int p = 0; p < NP; p++) {
+    ttd_tensor *g = h.params[p]->grad;
+    ck_assert(atomic_load(&g->zeroed));
+    for (uint64_t i = 0; i < g->spec.numel; i++) ck_assert_float_eq(read_at(h.backend, g, i), 0.0f);
+  }
+  h.backend->vtable->device_info(h.backend, 0, &info);
+  ck_assert_uint_eq(info.memory[0].used_bytes, used);
+  for (int p = 0; p < NP; p++) free(first[p]);
+  h.backend->vtable = sim_vtable;
+  for (int p = 0; p < NP; p++) { /* .grad goes with its parameter: dropped here for the teardown's count */
+    ttd_tensor_release(h.params[p]->grad);
+    h.params[p]->grad = NULL;
+  }
+  harness_teardown(&h);
+}
+END_TEST
+
 /* Compile's cost estimate: a matmul is 2 x its output x its inner dimension, a conv2d 2 x its
  * output x its receptive field, a pool its output x its window (at least what it reads), an
  * elementwise op its elements; the sum and the costliest node are kept. */
@@ -482,6 +631,7 @@ Suite *program_grad_suite(void) {
   tcase_add_test(tc, test_scalar_operands);
   tcase_add_test(tc, test_scalar_operand_errors);
   tcase_add_test(tc, test_bfloat16_storage_matches_float32);
+  tcase_add_test(tc, test_grad_summed_in_place);
   tcase_add_test(tc, test_cost_estimate);
   suite_add_tcase(s, tc);
   return s;

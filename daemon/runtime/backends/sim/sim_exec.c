@@ -97,6 +97,14 @@ ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_c
   return run_with_cancel(node_forward, backend, call);
 }
 
+_Static_assert(TTD_KGRAD_ADD_A == 1 << 0 && TTD_KGRAD_ADD_B == 1 << 1 && TTD_KGRAD_ADD_BIAS == 1 << 2,
+               "input_grads_add's bit k is input k's TTD_KGRAD_ADD_* flag for matmul and linear");
+
+bool ttd_sim_backward_adds(ttd_backend *backend, const ttd_program_node *node, int input) {
+  (void)backend;
+  return (node->op == TTD_OP_LINEAR && input < 3) || (node->op == TTD_OP_MATMUL && input < 2);
+}
+
 ttd_status_t ttd_sim_run_node_backward(ttd_backend *backend, int device, const ttd_node_call *call) {
   (void)device;
   return run_with_cancel(node_backward, backend, call);
@@ -205,15 +213,16 @@ static ttd_status_t node_backward(ttd_backend *backend, const ttd_node_call *cal
   const ttd_kshape *s0 = call->input_shapes[0], *s1 = call->input_shapes[1], *os = call->output_shape;
   int64_t n_out = ttd_kshape_numel(os);
   switch (node->op) {
-    case TTD_OP_MATMUL: {
+    case TTD_OP_MATMUL: { /* input_grads_add bits 0 and 1 are TTD_KGRAD_ADD_A and _B */
       matmul_dims d = matmul_dims_of(call);
-      ttd_k_matmul_backward(pool, F(0), F(1), DY, d.batch, d.m, d.n, d.k, a->transpose_a, a->transpose_b, d.a_stride,
-                            d.b_stride, DIN(0), DIN(1));
+      ttd_k_matmul_backward_add(pool, F(0), F(1), DY, d.batch, d.m, d.n, d.k, a->transpose_a, a->transpose_b,
+                                d.a_stride, d.b_stride, DIN(0), DIN(1), call->input_grads_add);
       return TTD_OK;
     }
-    case TTD_OP_LINEAR: {
+    case TTD_OP_LINEAR: { /* bits 0, 1, 2: x, weight, bias as TTD_KGRAD_ADD_A, _B, _BIAS */
       int64_t in = s0->d[s0->ndim - 1], out = os->d[os->ndim - 1];
-      ttd_k_linear_backward(pool, F(0), F(1), DY, leading_rows(s0), in, out, DIN(0), DIN(1), DIN(2));
+      ttd_k_linear_backward_add(pool, F(0), F(1), DY, leading_rows(s0), in, out, DIN(0), DIN(1), DIN(2),
+                                call->input_grads_add);
       return TTD_OK;
     }
     case TTD_OP_ADD: case TTD_OP_SUB: case TTD_OP_MUL: case TTD_OP_DIV: {

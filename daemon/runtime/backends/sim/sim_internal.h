@@ -43,6 +43,8 @@ struct ttd_backend_buffer {
 ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_call *call);
 
 ttd_status_t ttd_sim_run_node_backward(ttd_backend *backend, int device, const ttd_node_call *call);
+/* Whether its backward adds input `input`'s gradient (backend.h: backward_adds): linear and matmul. */
+bool ttd_sim_backward_adds(ttd_backend *backend, const struct ttd_program_node *node, int input);
 ttd_status_t ttd_sim_buffer_accumulate(ttd_backend *backend, ttd_backend_buffer *dst, ttd_backend_buffer *src);
 
 ttd_status_t ttd_sim_optimizer_step(ttd_backend *backend, int device, const ttd_optimizer_call *call);
