@@ -193,10 +193,14 @@ _release_borrowed_ptr = ctypes.cast(_release_borrowed, c_void_p)
 class Tensor:
     """One reference to a tt_tensor (host or device)."""
 
-    def __init__(self, client, ptr, keep=None):
+    def __init__(self, client, ptr, keep=None, shape=None, dtype=None):
         self.client = client
         self._p = client.checked(ptr)
         self._keep = keep  # what must outlive this tensor (e.g. the module of a run)
+        if shape is not None:  # known where the tensor is made: no call asks libttclient
+            self._shape = tuple(shape)
+        if dtype is not None:
+            self._dtype = dtype
 
     @classmethod
     def from_host(cls, client, data_ptr, dtype, shape):
@@ -219,12 +223,13 @@ class Tensor:
         finally:
             if not p:  # refused: libttclient never calls release
                 del _borrowed[key]
-        return cls(client, p)
+        return cls(client, p, shape=shape, dtype=dtype)
 
     def to(self, device, dtype=None):
+        """tt_to / tt_to_dtype: the same shape, on `device` (and of `dtype`)."""
         if dtype is None or dtype == self.dtype:
-            return Tensor(self.client, _L.tt_to(self._p, device.encode()), self._keep)
-        return Tensor(self.client, _L.tt_to_dtype(self._p, device.encode(), dtype), self._keep)
+            return Tensor(self.client, _L.tt_to(self._p, device.encode()), self._keep, self.shape, self.dtype)
+        return Tensor(self.client, _L.tt_to_dtype(self._p, device.encode(), dtype), self._keep, self.shape, dtype)
 
     def copy_(self, src):
         """torch's self.copy_(src) (tt_copy_): src's values written into this tensor's memory,
@@ -259,12 +264,12 @@ class Tensor:
     def nbytes(self):
         return _L.tt_tensor_nbytes(self._p)
 
-    def copy_to(self, dst_ptr):
-        """Copies a host tensor's bytes to dst_ptr (nbytes long)."""
+    def copy_to(self, dst_ptr, nbytes=None):
+        """Copies a host tensor's bytes to dst_ptr (nbytes long: the tensor's, when None)."""
         src = _L.tt_tensor_data(self._p)
         if not src:
             raise TTError(3, f"a tensor on {self.device} has no host data: move it to \"cpu\" first")
-        ctypes.memmove(dst_ptr, src, self.nbytes)
+        ctypes.memmove(dst_ptr, src, self.nbytes if nbytes is None else nbytes)
 
     def set_requires_grad(self):
         """tt_tensor_set_requires_grad: a Backward of a forward this tensor feeds fills its .grad."""
@@ -276,7 +281,7 @@ class Tensor:
         if not p:
             return None
         _L.tt_tensor_clear_grad(self._p)
-        return Tensor(self.client, p, self._keep)
+        return Tensor(self.client, p, self._keep, self.shape, FLOAT32)  # gradients are float32
 
     def release_run(self):
         """tt_release_run: the activations of the training forward that made this output go."""
@@ -346,9 +351,13 @@ class Graph:
 class Module:
     """A compiled module (tt_compile), starting on "cpu"."""
 
+    _OUT_SPECS_MAX = 256  # input signatures whose outputs' shapes and dtypes are remembered
+
     def __init__(self, graph):
         self.client = graph.client
         self._p = self.client.checked(_L.tt_compile(self.client._p, graph._p))
+        self._n_out = _L.tt_module_output_count(self._p)
+        self._out_specs = {}  # (shape, dtype) of each input -> (shape, dtype) of each output
 
     def to(self, device):
         self.client.check(_L.tt_module_to(self._p, device.encode()))
@@ -385,11 +394,21 @@ class Module:
         self.client.check(_L.tt_module_load(self._p, path.encode()))
 
     def forward(self, inputs):
-        n_out = _L.tt_module_output_count(self._p)
+        """tt_forward: the output tensors. Their shapes and dtypes follow from the inputs' (the
+        program is specialised per input shape), so they are asked once per input signature."""
+        n_out = self._n_out
         ins = (_P * max(len(inputs), 1))(*[t._p for t in inputs])
         outs = (_P * max(n_out, 1))()
         self.client.check(_L.tt_forward(self._p, ins, len(inputs), outs))
-        return [Tensor(self.client, outs[i], self) for i in range(n_out)]
+        key = tuple((t.shape, t.dtype) for t in inputs)
+        specs = self._out_specs.get(key)
+        if specs is not None:
+            return [Tensor(self.client, outs[i], self, *specs[i]) for i in range(n_out)]
+        res = [Tensor(self.client, outs[i], self) for i in range(n_out)]
+        if len(self._out_specs) >= self._OUT_SPECS_MAX:
+            self._out_specs.clear()
+        self._out_specs[key] = [(t.shape, t.dtype) for t in res]
+        return res
 
     def __del__(self):
         if getattr(self, "_p", None) and _L is not None:

@@ -96,6 +96,7 @@ def _host_from_torch(t):
 
 def _torch_from_host(h):
     out = torch.empty(h.shape, dtype=_TORCH_DTYPES[h.dtype])
-    if h.nbytes:
-        h.copy_to(out.data_ptr())
+    nbytes = out.numel() * out.element_size()  # the host tensor's: the same shape and dtype
+    if nbytes:
+        h.copy_to(out.data_ptr(), nbytes)
     return out
