@@ -37,7 +37,27 @@ bench_mlp *bench_mlp_create(const char *target, const tt_connect_options *option
   return m;
 }
 
-bench_mlp *bench_mlp_create_on(tt_client *client, int batch) {
+/* A parameter of the given shape holding values uniform in [-bound, bound), rounded to
+ * bfloat16 whatever dtype holds them (so both dtypes start from the same model). */
+static tt_value param_of(tt_graph *g, tt_client *client, const char *name, const int64_t *shape, int ndim, double bound,
+                         tt_dtype dtype, unsigned long long *rng) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  tt_tensor *f32 = tt_tensor_from_host(client, NULL, TT_FLOAT32, shape, ndim);
+  if (!f32) bench_die("param_of", tt_last_error(client));
+  float *v = tt_tensor_data(f32);
+  bench_fill_random(v, (size_t)n, rng);
+  for (int64_t i = 0; i < n; i++) v[i] = (2 * v[i] - 1) * (float)bound; /* [0, 1) to [-bound, bound) */
+  tt_tensor *bf = tt_to_dtype(f32, "cpu", TT_BFLOAT16);
+  tt_tensor *back = bf ? tt_to_dtype(bf, "cpu", TT_FLOAT32) : NULL;
+  if (!back) bench_die("param_of", tt_last_error(client));
+  tt_value p = tt_graph_param_from(g, name, dtype == TT_BFLOAT16 ? bf : back);
+  tt_tensor_free(f32), tt_tensor_free(bf), tt_tensor_free(back);
+  return p;
+}
+
+/* A model with its batches and no module yet. */
+static bench_mlp *with_batches(tt_client *client, int batch) {
   bench_mlp *m = calloc(1, sizeof(*m));
   if (!m) bench_die("bench_mlp_create", "out of memory");
   m->client = client;
@@ -53,10 +73,11 @@ bench_mlp *bench_mlp_create_on(tt_client *client, int batch) {
       m->y[i][k] = (int32_t)((rng >> 33) % 10);
     }
   }
-  int64_t xs[2] = {batch, 784};
-  tt_graph *g = tt_graph_create(m->client, 1);
-  tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
-  tt_graph_output(g, tt_nn_linear(g, tt_relu(g, tt_nn_linear(g, x, 512, 1)), 10, 1));
+  return m;
+}
+
+/* m with the module of graph g (freed here) on "tt" and its SGD; NULL (m freed) on error. */
+static bench_mlp *on_card(bench_mlp *m, tt_graph *g) {
   m->module = tt_compile(m->client, g);
   tt_graph_free(g);
   if (m->module && tt_module_to(m->module, "tt") == TT_OK) m->opt = tt_sgd(m->module, 0.1f, 0.0f, 0.0f, 0);
@@ -65,6 +86,30 @@ bench_mlp *bench_mlp_create_on(tt_client *client, int batch) {
     return NULL;
   }
   return m;
+}
+
+bench_mlp *bench_mlp_create_dtype(tt_client *client, int batch, tt_dtype dtype) {
+  bench_mlp *m = with_batches(client, batch);
+  unsigned long long rng = 99; /* bounds 1/sqrt(fan_in), torch's default for Linear */
+  int64_t xs[2] = {batch, 784}, w1s[2] = {512, 784}, b1s[1] = {512}, w2s[2] = {10, 512}, b2s[1] = {10};
+  tt_graph *g = tt_graph_create(client, 1);
+  tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
+  tt_value l1[3] = {x, param_of(g, client, "w1", w1s, 2, 1 / 28.0, dtype, &rng),
+                    param_of(g, client, "b1", b1s, 1, 1 / 28.0, dtype, &rng)};
+  tt_value l2[3] = {tt_relu(g, tt_graph_op(g, "linear", l1, 3, NULL)),
+                    param_of(g, client, "w2", w2s, 2, 1 / 22.6, dtype, &rng),
+                    param_of(g, client, "b2", b2s, 1, 1 / 22.6, dtype, &rng)};
+  tt_graph_output(g, tt_graph_op(g, "linear", l2, 3, NULL));
+  return on_card(m, g);
+}
+
+bench_mlp *bench_mlp_create_on(tt_client *client, int batch) {
+  bench_mlp *m = with_batches(client, batch);
+  int64_t xs[2] = {batch, 784};
+  tt_graph *g = tt_graph_create(client, 1);
+  tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
+  tt_graph_output(g, tt_nn_linear(g, tt_relu(g, tt_nn_linear(g, x, 512, 1)), 10, 1));
+  return on_card(m, g);
 }
 
 void bench_mlp_step(bench_mlp *m) {

@@ -17,6 +17,12 @@ bench_mlp *bench_mlp_create(const char *target, const tt_connect_options *option
  * clients reconnect on their own). NULL on error: tt_last_error(client) says why. */
 bench_mlp *bench_mlp_create_on(tt_client *client, int batch);
 
+/* The same MLP with its four parameters made by hand and held as dtype (TT_FLOAT32 or
+ * TT_BFLOAT16): values uniform in torch's default bounds, rounded to bfloat16 for both dtypes,
+ * so a float32 and a bfloat16 model start equal. On a client the caller keeps; NULL on
+ * error. */
+bench_mlp *bench_mlp_create_dtype(tt_client *client, int batch, tt_dtype dtype);
+
 /* One training step; exits via bench_die on error. */
 void bench_mlp_step(bench_mlp *m);
 

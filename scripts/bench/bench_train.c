@@ -7,9 +7,11 @@
  * repetitions alternate with ours through `torch_step.py --serve`) and round_trips_per_step (calls per step, counted by
  * the daemon: the sum of ttd_rpc_duration_seconds_count over methods on the admin endpoint's
  * /metrics, before and after a run of steps, from a client without background KeepAlive;
- * the reference is the goal, 2). */
+ * the reference is the goal, 2); and mlp_train_step_b256_bf16 and mlp_bf16_loss_dev_20
+ * (bf16_step). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -202,6 +204,54 @@ static void train_step(const char *target, torch_ref *torch, int daemon_pid, int
   free(ms), free(t1), free(t2);
 }
 
+#define BF16_CURVE_STEPS 20
+
+/* ms per step of m over `steps` steps after the untimed ones. */
+static double timed_steps(bench_mlp *m, int steps) {
+  for (int i = 0; i < REP_WARMUP_STEPS; i++) bench_mlp_step(m);
+  double t0 = bench_now();
+  for (int i = 0; i < steps; i++) bench_mlp_step(m);
+  return (bench_now() - t0) * 1e3 / steps;
+}
+
+/* mlp_train_step_b256_bf16: the batch-256 step with bfloat16 parameters against the same
+ * step with float32 ones, both made by bench_mlp_create_dtype (equal starting values),
+ * repetitions alternating; mlp_bf16_loss_dev_20: the largest difference between the losses
+ * of their first 20 steps, in % of the float32 loss (reference: 1 %). */
+static void bf16_step(const char *target, int daemon_pid, int steps, int reps) {
+  tt_client *c = NULL;
+  if (tt_connect(target, NULL, &c) != TT_OK) bench_die("tt_connect", tt_last_error(c));
+  bench_mlp *f32 = bench_mlp_create_dtype(c, 256, TT_FLOAT32), *bf16 = bench_mlp_create_dtype(c, 256, TT_BFLOAT16);
+  if (!f32 || !bf16) bench_die("bfloat16 model", tt_last_error(c));
+  double dev = 0;
+  for (int i = 0; i < BF16_CURVE_STEPS; i++) {
+    float lf = 0, lh = 0;
+    if (bench_mlp_try_step(f32, &lf) != TT_OK || bench_mlp_try_step(bf16, &lh) != TT_OK) {
+      bench_die("bfloat16 loss curve", tt_last_error(c));
+    }
+    double d = 100.0 * fabs((double)lh - (double)lf) / fabs((double)lf);
+    if (!(d <= dev)) dev = d; /* NaN sticks */
+  }
+  double *ms = calloc((size_t)reps, sizeof(double)), *ref = calloc((size_t)reps, sizeof(double));
+  double waited[2];
+  int n = 0;
+  for (int r = 0; r < reps; r++) {
+    n = 0;
+    wait_idle(daemon_pid, waited, &n);
+    ref[r] = timed_steps(f32, steps);
+    wait_idle(daemon_pid, waited, &n);
+    ms[r] = timed_steps(bf16, steps);
+  }
+  bench_log("batch 256, bfloat16 parameters: %.3f ms/step, float32 %.3f; first %d losses within %.3f %%",
+            bench_median(ms, reps), bench_median(ref, reps), BF16_CURVE_STEPS, dev);
+  bench_record("mlp_train_step_b256_bf16", bench_median(ms, reps), bench_median(ref, reps), "ms", "lower");
+  bench_record("mlp_bf16_loss_dev_20", dev, 1.0, "%", "lower");
+  free(ms), free(ref);
+  bench_mlp_destroy(f32);
+  bench_mlp_destroy(bf16);
+  tt_disconnect(c);
+}
+
 int main(int argc, char **argv) {
   const char *target = NULL, *admin = NULL, *python = "/usr/bin/python3", *script = "scripts/bench/torch_step.py";
   int daemon_pid = 0;
@@ -225,5 +275,6 @@ int main(int argc, char **argv) {
   train_step(target, &torch, daemon_pid, 256, 20, reps);
   torch_stop(&torch);
   bench_record("round_trips_per_step", calls_per_step(target, admin), 2, "calls", "lower");
+  bf16_step(target, daemon_pid, 20, reps);
   return 0;
 }
