@@ -6,8 +6,7 @@ static ttd_status_t zero_one(ttd_backend *backend, ttd_tensor *param, uint64_t *
   ttd_status_t status = TTD_OK;
   pthread_mutex_lock(&param->train_lock);
   if (param->grad) {
-    status = backend->vtable->buffer_zero(backend, param->grad->buffer);
-    atomic_store(&param->grad->zeroed, status == TTD_OK);
+    status = ttd_tensor_zero_grad(backend, param->grad);
     (*zeroed)++;
   }
   pthread_mutex_unlock(&param->train_lock);

@@ -195,14 +195,18 @@ static bool grad_in_place(ttd_backend *backend, const ttd_run *run, int i, int k
   ttd_tensor *param = run->operands[program->n_inputs + p];
   pthread_mutex_lock(&param->train_lock);
   ttd_tensor *g = param->grad;
-  /* Claimed by clearing the flag: a parameter bound twice (one tensor for two of the
+  bool ok = g && g->spec.dtype == TTD_DTYPE_FLOAT32 && g->spec.numel == param->spec.numel;
+  for (int i = 0; ok && i < program->n_inputs + program->n_params; i++) {
+    ok = run->operands[i] != g; /* a .grad the run also reads keeps its values until the end */
+  }
+  /* Claimed from TTD_GRAD_ZEROS: a parameter bound twice (one tensor for two of the
    * program's parameters) is summed in place once, and at the end for the other. */
-  bool zeroed = g && g->spec.dtype == TTD_DTYPE_FLOAT32 && g->spec.numel == param->spec.numel &&
-                atomic_exchange(&g->zeroed, false);
+  int zeros = TTD_GRAD_ZEROS;
+  ok = ok && atomic_compare_exchange_strong(&g->grad_state, &zeros, TTD_GRAD_SUMMING);
   pthread_mutex_unlock(&param->train_lock);
-  if (zeroed) grad_mode[p] = GRAD_IN_PLACE;
-  *first = zeroed;
-  return zeroed;
+  if (ok) grad_mode[p] = GRAD_IN_PLACE;
+  *first = ok;
+  return ok;
 }
 
 /* The index of the parameter whose value v is, or -1. */
@@ -252,21 +256,28 @@ static ttd_status_t accumulate_param_grad(ttd_backend *backend, ttd_tensor *para
   pthread_mutex_lock(&param->train_lock);
   if (!param->grad) param->grad = ttd_tensor_retain(g);
   else status = backend->vtable->buffer_accumulate(backend, param->grad->buffer, g->buffer);
-  atomic_store(&param->grad->zeroed, false);
+  int zeros = TTD_GRAD_ZEROS; /* a tensor summed in place meanwhile keeps TTD_GRAD_SUMMING */
+  atomic_compare_exchange_strong(&param->grad->grad_state, &zeros, TTD_GRAD_UNKNOWN);
   pthread_mutex_unlock(&param->train_lock);
   return status;
 }
 
-/* A Backward that stopped or failed: the .grads it summed in place are zeros again. */
-static ttd_status_t grads_in_place_undo(ttd_backend *backend, const ttd_run *run, const unsigned char *grad_mode) {
+/* The end of a Backward for the .grads it summed in place: their values when it went
+ * through; zeros again when it stopped or failed. */
+static ttd_status_t grads_in_place_end(ttd_backend *backend, const ttd_run *run, const unsigned char *grad_mode,
+                                       bool done) {
   ttd_status_t status = TTD_OK;
   for (int p = 0; p < run->program->n_params; p++) {
     if (grad_mode[p] != GRAD_IN_PLACE) continue;
-    ttd_tensor *param = run->operands[run->program->n_inputs + p];
-    pthread_mutex_lock(&param->train_lock);
-    ttd_status_t s = backend->vtable->buffer_zero(backend, param->grad->buffer);
-    atomic_store(&param->grad->zeroed, s == TTD_OK);
-    pthread_mutex_unlock(&param->train_lock);
+    ttd_tensor *g = run->operands[run->program->n_inputs + p]->grad;
+    if (done) {
+      atomic_store(&g->grad_state, TTD_GRAD_UNKNOWN);
+      continue;
+    }
+    bool alone = ttd_tensor_write_begin(g); /* an Upload into it meanwhile leaves it unknown */
+    ttd_status_t s = backend->vtable->buffer_zero(backend, g->buffer);
+    atomic_store(&g->grad_state, alone && !s ? TTD_GRAD_ZEROS : TTD_GRAD_UNKNOWN);
+    if (alone) ttd_tensor_write_end(g);
     if (!status) status = s;
     else ttd_status_free(s);
   }
@@ -317,7 +328,9 @@ ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *co
     if (g) status = accumulate_param_grad(backend, param, g);
     if (!status && (g || grad_mode[i] == GRAD_IN_PLACE)) out_param_grads[i] = ttd_tensor_retain(param->grad);
   }
-  if (status) ttd_status_free(grads_in_place_undo(backend, run, grad_mode));
+  ttd_status_t ended = grads_in_place_end(backend, run, grad_mode, !status);
+  if (!status) status = ended;
+  else ttd_status_free(ended);
   for (int i = 0; out_input_grads && i < program->n_inputs; i++) {
     out_input_grads[i] = !status && grads[i] ? ttd_tensor_retain(grads[i]) : NULL;
   }

@@ -17,7 +17,7 @@ ttd_status_t ttd_tensor_create(ttd_backend *backend, ttd_quota *quota, const ttd
   t->quota = ttd_quota_retain(quota);
   atomic_init(&t->refs, 1);
   atomic_init(&t->access, 0);
-  atomic_init(&t->zeroed, false);
+  atomic_init(&t->grad_state, TTD_GRAD_UNKNOWN);
   pthread_mutex_init(&t->train_lock, NULL);
   t->spec = *spec;
   t->backend = backend;
@@ -51,8 +51,20 @@ bool ttd_tensor_write_begin(ttd_tensor *tensor) {
   if (!atomic_compare_exchange_strong_explicit(&tensor->access, &idle, -1, memory_order_acquire, memory_order_relaxed)) {
     return false;
   }
-  atomic_store(&tensor->zeroed, false);
+  int zeros = TTD_GRAD_ZEROS; /* a Backward summing into it ends its own state */
+  atomic_compare_exchange_strong(&tensor->grad_state, &zeros, TTD_GRAD_UNKNOWN);
   return true;
+}
+
+ttd_status_t ttd_tensor_zero_grad(ttd_backend *backend, ttd_tensor *grad) {
+  bool alone = ttd_tensor_write_begin(grad); /* else an Upload or a run has it: state unknown */
+  ttd_status_t status = backend->vtable->buffer_zero(backend, grad->buffer);
+  if (alone) {
+    int unknown = TTD_GRAD_UNKNOWN; /* not over TTD_GRAD_SUMMING: that Backward ends it */
+    if (!status) atomic_compare_exchange_strong(&grad->grad_state, &unknown, TTD_GRAD_ZEROS);
+    ttd_tensor_write_end(grad);
+  }
+  return status;
 }
 
 void ttd_tensor_write_end(ttd_tensor *tensor) { atomic_store_explicit(&tensor->access, 0, memory_order_release); }

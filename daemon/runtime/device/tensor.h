@@ -31,11 +31,16 @@ typedef struct ttd_tensor {
   /* Who uses the bytes now: > 0 calls reading them (a program run), -1 an Upload writing
    * them, 0 none. A run never reads a tensor while an Upload rewrites it, nor the reverse. */
   atomic_int access;
-  /* Every byte is known to be 0: set by a parameter's ZeroGrad on its .grad, cleared by an
-   * Upload into it and by a Backward summing into it (false means unknown). A Backward sums
-   * a zeroed .grad in place, and zeroes it again if it stops. */
-  atomic_bool zeroed;
+  /* For a .grad, what its bytes are known to hold (ttd_grad_state). A Backward writes a
+   * .grad of known zeros in place (device/program_run.c), and zeroes it again if it stops. */
+  atomic_int grad_state;
 } ttd_tensor;
+
+typedef enum ttd_grad_state {
+  TTD_GRAD_UNKNOWN, /* anything: the state of every new tensor, and after an Upload began */
+  TTD_GRAD_ZEROS,   /* all zeros: ZeroGrad zeroed it while no Upload or Backward wrote it */
+  TTD_GRAD_SUMMING, /* a Backward is summing into it in place */
+} ttd_grad_state;
 
 /* Allocates device memory for spec (already finished and validated), charged to quota
  * (NULL: unaccounted) before the device is asked. One reference, owned by the caller. */
@@ -52,8 +57,13 @@ ttd_tensor *ttd_tensor_retain(ttd_tensor *tensor);
 bool ttd_tensor_read_begin(ttd_tensor *tensor);
 void ttd_tensor_read_end(ttd_tensor *tensor);
 
-/* Marks the tensor written by an Upload; false (nothing marked) while any call reads or
- * writes it. */
+/* Zeroes a .grad's bytes (ZeroGrad). They are known to be zeros afterwards only when no
+ * call wrote them meanwhile: the zeroing holds the write mark, so an Upload cannot overlap
+ * it, and a Backward summing into the .grad keeps it TTD_GRAD_SUMMING. */
+ttd_status_t ttd_tensor_zero_grad(ttd_backend *backend, ttd_tensor *grad);
+
+/* Marks the tensor written by an Upload (known zeros become unknown); false (nothing marked)
+ * while any call reads or writes it. */
 bool ttd_tensor_write_begin(ttd_tensor *tensor);
 void ttd_tensor_write_end(ttd_tensor *tensor);
 

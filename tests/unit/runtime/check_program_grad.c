@@ -465,10 +465,10 @@ static ttd_status_t stopping_backward(ttd_backend *backend, int device, const tt
   return s;
 }
 
-/* What ZeroGrad does to a parameter's .grad. */
+/* ZeroGrad on a parameter's .grad. */
 static void zero_grad(harness *h, ttd_tensor *param) {
-  ck_assert_ptr_null(h->backend->vtable->buffer_zero(h->backend, param->grad->buffer));
-  atomic_store(&param->grad->zeroed, true);
+  ck_assert_ptr_null(ttd_tensor_zero_grad(h->backend, param->grad));
+  ck_assert_int_eq(atomic_load(&param->grad->grad_state), TTD_GRAD_ZEROS);
 }
 
 static ttd_status_t backward_once(harness *h, ttd_cancel *cancel) {
@@ -490,11 +490,13 @@ static ttd_status_t backward_once(harness *h, ttd_cancel *cancel) {
 
 /* After ZeroGrad, a Backward writes the .grad of linear and matmul parameters in place: no
  * gradient buffer of theirs is allocated, and every .grad equals, value for value, the one
- * summed at the end (the first Backward, when there is no .grad yet). Without ZeroGrad the
- * gradients are summed at the end onto the old ones (2x). A tensor bound to two parameters
- * is summed in place once and at the end once (their sum). A Backward stopped after three
- * of its nodes had written .grads in place (wb's, w2's; not w1's) leaves every .grad at
- * zero, known to be zero, and nothing allocated. */
+ * summed at the end (the first Backward, when there is no .grad yet), wc's too, which two
+ * nodes write (the first writes, the second adds). Without ZeroGrad the gradients are
+ * summed at the end onto the old ones (2x). A tensor bound to two parameters is summed in
+ * place once and at the end once (their sum). A Backward stopped after five of its nodes
+ * had written .grads in place (wc's, wb's, w2's; not w1's) leaves every .grad at zero,
+ * known to be zero, and nothing allocated; an Upload begun into a zeroed .grad makes it
+ * unknown again, and a ZeroGrad meanwhile cannot say otherwise. */
 START_TEST(test_grad_summed_in_place) {
   graph_builder b;
   gb_init(&b);
@@ -505,13 +507,16 @@ START_TEST(test_grad_summed_in_place) {
   gb_value(&b, 1, "w2", F32, 2, 16, 5, 0, 0);
   gb_value(&b, 1, "wa", F32, 2, 5, 5, 0, 0);
   gb_value(&b, 1, "wb", F32, 2, 5, 5, 0, 0);
+  gb_value(&b, 1, "wc", F32, 2, 5, 5, 0, 0);
   gb_node(&b, "z", "linear", "x", "w1", "b1");
   gb_node(&b, "h", "relu", "z", NULL, NULL);
   gb_node(&b, "l", "matmul", "h", "w2", NULL);
   gb_node(&b, "m1", "matmul", "l", "wa", NULL);
   gb_node(&b, "m2", "matmul", "l", "wb", NULL);
   gb_node(&b, "s", "add", "m1", "m2", NULL);
-  gb_node(&b, "loss", "cross_entropy", "s", "y", NULL);
+  gb_node(&b, "s2", "matmul", "s", "wc", NULL);
+  gb_node(&b, "s3", "matmul", "s2", "wc", NULL);
+  gb_node(&b, "loss", "cross_entropy", "s3", "y", NULL);
   b.outputs[b.graph.n_outputs++] = "loss";
   harness h;
   harness_setup(&h, &b, 0.5f, 5);
@@ -525,17 +530,17 @@ START_TEST(test_grad_summed_in_place) {
   alloc_kinds = 3;
   alloc_bytes_seen[0] = 16 * 20 * 4; /* w1's gradient (no other value has its size) */
   alloc_bytes_seen[1] = 16 * 5 * 4;  /* w2's */
-  alloc_bytes_seen[2] = 5 * 5 * 4;   /* wa's and wb's */
+  alloc_bytes_seen[2] = 5 * 5 * 4;   /* wa's, wb's and wc's (twice) */
 
   ck_assert_ptr_null(backward_once(&h, NULL)); /* no .grad yet: made at the end */
   ck_assert_int_eq(alloc_count[0], 1);
   ck_assert_int_eq(alloc_count[1], 1);
-  ck_assert_int_eq(alloc_count[2], 2);
-  enum { NP = 4 }; /* w1 b1 w2 wa(=wb) */
+  ck_assert_int_eq(alloc_count[2], 4);
+  enum { NP = 6 }; /* w1 b1 w2 wa wb(=wa) wc */
   float *first[NP];
   for (int p = 0; p < NP; p++) {
     ttd_tensor *g = h.params[p]->grad;
-    ck_assert(!atomic_load(&g->zeroed));
+    ck_assert_int_eq(atomic_load(&g->grad_state), TTD_GRAD_UNKNOWN);
     first[p] = malloc(g->spec.nbytes);
     h.backend->vtable->buffer_read(h.backend, g->buffer, 0, first[p], g->spec.nbytes);
   }
@@ -547,13 +552,13 @@ START_TEST(test_grad_summed_in_place) {
   ck_assert_ptr_null(backward_once(&h, NULL)); /* in place */
   ck_assert_int_eq(alloc_count[0], 0);
   ck_assert_int_eq(alloc_count[1], 0);
-  ck_assert_int_eq(alloc_count[2], 1); /* wb in place, wa (the same tensor) at the end */
+  ck_assert_int_eq(alloc_count[2], 1); /* wb and wc in place, wa (wb's tensor) at the end */
   for (int p = 0; p < NP; p++) {
     ttd_tensor *g = h.params[p]->grad;
-    ck_assert(!atomic_load(&g->zeroed));
+    ck_assert_int_eq(atomic_load(&g->grad_state), TTD_GRAD_UNKNOWN);
     for (uint64_t i = 0; i < g->spec.numel; i++) {
       float want = first[p][i], got = read_at(h.backend, g, i);
-      if (p == 3) ck_assert_msg(fabsf(got - want) <= 1e-6f * (1.0f + fabsf(want)), "wa[%llu] %g vs %g", (unsigned long long)i, got, want);
+      if (p == 3 || p == 4) ck_assert_msg(fabsf(got - want) <= 1e-6f * (1.0f + fabsf(want)), "wa[%llu] %g vs %g", (unsigned long long)i, got, want);
       else ck_assert_msg(got == want, "parameter %d [%llu]: in place %g, at the end %g", p, (unsigned long long)i, got, want);
     }
   }
@@ -567,7 +572,7 @@ START_TEST(test_grad_summed_in_place) {
   for (int p = 0; p < NP; p++) zero_grad(&h, h.params[p]);
   ttd_cancel cancel = {0};
   stop_flag = &cancel;
-  stop_after = 3; /* m2 (wb in place), m1 (wa at the end), l (w2 in place) */
+  stop_after = 5; /* s3, s2 (wc in place), m2 (wb in place), m1 (wa at the end), l (w2 in place) */
   ttd_status_t s = backward_once(&h, &cancel);
   stop_flag = NULL;
   ck_assert_int_eq(stop_after, 0);
@@ -577,9 +582,15 @@ START_TEST(test_grad_summed_in_place) {
   ttd_status_free(s);
   for (int p = 0; p < NP; p++) {
     ttd_tensor *g = h.params[p]->grad;
-    ck_assert(atomic_load(&g->zeroed));
+    ck_assert_int_eq(atomic_load(&g->grad_state), TTD_GRAD_ZEROS);
     for (uint64_t i = 0; i < g->spec.numel; i++) ck_assert_float_eq(read_at(h.backend, g, i), 0.0f);
   }
+  ttd_tensor *w1g = h.params[0]->grad;
+  ck_assert(ttd_tensor_write_begin(w1g)); /* an Upload into it */
+  ck_assert_int_eq(atomic_load(&w1g->grad_state), TTD_GRAD_UNKNOWN);
+  ck_assert_ptr_null(ttd_tensor_zero_grad(h.backend, w1g));
+  ck_assert_int_eq(atomic_load(&w1g->grad_state), TTD_GRAD_UNKNOWN);
+  ttd_tensor_write_end(w1g);
   h.backend->vtable->device_info(h.backend, 0, &info);
   ck_assert_uint_eq(info.memory[0].used_bytes, used);
   for (int p = 0; p < NP; p++) free(first[p]);
