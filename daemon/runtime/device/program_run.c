@@ -175,8 +175,8 @@ static bool grad_needed(const ttd_program_value *v, bool input_grads) {
  * less over it and no buffer. In place only where the backend can add that operand's
  * gradient and the .grad is known to be all zeros when the Backward first reaches it: the
  * first node then writes it, later ones add to it, and a Backward that stops puts it back
- * exactly (zeroes it again). Every run of a parameter, and its ZeroGrad and steps, are
- * device work of its card, one at a time, so no other call sees it meanwhile. */
+ * exactly (zeroes it again). The .grad's state (ttd_grad_state) is TTD_GRAD_SUMMING
+ * meanwhile, so a ZeroGrad or an Upload from another thread cannot mark it zeros. */
 enum { GRAD_AT_END, GRAD_IN_PLACE };
 
 /* Whether input k of node i sums its gradient into its parameter's .grad (p: the
