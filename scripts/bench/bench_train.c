@@ -169,6 +169,14 @@ static void wait_idle(int pid, double *waited_ms, int *waits) {
   if (ms >= 0) waited_ms[(*waits)++] = ms;
 }
 
+/* ms per step of m over `steps` steps after the untimed ones. */
+static double timed_steps(bench_mlp *m, int steps) {
+  for (int i = 0; i < REP_WARMUP_STEPS; i++) bench_mlp_step(m);
+  double t0 = bench_now();
+  for (int i = 0; i < steps; i++) bench_mlp_step(m);
+  return (bench_now() - t0) * 1e3 / steps;
+}
+
 /* Ours and PyTorch (1 and 2 threads) in turn, `reps` repetitions of `steps` steps each. */
 static void train_step(const char *target, torch_ref *torch, int daemon_pid, int batch, int steps, int reps) {
   tt_connect_options o;
@@ -182,10 +190,7 @@ static void train_step(const char *target, torch_ref *torch, int daemon_pid, int
   int torch_waits = 0, ttd_waits = 0;
   for (int r = 0; r < reps; r++) {
     wait_idle(torch->pid, torch_wait, &torch_waits);
-    for (int i = 0; i < REP_WARMUP_STEPS; i++) bench_mlp_step(m);
-    double t0 = bench_now();
-    for (int i = 0; i < steps; i++) bench_mlp_step(m);
-    ms[r] = (bench_now() - t0) * 1e3 / steps;
+    ms[r] = timed_steps(m, steps);
     wait_idle(daemon_pid, ttd_wait, &ttd_waits);
     t1[r] = torch_rep(torch, batch, 1, steps);
     t2[r] = torch_rep(torch, batch, 2, steps);
@@ -206,14 +211,6 @@ static void train_step(const char *target, torch_ref *torch, int daemon_pid, int
 
 #define BF16_CURVE_STEPS 20
 
-/* ms per step of m over `steps` steps after the untimed ones. */
-static double timed_steps(bench_mlp *m, int steps) {
-  for (int i = 0; i < REP_WARMUP_STEPS; i++) bench_mlp_step(m);
-  double t0 = bench_now();
-  for (int i = 0; i < steps; i++) bench_mlp_step(m);
-  return (bench_now() - t0) * 1e3 / steps;
-}
-
 /* mlp_train_step_b256_bf16: the batch-256 step with bfloat16 parameters against the same
  * step with float32 ones, both made by bench_mlp_create_dtype (equal starting values),
  * repetitions alternating; mlp_bf16_loss_dev_20: the largest difference between the losses
@@ -233,13 +230,10 @@ static void bf16_step(const char *target, int daemon_pid, int steps, int reps) {
     if (!(d <= dev)) dev = d; /* NaN sticks */
   }
   double *ms = calloc((size_t)reps, sizeof(double)), *ref = calloc((size_t)reps, sizeof(double));
-  double waited[2];
-  int n = 0;
   for (int r = 0; r < reps; r++) {
-    n = 0;
-    wait_idle(daemon_pid, waited, &n);
+    if (daemon_pid > 0) bench_wait_idle(daemon_pid, 2000);
     ref[r] = timed_steps(f32, steps);
-    wait_idle(daemon_pid, waited, &n);
+    if (daemon_pid > 0) bench_wait_idle(daemon_pid, 2000);
     ms[r] = timed_steps(bf16, steps);
   }
   bench_log("batch 256, bfloat16 parameters: %.3f ms/step, float32 %.3f; first %d losses within %.3f %%",

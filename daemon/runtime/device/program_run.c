@@ -176,14 +176,13 @@ static bool grad_needed(const ttd_program_value *v, bool input_grads) {
  * gradient and the .grad is known to be all zeros when the Backward first reaches it: the
  * first node then writes it, later ones add to it, and a Backward that stops puts it back
  * exactly (zeroes it again). The .grad's state (ttd_grad_state) is TTD_GRAD_SUMMING
- * meanwhile, so a ZeroGrad or an Upload from another thread cannot mark it zeros. */
-enum { GRAD_AT_END, GRAD_IN_PLACE };
+ * meanwhile, so a ZeroGrad or an Upload from another thread cannot mark it zeros.
+ * in_place[p]: parameter p's .grad is summed in place by this Backward. */
 
 /* Whether input k of node i sums its gradient into its parameter's .grad (p: the
  * parameter's index, or -1); *first when the .grad still holds its zeros (written, not
  * added to). */
-static bool grad_in_place(ttd_backend *backend, const ttd_run *run, int i, int k, int p, unsigned char *grad_mode,
-                          bool *first) {
+static bool grad_in_place(ttd_backend *backend, const ttd_run *run, int i, int k, int p, bool *in_place, bool *first) {
   const ttd_program *program = run->program;
   const ttd_program_node *node = &program->nodes[i];
   *first = false;
@@ -191,20 +190,20 @@ static bool grad_in_place(ttd_backend *backend, const ttd_run *run, int i, int k
   for (int j = 0; j < node->n_inputs; j++) {
     if (j != k && node->inputs[j] == node->inputs[k]) return false; /* x @ x: its gradients are summed at the end */
   }
-  if (grad_mode[p] == GRAD_IN_PLACE) return true;
+  if (in_place[p]) return true;
   ttd_tensor *param = run->operands[program->n_inputs + p];
   pthread_mutex_lock(&param->train_lock);
   ttd_tensor *g = param->grad;
   bool ok = g && g->spec.dtype == TTD_DTYPE_FLOAT32 && g->spec.numel == param->spec.numel;
-  for (int i = 0; ok && i < program->n_inputs + program->n_params; i++) {
-    ok = run->operands[i] != g; /* a .grad the run also reads keeps its values until the end */
+  for (int o = 0; ok && o < program->n_inputs + program->n_params; o++) {
+    ok = run->operands[o] != g; /* a .grad the run also reads keeps its values until the end */
   }
   /* Claimed from TTD_GRAD_ZEROS: a parameter bound twice (one tensor for two of the
    * program's parameters) is summed in place once, and at the end for the other. */
   int zeros = TTD_GRAD_ZEROS;
   ok = ok && atomic_compare_exchange_strong(&g->grad_state, &zeros, TTD_GRAD_SUMMING);
   pthread_mutex_unlock(&param->train_lock);
-  if (ok) grad_mode[p] = GRAD_IN_PLACE;
+  in_place[p] = ok;
   *first = ok;
   return ok;
 }
@@ -215,7 +214,7 @@ static int param_index(const ttd_program *program, int v) {
 }
 
 static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd_tensor **grads, bool input_grads,
-                                  unsigned char *grad_mode) {
+                                  bool *in_place) {
   const ttd_program *program = run->program;
   const ttd_program_node *node = &program->nodes[i];
   ttd_node_call call = {.node = node,
@@ -232,7 +231,7 @@ static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd
     if (!grad_needed(in, input_grads)) continue;
     int p = param_index(program, node->inputs[k]);
     bool first;
-    if (grad_in_place(backend, run, i, k, p, grad_mode, &first)) {
+    if (grad_in_place(backend, run, i, k, p, in_place, &first)) {
       call.input_grads[k] = run->operands[program->n_inputs + p]->grad->buffer;
       if (!first) call.input_grads_add |= 1u << k;
       continue;
@@ -264,20 +263,14 @@ static ttd_status_t accumulate_param_grad(ttd_backend *backend, ttd_tensor *para
 
 /* The end of a Backward for the .grads it summed in place: their values when it went
  * through; zeros again when it stopped or failed. */
-static ttd_status_t grads_in_place_end(ttd_backend *backend, const ttd_run *run, const unsigned char *grad_mode,
-                                       bool done) {
+static ttd_status_t grads_in_place_end(ttd_backend *backend, const ttd_run *run, const bool *in_place, bool done) {
   ttd_status_t status = TTD_OK;
   for (int p = 0; p < run->program->n_params; p++) {
-    if (grad_mode[p] != GRAD_IN_PLACE) continue;
+    if (!in_place[p]) continue;
     ttd_tensor *g = run->operands[run->program->n_inputs + p]->grad;
-    if (done) {
-      atomic_store(&g->grad_state, TTD_GRAD_UNKNOWN);
-      continue;
-    }
-    bool alone = ttd_tensor_write_begin(g); /* an Upload into it meanwhile leaves it unknown */
-    ttd_status_t s = backend->vtable->buffer_zero(backend, g->buffer);
-    atomic_store(&g->grad_state, alone && !s ? TTD_GRAD_ZEROS : TTD_GRAD_UNKNOWN);
-    if (alone) ttd_tensor_write_end(g);
+    atomic_store(&g->grad_state, TTD_GRAD_UNKNOWN);
+    if (done) continue;
+    ttd_status_t s = ttd_tensor_zero_grad(backend, g); /* zeros, as before the Backward */
     if (!status) status = s;
     else ttd_status_free(s);
   }
@@ -299,10 +292,10 @@ ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *co
     TTD_RETURN_IF_ERROR(check_operand(&want, output_grads[i], "gradient of output", run->device));
   }
   ttd_tensor **grads = calloc((size_t)program->n_values, sizeof(*grads));
-  unsigned char *grad_mode = calloc((size_t)program->n_params + 1, 1); /* GRAD_AT_END each */
-  if (!grads || !grad_mode) {
+  bool *in_place = calloc((size_t)program->n_params + 1, sizeof(bool));
+  if (!grads || !in_place) {
     free(grads);
-    free(grad_mode);
+    free(in_place);
     return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   }
   ttd_status_t status = TTD_OK;
@@ -318,7 +311,7 @@ ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *co
     int v = program->nodes[i].value;
     if ((status = stopped(run, i, "backward"))) break;
     if (grads[v] && grad_needed(&program->values[v], out_input_grads != NULL)) {
-      status = node_backward(backend, run, i, grads, out_input_grads != NULL, grad_mode);
+      status = node_backward(backend, run, i, grads, out_input_grads != NULL, in_place);
     }
   }
   for (int i = 0; i < program->n_params && !status; i++) {
@@ -326,9 +319,9 @@ ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *co
     ttd_tensor *param = run->operands[program->n_inputs + i]; /* the caller's, not a widened copy */
     out_param_grads[i] = NULL;
     if (g) status = accumulate_param_grad(backend, param, g);
-    if (!status && (g || grad_mode[i] == GRAD_IN_PLACE)) out_param_grads[i] = ttd_tensor_retain(param->grad);
+    if (!status && (g || in_place[i])) out_param_grads[i] = ttd_tensor_retain(param->grad);
   }
-  ttd_status_t ended = grads_in_place_end(backend, run, grad_mode, !status);
+  ttd_status_t ended = grads_in_place_end(backend, run, in_place, !status);
   if (!status) status = ended;
   else ttd_status_free(ended);
   for (int i = 0; out_input_grads && i < program->n_inputs; i++) {
@@ -336,6 +329,6 @@ ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *co
   }
   for (int i = 0; i < program->n_values; i++) ttd_tensor_release(grads[i]);
   free(grads);
-  free(grad_mode);
+  free(in_place);
   return status;
 }

@@ -74,8 +74,8 @@ ttd_status_t ttd_tensors_read_begin(ttd_tensor *const *tensors, int n, const cha
     if (!tensors[i] || ttd_tensor_read_begin(tensors[i])) continue;
     ttd_tensors_read_end(tensors, i);
     return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
-                           "%s %d is being written by an Upload of this session: send this call after that Upload "
-                           "answers",
+                           "%s %d is being written by an Upload of this session (or, as a .grad, zeroed by a "
+                           "ZeroGrad): send this call after that one answers",
                            what, i);
   }
   return TTD_OK;

@@ -53,7 +53,8 @@ ttd_status_t ttd_tensor_create_zeroed(ttd_backend *backend, ttd_quota *quota, co
 
 ttd_tensor *ttd_tensor_retain(ttd_tensor *tensor);
 
-/* Marks the tensor read by one more call; false (nothing marked) while an Upload writes it. */
+/* Marks the tensor read by one more call; false (nothing marked) while an Upload writes it
+ * (or ZeroGrad zeroes it). */
 bool ttd_tensor_read_begin(ttd_tensor *tensor);
 void ttd_tensor_read_end(ttd_tensor *tensor);
 
@@ -62,13 +63,13 @@ void ttd_tensor_read_end(ttd_tensor *tensor);
  * it, and a Backward summing into the .grad keeps it TTD_GRAD_SUMMING. */
 ttd_status_t ttd_tensor_zero_grad(ttd_backend *backend, ttd_tensor *grad);
 
-/* Marks the tensor written by an Upload (known zeros become unknown); false (nothing marked)
- * while any call reads or writes it. */
+/* Marks the tensor written by an Upload or ZeroGrad (known zeros become unknown); false
+ * (nothing marked) while any call reads or writes it. */
 bool ttd_tensor_write_begin(ttd_tensor *tensor);
 void ttd_tensor_write_end(ttd_tensor *tensor);
 
 /* Marks n tensors (NULL entries skipped) read, all or none: FAILED_PRECONDITION naming the
- * first one an Upload is writing ("what %d", i). Undo with ttd_tensors_read_end. */
+ * first one being written ("what %d", i). Undo with ttd_tensors_read_end. */
 ttd_status_t ttd_tensors_read_begin(ttd_tensor *const *tensors, int n, const char *what);
 void ttd_tensors_read_end(ttd_tensor *const *tensors, int n);
 

@@ -134,18 +134,24 @@ static void harness_teardown(harness *h) {
 #define F32 TTD__V1__DTYPE__DTYPE_FLOAT32
 #define I32 TTD__V1__DTYPE__DTYPE_INT32
 
+/* A new graph with the hidden layer the MLP tests share: input x [8, 20], labels y [8],
+ * parameters w1 [16, 20] and b1 [16], and h = relu(linear(x, w1, b1)). */
+static void mlp_hidden_layer(graph_builder *b) {
+  gb_init(b);
+  gb_value(b, 0, "x", F32, 2, 8, 20, 0, 0);
+  gb_value(b, 0, "y", I32, 1, 8, 0, 0, 0);
+  gb_value(b, 1, "w1", F32, 2, 16, 20, 0, 0);
+  gb_value(b, 1, "b1", F32, 1, 16, 0, 0, 0);
+  gb_node(b, "z", "linear", "x", "w1", "b1");
+  gb_node(b, "h", "relu", "z", NULL, NULL);
+}
+
 /* MLP 20-16-5 with ReLU and cross-entropy: every parameter's gradient matches. */
 START_TEST(test_mlp_gradients) {
   graph_builder b;
-  gb_init(&b);
-  gb_value(&b, 0, "x", F32, 2, 8, 20, 0, 0);
-  gb_value(&b, 0, "y", I32, 1, 8, 0, 0, 0);
-  gb_value(&b, 1, "w1", F32, 2, 16, 20, 0, 0);
-  gb_value(&b, 1, "b1", F32, 1, 16, 0, 0, 0);
+  mlp_hidden_layer(&b);
   gb_value(&b, 1, "w2", F32, 2, 5, 16, 0, 0);
   gb_value(&b, 1, "b2", F32, 1, 5, 0, 0, 0);
-  gb_node(&b, "z", "linear", "x", "w1", "b1");
-  gb_node(&b, "h", "relu", "z", NULL, NULL);
   gb_node(&b, "logits", "linear", "h", "w2", "b2");
   gb_node(&b, "loss", "cross_entropy", "logits", "y", NULL);
   b.outputs[b.graph.n_outputs++] = "loss";
@@ -499,17 +505,11 @@ static ttd_status_t backward_once(harness *h, ttd_cancel *cancel) {
  * unknown again, and a ZeroGrad meanwhile cannot say otherwise. */
 START_TEST(test_grad_summed_in_place) {
   graph_builder b;
-  gb_init(&b);
-  gb_value(&b, 0, "x", F32, 2, 8, 20, 0, 0);
-  gb_value(&b, 0, "y", I32, 1, 8, 0, 0, 0);
-  gb_value(&b, 1, "w1", F32, 2, 16, 20, 0, 0);
-  gb_value(&b, 1, "b1", F32, 1, 16, 0, 0, 0);
+  mlp_hidden_layer(&b);
   gb_value(&b, 1, "w2", F32, 2, 16, 5, 0, 0);
   gb_value(&b, 1, "wa", F32, 2, 5, 5, 0, 0);
   gb_value(&b, 1, "wb", F32, 2, 5, 5, 0, 0);
   gb_value(&b, 1, "wc", F32, 2, 5, 5, 0, 0);
-  gb_node(&b, "z", "linear", "x", "w1", "b1");
-  gb_node(&b, "h", "relu", "z", NULL, NULL);
   gb_node(&b, "l", "matmul", "h", "w2", NULL);
   gb_node(&b, "m1", "matmul", "l", "wa", NULL);
   gb_node(&b, "m2", "matmul", "l", "wb", NULL);
