@@ -8,7 +8,8 @@
  * The GEMM is blocked the usual way (Goto / BLIS): the work is cut into tiles of C, one
  * task each; a task walks K in blocks of at most KC, packs its A block into MR-row
  * micro-panels and its B block into NR-column micro-panels (zero padded), and runs an
- * MR x NR register-blocked micro-kernel over them. Tasks are split over the pool. When C is
+ * MR x NR register-blocked micro-kernel over them (NR is the kernel's: 16 with AVX2, whose
+ * B micro-panel then takes half of a 32 KiB L1 rather than all of it; 32 elsewhere). Tasks are split over the pool. When C is
  * cut along N and A is small (a training batch: 64 x 784), A is packed once for every task,
  * in parallel, instead of once per task.
  *
@@ -34,9 +35,9 @@
 #endif
 
 enum {
-  MR = 6,       /* micro-tile rows */
-  NR = 32,      /* micro-tile columns: 6 x 32 is 12 accumulators, enough to keep two FMA pipes busy */
-  KC = 256,     /* largest K block: an NR-column B micro-panel (32 KiB) stays in L1 */
+  MR = 6,       /* micro-tile rows; its columns (NR) are the kernel's: 6 x 32 (AVX-512) or 6 x 16 (AVX2) is
+                   12 accumulators, enough to keep two FMA pipes busy */
+  KC = 256,     /* largest K block: an NR-column B micro-panel (16 or 32 KiB) stays in L1 */
   MC_MAX = 288, /* rows of C per task (A block: 288 KiB, in L2; amortises packing B) */
   NC_MAX = 512, /* columns of C per task */
   SHARED_A_MAX = 1 << 20, /* floats: A packed once for all tasks up to 4 MiB */
@@ -46,6 +47,12 @@ enum {
  * NR-column B micro-panel over kd packed steps (a float each, or a pair of bfloat16). */
 typedef void (*micro_kernel_fn)(int64_t kd, const void *restrict ap, const void *restrict bp, float *restrict c,
                                 int64_t ldc, int64_t mr, int64_t nr, int accumulate);
+
+/* A micro-kernel and the NR its B panels are packed for. */
+typedef struct micro_kernel {
+  micro_kernel_fn fn;
+  int64_t nr;
+} micro_kernel;
 
 /* Sixteen rows contiguous along p (row j at src + j*ld_src), p in [0, len), interleaved into
  * 16 columns of a panel: dst[p*ld_dst + j] = src[j*ld_src + p]. */
@@ -73,15 +80,16 @@ typedef struct gemm_problem {
   int64_t kc, mc, nc, m_tiles, n_tiles, outputs; /* blocking and tiling, filled by gemm_run */
   float *a_packed; /* or NULL: A packed for all tasks, K block p0 at a_packed + depth(p0) * round_up(m, MR) */
   micro_kernel_fn kernel;
+  int64_t nr; /* the kernel's NR: B panels of nr columns */
   interleave16_fn interleave16; /* or NULL: interleave_rows */
 } gemm_problem;
 
 /* clang-format off */
-/* Defines a micro-kernel for vectors of W floats (gcc vector extensions, so one source
- * serves every ISA): the MR x NR tile goes in passes of CW columns, each with MR x CW/W
+/* Defines a micro-kernel of NR columns for vectors of W floats (gcc vector extensions, so one
+ * source serves every ISA): the MR x NR tile goes in passes of CW columns, each with MR x CW/W
  * vector accumulators that stay in registers, the B row of the pass in CW/W more and the
  * broadcast A element in one. Full tiles are stored straight from the accumulators. */
-#define TTD_DEFINE_MICRO_KERNEL(name, attr, W, CW)                                                                 \
+#define TTD_DEFINE_MICRO_KERNEL(name, attr, W, CW, NR)                                                             \
   attr static void name(int64_t kc, const void *restrict ap_, const void *restrict bp_, float *restrict c,       \
                         int64_t ldc, int64_t mr, int64_t nr, int accumulate) {                                     \
     typedef float vec __attribute__((vector_size((W) * sizeof(float))));                                           \
@@ -123,14 +131,16 @@ typedef struct gemm_problem {
   }
 
 /* Any target: 4-float vectors (SSE2 on x86-64, NEON on arm64), 6 x 8 per pass in 12 xmm, four passes. */
-TTD_DEFINE_MICRO_KERNEL(micro_kernel_generic, , 4, 8)
+TTD_DEFINE_MICRO_KERNEL(micro_kernel_generic, , 4, 8, 32)
 /* clang-format on */
 
 #if defined(__x86_64__) && defined(__GNUC__)
-/* AVX2 + FMA: 6 x 16 per pass in 12 ymm (the classic Haswell kernel), two passes. */
-TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx2, __attribute__((target("avx2,fma"))), 8, 16)
+/* AVX2 + FMA: 6 x 16 in 12 ymm (the classic Haswell kernel), one pass over 16-column panels.
+ * On Zen 3 a step ran 2-9 % faster than with two passes over 32-column panels, whose 32 KiB B
+ * micro-panel fills the L1 the A panel also streams through. */
+TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx2, __attribute__((target("avx2,fma"))), 8, 16, 16)
 /* AVX-512: 6 x 32 in 12 zmm, one pass (6 x 16 in 6 zmm ran at 155 GFLOP/s here, this at 185). */
-TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx512, __attribute__((target("avx512f"))), 16, 32)
+TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx512, __attribute__((target("avx512f"))), 16, 32, 32)
 
 /* AVX-512 BF16: the same 6 x 32 tile in 12 zmm, each vdpbf16ps two steps of K (a pair of
  * bfloat16 of A broadcast against 32 pairs of B), so twice the multiply-adds of an FMA. The
@@ -139,6 +149,7 @@ TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx512, __attribute__((target("avx512f"))),
 __attribute__((target("avx512f,avx512bf16"))) static void micro_kernel_avx512bf16(
     int64_t kd, const void *restrict ap_, const void *restrict bp_, float *restrict c, int64_t ldc, int64_t mr,
     int64_t nr, int accumulate) {
+  enum { NR = 32 };
   const uint32_t *restrict ap = ap_, *restrict bp = bp_;
   __m512 acc[MR][2];
   _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
@@ -186,14 +197,16 @@ static int pick_bf16_pairs(void) {
  * tests run every kernel this way). Chosen at run time, not with target_clones: each ISA
  * needs its own vector width to keep the accumulators in registers (one 64-byte-vector
  * source under target_clones runs at a tenth of the speed in its AVX2 clone). */
-static micro_kernel_fn pick_micro_kernel(void) {
+static micro_kernel pick_micro_kernel(void) {
+  const micro_kernel generic = {micro_kernel_generic, 32};
   const char *isa = getenv("TTD_KERNEL_ISA");
-  if (isa && strcmp(isa, "generic") == 0) return micro_kernel_generic;
+  if (isa && strcmp(isa, "generic") == 0) return generic;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512f") && !(isa && strcmp(isa, "avx2") == 0)) return micro_kernel_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return micro_kernel_avx2;
+  if (__builtin_cpu_supports("avx512f") && !(isa && strcmp(isa, "avx2") == 0))
+    return (micro_kernel){micro_kernel_avx512, 32};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return (micro_kernel){micro_kernel_avx2, 16};
 #endif
-  return micro_kernel_generic;
+  return generic;
 }
 
 typedef float v4f __attribute__((vector_size(4 * sizeof(float))));
@@ -360,15 +373,19 @@ static void pack_a(const float *restrict a, int64_t rs, int64_t cs, int64_t mc, 
 }
 
 /* Packs rows [0, kc) x cols [0, nc) of the strided B block at `b` into NR-column
- * micro-panels: panel s holds out[s*kc*NR + p*NR + j] = B(p, s*NR + j), zero past col nc. */
-static void pack_b(const float *restrict b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, float *restrict out,
-                   interleave16_fn interleave16) {
+ * micro-panels: panel s holds out[s*kc*NR + p*NR + j] = B(p, s*NR + j), zero past col nc.
+ * NR is 16 or 32. */
+static void pack_b(const float *restrict b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, int64_t NR,
+                   float *restrict out, interleave16_fn interleave16) {
   for (int64_t s0 = 0; s0 < nc; s0 += NR) {
     float *restrict panel = out + (s0 / NR) * kc * NR;
     int64_t cols = nc - s0 < NR ? nc - s0 : NR;
     if (cols < NR) memset(panel, 0, (size_t)(kc * NR) * sizeof(float));
     if (cs == 1 && cols == NR) { /* rows of B contiguous along j: a fixed-size copy per row */
-      for (int64_t p = 0; p < kc; p++) memcpy(panel + p * NR, b + p * rs + s0, NR * sizeof(float));
+      if (NR == 16)
+        for (int64_t p = 0; p < kc; p++) memcpy(panel + p * 16, b + p * rs + s0, 16 * sizeof(float));
+      else
+        for (int64_t p = 0; p < kc; p++) memcpy(panel + p * 32, b + p * rs + s0, 32 * sizeof(float));
     } else if (cs == 1) {
       for (int64_t p = 0; p < kc; p++) {
         const float *src = b + p * rs + s0;
@@ -392,8 +409,7 @@ static int64_t depth(const gemm_problem *g, int64_t kc) { return g->mode == MODE
 
 #if defined(__x86_64__) && defined(__GNUC__)
 typedef uint16_t v32u16 __attribute__((vector_size(32 * sizeof(uint16_t))));
-_Static_assert(NR == 32, "weave_pairs32_avx512 fills 32-column panels");
-/* panel[d*NR + i] = src[2d*s_p + i] | src[(2d+1)*s_p + i] << 16 for d < kd, i < NR = 32: two
+/* panel[d*32 + i] = src[2d*s_p + i] | src[(2d+1)*s_p + i] << 16 for d < kd, i < 32: two
  * rows of B woven into pairs, 32 at a time with AVX-512 BW (vpermt2w). Only in
  * MODE_BF16_PAIRS, which pick_bf16_pairs grants where the CPU has AVX-512 BW. */
 __attribute__((target("avx512f,avx512bw"))) static void weave_pairs32_avx512(const uint16_t *restrict src,
@@ -407,8 +423,8 @@ __attribute__((target("avx512f,avx512bw"))) static void weave_pairs32_avx512(con
                                         10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47);
     v32u16 w1 = __builtin_shufflevector(lo, hi, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24,
                                         56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63);
-    memcpy(panel + d * NR, &w0, sizeof(w0));
-    memcpy(panel + d * NR + 16, &w1, sizeof(w1));
+    memcpy(panel + d * 32, &w0, sizeof(w0));
+    memcpy(panel + d * 32 + 16, &w1, sizeof(w1));
   }
 }
 #endif
@@ -438,7 +454,7 @@ static void pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, int6
     uint32_t *restrict panel = (uint32_t *)out + (r0 / R) * kd * R;
     if (n < R) memset(panel, 0, (size_t)(kd * R) * sizeof(uint32_t));
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (s_i == 1 && n == NR && R == NR) /* B row-major, a full panel */
+    if (s_i == 1 && n == 32 && R == 32) /* B row-major, a full 32-column panel */
       weave_pairs32_avx512(src, s_p, kc2 / 2, panel);
     else
 #endif
@@ -477,8 +493,8 @@ static void pack_a_any(const gemm_problem *g, const void *a, int64_t mc, int64_t
 
 /* Packs B(p,j), p in [0, kc), j in [0, nc), likewise. */
 static void pack_b_any(const gemm_problem *g, const void *b, int64_t kc, int64_t nc, float *out) {
-  if (g->mode == MODE_F32) pack_b(b, g->b_rs, g->b_cs, kc, nc, out, g->interleave16);
-  else pack_bf16(b, g->b_cs, g->b_rs, nc, kc, NR, g->mode == MODE_BF16_PAIRS, out);
+  if (g->mode == MODE_F32) pack_b(b, g->b_rs, g->b_cs, kc, nc, g->nr, out, g->interleave16);
+  else pack_bf16(b, g->b_cs, g->b_rs, nc, kc, g->nr, g->mode == MODE_BF16_PAIRS, out);
 }
 
 /* One element of an operand as float. */
@@ -519,7 +535,7 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
   const gemm_problem *g = ctx;
   int64_t kd_max = depth(g, g->k < g->kc ? g->k : g->kc);
   size_t a_len = g->a_packed ? 0 : (size_t)(round_up(g->mc, MR) * kd_max);
-  size_t b_len = (size_t)(round_up(g->nc, NR) * kd_max);
+  size_t b_len = (size_t)(round_up(g->nc, g->nr) * kd_max);
   size_t bytes = (a_len + b_len) * sizeof(float);
   float *buf = bytes ? aligned_alloc(64, round_up((int64_t)bytes, 64)) : NULL;
   float *ap = buf, *bp = buf ? buf + a_len : NULL;
@@ -553,8 +569,8 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
         pack_b_any(g, elem_at(g, g->b, b0 + p0 * g->b_rs), kc, nc, bp);
         if (g->a_packed) ap = g->a_packed + depth(g, p0) * round_up(g->m, MR) + i0 * kd; /* p0 is even */
         else pack_a_any(g, elem_at(g, g->a, a0 + p0 * g->a_cs), mc, kc, ap);
-        for (int64_t jr = 0; jr < nc; jr += NR) {
-          int64_t nr = nc - jr < NR ? nc - jr : NR;
+        for (int64_t jr = 0; jr < nc; jr += g->nr) {
+          int64_t nr = nc - jr < g->nr ? nc - jr : g->nr;
           for (int64_t ir = 0; ir < mc; ir += MR) {
             int64_t mr = mc - ir < MR ? mc - ir : MR;
             g->kernel(kd, ap + ir * kd, bp + jr * kd, c + (i0 + ir) * g->ldc + j0 + jr, g->ldc, mr, nr, !first);
@@ -593,17 +609,24 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
     g->k = 0;
   }
   g->outputs = g->c_bs ? g->batch : 1;
+  micro_kernel kernel = pick_micro_kernel();
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (g->mode == MODE_BF16_PAIRS) kernel = (micro_kernel){micro_kernel_avx512bf16, 32};
+#endif
+  g->kernel = kernel.fn;
+  g->nr = kernel.nr;
+  g->interleave16 = pick_interleave16(); /* NR, 16 or 32, is a whole number of its 16 columns */
   int64_t kc_max = g->mode == MODE_BF16_PAIRS ? 2 * KC : KC; /* the same bytes of B panel: KC packed steps */
   int64_t k_blocks = (g->k + kc_max - 1) / kc_max;
   g->kc = k_blocks ? round_up((g->k + k_blocks - 1) / k_blocks, 8) : KC; /* even blocks: no 16-step tail */
   g->m_tiles = (g->m + MC_MAX - 1) / MC_MAX;
   g->n_tiles = (g->n + NC_MAX - 1) / NC_MAX;
   g->mc = round_up((g->m + g->m_tiles - 1) / g->m_tiles, MR);
-  g->nc = round_up((g->n + g->n_tiles - 1) / g->n_tiles, NR);
+  g->nc = round_up((g->n + g->n_tiles - 1) / g->n_tiles, g->nr);
   int64_t want = 2 * (int64_t)ttd_pool_threads(pool);
   while (g->outputs * g->m_tiles * g->n_tiles < want) {
-    if (g->nc >= g->mc && g->nc > 2 * NR)
-      g->nc = round_up(g->nc / 2, NR);
+    if (g->nc >= g->mc && g->nc > 2 * g->nr)
+      g->nc = round_up(g->nc / 2, g->nr);
     else if (g->mc > 4 * MR)
       g->mc = round_up(g->mc / 2, MR);
     else
@@ -611,11 +634,6 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
     g->m_tiles = (g->m + g->mc - 1) / g->mc;
     g->n_tiles = (g->n + g->nc - 1) / g->nc;
   }
-  g->kernel = pick_micro_kernel();
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (g->mode == MODE_BF16_PAIRS) g->kernel = micro_kernel_avx512bf16;
-#endif
-  g->interleave16 = NR % 16 == 0 ? pick_interleave16() : NULL;
   int64_t a_floats = round_up(g->m, MR) * depth(g, g->k);
   if (g->batch == 1 && g->n_tiles > 1 && g->k > 0 && a_floats <= SHARED_A_MAX) {
     g->a_packed = aligned_alloc(64, (size_t)round_up(a_floats * (int64_t)sizeof(float), 64));
