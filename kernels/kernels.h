@@ -217,16 +217,18 @@ typedef struct ttd_sgd_params {
   float lr, momentum, dampening, weight_decay;
   bool nesterov;
 } ttd_sgd_params;
-/* torch.optim.SGD semantics; `step` counts from 1 (momentum buffer starts as the grad). */
-void ttd_k_sgd_step(ttd_pool *pool, const ttd_sgd_params *p, int64_t step, float *param, const float *grad,
-                    float *momentum_buf, int64_t n);
+/* torch.optim.SGD semantics; `step` counts from 1 (momentum buffer starts as the grad).
+ * zero_grad: grad is also set to zeros, in the same pass (step() then zero_grad()). */
+void ttd_k_sgd_step(ttd_pool *pool, const ttd_sgd_params *p, int64_t step, float *param, float *grad,
+                    float *momentum_buf, int64_t n, bool zero_grad);
 
 typedef struct ttd_adam_params {
   float lr, beta1, beta2, eps, weight_decay;
   bool decoupled; /* AdamW (decoupled weight decay); false: Adam (L2 added to the grad) */
 } ttd_adam_params;
-/* torch.optim.Adam / AdamW semantics with bias correction; `step` counts from 1. */
-void ttd_k_adam_step(ttd_pool *pool, const ttd_adam_params *p, int64_t step, float *param, const float *grad, float *m,
-                     float *v, int64_t n);
+/* torch.optim.Adam / AdamW semantics with bias correction; `step` counts from 1;
+ * zero_grad as for SGD. */
+void ttd_k_adam_step(ttd_pool *pool, const ttd_adam_params *p, int64_t step, float *param, float *grad, float *m,
+                     float *v, int64_t n, bool zero_grad);
 
 #endif

@@ -1,6 +1,8 @@
 /* Optimizer steps in place, following torch.optim.SGD and torch.optim.Adam/AdamW
  * (_single_tensor_* paths) operation by operation. Scalars that torch computes in Python
- * (bias corrections, step size, 1 - lr * wd) are computed in double and rounded once. */
+ * (bias corrections, step size, 1 - lr * wd) are computed in double and rounded once.
+ * With zero_grad, each gradient element is set to 0 once read, as torch's step() then
+ * zero_grad() leave it, in the one pass over it. */
 #include <math.h>
 
 #include "kernel_internal.h"
@@ -10,24 +12,37 @@
 
 typedef struct sgd_job {
   const ttd_sgd_params *p;
-  bool first; /* step 1: the momentum buffer starts as the gradient */
-  float *param, *buf;
-  const float *grad;
+  bool first;     /* step 1: the momentum buffer starts as the gradient */
+  bool zero_grad; /* grad[i] = 0 once read */
+  float *param, *buf, *grad;
 } sgd_job;
 
-TTD_KHOT static void sgd_plain_loop(float lr, float wd, float *restrict param, const float *restrict grad, int64_t n) {
+/* The loops take zero_grad as a constant from their two callers below, so each is
+ * compiled twice, without a test in the loop. */
+static inline __attribute__((always_inline)) void sgd_plain(float lr, float wd, float *restrict param,
+                                                            float *restrict grad, int64_t n, bool zero_grad) {
   for (int64_t i = 0; i < n; i++) {
     float g = wd != 0.0f ? grad[i] + wd * param[i] : grad[i];
     param[i] = param[i] - lr * g;
+    if (zero_grad) grad[i] = 0.0f;
   }
 }
 
+TTD_KHOT static void sgd_plain_loop(float lr, float wd, float *restrict param, float *restrict grad, int64_t n) {
+  sgd_plain(lr, wd, param, grad, n, false);
+}
+
+TTD_KHOT static void sgd_plain_zero_loop(float lr, float wd, float *restrict param, float *restrict grad, int64_t n) {
+  sgd_plain(lr, wd, param, grad, n, true);
+}
+
 TTD_KHOT static void sgd_momentum_loop(float lr, float momentum, float dampening, float wd, bool nesterov,
-                                       bool first, float *restrict param, const float *restrict grad,
+                                       bool first, bool zero_grad, float *restrict param, float *restrict grad,
                                        float *restrict buf, int64_t n) {
   float keep = 1.0f - dampening;
   for (int64_t i = 0; i < n; i++) {
     float g = wd != 0.0f ? grad[i] + wd * param[i] : grad[i];
+    if (zero_grad) grad[i] = 0.0f;
     float b = first ? g : momentum * buf[i] + keep * g;
     buf[i] = b;
     g = nesterov ? g + momentum * b : b;
@@ -40,18 +55,19 @@ static void sgd_run(void *ctx, size_t begin, size_t end) {
   const ttd_sgd_params *p = job->p;
   int64_t n = (int64_t)(end - begin);
   if (p->momentum == 0.0f) {
-    sgd_plain_loop(p->lr, p->weight_decay, job->param + begin, job->grad + begin, n);
+    (job->zero_grad ? sgd_plain_zero_loop : sgd_plain_loop)(p->lr, p->weight_decay, job->param + begin,
+                                                            job->grad + begin, n);
   } else {
-    sgd_momentum_loop(p->lr, p->momentum, p->dampening, p->weight_decay, p->nesterov, job->first, job->param + begin,
-                      job->grad + begin, job->buf + begin, n);
+    sgd_momentum_loop(p->lr, p->momentum, p->dampening, p->weight_decay, p->nesterov, job->first, job->zero_grad,
+                      job->param + begin, job->grad + begin, job->buf + begin, n);
   }
 }
 
 /* With momentum 0 the buffer is neither read nor written (it may be NULL). */
-void ttd_k_sgd_step(ttd_pool *pool, const ttd_sgd_params *p, int64_t step, float *param, const float *grad,
-                    float *momentum_buf, int64_t n) {
+void ttd_k_sgd_step(ttd_pool *pool, const ttd_sgd_params *p, int64_t step, float *param, float *grad,
+                    float *momentum_buf, int64_t n, bool zero_grad) {
   if (n <= 0) return;
-  sgd_job job = {p, step <= 1, param, p->momentum != 0.0f ? momentum_buf : NULL, grad};
+  sgd_job job = {p, step <= 1, zero_grad, param, p->momentum != 0.0f ? momentum_buf : NULL, grad};
   ttd_pool_parallel_for(pool, (size_t)n, TTD_KGRAIN, sgd_run, &job);
 }
 
@@ -67,16 +83,17 @@ typedef struct adam_scalars {
 
 typedef struct adam_job {
   adam_scalars s;
-  float *param, *m, *v;
-  const float *grad;
+  bool zero_grad;
+  float *param, *m, *v, *grad;
 } adam_job;
 
-TTD_KHOT static void adam_loop(const adam_scalars *sp, float *restrict param, const float *restrict grad,
+TTD_KHOT static void adam_loop(const adam_scalars *sp, bool zero_grad, float *restrict param, float *restrict grad,
                                float *restrict m, float *restrict v, int64_t n) {
   const adam_scalars s = *sp;
   for (int64_t i = 0; i < n; i++) {
     float p = param[i] * s.decay;
     float g = s.l2 != 0.0f ? grad[i] + s.l2 * p : grad[i];
+    if (zero_grad) grad[i] = 0.0f;
     /* torch's lerp: weight < 0.5 ? m + w (g - m) : g - (g - m)(1 - w) */
     float mi = s.one_minus_beta1 < 0.5f ? m[i] + s.one_minus_beta1 * (g - m[i])
                                         : g - (g - m[i]) * (1.0f - s.one_minus_beta1);
@@ -90,15 +107,16 @@ TTD_KHOT static void adam_loop(const adam_scalars *sp, float *restrict param, co
 
 static void adam_run(void *ctx, size_t begin, size_t end) {
   adam_job *job = ctx;
-  adam_loop(&job->s, job->param + begin, job->grad + begin, job->m + begin, job->v + begin, (int64_t)(end - begin));
+  adam_loop(&job->s, job->zero_grad, job->param + begin, job->grad + begin, job->m + begin, job->v + begin,
+            (int64_t)(end - begin));
 }
 
-void ttd_k_adam_step(ttd_pool *pool, const ttd_adam_params *p, int64_t step, float *param, const float *grad, float *m,
-                     float *v, int64_t n) {
+void ttd_k_adam_step(ttd_pool *pool, const ttd_adam_params *p, int64_t step, float *param, float *grad, float *m,
+                     float *v, int64_t n, bool zero_grad) {
   if (n <= 0) return;
   double t = (double)(step < 1 ? 1 : step);
   double bc1 = 1.0 - pow((double)p->beta1, t), bc2 = 1.0 - pow((double)p->beta2, t);
-  adam_job job = {.param = param, .m = m, .v = v, .grad = grad};
+  adam_job job = {.zero_grad = zero_grad, .param = param, .m = m, .v = v, .grad = grad};
   job.s.beta1 = p->beta1;
   job.s.one_minus_beta1 = (float)(1.0 - (double)p->beta1);
   job.s.beta2 = p->beta2;

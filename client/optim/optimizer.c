@@ -45,7 +45,7 @@ tt_status tt_optimizer_set_lr(tt_optimizer *o, float lr) {
 }
 
 /* One parameter's update on the host, torch's rules (the same kernels the card runs). */
-static tt_status host_update(tt_optimizer *o, const ttd_optimizer_call *oc, int i, float *param, const float *grad,
+static tt_status host_update(tt_optimizer *o, const ttd_optimizer_call *oc, int i, float *param, float *grad,
                              int64_t n) {
   for (int k = 0; k < tt_optimizer_buffer_count(o); k++) {
     if (!o->state[k][i] && !(o->state[k][i] = calloc((size_t)(n ? n : 1), sizeof(float)))) {
@@ -54,9 +54,9 @@ static tt_status host_update(tt_optimizer *o, const ttd_optimizer_call *oc, int 
   }
   int64_t step = ++o->steps[i];
   if (o->kind == TT_OPTIM_ADAM) {
-    ttd_k_adam_step(NULL, &oc->adam_params, step, param, grad, o->state[0][i], o->state[1][i], n);
+    ttd_k_adam_step(NULL, &oc->adam_params, step, param, grad, o->state[0][i], o->state[1][i], n, false);
   } else {
-    ttd_k_sgd_step(NULL, &oc->sgd, step, param, grad, o->state[0][i], n);
+    ttd_k_sgd_step(NULL, &oc->sgd, step, param, grad, o->state[0][i], n, false);
   }
   return TT_OK;
 }

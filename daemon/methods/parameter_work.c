@@ -1,5 +1,8 @@
 #include "methods/parameter_work.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "device/optimizer_options.h"
 
 static ttd_status_t zero_one(ttd_backend *backend, ttd_tensor *param, uint64_t *zeroed) {
@@ -26,8 +29,10 @@ static ttd_status_t zeroed_like(ttd_backend *backend, const ttd_tensor *t, ttd_t
   return *out ? TTD_OK : ttd_optimizer_state_create(backend, t, out);
 }
 
-/* One parameter's step: its state is made on first use and lives with the parameter. */
-static ttd_status_t step_one(ttd_backend *backend, ttd_tensor *param, ttd_optimizer_call *oc, uint64_t *updated) {
+/* One parameter's step: its state is made on first use and lives with the parameter. With
+ * zero_grad the step also zeroes the .grad as it reads it, as ZeroGrad would after it. */
+static ttd_status_t step_one(ttd_backend *backend, ttd_tensor *param, ttd_optimizer_call *oc, uint64_t *updated,
+                             bool zero_grad) {
   TTD_RETURN_IF_ERROR(ttd_optimizer_check_dtype(param->spec.dtype));
   ttd_status_t status = TTD_OK;
   ttd_tensor *wide = NULL; /* a bfloat16 parameter is updated in float32, then rounded back */
@@ -49,7 +54,10 @@ static ttd_status_t step_one(ttd_backend *backend, ttd_tensor *param, ttd_optimi
       oc->state[0] = param->opt_state[0] ? param->opt_state[0]->buffer : NULL;
       oc->state[1] = param->opt_state[1] ? param->opt_state[1]->buffer : NULL;
       oc->n = (int64_t)param->spec.numel;
+      oc->zero_grad = zero_grad;
+      bool marked = zero_grad && ttd_tensor_zero_grad_begin(param->grad);
       status = backend->vtable->optimizer_step(backend, param->spec.device, oc);
+      if (zero_grad) ttd_tensor_zero_grad_end(param->grad, marked, !status);
       if (!status && wide) {
         status = backend->vtable->buffer_convert(backend, wide->buffer, TTD_DTYPE_FLOAT32, param->buffer,
                                                  TTD_DTYPE_BFLOAT16, param->spec.numel);
@@ -83,7 +91,7 @@ ttd_status_t ttd_optimizer_step_handles(ttd_call *call, const Ttd__V1__Optimizer
   for (size_t i = 0; i < req->n_parameters; i++) {
     ttd_tensor *param = NULL;
     TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->parameters[i], &param));
-    ttd_status_t status = step_one(call->core->backend, param, &oc, out_updated);
+    ttd_status_t status = step_one(call->core->backend, param, &oc, out_updated, false);
     ttd_tensor_release(param);
     TTD_RETURN_IF_ERROR(status);
   }
@@ -97,7 +105,7 @@ static ttd_status_t step_tensors(ttd_call *call, const Ttd__V1__OptimizerStepReq
   uint64_t updated = 0;
   TTD_RETURN_IF_ERROR(ttd_optimizer_options_from_proto(req, &oc));
   for (size_t i = 0; i < n; i++) {
-    if (params[i]) TTD_RETURN_IF_ERROR(step_one(call->core->backend, params[i], &oc, &updated));
+    if (params[i]) TTD_RETURN_IF_ERROR(step_one(call->core->backend, params[i], &oc, &updated, false));
   }
   return TTD_OK;
 }
@@ -134,9 +142,88 @@ ttd_status_t ttd_parameter_work_check(const Ttd__V1__ParameterWork *work, const 
   return TTD_OK;
 }
 
+static int compare_pointers(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Whether a step then a zero_grad over params (n, NULL entries skipped) may run as one pass
+ * per parameter and leave exactly what the two passes leave, failures included: each
+ * parameter float32 with its optimizer state already made (so no step fails half way
+ * through the list), and no tensor both a parameter and a .grad, nor a .grad shared (a step
+ * must not read a .grad another step has zeroed). */
+static bool fusable(ttd_tensor *const *params, size_t n, const ttd_optimizer_call *oc) {
+  void **seen = malloc((2 * n + 1) * sizeof(*seen));
+  if (!seen) return false;
+  size_t k = 0;
+  bool ok = true;
+  int need_state = oc->kind == TTD_OPTIMIZER_ADAM ? 2 : (oc->sgd.momentum != 0.0f ? 1 : 0);
+  for (size_t i = 0; i < n && ok; i++) {
+    ttd_tensor *p = params[i];
+    if (!p) continue;
+    pthread_mutex_lock(&p->train_lock);
+    ok = p->spec.dtype == TTD_DTYPE_FLOAT32;
+    for (int s = 0; s < need_state && ok; s++) ok = p->opt_state[s] != NULL;
+    seen[k++] = p;
+    if (p->grad) seen[k++] = p->grad;
+    pthread_mutex_unlock(&p->train_lock);
+  }
+  if (ok) {
+    qsort(seen, k, sizeof(*seen), compare_pointers);
+    for (size_t i = 1; i < k && ok; i++) ok = seen[i] != seen[i - 1];
+  }
+  free(seen);
+  return ok;
+}
+
+/* torch's step() then zero_grad() over the same parameters (the handles of step and
+ * zero_grad equal, or both empty: the tensors reached), fused where fusable() allows: the
+ * optimizer zeroes each gradient in the pass that reads it, sparing a pass over every .grad.
+ * false when it does not apply, and nothing ran. */
+static bool step_and_zero(ttd_call *call, const Ttd__V1__ParameterWork *work, ttd_tensor *const *reached,
+                          size_t n_reached, ttd_status_t *out_status) {
+  const Ttd__V1__OptimizerStepRequest *step = work->step;
+  const Ttd__V1__ZeroGradRequest *zero = work->zero_grad;
+  bool by_reach = step->n_parameters == 0 && zero->n_parameters == 0 && reached;
+  if (!by_reach && (step->n_parameters == 0 || step->n_parameters != zero->n_parameters ||
+                    memcmp(step->parameters, zero->parameters, step->n_parameters * sizeof(*step->parameters)) != 0))
+    return false;
+  size_t n = by_reach ? n_reached : step->n_parameters;
+  ttd_tensor **params = calloc(n + 1, sizeof(*params));
+  if (!params) return false;
+  bool found = true;
+  for (size_t i = 0; i < n && found; i++) {
+    if (by_reach) params[i] = reached[i] ? ttd_tensor_retain(reached[i]) : NULL;
+    else {
+      ttd_status_t missing = ttd_session_tensor_lookup(call->session, step->parameters[i], &params[i]);
+      found = !missing;
+      ttd_status_free(missing);
+    }
+  }
+  ttd_optimizer_call oc;
+  ttd_status_t status = found ? ttd_optimizer_options_from_proto(step, &oc) : TTD_OK;
+  bool fused = found && !status && fusable(params, n, &oc); /* else the two passes tell any error */
+  uint64_t updated = 0;
+  for (size_t i = 0; i < n && fused && !status; i++) {
+    if (params[i]) status = step_one(call->core->backend, params[i], &oc, &updated, true);
+  }
+  for (size_t i = 0; i < n; i++) ttd_tensor_release(params[i]);
+  free(params);
+  if (!fused) {
+    ttd_status_free(status);
+    return false;
+  }
+  *out_status = status;
+  return true;
+}
+
 ttd_status_t ttd_parameter_work_run(ttd_call *call, const Ttd__V1__ParameterWork *work, const char *where,
                                     ttd_tensor *const *reached, size_t n_reached) {
   if (!work) return TTD_OK;
+  ttd_status_t fused_status;
+  if (work->step && work->zero_grad && step_and_zero(call, work, reached, n_reached, &fused_status)) {
+    return explain(fused_status, "OptimizerStep", where);
+  }
   if (work->step) {
     ttd_status_t status;
     uint64_t updated = 0;

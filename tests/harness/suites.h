@@ -17,6 +17,7 @@ Suite *h2_frames_suite(void);
 Suite *config_suite(void);
 Suite *sim_backend_suite(void);
 Suite *session_suite(void);
+Suite *parameter_work_suite(void);
 Suite *tensor_proto_suite(void);
 Suite *inline_tensor_suite(void);
 Suite *tokens_suite(void);

@@ -100,6 +100,7 @@ typedef struct ttd_optimizer_call {
   int64_t step;             /* counts from 1 */
   ttd_backend_buffer *param, *grad, *state[2]; /* state: momentum, or Adam's m and v */
   int64_t n;                /* float32 elements */
+  bool zero_grad;           /* grad is also set to zeros, in the pass that reads it */
 } ttd_optimizer_call;
 
 typedef struct ttd_backend_vtable {

@@ -56,14 +56,21 @@ bool ttd_tensor_write_begin(ttd_tensor *tensor) {
   return true;
 }
 
+bool ttd_tensor_zero_grad_begin(ttd_tensor *grad) {
+  return ttd_tensor_write_begin(grad); /* else an Upload or a run has it: the state stays unknown */
+}
+
+void ttd_tensor_zero_grad_end(ttd_tensor *grad, bool marked, bool zeroed) {
+  if (!marked) return;
+  int unknown = TTD_GRAD_UNKNOWN; /* not over TTD_GRAD_SUMMING: that Backward ends it */
+  if (zeroed) atomic_compare_exchange_strong(&grad->grad_state, &unknown, TTD_GRAD_ZEROS);
+  ttd_tensor_write_end(grad);
+}
+
 ttd_status_t ttd_tensor_zero_grad(ttd_backend *backend, ttd_tensor *grad) {
-  bool alone = ttd_tensor_write_begin(grad); /* else an Upload or a run has it: state unknown */
+  bool marked = ttd_tensor_zero_grad_begin(grad);
   ttd_status_t status = backend->vtable->buffer_zero(backend, grad->buffer);
-  if (alone) {
-    int unknown = TTD_GRAD_UNKNOWN; /* not over TTD_GRAD_SUMMING: that Backward ends it */
-    if (!status) atomic_compare_exchange_strong(&grad->grad_state, &unknown, TTD_GRAD_ZEROS);
-    ttd_tensor_write_end(grad);
-  }
+  ttd_tensor_zero_grad_end(grad, marked, !status);
   return status;
 }
 

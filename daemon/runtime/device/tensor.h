@@ -63,6 +63,12 @@ void ttd_tensor_read_end(ttd_tensor *tensor);
  * it, and a Backward summing into the .grad keeps it TTD_GRAD_SUMMING. */
 ttd_status_t ttd_tensor_zero_grad(ttd_backend *backend, ttd_tensor *grad);
 
+/* The same around another pass that zeroes a .grad (an optimizer step that zeroes the
+ * gradient it reads): begin takes the write mark when it can and says whether it did; end
+ * gives it back, the .grad known zeros when the pass succeeded with the mark held. */
+bool ttd_tensor_zero_grad_begin(ttd_tensor *grad);
+void ttd_tensor_zero_grad_end(ttd_tensor *grad, bool marked, bool zeroed);
+
 /* Marks the tensor written by an Upload or ZeroGrad (known zeros become unknown); false
  * (nothing marked) while any call reads or writes it. */
 bool ttd_tensor_write_begin(ttd_tensor *tensor);

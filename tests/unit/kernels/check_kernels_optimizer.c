@@ -62,7 +62,7 @@ START_TEST(test_sgd_steps) {
     double *rp = kt_to_double(param, OPT_N), *rbuf = kt_dbuf(OPT_N);
     for (int step = 1; step <= OPT_STEPS; step++) {
       float *grad = kt_random_floats(&st, OPT_N, -1, 1);
-      ttd_k_sgd_step(kt_pool, &cases[k], step, param, grad, buf, OPT_N);
+      ttd_k_sgd_step(kt_pool, &cases[k], step, param, grad, buf, OPT_N, false);
       ref_sgd(&cases[k], step, rp, kt_to_double(grad, OPT_N), rbuf, OPT_N);
       kt_expect_close("sgd param", param, rp, OPT_N, 1e-5, 1e-6);
       if (cases[k].momentum != 0.0f) kt_expect_close("sgd momentum", buf, rbuf, OPT_N, 1e-5, 1e-6);
@@ -93,7 +93,7 @@ START_TEST(test_adam_steps) {
     memset(rv, 0, OPT_N * sizeof(double));
     for (int step = 1; step <= OPT_STEPS; step++) {
       float *grad = kt_random_away_from_zero(&st, OPT_N, 0.05, 1);
-      ttd_k_adam_step(kt_pool, &cases[k], step, param, grad, m, v, OPT_N);
+      ttd_k_adam_step(kt_pool, &cases[k], step, param, grad, m, v, OPT_N, false);
       ref_adam(&cases[k], step, rp, kt_to_double(grad, OPT_N), rm, rv, OPT_N);
       kt_expect_close("adam param", param, rp, OPT_N, 1e-5, 1e-6);
       kt_expect_close("adam m", m, rm, OPT_N, 1e-5, 1e-7);
@@ -107,10 +107,50 @@ END_TEST
 START_TEST(test_adam_first_step_is_lr) {
   ttd_adam_params p = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
   float param[3] = {1, 1, 1}, grad[3] = {0.5f, -3.0f, 1e-3f}, m[3] = {0}, v[3] = {0};
-  ttd_k_adam_step(NULL, &p, 1, param, grad, m, v, 3);
+  ttd_k_adam_step(NULL, &p, 1, param, grad, m, v, 3, false);
   ck_assert_float_eq_tol(param[0], 0.99f, 1e-6f);
   ck_assert_float_eq_tol(param[1], 1.01f, 1e-6f);
   ck_assert_float_eq_tol(param[2], 0.99f, 1e-5f);
+}
+END_TEST
+
+/* Whether the n floats at a and b are the same bits. */
+static int same_bits(const float *a, const float *b, int64_t n) { return memcmp(a, b, (size_t)n * sizeof(float)) == 0; }
+
+/* zero_grad: the step leaves parameter and state bit for bit as without it, and the
+ * gradient all zeros (without it, untouched), for SGD with and without momentum and for
+ * Adam, over three steps on the pool (several chunks) and on the caller. */
+START_TEST(test_step_zero_grad) {
+  ttd_sgd_params sgds[] = {{.lr = 0.1f}, {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = 1}};
+  ttd_adam_params adam = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f};
+  const int64_t n = 3 * 16384 + 5; /* several of the pool's chunks (TTD_KGRAIN, 16384), and a tail */
+  uint64_t st = 23;
+  for (int c = 0; c < 3; c++)
+    for (int pooled = 0; pooled < 2; pooled++) {
+      float *p0 = kt_random_floats(&st, n, -2, 2), *p1 = kt_fbuf(n), *s0 = kt_fbuf(2 * n), *s1 = kt_fbuf(2 * n);
+      memcpy(p1, p0, (size_t)n * sizeof(float));
+      memset(s0, 0, 2 * (size_t)n * sizeof(float));
+      memset(s1, 0, 2 * (size_t)n * sizeof(float));
+      for (int step = 1; step <= 3; step++) {
+        float *g0 = kt_random_floats(&st, n, -1, 1), *g1 = kt_fbuf(n), *g_before = kt_fbuf(n);
+        memcpy(g1, g0, (size_t)n * sizeof(float));
+        memcpy(g_before, g0, (size_t)n * sizeof(float));
+        ttd_pool *pool = pooled ? kt_pool : NULL;
+        if (c < 2) {
+          ttd_k_sgd_step(pool, &sgds[c], step, p0, g0, s0, n, false);
+          ttd_k_sgd_step(pool, &sgds[c], step, p1, g1, s1, n, true);
+        } else {
+          ttd_k_adam_step(pool, &adam, step, p0, g0, s0, s0 + n, n, false);
+          ttd_k_adam_step(pool, &adam, step, p1, g1, s1, s1 + n, n, true);
+        }
+        ck_assert_msg(same_bits(p0, p1, n), "case %d step %d: the parameter differs with zero_grad", c, step);
+        ck_assert_msg(same_bits(s0, s1, 2 * n), "case %d step %d: the state differs with zero_grad", c, step);
+        ck_assert_msg(same_bits(g0, g_before, n), "case %d step %d: the gradient changed without zero_grad", c, step);
+        for (int64_t i = 0; i < n; i++)
+          if (g1[i] != 0.0f || signbit(g1[i]))
+            ck_abort_msg("case %d step %d: grad[%lld] = %g, not +0", c, step, (long long)i, g1[i]);
+      }
+    }
 }
 END_TEST
 
@@ -121,6 +161,7 @@ Suite *kernels_optimizer_suite(void) {
   tcase_add_test(tc, test_sgd_steps);
   tcase_add_test(tc, test_adam_steps);
   tcase_add_test(tc, test_adam_first_step_is_lr);
+  tcase_add_test(tc, test_step_zero_grad);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -355,7 +355,7 @@ static void run_kernel_batch(ttd_pool *pool, float *out, int64_t *len) {
   memset(m, 0, 2 * (size_t)n * sizeof(float)), o += 2 * n;
   ttd_adam_params ap = {
       .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f, .decoupled = 1};
-  for (int step = 1; step <= 3; step++) ttd_k_adam_step(pool, &ap, step, param, dy, m, v, n);
+  for (int step = 1; step <= 3; step++) ttd_k_adam_step(pool, &ap, step, param, dy, m, v, n, false);
   int perm[2] = {1, 0};
   ttd_k_permute(pool, a, &as, perm, out + o), o += n;
   *len = o;

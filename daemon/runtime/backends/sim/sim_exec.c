@@ -316,10 +316,10 @@ ttd_status_t ttd_sim_optimizer_step(ttd_backend *backend, int device, const ttd_
   float *param = (float *)call->param->data, *grad = (float *)call->grad->data;
   if (call->kind == TTD_OPTIMIZER_ADAM) {
     ttd_k_adam_step(pool, &call->adam_params, call->step, param, grad, (float *)call->state[0]->data,
-                    (float *)call->state[1]->data, call->n);
+                    (float *)call->state[1]->data, call->n, call->zero_grad);
   } else {
     ttd_k_sgd_step(pool, &call->sgd, call->step, param, grad, call->state[0] ? (float *)call->state[0]->data : NULL,
-                   call->n);
+                   call->n, call->zero_grad);
   }
   return TTD_OK;
 }

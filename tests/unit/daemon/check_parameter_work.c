@@ -1,0 +1,279 @@
+/* daemon/methods/parameter_work.c over a sim backend: a step and a zero_grad of the same
+ * parameters run as one pass per parameter (the optimizer zeroes each .grad as it reads
+ * it), leaving exactly what the two passes leave; where they could differ (state not yet
+ * made, a bfloat16 parameter, a .grad that is also a parameter, other lists, an unknown
+ * handle) the two passes run. A wrapped backend counts the passes. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "device/tensor.h"
+#include "methods/parameter_work.h"
+#include "session/session.h"
+#include "suites.h"
+
+static ttd_backend *backend;
+static const ttd_backend_vtable *sim_vtable; /* the wrapped backend's own */
+static ttd_backend_vtable wrapped;
+static int zero_passes, fused_steps, plain_steps;
+static ttd_core core;
+static ttd_session *session;
+static ttd_call call;
+
+static ttd_status_t counting_zero(ttd_backend *b, ttd_backend_buffer *buffer) {
+  zero_passes++;
+  return sim_vtable->buffer_zero(b, buffer);
+}
+
+static ttd_status_t counting_step(ttd_backend *b, int device, const ttd_optimizer_call *oc) {
+  if (oc->zero_grad) fused_steps++;
+  else plain_steps++;
+  return sim_vtable->optimizer_step(b, device, oc);
+}
+
+static void setup(void) {
+  ttd_backend_options options = {.devices = 1, .dram_bytes = 16u << 20, .l1_bytes = 1u << 20, .cores = 2};
+  ttd_status_t s = ttd_backend_create("sim", &options, &backend);
+  ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
+  sim_vtable = backend->vtable;
+  wrapped = *sim_vtable;
+  wrapped.buffer_zero = counting_zero;
+  wrapped.optimizer_step = counting_step;
+  backend->vtable = &wrapped;
+  memset(&core, 0, sizeof(core));
+  core.backend = backend;
+  session = ttd_session_create(1, &(ttd_session_params){.client_name = "t"}, 0);
+  ck_assert_ptr_nonnull(session);
+  memset(&call, 0, sizeof(call));
+  call.core = &core;
+  call.session = session;
+  zero_passes = fused_steps = plain_steps = 0;
+}
+
+static void teardown(void) {
+  uint64_t tensors, bytes;
+  ttd_session_close(session, &tensors, &bytes);
+  ttd_session_release(session);
+  backend->vtable = sim_vtable;
+  ttd_backend_destroy(backend);
+}
+
+static ttd_tensor *new_tensor(int64_t n, ttd_dtype dtype, float first) {
+  ttd_tensor_spec spec = {.dtype = dtype, .ndim = 1, .shape = {n}, .device = 0, .location = TTD_MEM_DRAM};
+  ck_assert_ptr_null(ttd_tensor_spec_finish(&spec));
+  ttd_tensor *t = NULL;
+  ck_assert_ptr_null(ttd_tensor_create(backend, NULL, &spec, &t));
+  if (dtype == TTD_DTYPE_FLOAT32) {
+    float *v = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) v[i] = first + 0.25f * (float)(i % 13) - 0.5f * (float)(i % 7);
+    ck_assert_ptr_null(backend->vtable->buffer_write(backend, t->buffer, 0, v, (uint64_t)n * sizeof(float)));
+    free(v);
+  } else {
+    ck_assert_ptr_null(backend->vtable->buffer_zero(backend, t->buffer));
+  }
+  return t;
+}
+
+/* A parameter of n elements with a .grad, in the session (which holds it until teardown
+ * closes it); its handle. */
+static uint64_t new_param(int64_t n, ttd_dtype dtype, ttd_tensor **out_param) {
+  ttd_tensor *p = new_tensor(n, dtype, 1.0f);
+  p->grad = new_tensor(n, TTD_DTYPE_FLOAT32, 0.5f);
+  uint64_t h = 0;
+  ck_assert_ptr_null(ttd_session_tensor_add(session, p, &h));
+  ttd_tensor_release(p);
+  *out_param = p;
+  return h;
+}
+
+static float *values(ttd_tensor *t) {
+  float *v = malloc(t->spec.nbytes);
+  ck_assert_ptr_null(backend->vtable->buffer_read(backend, t->buffer, 0, v, t->spec.nbytes));
+  return v;
+}
+
+static int grad_state(ttd_tensor *param) { return atomic_load(&param->grad->grad_state); }
+
+static void expect_zeros(ttd_tensor *t, const char *what) {
+  float *v = values(t);
+  for (int64_t i = 0; i < (int64_t)t->spec.numel; i++)
+    ck_assert_msg(v[i] == 0.0f, "%s[%lld] is %g, not 0", what, (long long)i, v[i]);
+  free(v);
+}
+
+/* A ParameterWork of an SGD step over step_handles and a zero_grad over zero_handles. */
+typedef struct work_msg {
+  Ttd__V1__ParameterWork work;
+  Ttd__V1__OptimizerStepRequest step;
+  Ttd__V1__SgdOptions sgd;
+  Ttd__V1__ZeroGradRequest zero;
+} work_msg;
+
+static void make_work(work_msg *w, float lr, float momentum, uint64_t *step_handles, size_t n_step,
+                      uint64_t *zero_handles, size_t n_zero) {
+  ttd__v1__parameter_work__init(&w->work);
+  ttd__v1__optimizer_step_request__init(&w->step);
+  ttd__v1__sgd_options__init(&w->sgd);
+  ttd__v1__zero_grad_request__init(&w->zero);
+  w->sgd.lr = lr;
+  w->sgd.momentum = momentum;
+  w->step.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD;
+  w->step.sgd = &w->sgd;
+  w->step.parameters = step_handles;
+  w->step.n_parameters = n_step;
+  w->zero.parameters = zero_handles;
+  w->zero.n_parameters = n_zero;
+  w->work.step = &w->step;
+  w->work.zero_grad = &w->zero;
+}
+
+/* p - lr * g, element by element in float, as the kernel computes it. */
+static void expect_sgd(ttd_tensor *p, const float *p0, const float *g0, float lr) {
+  float *v = values(p);
+  for (int64_t i = 0; i < (int64_t)p->spec.numel; i++) {
+    float want = p0[i] - lr * g0[i];
+    ck_assert_msg(v[i] == want, "param[%lld] is %.9g, want %.9g", (long long)i, v[i], want);
+  }
+  free(v);
+}
+
+/* The same handles: one fused pass each, no zeroing pass; parameters as p - lr g, every
+ * .grad zeros and known zeros (the next Backward writes it in place); likewise for the
+ * parameters a Backward reached (empty lists). */
+START_TEST(test_step_and_zero_fused) {
+  ttd_tensor *a, *b;
+  uint64_t h[2] = {new_param(5, TTD_DTYPE_FLOAT32, &a), new_param(70001, TTD_DTYPE_FLOAT32, &b)};
+  for (int by_reach = 0; by_reach < 2; by_reach++) {
+    float *a0 = values(a), *ag = values(a->grad), *b0 = values(b), *bg = values(b->grad);
+    work_msg w;
+    make_work(&w, 0.1f, 0.0f, by_reach ? NULL : h, by_reach ? 0 : 2, by_reach ? NULL : h, by_reach ? 0 : 2);
+    ttd_tensor *reached[2] = {a, b};
+    zero_passes = fused_steps = plain_steps = 0;
+    ttd_status_t s = ttd_parameter_work_run(&call, &w.work, "before this Execute", by_reach ? reached : NULL, 2);
+    ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
+    ck_assert_int_eq(fused_steps, 2);
+    ck_assert_int_eq(plain_steps, 0);
+    ck_assert_int_eq(zero_passes, 0);
+    expect_sgd(a, a0, ag, 0.1f);
+    expect_sgd(b, b0, bg, 0.1f);
+    expect_zeros(a->grad, "a.grad");
+    expect_zeros(b->grad, "b.grad");
+    ck_assert_int_eq(grad_state(a), TTD_GRAD_ZEROS);
+    ck_assert_int_eq(grad_state(b), TTD_GRAD_ZEROS);
+    /* New gradients for the next round. */
+    float *g = malloc(b->spec.nbytes);
+    for (int64_t i = 0; i < (int64_t)b->spec.numel; i++) g[i] = 0.01f * (float)(i % 17) - 0.05f;
+    backend->vtable->buffer_write(backend, a->grad->buffer, 0, g, a->spec.nbytes);
+    backend->vtable->buffer_write(backend, b->grad->buffer, 0, g, b->spec.nbytes);
+    atomic_store(&a->grad->grad_state, TTD_GRAD_UNKNOWN);
+    atomic_store(&b->grad->grad_state, TTD_GRAD_UNKNOWN);
+    free(g), free(a0), free(ag), free(b0), free(bg);
+  }
+}
+END_TEST
+
+/* A .grad held by an Upload (its write mark taken) is zeroed all the same, as ZeroGrad
+ * zeroes it, but not known zeros: the Upload may have written part of it. */
+START_TEST(test_fused_beside_an_upload) {
+  ttd_tensor *a;
+  uint64_t h = new_param(9, TTD_DTYPE_FLOAT32, &a);
+  ck_assert(ttd_tensor_write_begin(a->grad));
+  work_msg w;
+  make_work(&w, 0.5f, 0.0f, &h, 1, &h, 1);
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0));
+  ck_assert_int_eq(fused_steps, 1);
+  expect_zeros(a->grad, "a.grad");
+  ck_assert_int_eq(grad_state(a), TTD_GRAD_UNKNOWN);
+  ttd_tensor_write_end(a->grad);
+}
+END_TEST
+
+/* Where one pass each could leave something else, the step and then the zeroing run: a
+ * zero_grad of other parameters; momentum before its buffer exists (made by the first step;
+ * the second is fused); a bfloat16 parameter; a .grad that is also a listed parameter (the
+ * two passes zero it after its own step, which one pass each would not). */
+START_TEST(test_two_passes_where_fusing_differs) {
+  ttd_tensor *a, *b;
+  uint64_t h[2] = {new_param(6, TTD_DTYPE_FLOAT32, &a), new_param(6, TTD_DTYPE_FLOAT32, &b)};
+  work_msg w;
+
+  make_work(&w, 0.1f, 0.0f, h, 2, h, 1); /* zero_grad of a only */
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0));
+  ck_assert_int_eq(plain_steps, 2);
+  ck_assert_int_eq(fused_steps, 0);
+  ck_assert_int_eq(zero_passes, 1);
+
+  zero_passes = fused_steps = plain_steps = 0;
+  make_work(&w, 0.1f, 0.9f, h, 2, h, 2); /* momentum: no buffer yet */
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0));
+  ck_assert_int_eq(plain_steps, 2);
+  ck_assert_int_eq(zero_passes, 4); /* two momentum buffers made zeroed, then the two .grads */
+  ck_assert_ptr_nonnull(a->opt_state[0]);
+  zero_passes = fused_steps = plain_steps = 0;
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0));
+  ck_assert_int_eq(fused_steps, 2); /* the buffers exist now */
+  ck_assert_int_eq(zero_passes, 0);
+
+  ttd_tensor *c;
+  uint64_t hc = new_param(4, TTD_DTYPE_BFLOAT16, &c);
+  zero_passes = fused_steps = plain_steps = 0;
+  make_work(&w, 0.1f, 0.0f, &hc, 1, &hc, 1);
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0));
+  ck_assert_int_eq(plain_steps, 1);
+  ck_assert_int_eq(zero_passes, 2); /* the float32 copy the step works on, made zeroed; the .grad */
+
+  /* d's .grad is e, itself a parameter with a .grad. Two passes: d -= lr e, e -= lr e.grad,
+   * then both .grads (e and e.grad) zeroed, so e ends all zeros. */
+  ttd_tensor *d, *e;
+  uint64_t hd[2] = {new_param(3, TTD_DTYPE_FLOAT32, &d), new_param(3, TTD_DTYPE_FLOAT32, &e)};
+  ttd_tensor_release(d->grad);
+  d->grad = ttd_tensor_retain(e);
+  float *d0 = values(d), *e0 = values(e);
+  zero_passes = fused_steps = plain_steps = 0;
+  make_work(&w, 0.25f, 0.0f, hd, 2, hd, 2);
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0));
+  ck_assert_int_eq(fused_steps, 0);
+  ck_assert_int_eq(zero_passes, 2);
+  expect_sgd(d, d0, e0, 0.25f);
+  expect_zeros(e, "e");
+  expect_zeros(e->grad, "e.grad");
+  free(d0), free(e0);
+}
+END_TEST
+
+/* An unknown handle: NOT_FOUND from the step as without fusing, the parameters before it
+ * stepped, and no .grad zeroed (the zero_grad never ran). */
+START_TEST(test_unknown_handle_as_two_passes) {
+  ttd_tensor *a;
+  uint64_t h[2] = {new_param(4, TTD_DTYPE_FLOAT32, &a), 0x1234567812345678ull};
+  float *a0 = values(a), *ag = values(a->grad);
+  work_msg w;
+  make_work(&w, 0.1f, 0.0f, h, 2, h, 2);
+  ttd_status_t s = ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_NOT_FOUND);
+  ck_assert_msg(strncmp(ttd_status_message(s), "OptimizerStep before this Execute failed: ", 42) == 0, "%s",
+                ttd_status_message(s));
+  ttd_status_free(s);
+  ck_assert_int_eq(fused_steps, 0);
+  ck_assert_int_eq(zero_passes, 0);
+  expect_sgd(a, a0, ag, 0.1f);
+  float *g = values(a->grad);
+  ck_assert_int_eq(memcmp(g, ag, a->spec.nbytes), 0);
+  free(g), free(a0), free(ag);
+}
+END_TEST
+
+Suite *parameter_work_suite(void) {
+  Suite *s = suite_create("parameter_work");
+  TCase *tc = tcase_create("parameter_work");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, test_step_and_zero_fused);
+  tcase_add_test(tc, test_fused_beside_an_upload);
+  tcase_add_test(tc, test_two_passes_where_fusing_differs);
+  tcase_add_test(tc, test_unknown_handle_as_two_passes);
+  suite_add_tcase(s, tc);
+  return s;
+}
