@@ -29,14 +29,14 @@ static ttd_status_t zeroed_like(ttd_backend *backend, const ttd_tensor *t, ttd_t
   return *out ? TTD_OK : ttd_optimizer_state_create(backend, t, out);
 }
 
-/* One parameter's step: its state is made on first use and lives with the parameter. With
- * zero_grad the step also zeroes the .grad as it reads it, as ZeroGrad would after it. */
-static ttd_status_t step_one(ttd_backend *backend, ttd_tensor *param, ttd_optimizer_call *oc, uint64_t *updated,
-                             bool zero_grad) {
+/* One parameter's step, its train_lock held: its state is made on first use and lives with
+ * the parameter. With zero_grad the step also zeroes the .grad as it reads it, as ZeroGrad
+ * would after it. */
+static ttd_status_t step_locked(ttd_backend *backend, ttd_tensor *param, ttd_optimizer_call *oc, uint64_t *updated,
+                                bool zero_grad) {
   TTD_RETURN_IF_ERROR(ttd_optimizer_check_dtype(param->spec.dtype));
   ttd_status_t status = TTD_OK;
   ttd_tensor *wide = NULL; /* a bfloat16 parameter is updated in float32, then rounded back */
-  pthread_mutex_lock(&param->train_lock);
   if (param->grad) {
     int need_state = oc->kind == TTD_OPTIMIZER_ADAM ? 2 : (oc->sgd.momentum != 0.0f ? 1 : 0);
     for (int k = 0; k < need_state && !status; k++) status = zeroed_like(backend, param, &param->opt_state[k]);
@@ -65,8 +65,14 @@ static ttd_status_t step_one(ttd_backend *backend, ttd_tensor *param, ttd_optimi
       (*updated)++;
     }
   }
-  pthread_mutex_unlock(&param->train_lock);
   ttd_tensor_release(wide);
+  return status;
+}
+
+static ttd_status_t step_one(ttd_backend *backend, ttd_tensor *param, ttd_optimizer_call *oc, uint64_t *updated) {
+  pthread_mutex_lock(&param->train_lock);
+  ttd_status_t status = step_locked(backend, param, oc, updated, false);
+  pthread_mutex_unlock(&param->train_lock);
   return status;
 }
 
@@ -91,7 +97,7 @@ ttd_status_t ttd_optimizer_step_handles(ttd_call *call, const Ttd__V1__Optimizer
   for (size_t i = 0; i < req->n_parameters; i++) {
     ttd_tensor *param = NULL;
     TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->parameters[i], &param));
-    ttd_status_t status = step_one(call->core->backend, param, &oc, out_updated, false);
+    ttd_status_t status = step_one(call->core->backend, param, &oc, out_updated);
     ttd_tensor_release(param);
     TTD_RETURN_IF_ERROR(status);
   }
@@ -105,7 +111,7 @@ static ttd_status_t step_tensors(ttd_call *call, const Ttd__V1__OptimizerStepReq
   uint64_t updated = 0;
   TTD_RETURN_IF_ERROR(ttd_optimizer_options_from_proto(req, &oc));
   for (size_t i = 0; i < n; i++) {
-    if (params[i]) TTD_RETURN_IF_ERROR(step_one(call->core->backend, params[i], &oc, &updated, false));
+    if (params[i]) TTD_RETURN_IF_ERROR(step_one(call->core->backend, params[i], &oc, &updated));
   }
   return TTD_OK;
 }
@@ -147,11 +153,14 @@ static int compare_pointers(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Whether a step then a zero_grad over params (n, NULL entries skipped) may run as one pass
- * per parameter and leave exactly what the two passes leave, failures included: each
- * parameter float32 with its optimizer state already made (so no step fails half way
- * through the list), and no tensor both a parameter and a .grad, nor a .grad shared (a step
- * must not read a .grad another step has zeroed). */
+/* Whether a step then a zero_grad over params (n, NULL entries skipped; their train_locks
+ * held, so no .grad appears meanwhile) may run as one pass per parameter and leave what the
+ * two passes leave: each parameter float32 with the optimizer state its step needs already
+ * made (so no check or allocation fails half way through the list), and no tensor both a
+ * parameter and a .grad, nor a .grad shared (a step must not read a .grad another step has
+ * zeroed). One difference stays: should the backend's optimizer_step itself fail (the sim
+ * card's does not), the .grads of the parameters stepped before it are zeros, where the two
+ * passes would have kept them. */
 static bool fusable(ttd_tensor *const *params, size_t n, const ttd_optimizer_call *oc) {
   void **seen = malloc((2 * n + 1) * sizeof(*seen));
   if (!seen) return false;
@@ -161,12 +170,10 @@ static bool fusable(ttd_tensor *const *params, size_t n, const ttd_optimizer_cal
   for (size_t i = 0; i < n && ok; i++) {
     ttd_tensor *p = params[i];
     if (!p) continue;
-    pthread_mutex_lock(&p->train_lock);
     ok = p->spec.dtype == TTD_DTYPE_FLOAT32;
-    for (int s = 0; s < need_state && ok; s++) ok = p->opt_state[s] != NULL;
+    for (int s = 0; s < need_state && ok && p->grad; s++) ok = p->opt_state[s] != NULL; /* no .grad: no step */
     seen[k++] = p;
     if (p->grad) seen[k++] = p->grad;
-    pthread_mutex_unlock(&p->train_lock);
   }
   if (ok) {
     qsort(seen, k, sizeof(*seen), compare_pointers);
@@ -174,6 +181,19 @@ static bool fusable(ttd_tensor *const *params, size_t n, const ttd_optimizer_cal
   }
   free(seen);
   return ok;
+}
+
+/* The distinct tensors of params (n, NULL entries skipped), sorted by address into *out (the
+ * order every caller locks them in); their count. */
+static size_t distinct_sorted(ttd_tensor *const *params, size_t n, ttd_tensor **out) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (params[i]) out[k++] = params[i];
+  qsort(out, k, sizeof(*out), compare_pointers);
+  size_t d = 0;
+  for (size_t i = 0; i < k; i++)
+    if (d == 0 || out[i] != out[d - 1]) out[d++] = out[i];
+  return d;
 }
 
 /* torch's step() then zero_grad() over the same parameters (the handles of step and
@@ -189,7 +209,7 @@ static bool step_and_zero(ttd_call *call, const Ttd__V1__ParameterWork *work, tt
                     memcmp(step->parameters, zero->parameters, step->n_parameters * sizeof(*step->parameters)) != 0))
     return false;
   size_t n = by_reach ? n_reached : step->n_parameters;
-  ttd_tensor **params = calloc(n + 1, sizeof(*params));
+  ttd_tensor **params = calloc(2 * n + 1, sizeof(*params)), **locked = params + n;
   if (!params) return false;
   bool found = true;
   for (size_t i = 0; i < n && found; i++) {
@@ -202,11 +222,14 @@ static bool step_and_zero(ttd_call *call, const Ttd__V1__ParameterWork *work, tt
   }
   ttd_optimizer_call oc;
   ttd_status_t status = found ? ttd_optimizer_options_from_proto(step, &oc) : TTD_OK;
+  size_t n_locked = found && !status ? distinct_sorted(params, n, locked) : 0;
+  for (size_t i = 0; i < n_locked; i++) pthread_mutex_lock(&locked[i]->train_lock);
   bool fused = found && !status && fusable(params, n, &oc); /* else the two passes tell any error */
   uint64_t updated = 0;
   for (size_t i = 0; i < n && fused && !status; i++) {
-    if (params[i]) status = step_one(call->core->backend, params[i], &oc, &updated, true);
+    if (params[i]) status = step_locked(call->core->backend, params[i], &oc, &updated, true);
   }
+  for (size_t i = n_locked; i-- > 0;) pthread_mutex_unlock(&locked[i]->train_lock);
   for (size_t i = 0; i < n; i++) ttd_tensor_release(params[i]);
   free(params);
   if (!fused) {

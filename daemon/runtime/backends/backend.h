@@ -100,7 +100,8 @@ typedef struct ttd_optimizer_call {
   int64_t step;             /* counts from 1 */
   ttd_backend_buffer *param, *grad, *state[2]; /* state: momentum, or Adam's m and v */
   int64_t n;                /* float32 elements */
-  bool zero_grad;           /* grad is also set to zeros, in the pass that reads it */
+  bool zero_grad;           /* grad is also set to zeros, in the pass that reads it (a step that
+                             * fails may leave it zeroed or not) */
 } ttd_optimizer_call;
 
 typedef struct ttd_backend_vtable {

@@ -243,6 +243,63 @@ START_TEST(test_two_passes_where_fusing_differs) {
 }
 END_TEST
 
+/* A listed parameter that never got a .grad is skipped by the step, as torch skips it, and
+ * keeps the others fused: with momentum it has no buffer, and needs none. */
+START_TEST(test_param_without_grad_still_fused) {
+  ttd_tensor *a, *b;
+  uint64_t h[2] = {new_param(6, TTD_DTYPE_FLOAT32, &a), new_param(6, TTD_DTYPE_FLOAT32, &b)};
+  ttd_tensor_release(b->grad);
+  b->grad = NULL;
+  float *b0 = values(b);
+  work_msg w;
+  make_work(&w, 0.1f, 0.9f, h, 2, h, 2);
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0)); /* a's buffer made */
+  ck_assert_ptr_null(b->opt_state[0]);
+  zero_passes = fused_steps = plain_steps = 0;
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0));
+  ck_assert_int_eq(fused_steps, 1);
+  ck_assert_int_eq(plain_steps, 0);
+  ck_assert_int_eq(zero_passes, 0);
+  float *b1 = values(b);
+  ck_assert_int_eq(memcmp(b0, b1, b->spec.nbytes), 0);
+  free(b0), free(b1);
+}
+END_TEST
+
+/* The one difference from two passes, as documented: a step the backend fails leaves the
+ * .grads of the parameters stepped before it zeroed (two passes would not have zeroed any),
+ * its own and the later ones as they were. */
+static int steps_before_failure;
+
+static ttd_status_t failing_step(ttd_backend *b, int device, const ttd_optimizer_call *oc) {
+  if (steps_before_failure-- == 0) return ttd_make_status(GRPC_STATUS_INTERNAL, "the card failed the step");
+  return counting_step(b, device, oc);
+}
+
+START_TEST(test_backend_failure_mid_list) {
+  ttd_tensor *a, *b, *c;
+  uint64_t h[3] = {new_param(5, TTD_DTYPE_FLOAT32, &a), new_param(5, TTD_DTYPE_FLOAT32, &b),
+                   new_param(5, TTD_DTYPE_FLOAT32, &c)};
+  float *bg = values(b->grad), *cg = values(c->grad);
+  wrapped.optimizer_step = failing_step;
+  steps_before_failure = 1;
+  work_msg w;
+  make_work(&w, 0.1f, 0.0f, h, 3, h, 3);
+  ttd_status_t s = ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_INTERNAL);
+  ck_assert_str_eq(ttd_status_message(s), "OptimizerStep before this Execute failed: the card failed the step");
+  ttd_status_free(s);
+  expect_zeros(a->grad, "a.grad");
+  float *bg1 = values(b->grad), *cg1 = values(c->grad);
+  ck_assert_int_eq(memcmp(bg, bg1, b->spec.nbytes), 0);
+  ck_assert_int_eq(memcmp(cg, cg1, c->spec.nbytes), 0);
+  ck_assert_int_eq(grad_state(a), TTD_GRAD_ZEROS);
+  ck_assert_int_eq(grad_state(b), TTD_GRAD_UNKNOWN);
+  free(bg), free(cg), free(bg1), free(cg1);
+}
+END_TEST
+
 /* An unknown handle: NOT_FOUND from the step as without fusing, the parameters before it
  * stepped, and no .grad zeroed (the zero_grad never ran). */
 START_TEST(test_unknown_handle_as_two_passes) {
@@ -274,6 +331,8 @@ Suite *parameter_work_suite(void) {
   tcase_add_test(tc, test_fused_beside_an_upload);
   tcase_add_test(tc, test_two_passes_where_fusing_differs);
   tcase_add_test(tc, test_unknown_handle_as_two_passes);
+  tcase_add_test(tc, test_param_without_grad_still_fused);
+  tcase_add_test(tc, test_backend_failure_mid_list);
   suite_add_tcase(s, tc);
   return s;
 }
