@@ -25,8 +25,14 @@ from .convert import _TORCH_DTYPES, _host_from_torch, _torch_from_host
 _LEAF = torch.empty(0, requires_grad=True)  # makes every run's anchors require grad; gets no gradient
 
 
+_NEG_ZERO = {}  # dtype: the 0-dim -0.0 every anchor of that dtype views (never written)
+
+
 def _anchor(shape, dtype=torch.float32):
-    return torch.full((), -0.0, dtype=dtype).expand(tuple(shape))
+    base = _NEG_ZERO.get(dtype)
+    if base is None:
+        base = _NEG_ZERO[dtype] = torch.full((), -0.0, dtype=dtype)
+    return base.expand(tuple(shape))
 
 
 class _Upload(torch.autograd.Function):
