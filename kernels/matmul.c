@@ -9,13 +9,14 @@
  * task each; a task walks K in blocks of at most KC, packs its A block into MR-row
  * micro-panels and its B block into NR-column micro-panels (zero padded), and runs an
  * MR x NR register-blocked micro-kernel over them (NR is the kernel's: 16 with AVX2, whose
- * B micro-panel then takes half of a 32 KiB L1 rather than all of it; 32 elsewhere). Tasks are split over the pool. When C is
- * cut along N and A is small (a training batch: 64 x 784), A is packed once for every task,
- * in parallel, instead of once per task.
+ * B micro-panel then takes half of a 32 KiB L1 rather than all of it; 32 elsewhere). Tasks
+ * are split over the pool. When C is cut along N and A is small (a training batch:
+ * 64 x 784), A is packed once for every task, in parallel, instead of once per task.
  *
  * Each C element is summed in the same order whatever the tile sizes or the thread count
  * (K blocks whose size depends only on K, in order; inside a block one accumulator per
- * element), so results do not depend on the pool.
+ * element), so results do not depend on the pool, nor a row's on how many rows A has: a
+ * module run at another batch size gives each example the values of its compiled batch.
  *
  * A and B may instead hold bfloat16 (ttd_k_matmul_bf16), summed in float32 all the same. On
  * a CPU with AVX-512 BF16 the packs keep them as bfloat16, K pairs side by side in 32 bits
@@ -675,124 +676,10 @@ void ttd_k_matmul(ttd_pool *pool, const float *a, const float *b, float *c, int6
   ttd_k_matmul_bias(pool, a, b, NULL, c, batch, m, n, k, trans_a, trans_b, a_batch_stride, b_batch_stride);
 }
 
-/* ---- A small batch times a transposed weight, by dot products ----
- * C[m x n] = A B^T (+ bias) with A [m x k] and B [n x k] both row-major: a linear's forward
- * y = x W^T. At a small m the GEMM above spends most of its time transposing W into its
- * panels, each packed element then serving few rows of A. Here nothing is packed: each C
- * element is the dot product of a row of A and a row of B, taken in vectors along k by a
- * tile of DOT_MR rows of A against DOT_NR rows of B (12 accumulators), whose B rows stay in
- * L1 while the rows of A stream past. A C element's sum depends on k and the vector width
- * only: the same on any pool. */
-enum {
-  DOT_MR = 2, DOT_NR = 6,
-  DOT_M_MAX = 32,   /* rows of A up to which the dot path runs: on Zen 3 it took 0.19-0.25x the time
-                       of the GEMM at 1 row, 0.45x at 8, 0.82x at 32; at 64 the two were even */
-  DOT_K_MAX = 1024, /* its DOT_NR rows of B (24 KiB at most) stay in L1 */
-};
-
-/* C[i][j] (i < mr, j < nr) = the dot product of rows a[i] and b[j] of length k, + bias[j].
- * Rows past mr and nr repeat the last real one (computed, not stored). */
-typedef void (*dot_kernel_fn)(const float *const *a, const float *const *b, int64_t k, float *c, int64_t ldc,
-                              int mr, int nr, const float *bias);
-
-/* The w (4, 8 or 16) lanes of v summed pairwise: halves added until one is left. */
-static inline __attribute__((always_inline)) float dot_lanes_sum(const float *v, int w) {
-  float t[16];
-  memcpy(t, v, (size_t)w * sizeof(float));
-  for (int h = w / 2; h > 0; h /= 2)
-    for (int l = 0; l < h; l++) t[l] += t[l + h];
-  return t[0];
-}
-
-/* clang-format off */
-#define TTD_DEFINE_DOT_KERNEL(name, attr, W)                                                                    \
-  attr static void name(const float *const *a, const float *const *b, int64_t k, float *c, int64_t ldc, int mr, \
-                        int nr, const float *bias) {                                                            \
-    typedef float vec __attribute__((vector_size((W) * sizeof(float))));                                        \
-    const float *ar[DOT_MR], *br[DOT_NR];                                                                       \
-    for (int i = 0; i < DOT_MR; i++) ar[i] = a[i < mr ? i : mr - 1];                                            \
-    for (int j = 0; j < DOT_NR; j++) br[j] = b[j < nr ? j : nr - 1];                                            \
-    vec acc[DOT_MR][DOT_NR];                                                                                    \
-    _Pragma("GCC unroll 4") for (int i = 0; i < DOT_MR; i++)                                                    \
-      _Pragma("GCC unroll 6") for (int j = 0; j < DOT_NR; j++) acc[i][j] = (vec){0};                            \
-    int64_t kv = k / (W) * (W);                                                                                 \
-    for (int64_t p = 0; p < kv; p += (W)) {                                                                     \
-      vec x[DOT_MR], y[DOT_NR];                                                                                 \
-      _Pragma("GCC unroll 4") for (int i = 0; i < DOT_MR; i++) memcpy(&x[i], ar[i] + p, sizeof(vec));           \
-      _Pragma("GCC unroll 6") for (int j = 0; j < DOT_NR; j++) memcpy(&y[j], br[j] + p, sizeof(vec));           \
-      _Pragma("GCC unroll 4") for (int i = 0; i < DOT_MR; i++)                                                  \
-        _Pragma("GCC unroll 6") for (int j = 0; j < DOT_NR; j++) acc[i][j] += x[i] * y[j];                      \
-    }                                                                                                           \
-    for (int i = 0; i < mr; i++)                                                                                \
-      for (int j = 0; j < nr; j++) {                                                                            \
-        float s = dot_lanes_sum((const float *)&acc[i][j], (W));                                                \
-        for (int64_t p = kv; p < k; p++) s += ar[i][p] * br[j][p];                                              \
-        c[i * ldc + j] = bias ? s + bias[j] : s;                                                                \
-      }                                                                                                         \
-  }
-TTD_DEFINE_DOT_KERNEL(dot_kernel_generic, , 4)
-/* clang-format on */
-#if defined(__x86_64__) && defined(__GNUC__)
-TTD_DEFINE_DOT_KERNEL(dot_kernel_avx2, __attribute__((target("avx2,fma"))), 8)
-TTD_DEFINE_DOT_KERNEL(dot_kernel_avx512, __attribute__((target("avx512f"))), 16)
-#endif
-
-/* The widest dot kernel the CPU runs, or the one TTD_KERNEL_ISA names (as pick_micro_kernel). */
-static dot_kernel_fn pick_dot_kernel(void) {
-  micro_kernel mk = pick_micro_kernel();
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (mk.fn == micro_kernel_avx512) return dot_kernel_avx512;
-  if (mk.fn == micro_kernel_avx2) return dot_kernel_avx2;
-#endif
-  return dot_kernel_generic;
-}
-
-typedef struct dot_job {
-  const float *a, *b, *bias;
-  float *c;
-  int64_t m, n, k;
-  dot_kernel_fn kernel;
-} dot_job;
-
-/* Column tiles [begin, end) of DOT_NR rows of B each, against every row of A. */
-static void dot_tiles(void *ctx, size_t begin, size_t end) {
-  const dot_job *d = ctx;
-  ttd_kcheck check = TTD_KCHECK_INIT;
-  for (size_t t = begin; t < end; t++) {
-    int64_t j0 = (int64_t)t * DOT_NR;
-    int nr = (int)(d->n - j0 < DOT_NR ? d->n - j0 : DOT_NR);
-    const float *b[DOT_NR];
-    for (int j = 0; j < nr; j++) b[j] = d->b + (j0 + j) * d->k;
-    if (ttd_kstop(&check, d->m * nr * d->k)) return;
-    for (int64_t i0 = 0; i0 < d->m; i0 += DOT_MR) {
-      int mr = (int)(d->m - i0 < DOT_MR ? d->m - i0 : DOT_MR);
-      const float *a[DOT_MR];
-      for (int i = 0; i < mr; i++) a[i] = d->a + (i0 + i) * d->k;
-      d->kernel(a, b, d->k, d->c + i0 * d->n + j0, d->n, mr, nr, d->bias ? d->bias + j0 : NULL);
-    }
-  }
-}
-
-/* Whether C = A B^T (+ bias) of these operands takes the dot path. */
-static bool dot_path(gemm_mode mode, int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b) {
-  return mode == MODE_F32 && batch == 1 && !trans_a && trans_b && m > 0 && m <= DOT_M_MAX && n >= 4 * DOT_NR &&
-         k > 0 && k <= DOT_K_MAX;
-}
-
-static void matmul_dot(ttd_pool *pool, const float *a, const float *b, const float *bias, float *c, int64_t m,
-                       int64_t n, int64_t k) {
-  dot_job d = {.a = a, .b = b, .bias = bias, .c = c, .m = m, .n = n, .k = k, .kernel = pick_dot_kernel()};
-  ttd_pool_parallel_for(pool, (size_t)((n + DOT_NR - 1) / DOT_NR), 8, dot_tiles, &d);
-}
-
 /* ttd_k_matmul_bias over operands held as `mode`. */
 static void matmul_bias(ttd_pool *pool, gemm_mode mode, const void *a, const void *b, const float *bias, float *c,
                         int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
                         int64_t a_batch_stride, int64_t b_batch_stride) {
-  if (dot_path(mode, batch, m, n, k, trans_a, trans_b)) {
-    matmul_dot(pool, a, b, bias, c, m, n, k);
-    return;
-  }
   int64_t a_rs, a_cs, b_rs, b_cs;
   op_strides(trans_a, m, k, &a_rs, &a_cs);
   op_strides(trans_b, k, n, &b_rs, &b_cs);

@@ -29,6 +29,12 @@ static ttd_status_t zeroed_like(ttd_backend *backend, const ttd_tensor *t, ttd_t
   return *out ? TTD_OK : ttd_optimizer_state_create(backend, t, out);
 }
 
+/* The state buffers a parameter's step needs (opt_state[0..n)): Adam's m and v, SGD's
+ * momentum buffer, or none. */
+static int state_buffers(const ttd_optimizer_call *oc) {
+  return oc->kind == TTD_OPTIMIZER_ADAM ? 2 : (oc->sgd.momentum != 0.0f ? 1 : 0);
+}
+
 /* One parameter's step, its train_lock held: its state is made on first use and lives with
  * the parameter. With zero_grad the step also zeroes the .grad as it reads it, as ZeroGrad
  * would after it. */
@@ -38,8 +44,7 @@ static ttd_status_t step_locked(ttd_backend *backend, ttd_tensor *param, ttd_opt
   ttd_status_t status = TTD_OK;
   ttd_tensor *wide = NULL; /* a bfloat16 parameter is updated in float32, then rounded back */
   if (param->grad) {
-    int need_state = oc->kind == TTD_OPTIMIZER_ADAM ? 2 : (oc->sgd.momentum != 0.0f ? 1 : 0);
-    for (int k = 0; k < need_state && !status; k++) status = zeroed_like(backend, param, &param->opt_state[k]);
+    for (int k = 0; k < state_buffers(oc) && !status; k++) status = zeroed_like(backend, param, &param->opt_state[k]);
     if (!status && param->spec.dtype == TTD_DTYPE_BFLOAT16) {
       status = zeroed_like(backend, param, &wide);
       if (!status) {
@@ -166,7 +171,7 @@ static bool fusable(ttd_tensor *const *params, size_t n, const ttd_optimizer_cal
   if (!seen) return false;
   size_t k = 0;
   bool ok = true;
-  int need_state = oc->kind == TTD_OPTIMIZER_ADAM ? 2 : (oc->sgd.momentum != 0.0f ? 1 : 0);
+  int need_state = state_buffers(oc);
   for (size_t i = 0; i < n && ok; i++) {
     ttd_tensor *p = params[i];
     if (!p) continue;

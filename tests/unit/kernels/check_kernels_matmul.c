@@ -212,27 +212,31 @@ START_TEST(test_matmul_pool_identical) {
 }
 END_TEST
 
-/* A few rows against a transposed weight (C = A B^T + bias, A [m,k], B [n,k]): the
- * dot-product path of kernels/matmul.c at up to 32 rows, the GEMM past them. Odd m, n and k
- * (vector tails of 4, 8 and 16 lanes, tiles cut short in both directions) under each ISA's
- * kernel match the double sum plus bias, and a 4-thread pool gives the same bits. */
+/* A few rows against a transposed weight (C = A B^T + bias, A [m,k], B [n,k]: a linear's
+ * forward at a small batch). Odd m, n and k under each ISA's kernel match the double sum plus
+ * bias, a 4-thread pool gives the same bits, and so does the same A as the first m of 64
+ * rows: a row's values do not depend on the batch it runs in (a module called at another
+ * batch size gives the values of its compiled one; a path chosen by m would break this). */
 START_TEST(test_matmul_few_rows_transposed) {
-  static const int64_t ms[] = {1, 2, 3, 17, 32, 33}, ns[] = {16, 17, 40, 515}, ks[] = {1, 7, 9, 17, 511, 513, 1024};
+  static const int64_t ms[] = {1, 2, 3, 17, 32, 33}, ns[] = {1, 10, 17, 40, 515}, ks[] = {1, 7, 9, 17, 511, 513, 1024};
   const char *isas[] = {NULL, "avx2", "generic"};
+  const int64_t m_big = 64;
   ttd_pool *pool = ttd_pool_create(4);
   ck_assert_ptr_nonnull(pool);
   uint64_t rng = 31;
   for (size_t v = 0; v < 3; v++) {
     if (isas[v]) setenv("TTD_KERNEL_ISA", isas[v], 1);
     for (size_t mi = 0; mi < 6; mi++)
-      for (size_t ni = 0; ni < 4; ni++)
+      for (size_t ni = 0; ni < 5; ni++)
         for (size_t ki = 0; ki < 7; ki++) {
           int64_t m = ms[mi], n = ns[ni], k = ks[ki];
-          float *a = kt_rand_buf(&rng, m * k, -1, 1), *b = kt_rand_buf(&rng, n * k, -1, 1);
+          float *a = kt_rand_buf(&rng, m_big * k, -1, 1), *b = kt_rand_buf(&rng, n * k, -1, 1);
           float *bias = kt_rand_buf(&rng, n, -1, 1), *c = kt_nan_buf(m * n), *c4 = kt_nan_buf(m * n);
+          float *c_big = kt_nan_buf(m_big * n);
           double *want = kt_dzeros(m * n);
           ttd_k_matmul_bias(NULL, a, b, bias, c, 1, m, n, k, 0, 1, 0, 0);
           ttd_k_matmul_bias(pool, a, b, bias, c4, 1, m, n, k, 0, 1, 0, 0);
+          ttd_k_matmul_bias(pool, a, b, bias, c_big, 1, m_big, n, k, 0, 1, 0, 0);
           ref_matmul(a, b, want, m, n, k, 0, 1);
           for (int64_t i = 0; i < m * n; i++) want[i] += bias[i % n];
           char what[96];
@@ -240,7 +244,9 @@ START_TEST(test_matmul_few_rows_transposed) {
                    (long long)n, (long long)k);
           kt_expect_close(what, c, want, m * n, 1e-5, kt_dot_tol(k));
           ck_assert_msg(memcmp(c, c4, (size_t)(m * n) * sizeof(float)) == 0, "%s: the pool changed C", what);
-          free(a), free(b), free(bias), free(c), free(c4), free(want);
+          ck_assert_msg(memcmp(c, c_big, (size_t)(m * n) * sizeof(float)) == 0, "%s: rows differ at %lld rows", what,
+                        (long long)m_big);
+          free(a), free(b), free(bias), free(c), free(c4), free(c_big), free(want);
         }
   }
   unsetenv("TTD_KERNEL_ISA");
