@@ -13,10 +13,9 @@ upstream: CPU layers before the card, and modules before it in a chain, train to
 
 A run's activations live as long as torch's graph keeps the run: its Backward keeps the
 run (retain_graph, in libttclient), and when torch frees the graph (after a backward
-without retain_graph, or when the graph is dropped) a finalizer releases it; a Backward
+without retain_graph, or when the graph is dropped) the run's state, owned by the tensor
+the run's node saves, goes with the saved tensors and releases it; a Backward
 still waiting for the module's next Execute then frees it there, with no call of its own."""
-import weakref
-
 import torch
 
 from . import _lib
@@ -32,7 +31,7 @@ def _anchor(shape, dtype=torch.float32):
     base = _NEG_ZERO.get(dtype)
     if base is None:
         base = _NEG_ZERO[dtype] = torch.full((), -0.0, dtype=dtype)
-    return base.expand(tuple(shape))
+    return base.expand(shape)
 
 
 class _Upload(torch.autograd.Function):
@@ -51,16 +50,21 @@ class _Upload(torch.autograd.Function):
 
 class _RunState:
     """What a run's backward needs: the libttclient tensors of its outputs and of its inputs
-    that take a gradient (in the order of _Run's anchors)."""
+    that take a gradient (in the order of _Run's anchors). Its one owner is the tensor the
+    run's node saves, which torch frees with the graph's saved tensors (after a backward
+    without retain_graph, or when the graph is dropped): the run's activations go then
+    (tt_release_run)."""
+
+    __slots__ = ("outputs", "inputs", "after_backward")
 
     def __init__(self, outputs, inputs, after_backward=None):
         self.outputs, self.inputs, self.after_backward = outputs, inputs, after_backward
 
-    def release(self):
-        """torch freed the graph holding the run: its activations go (tt_release_run)."""
-        outputs, self.outputs, self.inputs = self.outputs, None, None
+    def __del__(self):
+        if _lib._L is None:
+            return  # the interpreter is ending: the session's close frees it
         try:
-            outputs[0].release_run()
+            self.outputs[0].release_run()
         except _lib.TTError:
             pass  # a session already gone has freed it
 
@@ -71,18 +75,18 @@ class _Run(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, state, leaf, *input_anchors):
-        ctx.state = state
         ctx.set_materialize_grads(False)  # outputs no loss used get None, and send nothing
-        alive = torch.empty(0)  # freed with the graph's saved tensors, so the run goes with them
-        weakref.finalize(alive, state.release).atexit = False
-        ctx.save_for_backward(alive)
+        holder = torch.empty(0)  # a saved tensor: the graph's saved tensors own the run's state
+        holder._ttd_run = state
+        ctx.save_for_backward(holder)
         return tuple(_anchor(o.shape, _TORCH_DTYPES[o.dtype]) for o in state.outputs)
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.saved_tensors  # torch's own error for a graph already freed (no retain_graph)
-        state = ctx.state
-        pairs = [(o, _host_from_torch(g.float())) for o, g in zip(state.outputs, grads) if g is not None]
+        holder, = ctx.saved_tensors  # torch's own error for a graph already freed (no retain_graph)
+        state = holder._ttd_run
+        pairs = [(o, _host_from_torch(g if g.dtype is torch.float32 else g.float()))
+                 for o, g in zip(state.outputs, grads) if g is not None]
         if pairs:
             _lib.backward([o for o, _ in pairs], [g for _, g in pairs], retain_graph=True)
         if state.after_backward is not None:

@@ -82,6 +82,10 @@ def _host_from_torch(t):
     it is a contiguous CPU tensor of a tt dtype (no copy: libttclient keeps the torch tensor
     alive as long as it holds the host tensor), else over a contiguous CPU copy. torch's int64
     indices (torch.long, what Embedding takes) become int32 when they fit."""
+    dtype = _DTYPES.get(t.dtype)
+    if dtype is not None and type(t) is torch.Tensor and not t.requires_grad and t.is_cpu and t.layout is torch.strided \
+            and t.is_contiguous():
+        return _lib.Tensor.borrow(_get_client(), t, t.data_ptr(), dtype, t.shape)  # the common case, checked once
     if t.dtype == torch.int64:
         if t.numel() and (t.min() < -2**31 or t.max() >= 2**31):
             raise ValueError("an int64 tensor with values outside int32's range cannot go to a tt device, "
@@ -91,7 +95,7 @@ def _host_from_torch(t):
         raise TypeError(f"a tt device holds float32, bfloat16 or int32, not {t.dtype}: convert it first "
                         f"(e.g. .float())")
     src = t.detach().cpu().contiguous()  # t itself, or a copy of its values
-    return _lib.Tensor.borrow(_get_client(), src, src.data_ptr(), _DTYPES[src.dtype], tuple(src.shape))
+    return _lib.Tensor.borrow(_get_client(), src, src.data_ptr(), _DTYPES[src.dtype], src.shape)
 
 
 def _torch_from_host(h):
