@@ -42,9 +42,22 @@ static int64_t now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void sleep_ms(int64_t ms) {
-  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-  nanosleep(&ts, NULL);
+/* Starts a connection attempt now, not after gRPC's backoff (up to 2 s) from the attempts
+ * made while ttd was down, and waits up to ms for the channel's state to change. The wait
+ * polls the channel: a thread asleep would leave a new connection's handshake unread until
+ * some other call polled it (the lease renewal's, tens of milliseconds later). */
+static void await_channel(tt_client *c, int64_t ms) {
+  grpc_channel_reset_connect_backoff(c->channel);
+  grpc_connectivity_state state = grpc_channel_check_connectivity_state(c->channel, 1);
+  if (state == GRPC_CHANNEL_READY) return;
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+  gpr_timespec until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
+  grpc_channel_watch_connectivity_state(c->channel, state, until, cq, NULL);
+  grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL); /* the change, or until */
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
 }
 
 bool tt_resume_refused(tt_status st) {
@@ -99,11 +112,8 @@ tt_status tt_resume(tt_client *c, tt_rpc_method method, unsigned generation, cha
       st = TT_UNAVAILABLE;
       break;
     }
-    sleep_ms(pause);
+    await_channel(c, pause);
     pause = pause * 2 > 20 ? 20 : pause * 2;
-    /* The next attempt connects now, not after gRPC's backoff (up to 2 s) from the attempts
-     * made while ttd was down: a restarted ttd is answered within a pause. */
-    grpc_channel_reset_connect_backoff(c->channel);
   }
   pthread_mutex_unlock(&c->resume_lock);
   return st;
