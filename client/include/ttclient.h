@@ -242,6 +242,13 @@ tt_tensor *tt_to_dtype(tt_tensor *tensor, const char *device, tt_dtype dtype);
  * dst lending the caller's memory (tt_tensor_wrap_host). */
 tt_status tt_copy_(tt_tensor *dst, tt_tensor *src);
 
+/* A tensor's values written into the caller's memory: nbytes, the tensor's size
+ * (tt_tensor_nbytes), at dst. The same bytes tt_to(tensor, "cpu") holds, without a host tensor
+ * in between: a host tensor's are copied, an output a forward returned inline is copied with
+ * no call, and a device tensor is downloaded after the work queued on it (a step, a Backward
+ * into a .grad). INVALID_ARGUMENT for a NULL dst or another size. */
+tt_status tt_read(tt_tensor *tensor, void *dst, uint64_t nbytes);
+
 /* Accessors. They lend; nothing is copied. */
 tt_client *tt_tensor_client(const tt_tensor *tensor);
 tt_dtype tt_tensor_dtype(const tt_tensor *tensor);

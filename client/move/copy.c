@@ -1,5 +1,6 @@
 /* tt_copy_: a tensor's values written into another one's memory, as torch's dst.copy_(src):
- * the way a data-parallel step puts averaged gradients back into the card's .grad. */
+ * the way a data-parallel step puts averaged gradients back into the card's .grad. tt_read:
+ * a tensor's values written into the caller's memory (how ttd.torch fills a torch tensor). */
 #include <string.h>
 
 #include "dtype.h"
@@ -62,4 +63,21 @@ tt_status tt_copy_(tt_tensor *dst, tt_tensor *src) {
   }
   tt_tensor_free(host);
   return st;
+}
+
+tt_status tt_read(tt_tensor *tensor, void *dst, uint64_t nbytes) {
+  if (!tensor) return TT_INVALID_ARGUMENT;
+  tt_client *c = tensor->client;
+  if (!dst || nbytes != tensor->nbytes) {
+    return tt_client_fail(c, TT_INVALID_ARGUMENT, "tt_read: dst %s %llu bytes but the tensor holds %llu; give a buffer "
+                          "of tt_tensor_nbytes bytes", dst ? "is given as" : "is NULL for", (unsigned long long)nbytes,
+                          (unsigned long long)tensor->nbytes);
+  }
+  const void *here = tensor->place.is_host ? tensor->data : tensor->host_copy; /* its bytes, when they are here */
+  if (here) {
+    memcpy(dst, here, (size_t)nbytes);
+    return TT_OK;
+  }
+  TT_RETURN_IF_FAILED(tt_to_flush_pending(tensor)); /* a parameter or .grad: queued work first */
+  return tt_rpc_download(c, tensor->handle, tensor->dtype, dst, nbytes, 0);
 }

@@ -74,12 +74,12 @@ def test_contiguous_tensors_go_to_libttclient_without_a_copy():
     for x in [torch.randn(64, 784), torch.randn(5, 3).to(torch.bfloat16), torch.arange(12, dtype=torch.int32)]:
         h = convert._host_from_torch(x)
         assert _data_ptr(h) == x.data_ptr()
-        assert torch.equal(convert._torch_from_host(h.to("tt").to("cpu")), x)
+        assert torch.equal(convert._torch_from_tt(h.to("tt")), x)
     for x in [torch.randn(6, 4).t(), torch.randn(3, 8)[:, ::2], torch.arange(7)]:
         src = x if x.dtype != torch.int64 else x.int()
         h = convert._host_from_torch(x)
         assert _data_ptr(h) != x.data_ptr()
-        assert torch.equal(convert._torch_from_host(h.to("tt").to("cpu")), src)
+        assert torch.equal(convert._torch_from_tt(h.to("tt")), src)
     y = torch.randn(4, 4, dtype=torch.float64)
     with pytest.raises(TypeError, match="float64"):
         convert._host_from_torch(y)
@@ -120,5 +120,5 @@ def test_lent_tensor_uploads_after_python_lets_go():
     del x
     gc.collect()
     junk = [torch.full((256, 784), 3.0) for _ in range(8)]
-    assert torch.equal(convert._torch_from_host(h.to("tt").to("cpu")), expected)
+    assert torch.equal(convert._torch_from_tt(h.to("tt")), expected)
     del junk

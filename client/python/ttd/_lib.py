@@ -69,6 +69,7 @@ _sig("tt_tensor_free", None, _P)
 _sig("tt_to", _P, _P, c_char_p)
 _sig("tt_to_dtype", _P, _P, c_char_p, c_int)
 _sig("tt_copy_", c_int, _P, _P)
+_sig("tt_read", c_int, _P, c_void_p, c_uint64)
 _sig("tt_tensor_client", _P, _P)
 _sig("tt_tensor_dtype", c_int, _P)
 _sig("tt_tensor_ndim", c_int, _P)
@@ -264,12 +265,9 @@ class Tensor:
     def nbytes(self):
         return _L.tt_tensor_nbytes(self._p)
 
-    def copy_to(self, dst_ptr, nbytes=None):
-        """Copies a host tensor's bytes to dst_ptr (nbytes long: the tensor's, when None)."""
-        src = _L.tt_tensor_data(self._p)
-        if not src:
-            raise TTError(3, f"a tensor on {self.device} has no host data: move it to \"cpu\" first")
-        ctypes.memmove(dst_ptr, src, self.nbytes if nbytes is None else nbytes)
+    def read_into(self, dst_ptr, nbytes):
+        """tt_read: this tensor's values (host or device) into the nbytes at dst_ptr, its size."""
+        self.client.check(_L.tt_read(self._p, dst_ptr, nbytes))
 
     def set_requires_grad(self):
         """tt_tensor_set_requires_grad: a Backward of a forward this tensor feeds fills its .grad."""

@@ -19,7 +19,7 @@ still waiting for the module's next Execute then frees it there, with no call of
 import torch
 
 from . import _lib
-from .convert import _TORCH_DTYPES, _host_from_torch, _torch_from_host
+from .convert import _TORCH_DTYPES, _host_from_torch, _torch_from_tt
 
 _LEAF = torch.empty(0, requires_grad=True)  # makes every run's anchors require grad; gets no gradient
 
@@ -94,7 +94,7 @@ class _Run(torch.autograd.Function):
         input_grads = []
         for t in state.inputs:
             g = t.take_grad()
-            input_grads.append(None if g is None else _torch_from_host(g.to("cpu")))
+            input_grads.append(None if g is None else _torch_from_tt(g))
         return (None, None, *input_grads)
 
 
@@ -111,10 +111,10 @@ def upload_anchor(x):
     return _Upload.apply(x) if x.requires_grad and torch.is_grad_enabled() else None
 
 
-def download(host, anchor):
-    """host (a libttclient host tensor) as a CPU torch tensor, in torch's graph below anchor
-    when there is one (and grad is enabled)."""
-    values = _torch_from_host(host)
+def download(t, anchor):
+    """t's values (a libttclient tensor, on a card or the host) as a CPU torch tensor, in
+    torch's graph below anchor when there is one (and grad is enabled)."""
+    values = _torch_from_tt(t)
     if anchor is None or not torch.is_grad_enabled():
         return values
     return values + anchor  # the same values (x + -0.0 == x, bit for bit), the gradient to anchor

@@ -98,9 +98,11 @@ def _host_from_torch(t):
     return _lib.Tensor.borrow(_get_client(), src, src.data_ptr(), _DTYPES[src.dtype], src.shape)
 
 
-def _torch_from_host(h):
-    out = torch.empty(h.shape, dtype=_TORCH_DTYPES[h.dtype])
-    nbytes = out.numel() * out.element_size()  # the host tensor's: the same shape and dtype
+def _torch_from_tt(t):
+    """A CPU torch tensor holding a libttclient tensor's values, host or device (tt_read: a
+    device tensor's download lands in the torch tensor's memory)."""
+    out = torch.empty(t.shape, dtype=_TORCH_DTYPES[t.dtype])
+    nbytes = out.numel() * out.element_size()  # the tensor's: the same shape and dtype
     if nbytes:
-        h.copy_to(out.data_ptr(), nbytes)
+        t.read_into(out.data_ptr(), nbytes)
     return out

@@ -8,7 +8,7 @@ import torch
 import torch.fx
 
 from . import _lib, autograd
-from .convert import Device, _host_from_torch, _is_tt, _torch_from_host
+from .convert import Device, _host_from_torch, _is_tt, _torch_from_tt
 from .lower import Lowering
 from .tensor import Tensor
 
@@ -27,7 +27,7 @@ class Parameter:
     def _value(self):
         if self._owner._module is None:  # not run yet: the traced module's value
             return self._owner._gm.get_parameter(self.name).detach().clone()
-        return _torch_from_host(self._owner._module.param(self.name).to("cpu"))
+        return _torch_from_tt(self._owner._module.param(self.name))
 
     def cpu(self):
         return self._value()
@@ -46,7 +46,7 @@ class Parameter:
         if self._owner._module is None or self._owner._grad_none:
             return None
         g = self._owner._module.param_grad(self.name)
-        return None if g is None else _torch_from_host(g.to("cpu"))
+        return None if g is None else _torch_from_tt(g)
 
     def __repr__(self):
         return f"Parameter({self.name}, size={tuple(self.shape)}, device='{self.device}')"

@@ -209,7 +209,7 @@ class DistributedDataParallel:
         off = 0
         for t, (_, _, n) in zip(tensors, bucket):
             if t is not None:
-                t.to("cpu", _lib.FLOAT32).copy_to(flat[off:].data_ptr())
+                t.to("cpu", _lib.FLOAT32).read_into(flat[off:].data_ptr(), 4 * n)
             else:
                 flat[off:off + n].zero_()
             off += n

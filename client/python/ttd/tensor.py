@@ -61,7 +61,7 @@ class Tensor(torch.Tensor):
             return Tensor(self._tt.to(device, tt_dtype), self._anchor)  # the gradient of both is the anchor's
         if device != "cpu":
             raise RuntimeError(f"a tt tensor moves to \"cpu\" or a \"tt\" device, not {device!r}")
-        out = download(self._tt.to("cpu"), self._anchor)
+        out = download(self._tt, self._anchor)
         return out if dtype is None else out.to(dtype)
 
 

@@ -1,9 +1,11 @@
 /* tt_copy_ through a real ttd: values into a device tensor in place (same handle), from a
  * device tensor to the host, float32 into bfloat16, into a parameter's .grad that the next
  * tt_step then uses (what a data-parallel step does with averaged gradients), on the card
- * and on "cpu"; and the refusals. */
+ * and on "cpu"; and the refusals. tt_read: a tensor's bytes into the caller's memory, from
+ * the host, the card, an inline output and a parameter with a step queued. */
 #include <check.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "suites.h"
@@ -120,12 +122,70 @@ START_TEST(test_copy_into_grad_feeds_the_step) {
 }
 END_TEST
 
+/* tt_read gives the bytes tt_to(t, "cpu") gives, wherever t is. */
+static void assert_read_equals_to_host(tt_tensor *t) {
+  tt_tensor *h = to_host(t);
+  uint64_t n = tt_tensor_nbytes(t);
+  unsigned char *buf = malloc(n + 1);
+  memset(buf, 0xA5, n + 1);
+  ck_assert_msg(tt_read(t, buf, n) == TT_OK, "%s", tt_last_error(client));
+  ck_assert_int_eq(memcmp(buf, tt_tensor_data(h), n), 0);
+  ck_assert_uint_eq(buf[n], 0xA5); /* nothing past the tensor's bytes */
+  free(buf);
+  tt_tensor_free(h);
+}
+
+START_TEST(test_read_into_caller_memory) {
+  enum { N = 6 };
+  tt_tensor *a = host_values(N, 1.5f);
+  assert_read_equals_to_host(a); /* a host tensor */
+  tt_tensor *d = tt_to(a, "tt");
+  assert_read_equals_to_host(d); /* downloaded */
+  /* A training forward's output (inline, its bytes here), and a parameter whose step is
+   * queued: the read sends the step first, so it sees the stepped values. */
+  tt_graph *g = tt_graph_create(client, 7);
+  int64_t xs[2] = {2, 3};
+  tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
+  ck_assert_int_eq(tt_graph_output(g, tt_nn_linear(g, x, 2, 1)), 0);
+  tt_module *m = tt_compile(client, g);
+  tt_graph_free(g);
+  ck_assert_int_eq(tt_module_to(m, "tt"), TT_OK);
+  tt_optimizer *opt = tt_sgd(m, 0.5f, 0, 0, 0);
+  tt_tensor *x2 = tt_tensor_from_host(client, tt_tensor_data(a), TT_FLOAT32, xs, 2);
+  tt_tensor *xd = tt_to(x2, "tt"), *y = NULL;
+  ck_assert_int_eq(tt_forward(m, &xd, 1, &y), TT_OK);
+  assert_read_equals_to_host(y);
+  tt_tensor *yh = to_host(y), *loss = tt_sum(yh);
+  ck_assert_int_eq(tt_backward(loss), TT_OK);
+  tt_tensor *w = tt_module_param(m, "linear1.weight");
+  float before[6], after[6];
+  ck_assert_int_eq(tt_read(w, before, sizeof(before)), TT_OK);
+  ck_assert_int_eq(tt_step(opt), TT_OK); /* queued until something reads the parameter */
+  ck_assert_int_eq(tt_read(w, after, sizeof(after)), TT_OK);
+  for (int k = 0; k < 6; k++) { /* dsum/dW[o][i] is x's column sum: 1.5 * (1+4, 2+5, 3+6) */
+    ck_assert_float_eq_tol(after[k], before[k] - 0.5f * 1.5f * (float)(2 * (k % 3) + 5), 1e-5f);
+  }
+  assert_read_equals_to_host(w);
+  /* Refusals: another size, NULL. */
+  float small[N - 1];
+  ck_assert_int_eq(tt_read(d, small, sizeof(small)), TT_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(tt_last_error(client), "tt_tensor_nbytes"));
+  ck_assert_int_eq(tt_read(d, NULL, N * sizeof(float)), TT_INVALID_ARGUMENT);
+  ck_assert_int_eq(tt_read(NULL, small, sizeof(small)), TT_INVALID_ARGUMENT);
+  tt_tensor *all[] = {a, d, x2, xd, y, yh, loss, w};
+  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) tt_tensor_free(all[i]);
+  tt_optimizer_free(opt);
+  tt_module_free(m);
+}
+END_TEST
+
 Suite *e2e_copy_suite(void) {
   Suite *s = suite_create("e2e_copy");
   TCase *tc = tcase_create("copy");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_copy_into_device_and_back);
   tcase_add_loop_test(tc, test_copy_into_grad_feeds_the_step, 0, 2);
+  tcase_add_test(tc, test_read_into_caller_memory);
   suite_add_tcase(s, tc);
   return s;
 }
