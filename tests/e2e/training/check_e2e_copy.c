@@ -68,16 +68,22 @@ START_TEST(test_copy_into_device_and_back) {
 }
 END_TEST
 
-/* A gradient written into .grad is what tt_step uses: p -= lr * g, exactly. */
-START_TEST(test_copy_into_grad_feeds_the_step) {
-  const char *device = _i ? "cpu" : "tt";
-  tt_graph *g = tt_graph_create(client, 5);
+/* One linear layer, 3 features in and 2 out (linear1.weight 2 x 3), on device. */
+static tt_module *linear_module(uint64_t seed, const char *device) {
+  tt_graph *g = tt_graph_create(client, seed);
   int64_t xs[2] = {2, 3};
   tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
   ck_assert_int_eq(tt_graph_output(g, tt_nn_linear(g, x, 2, 1)), 0);
   tt_module *m = tt_compile(client, g);
   tt_graph_free(g);
   ck_assert_int_eq(tt_module_to(m, device), TT_OK);
+  return m;
+}
+
+/* A gradient written into .grad is what tt_step uses: p -= lr * g, exactly. */
+START_TEST(test_copy_into_grad_feeds_the_step) {
+  const char *device = _i ? "cpu" : "tt";
+  tt_module *m = linear_module(5, device);
   tt_optimizer *opt = tt_sgd(m, 0.5f, 0, 0, 0);
   /* One backward so that .grad exists, then its values replaced. */
   tt_tensor *xh = host_values(6, 0.1f);
@@ -143,13 +149,8 @@ START_TEST(test_read_into_caller_memory) {
   assert_read_equals_to_host(d); /* downloaded */
   /* A training forward's output (inline, its bytes here), and a parameter whose step is
    * queued: the read sends the step first, so it sees the stepped values. */
-  tt_graph *g = tt_graph_create(client, 7);
+  tt_module *m = linear_module(7, "tt");
   int64_t xs[2] = {2, 3};
-  tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
-  ck_assert_int_eq(tt_graph_output(g, tt_nn_linear(g, x, 2, 1)), 0);
-  tt_module *m = tt_compile(client, g);
-  tt_graph_free(g);
-  ck_assert_int_eq(tt_module_to(m, "tt"), TT_OK);
   tt_optimizer *opt = tt_sgd(m, 0.5f, 0, 0, 0);
   tt_tensor *x2 = tt_tensor_from_host(client, tt_tensor_data(a), TT_FLOAT32, xs, 2);
   tt_tensor *xd = tt_to(x2, "tt"), *y = NULL;
