@@ -45,11 +45,17 @@ static int64_t now_ms(void) {
 /* Starts a connection attempt now, not after gRPC's backoff (up to 2 s) from the attempts
  * made while ttd was down, and waits up to ms for the channel's state to change. The wait
  * polls the channel: a thread asleep would leave a new connection's handshake unread until
- * some other call polled it (the lease renewal's, tens of milliseconds later). */
+ * some other call polled it (the lease renewal's, tens of milliseconds later). A channel
+ * already connected has nothing to read: the pause is a sleep, so that an attempt the
+ * daemon keeps refusing for now is not repeated at once. */
 static void await_channel(tt_client *c, int64_t ms) {
   grpc_channel_reset_connect_backoff(c->channel);
   grpc_connectivity_state state = grpc_channel_check_connectivity_state(c->channel, 1);
-  if (state == GRPC_CHANNEL_READY) return;
+  if (state == GRPC_CHANNEL_READY) {
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+    return;
+  }
   grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
   gpr_timespec until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
   grpc_channel_watch_connectivity_state(c->channel, state, until, cq, NULL);

@@ -246,7 +246,9 @@ tt_status tt_copy_(tt_tensor *dst, tt_tensor *src);
  * (tt_tensor_nbytes), at dst. The same bytes tt_to(tensor, "cpu") holds, without a host tensor
  * in between: a host tensor's are copied, an output a forward returned inline is copied with
  * no call, and a device tensor is downloaded after the work queued on it (a step, a Backward
- * into a .grad). INVALID_ARGUMENT for a NULL dst or another size. */
+ * into a .grad), through shared memory on the same host. INVALID_ARGUMENT for a NULL dst
+ * (an empty tensor too) or another size, and for a NULL tensor (then with no error text).
+ * On failure dst may hold part of the bytes. Any thread may call it, as tt_to. */
 tt_status tt_read(tt_tensor *tensor, void *dst, uint64_t nbytes);
 
 /* Accessors. They lend; nothing is copied. */

@@ -68,10 +68,10 @@ tt_status tt_copy_(tt_tensor *dst, tt_tensor *src) {
 tt_status tt_read(tt_tensor *tensor, void *dst, uint64_t nbytes) {
   if (!tensor) return TT_INVALID_ARGUMENT;
   tt_client *c = tensor->client;
-  if (!dst || nbytes != tensor->nbytes) {
-    return tt_client_fail(c, TT_INVALID_ARGUMENT, "tt_read: dst %s %llu bytes but the tensor holds %llu; give a buffer "
-                          "of tt_tensor_nbytes bytes", dst ? "is given as" : "is NULL for", (unsigned long long)nbytes,
-                          (unsigned long long)tensor->nbytes);
+  if (!dst) return tt_client_fail(c, TT_INVALID_ARGUMENT, "tt_read: dst is NULL; give a buffer of tt_tensor_nbytes bytes");
+  if (nbytes != tensor->nbytes) {
+    return tt_client_fail(c, TT_INVALID_ARGUMENT, "tt_read: dst holds %llu bytes but the tensor %llu; give a buffer of "
+                          "tt_tensor_nbytes bytes", (unsigned long long)nbytes, (unsigned long long)tensor->nbytes);
   }
   const void *here = tensor->place.is_host ? tensor->data : tensor->host_copy; /* its bytes, when they are here */
   if (here) {
@@ -79,5 +79,14 @@ tt_status tt_read(tt_tensor *tensor, void *dst, uint64_t nbytes) {
     return TT_OK;
   }
   TT_RETURN_IF_FAILED(tt_to_flush_pending(tensor)); /* a parameter or .grad: queued work first */
-  return tt_rpc_download(c, tensor->handle, tensor->dtype, dst, nbytes, 0);
+  /* Same host, large enough: the daemon writes into a pooled segment, then one copy here,
+   * which beats streaming the bytes through the call (as tt_to's download does). */
+  uint64_t segment = 0;
+  void *staged = tt_shm_alloc(c, nbytes, TT_SHM_MIN_BYTES, &segment);
+  tt_status st = tt_rpc_download(c, tensor->handle, tensor->dtype, staged ? staged : dst, nbytes, segment);
+  if (staged) {
+    if (st == TT_OK) memcpy(dst, staged, (size_t)nbytes);
+    tt_shm_free(c, staged);
+  }
+  return st;
 }

@@ -67,6 +67,17 @@ def test_second_backward_through_a_released_run_says_so():
         loss.backward()
 
 
+def test_saved_tensor_hooks_leave_training_unchanged():
+    """Under torch.autograd.graph.save_on_cpu (saved-tensor hooks hand backward other tensor
+    objects than the ones saved), a card module gets the same .grad as without."""
+    ref, cm = _pair(13)
+    x = torch.randn(3, 784)
+    with torch.autograd.graph.save_on_cpu():
+        cm(x.to("tt")).to("cpu").pow(2).sum().backward()
+    ref(x).pow(2).sum().backward()
+    _grads_match(ref, cm)
+
+
 def test_cpu_layer_upstream_of_the_card_trains():
     """A CPU nn.Linear feeding x.to("tt") into a compiled module: its .grad equals torch's."""
     torch.manual_seed(4)

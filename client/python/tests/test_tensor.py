@@ -25,6 +25,19 @@ def test_round_trip_int32_and_noncontiguous():
     assert torch.equal(y.to("tt").to("cpu"), y)
 
 
+def test_views_with_a_sign_bit_and_large_tensors_round_trip():
+    """A view whose negation torch keeps as a bit (torch._neg_view, a complex tensor's .imag
+    after .conj()) goes with its values, not its memory's; a 16 MiB tensor comes back whole
+    (downloaded through shared memory on the same host)."""
+    x = torch.tensor([1.0, -2.0, 3.5])
+    n = torch._neg_view(x)
+    assert n.is_neg() and torch.equal(n.to("tt").to("cpu"), -x)
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64).conj().imag
+    assert torch.equal(z.to("tt").to("cpu"), torch.tensor([-2.0, 4.0]))
+    big = torch.randn(4, 1 << 20)
+    assert torch.equal(big.to("tt").to("cpu"), big)
+
+
 def test_device_tensor_metadata():
     """A device tensor shows torch's shape and dtype, a tt:0 device and a repr without data."""
     d = torch.ones(2, 3).to("tt")

@@ -13,8 +13,8 @@ upstream: CPU layers before the card, and modules before it in a chain, train to
 
 A run's activations live as long as torch's graph keeps the run: its Backward keeps the
 run (retain_graph, in libttclient), and when torch frees the graph (after a backward
-without retain_graph, or when the graph is dropped) the run's state, owned by the tensor
-the run's node saves, goes with the saved tensors and releases it; a Backward
+without retain_graph, or when the graph is dropped) the release that the tensor the run's
+node saves owns goes with the saved tensors and releases it; a Backward
 still waiting for the module's next Execute then frees it there, with no call of its own."""
 import torch
 
@@ -50,21 +50,29 @@ class _Upload(torch.autograd.Function):
 
 class _RunState:
     """What a run's backward needs: the libttclient tensors of its outputs and of its inputs
-    that take a gradient (in the order of _Run's anchors). Its one owner is the tensor the
-    run's node saves, which torch frees with the graph's saved tensors (after a backward
-    without retain_graph, or when the graph is dropped): the run's activations go then
-    (tt_release_run)."""
+    that take a gradient (in the order of _Run's anchors)."""
 
     __slots__ = ("outputs", "inputs", "after_backward")
 
     def __init__(self, outputs, inputs, after_backward=None):
         self.outputs, self.inputs, self.after_backward = outputs, inputs, after_backward
 
+
+class _Release:
+    """Releases a run's activations (tt_release_run) when it goes: its one owner is the tensor
+    the run's node saves, which torch frees with the graph's saved tensors (after a backward
+    without retain_graph, or when the graph is dropped)."""
+
+    __slots__ = ("output",)
+
+    def __init__(self, output):
+        self.output = output
+
     def __del__(self):
         if _lib._L is None:
             return  # the interpreter is ending: the session's close frees it
         try:
-            self.outputs[0].release_run()
+            self.output.release_run()
         except _lib.TTError:
             pass  # a session already gone has freed it
 
@@ -75,16 +83,17 @@ class _Run(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, state, leaf, *input_anchors):
+        ctx.state = state  # on ctx: saved-tensor hooks (save_on_cpu) hand backward other objects
         ctx.set_materialize_grads(False)  # outputs no loss used get None, and send nothing
-        holder = torch.empty(0)  # a saved tensor: the graph's saved tensors own the run's state
-        holder._ttd_run = state
+        holder = torch.empty(0)  # saved: the graph's saved tensors own the run's release
+        holder._ttd_release = _Release(state.outputs[0])
         ctx.save_for_backward(holder)
         return tuple(_anchor(o.shape, _TORCH_DTYPES[o.dtype]) for o in state.outputs)
 
     @staticmethod
     def backward(ctx, *grads):
-        holder, = ctx.saved_tensors  # torch's own error for a graph already freed (no retain_graph)
-        state = holder._ttd_run
+        ctx.saved_tensors  # torch's own error for a graph already freed (no retain_graph)
+        state = ctx.state
         pairs = [(o, _host_from_torch(g if g.dtype is torch.float32 else g.float()))
                  for o, g in zip(state.outputs, grads) if g is not None]
         if pairs:

@@ -84,7 +84,7 @@ def _host_from_torch(t):
     indices (torch.long, what Embedding takes) become int32 when they fit."""
     dtype = _DTYPES.get(t.dtype)
     if dtype is not None and type(t) is torch.Tensor and not t.requires_grad and t.is_cpu and t.layout is torch.strided \
-            and t.is_contiguous():
+            and t.is_contiguous() and not t.is_neg():
         return _lib.Tensor.borrow(_get_client(), t, t.data_ptr(), dtype, t.shape)  # the common case, checked once
     if t.dtype == torch.int64:
         if t.numel() and (t.min() < -2**31 or t.max() >= 2**31):
@@ -94,7 +94,7 @@ def _host_from_torch(t):
     if t.dtype not in _DTYPES:
         raise TypeError(f"a tt device holds float32, bfloat16 or int32, not {t.dtype}: convert it first "
                         f"(e.g. .float())")
-    src = t.detach().cpu().contiguous()  # t itself, or a copy of its values
+    src = t.detach().cpu().resolve_neg().contiguous()  # t itself, or a copy of its values
     return _lib.Tensor.borrow(_get_client(), src, src.data_ptr(), _DTYPES[src.dtype], src.shape)
 
 

@@ -2,7 +2,8 @@
  * device tensor to the host, float32 into bfloat16, into a parameter's .grad that the next
  * tt_step then uses (what a data-parallel step does with averaged gradients), on the card
  * and on "cpu"; and the refusals. tt_read: a tensor's bytes into the caller's memory, from
- * the host, the card, an inline output and a parameter with a step queued. */
+ * the host, the card (small, and large through shared memory), an inline output and a
+ * parameter with a step queued. */
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
@@ -147,6 +148,8 @@ START_TEST(test_read_into_caller_memory) {
   assert_read_equals_to_host(a); /* a host tensor */
   tt_tensor *d = tt_to(a, "tt");
   assert_read_equals_to_host(d); /* downloaded */
+  tt_tensor *big = host_values(1 << 18, 0.25f), *big_d = tt_to(big, "tt");
+  assert_read_equals_to_host(big_d); /* 1 MiB: through a shared-memory segment on this host */
   /* A training forward's output (inline, its bytes here), and a parameter whose step is
    * queued: the read sends the step first, so it sees the stepped values. */
   tt_module *m = linear_module(7, "tt");
@@ -170,10 +173,10 @@ START_TEST(test_read_into_caller_memory) {
   /* Refusals: another size, NULL. */
   float small[N - 1];
   ck_assert_int_eq(tt_read(d, small, sizeof(small)), TT_INVALID_ARGUMENT);
-  ck_assert_ptr_nonnull(strstr(tt_last_error(client), "tt_tensor_nbytes"));
+  ck_assert_ptr_nonnull(strstr(tt_last_error(client), "dst holds 20 bytes but the tensor 24"));
   ck_assert_int_eq(tt_read(d, NULL, N * sizeof(float)), TT_INVALID_ARGUMENT);
   ck_assert_int_eq(tt_read(NULL, small, sizeof(small)), TT_INVALID_ARGUMENT);
-  tt_tensor *all[] = {a, d, x2, xd, y, yh, loss, w};
+  tt_tensor *all[] = {a, d, big, big_d, x2, xd, y, yh, loss, w};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) tt_tensor_free(all[i]);
   tt_optimizer_free(opt);
   tt_module_free(m);
