@@ -211,11 +211,15 @@ static void pool_stop(ttd_pool *pool, int started) {
   for (int i = 0; i < started; i++) pthread_join(pool->workers[i], NULL);
 }
 
+int ttd_pool_usable_cpus(void) {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0 && CPU_COUNT(&allowed) > 0) return CPU_COUNT(&allowed);
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? (online > 1024 ? 1024 : (int)online) : 1;
+}
+
 ttd_pool *ttd_pool_create(int threads) {
-  if (threads <= 0) {
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    threads = online > 0 ? (online > 1024 ? 1024 : (int)online) : 1;
-  }
+  if (threads <= 0) threads = ttd_pool_usable_cpus();
   ttd_pool *pool = calloc(1, sizeof(*pool));
   if (!pool) return NULL;
   pool->threads = threads;

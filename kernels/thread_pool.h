@@ -28,7 +28,12 @@ const ttd_cancel *ttd_pool_cancel_enter(const ttd_cancel *cancel);
  * the thread (or, on a worker, of the job it runs); 0 without one. */
 int ttd_pool_cancelled(void);
 
-/* threads <= 0: one per online host core. NULL if out of memory. */
+/* The CPUs the calling thread may run on (its affinity: taskset, systemd's CPUAffinity=, a
+ * cgroup cpuset), as nproc counts them; the online CPUs where that cannot be read. */
+int ttd_pool_usable_cpus(void);
+
+/* threads <= 0: one per usable CPU (ttd_pool_usable_cpus): threads beyond them would take
+ * turns on a CPU, each waiting on the others' chunks. NULL if out of memory. */
 ttd_pool *ttd_pool_create(int threads);
 void ttd_pool_destroy(ttd_pool *pool); /* accepts NULL */
 int ttd_pool_threads(const ttd_pool *pool); /* 1 for NULL */

@@ -224,16 +224,31 @@ START_TEST(test_pool_wake_keeps_jobs_whole) {
 }
 END_TEST
 
-/* threads <= 0 gives one thread per online core; an explicit count is kept. */
+/* threads <= 0 gives one thread per CPU the caller may use (all of them here, then one
+ * under a narrowed affinity, as taskset -c 0 gives); an explicit count is kept. */
 START_TEST(test_pool_thread_count) {
-  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t all;
+  ck_assert_int_eq(sched_getaffinity(0, sizeof(all), &all), 0);
+  int usable = CPU_COUNT(&all);
+  ck_assert_int_eq(ttd_pool_usable_cpus(), usable);
   ttd_pool *pool = ttd_pool_create(0);
   ck_assert_ptr_nonnull(pool);
-  ck_assert_int_eq(ttd_pool_threads(pool), online > 0 ? (int)online : 1);
+  ck_assert_int_eq(ttd_pool_threads(pool), usable);
   ttd_pool_destroy(pool);
   pool = ttd_pool_create(-3);
   ck_assert_ptr_nonnull(pool);
-  ck_assert_int_eq(ttd_pool_threads(pool), online > 0 ? (int)online : 1);
+  ck_assert_int_eq(ttd_pool_threads(pool), usable);
+  ttd_pool_destroy(pool);
+  int first = -1;
+  for (int i = 0; i < CPU_SETSIZE && first < 0; i++)
+    if (CPU_ISSET(i, &all)) first = i;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ck_assert_int_eq(sched_setaffinity(0, sizeof(one), &one), 0);
+  pool = ttd_pool_create(0);
+  ck_assert_int_eq(sched_setaffinity(0, sizeof(all), &all), 0);
+  ck_assert_int_eq(ttd_pool_threads(pool), 1);
   ttd_pool_destroy(pool);
   pool = ttd_pool_create(5);
   ck_assert_int_eq(ttd_pool_threads(pool), 5);
