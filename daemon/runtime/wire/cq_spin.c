@@ -4,11 +4,8 @@
 #include <grpc/support/time.h>
 #include <sched.h>
 
-#include "thread_pool.h"
-
 void ttd_cq_spin_init(ttd_cq_spin *spin, int64_t max_us) {
-  /* On one CPU the event can only come from a thread that needs this one's CPU. */
-  spin->max_ns = max_us > 0 && ttd_pool_usable_cpus() > 1 ? max_us * 1000 : 0;
+  spin->max_ns = max_us > 0 ? max_us * 1000 : 0;
   atomic_init(&spin->window_ns, spin->max_ns);
   atomic_init(&spin->hits, 0);
   atomic_init(&spin->misses, 0);

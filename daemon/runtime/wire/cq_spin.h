@@ -28,9 +28,7 @@ typedef struct ttd_cq_spin {
   atomic_ullong spin_ns;     /* time spent spinning, hits and misses */
 } ttd_cq_spin;
 
-/* Sets a spin of at most max_us microseconds (0: none), the window starting full; none when
- * the process may run on one CPU only (taskset, CPUAffinity=): nothing can answer while it
- * spins there. */
+/* Sets a spin of at most max_us microseconds (0: none), the window starting full. */
 void ttd_cq_spin_init(ttd_cq_spin *spin, int64_t max_us);
 
 /* The next event of cq (tag NULL: a GRPC_CQ_NEXT queue) or tag's event (a GRPC_CQ_PLUCK

@@ -1,12 +1,10 @@
 /* daemon/cq_spin.c: waiting on a completion queue by polling first. Events come from
  * gRPC's own timers: watching an idle channel's state with a deadline (the channel never
  * connects) completes the watch at that deadline. */
-#define _GNU_SOURCE /* sched_setaffinity */
 #include <check.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
-#include <sched.h>
 #include <stdbool.h>
 
 #include "wire/cq_spin.h"
@@ -147,27 +145,6 @@ START_TEST(test_zero_never_spins) {
 }
 END_TEST
 
-/* A process that may run on one CPU only (taskset -c 0) never polls: whatever would answer
- * needs that CPU. With two or more, the maximum asked for is kept. */
-START_TEST(test_one_cpu_never_spins) {
-  cpu_set_t all, one;
-  ck_assert_int_eq(sched_getaffinity(0, sizeof(all), &all), 0);
-  int first = -1;
-  for (int i = 0; i < CPU_SETSIZE && first < 0; i++)
-    if (CPU_ISSET(i, &all)) first = i;
-  CPU_ZERO(&one);
-  CPU_SET(first, &one);
-  ck_assert_int_eq(sched_setaffinity(0, sizeof(one), &one), 0);
-  ttd_cq_spin spin;
-  ttd_cq_spin_init(&spin, 50);
-  ck_assert_int_eq(sched_setaffinity(0, sizeof(all), &all), 0);
-  ck_assert_int_eq(spin.max_ns, 0);
-  ck_assert_int_eq(atomic_load(&spin.window_ns), 0);
-  ttd_cq_spin_init(&spin, 50);
-  ck_assert_int_eq(spin.max_ns, CPU_COUNT(&all) > 1 ? 50 * US : 0);
-}
-END_TEST
-
 Suite *cq_spin_suite(void) {
   Suite *s = suite_create("cq_spin");
   TCase *tc = tcase_create("cq_spin");
@@ -178,7 +155,6 @@ Suite *cq_spin_suite(void) {
   tcase_add_test(tc, test_slow_events_stop_the_spin);
   tcase_add_test(tc, test_deadline_ends_the_spin);
   tcase_add_test(tc, test_zero_never_spins);
-  tcase_add_test(tc, test_one_cpu_never_spins);
   suite_add_tcase(s, tc);
   return s;
 }
