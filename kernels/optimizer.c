@@ -17,8 +17,9 @@ typedef struct sgd_job {
   float *param, *buf, *grad;
 } sgd_job;
 
-/* The loops take zero_grad as a constant from their two callers below, so each is
- * compiled twice, without a test in the loop. */
+/* The plain loop takes zero_grad as a constant from its two callers below, so it is
+ * compiled twice, without a test in the loop; the momentum and Adam loops test it, as they
+ * test their other flags, per element. */
 static inline __attribute__((always_inline)) void sgd_plain(float lr, float wd, float *restrict param,
                                                             float *restrict grad, int64_t n, bool zero_grad) {
   for (int64_t i = 0; i < n; i++) {

@@ -15,6 +15,7 @@
 #include <zlib.h>
 
 #include "base/file_io.h"
+#include "thread_pool.h"
 
 void ttd_state_file_name(char *buf, size_t size, uint64_t session_id, const char *suffix) {
   snprintf(buf, size, "%016" PRIx64 ".%s", session_id, suffix);
@@ -204,8 +205,8 @@ ttd_status_t ttd_state_pieces_run(int fd, const ttd_state_piece *pieces, size_t 
   }
   atomic_init(&j.next, 0);
   pthread_mutex_init(&j.lock, NULL);
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int helpers = (int)(cores < PIECE_THREADS ? cores : PIECE_THREADS) - 1;
+  int cores = ttd_pool_usable_cpus();
+  int helpers = (cores < PIECE_THREADS ? cores : PIECE_THREADS) - 1;
   if ((uint64_t)helpers >= j.parts) helpers = (int)j.parts - 1;
   pthread_t threads[PIECE_THREADS];
   int started = 0;
