@@ -18,6 +18,14 @@
  * element), so results do not depend on the pool, nor a row's on how many rows A has: a
  * module run at another batch size gives each example the values of its compiled batch.
  *
+ * A against a transposed B with both contiguous along K (x W^T, a linear's forward) goes
+ * another way where the ISA has it (AVX2) and K is at most DOT_K_MAX: dot products, 3 rows of
+ * A by 4 columns of B in registers, 8 steps of K in the lanes of each, summed across them at
+ * the end, with nothing packed: at batch 64 the packed GEMM spends a fifth of its time
+ * transposing the weight into B panels that then serve only 64 rows each. Whether a
+ * problem goes this way depends on K, the layout and the ISA, never on m, so a row's values
+ * still do not depend on how many rows A has.
+ *
  * A and B may instead hold bfloat16 (ttd_k_matmul_bf16), summed in float32 all the same. On
  * a CPU with AVX-512 BF16 the packs keep them as bfloat16, K pairs side by side in 32 bits
  * (the layout vdpbf16ps multiplies, a zero past an odd K), so one "packed step" of a panel
@@ -43,6 +51,8 @@ enum {
   MC_MAX = 288, /* rows of C per task (A block: 288 KiB, in L2; amortises packing B) */
   NC_MAX = 512, /* columns of C per task */
   SHARED_A_MAX = 1 << 20, /* floats: A packed once for all tasks up to 4 MiB */
+  DOT_K_MAX = 1024,        /* dot products up to this K: 3 rows of A and 4 columns of B, 28 KiB, in L1 */
+  DOT_A_BYTES = 256 << 10, /* rows of A per dot-product tile: half of a 512 KiB L2 */
 };
 
 /* C[mr x nr] (=, or += when accumulate) the product of an MR-row A micro-panel and an
@@ -50,10 +60,19 @@ enum {
 typedef void (*micro_kernel_fn)(int64_t kd, const void *restrict ap, const void *restrict bp, float *restrict c,
                                 int64_t ldc, int64_t mr, int64_t nr, int accumulate);
 
+/* C(i,j) for i < rows <= DOT_ROWS, j < cols <= DOT_COLS: the dot products of rows of A (row i at
+ * a + i*lda) and columns of B (column j at b + j*ldb), both contiguous along K, over k steps;
+ * then C = it, or C + it when accumulate; then bias[j] added when bias is not NULL. */
+typedef void (*dot_block_fn)(int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
+                            int64_t ldc, int rows, int cols, const float *bias, int accumulate);
+
+enum { DOT_ROWS = 3, DOT_COLS = 4 };
+
 /* A micro-kernel and the NR its B panels are packed for. */
 typedef struct micro_kernel {
   micro_kernel_fn fn;
   int64_t nr;
+  dot_block_fn dot; /* or NULL: this ISA has no dot-product blocks */
 } micro_kernel;
 
 /* Sixteen rows contiguous along p (row j at src + j*ld_src), p in [0, len), interleaved into
@@ -83,6 +102,8 @@ typedef struct gemm_problem {
   float *a_packed; /* or NULL: A packed for all tasks, K block p0 at a_packed + depth(p0) * round_up(m, MR) */
   micro_kernel_fn kernel;
   int64_t nr; /* the kernel's NR: B panels of nr columns */
+  bool dot_layout; /* rows of A and columns of B stored contiguous along K (A [m,k], B [n,k]), whatever the sizes */
+  dot_block_fn dot; /* or NULL: the tiles are dot-product blocks (dot_applies), not packed GEMM tiles */
   interleave16_fn interleave16; /* or NULL: interleave_rows */
 } gemm_problem;
 
@@ -144,6 +165,66 @@ TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx2, __attribute__((target("avx2,fma"))), 
 /* AVX-512: 6 x 32 in 12 zmm, one pass (6 x 16 in 6 zmm ran at 155 GFLOP/s here, this at 185). */
 TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx512, __attribute__((target("avx512f"))), 16, 32, 32)
 
+/* The four sums of the lanes of a, b, c and d, each ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). */
+__attribute__((target("avx2,fma"))) static inline __m128 dot_sum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+/* dot_block_fn with AVX2 + FMA: 3 rows of A by 4 columns of B in 12 ymm accumulators, 8 steps of K
+ * in their lanes (a tail of K loaded masked, its missing lanes zero in both operands), summed
+ * across the lanes at the end. A block of fewer rows or columns repeats its first one and
+ * stores only its own. Nothing is packed: each step loads 7 vectors for 12 FMAs, where the
+ * packed micro-kernel loads 2 and broadcasts 6. */
+__attribute__((target("avx2,fma"))) static void dot_block_avx2(int64_t k, const float *a, int64_t lda, const float *b,
+                                                              int64_t ldb, float *c, int64_t ldc, int rows, int cols,
+                                                              const float *bias, int accumulate) {
+  const float *a0 = a, *a1 = a + (rows > 1 ? lda : 0), *a2 = a + (rows > 2 ? 2 * lda : 0);
+  const float *b0 = b, *b1 = b + (cols > 1 ? ldb : 0), *b2 = b + (cols > 2 ? 2 * ldb : 0);
+  const float *b3 = b + (cols > 3 ? 3 * ldb : 0);
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00, c13 = c00;
+  __m256 c20 = c00, c21 = c00, c22 = c00, c23 = c00;
+#define DOT_STEP(LOAD)                                                                                           \
+  do {                                                                                                          \
+    __m256 w0 = LOAD(b0), w1 = LOAD(b1), w2 = LOAD(b2), w3 = LOAD(b3), x = LOAD(a0);                            \
+    c00 = _mm256_fmadd_ps(x, w0, c00), c01 = _mm256_fmadd_ps(x, w1, c01);                                      \
+    c02 = _mm256_fmadd_ps(x, w2, c02), c03 = _mm256_fmadd_ps(x, w3, c03);                                      \
+    x = LOAD(a1);                                                                                               \
+    c10 = _mm256_fmadd_ps(x, w0, c10), c11 = _mm256_fmadd_ps(x, w1, c11);                                      \
+    c12 = _mm256_fmadd_ps(x, w2, c12), c13 = _mm256_fmadd_ps(x, w3, c13);                                      \
+    x = LOAD(a2);                                                                                               \
+    c20 = _mm256_fmadd_ps(x, w0, c20), c21 = _mm256_fmadd_ps(x, w1, c21);                                      \
+    c22 = _mm256_fmadd_ps(x, w2, c22), c23 = _mm256_fmadd_ps(x, w3, c23);                                      \
+  } while (0)
+  int64_t k8 = k & ~(int64_t)7, p = 0;
+#define DOT_FULL(ptr) _mm256_loadu_ps((ptr) + p)
+  for (; p < k8; p += 8) DOT_STEP(DOT_FULL);
+  if (p < k) {
+    __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(k - p)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#define DOT_TAIL(ptr) _mm256_maskload_ps((ptr) + p, mask)
+    DOT_STEP(DOT_TAIL);
+#undef DOT_TAIL
+  }
+#undef DOT_FULL
+#undef DOT_STEP
+  __m128 r[DOT_ROWS] = {dot_sum4(c00, c01, c02, c03), dot_sum4(c10, c11, c12, c13), dot_sum4(c20, c21, c22, c23)};
+  for (int i = 0; i < rows; i++) {
+    float *dst = c + i * ldc;
+    if (cols == DOT_COLS) {
+      __m128 out = accumulate ? _mm_add_ps(_mm_loadu_ps(dst), r[i]) : r[i];
+      if (bias) out = _mm_add_ps(out, _mm_loadu_ps(bias));
+      _mm_storeu_ps(dst, out);
+    } else {
+      float v[4];
+      _mm_storeu_ps(v, r[i]);
+      for (int j = 0; j < cols; j++) {
+        float out = accumulate ? dst[j] + v[j] : v[j];
+        dst[j] = bias ? out + bias[j] : out;
+      }
+    }
+  }
+}
+
 /* AVX-512 BF16: the same 6 x 32 tile in 12 zmm, each vdpbf16ps two steps of K (a pair of
  * bfloat16 of A broadcast against 32 pairs of B), so twice the multiply-adds of an FMA. The
  * products of two bfloat16 are exact in float32; subnormals are flushed, as the instruction
@@ -200,13 +281,14 @@ static int pick_bf16_pairs(void) {
  * needs its own vector width to keep the accumulators in registers (one 64-byte-vector
  * source under target_clones runs at a tenth of the speed in its AVX2 clone). */
 static micro_kernel pick_micro_kernel(void) {
-  const micro_kernel generic = {micro_kernel_generic, 32};
+  const micro_kernel generic = {micro_kernel_generic, 32, NULL};
   const char *isa = getenv("TTD_KERNEL_ISA");
   if (isa && strcmp(isa, "generic") == 0) return generic;
 #if defined(__x86_64__) && defined(__GNUC__)
   if (__builtin_cpu_supports("avx512f") && !(isa && strcmp(isa, "avx2") == 0))
-    return (micro_kernel){micro_kernel_avx512, 32};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return (micro_kernel){micro_kernel_avx2, 16};
+    return (micro_kernel){micro_kernel_avx512, 32, NULL};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return (micro_kernel){micro_kernel_avx2, 16, dot_block_avx2};
 #endif
   return generic;
 }
@@ -587,6 +669,32 @@ out:
   free(buf);
 }
 
+/* Tasks [begin, end) of a dot-product problem (g->dot): task t is output o = t / (m_tiles *
+ * n_tiles) and one C tile of it, walked a block of DOT_COLS columns at a time (their B columns
+ * stay in L1) over every block of DOT_ROWS rows (the tile's rows of A stay in L2). */
+static void dot_tasks(void *ctx, size_t begin, size_t end) {
+  const gemm_problem *g = ctx;
+  ttd_kcheck check = TTD_KCHECK_INIT;
+  for (size_t t = begin; t < end; t++) {
+    int64_t tiles = g->m_tiles * g->n_tiles;
+    int64_t o = (int64_t)t / tiles, tile = (int64_t)t % tiles;
+    int64_t i0 = (tile / g->n_tiles) * g->mc, j0 = (tile % g->n_tiles) * g->nc;
+    int64_t i1 = g->m - i0 < g->mc ? g->m : i0 + g->mc, j1 = g->n - j0 < g->nc ? g->n : j0 + g->nc;
+    const float *a = (const float *)g->a + o * g->a_bs, *b = (const float *)g->b + o * g->b_bs;
+    float *c = g->c + o * g->c_bs;
+    for (int64_t j = j0; j < j1; j += DOT_COLS) {
+      if (ttd_kstop(&check, (i1 - i0) * DOT_COLS * g->k)) return;
+      int cols = j1 - j < DOT_COLS ? (int)(j1 - j) : DOT_COLS;
+      const float *bias = g->col_bias ? g->col_bias + j : NULL;
+      for (int64_t i = i0; i < i1; i += DOT_ROWS) {
+        int rows = i1 - i < DOT_ROWS ? (int)(i1 - i) : DOT_ROWS;
+        g->dot(g->k, a + i * g->a_rs, g->a_rs, b + j * g->b_cs, g->b_cs, c + i * g->ldc + j, g->ldc, rows, cols, bias,
+              g->c_accumulate);
+      }
+    }
+  }
+}
+
 /* Units [begin, end) of packing A for all tasks: unit u is K block u / panels, MR-row panel
  * u % panels. */
 static void pack_a_units(void *ctx, size_t begin, size_t end) {
@@ -601,6 +709,47 @@ static void pack_a_units(void *ctx, size_t begin, size_t end) {
   }
 }
 
+/* Whether C = A B goes as dot products (dot_tasks) rather than packed: where the ISA has them,
+ * for float32 operands in the dot layout (x W^T, a linear's forward), each problem with its own
+ * C, and K's rows of A and columns of B fitting L1 together (DOT_K_MAX). The layout is the
+ * operands' storage, not their strides, which a size of 1 can make look alike: so never on m,
+ * and a row of C has the same bits whatever the number of rows. */
+static bool dot_applies(const gemm_problem *g, dot_block_fn dot) {
+  return dot && g->dot_layout && g->a_cs == 1 && g->b_rs == 1 && g->mode == MODE_F32 && g->c_bs != 0 && g->k > 0 &&
+         g->k <= DOT_K_MAX;
+}
+
+/* Halves g's tiles (their columns, in multiples of nr while more than nc_min, when they are
+ * at least as wide as tall or n_first; else their rows, in multiples of mr, down to 4 mr)
+ * until there are two per thread or neither may shrink. */
+static void split_tiles(ttd_pool *pool, gemm_problem *g, int64_t mr, int64_t nr, int64_t nc_min, bool n_first) {
+  int64_t want = 2 * (int64_t)ttd_pool_threads(pool);
+  while (g->outputs * g->m_tiles * g->n_tiles < want) {
+    if ((n_first || g->nc >= g->mc) && g->nc > nc_min)
+      g->nc = round_up(g->nc / 2, nr);
+    else if (g->mc > 4 * mr)
+      g->mc = round_up(g->mc / 2, mr);
+    else
+      break;
+    g->m_tiles = (g->m + g->mc - 1) / g->mc;
+    g->n_tiles = (g->n + g->nc - 1) / g->nc;
+  }
+}
+
+/* Tiles a dot-product problem (rows of A per tile within DOT_A_BYTES, then more tiles, along N
+ * first, until there are two per thread) and runs them over the pool. */
+static void dot_run(ttd_pool *pool, gemm_problem *g, dot_block_fn dot) {
+  g->dot = dot;
+  int64_t mc_max = DOT_A_BYTES / ((int64_t)sizeof(float) * g->k) / DOT_ROWS * DOT_ROWS;
+  if (mc_max < DOT_ROWS) mc_max = DOT_ROWS;
+  g->m_tiles = (g->m + mc_max - 1) / mc_max;
+  g->mc = round_up((g->m + g->m_tiles - 1) / g->m_tiles, DOT_ROWS);
+  g->nc = round_up(g->n, DOT_COLS);
+  g->n_tiles = 1;
+  split_tiles(pool, g, DOT_ROWS, DOT_COLS, 4 * DOT_COLS, true);
+  ttd_pool_parallel_for(pool, (size_t)(g->outputs * g->m_tiles * g->n_tiles), 1, dot_tasks, g);
+}
+
 /* Picks the blocking and the tiling (more, smaller tiles when there are fewer than two per
  * thread), packs A once when the tiles would each pack it, and runs the tasks over the pool. */
 static void gemm_run(ttd_pool *pool, gemm_problem *g) {
@@ -613,10 +762,14 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
   g->outputs = g->c_bs ? g->batch : 1;
   micro_kernel kernel = pick_micro_kernel();
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (g->mode == MODE_BF16_PAIRS) kernel = (micro_kernel){micro_kernel_avx512bf16, 32};
+  if (g->mode == MODE_BF16_PAIRS) kernel = (micro_kernel){micro_kernel_avx512bf16, 32, NULL};
 #endif
   g->kernel = kernel.fn;
   g->nr = kernel.nr;
+  if (dot_applies(g, kernel.dot)) {
+    dot_run(pool, g, kernel.dot);
+    return;
+  }
   g->interleave16 = pick_interleave16(); /* NR, 16 or 32, is a whole number of its 16 columns */
   int64_t kc_max = g->mode == MODE_BF16_PAIRS ? 2 * KC : KC; /* the same bytes of B panel: KC packed steps */
   int64_t k_blocks = (g->k + kc_max - 1) / kc_max;
@@ -630,17 +783,7 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
    * transposed weight of a linear's forward at batch 256, packed twice, cost 7-10 %). */
   int64_t a_floats = round_up(g->m, MR) * depth(g, g->k);
   bool share_a = g->batch == 1 && g->k > 0 && a_floats <= SHARED_A_MAX;
-  int64_t want = 2 * (int64_t)ttd_pool_threads(pool);
-  while (g->outputs * g->m_tiles * g->n_tiles < want) {
-    if ((g->nc >= g->mc || share_a) && g->nc > 2 * g->nr)
-      g->nc = round_up(g->nc / 2, g->nr);
-    else if (g->mc > 4 * MR)
-      g->mc = round_up(g->mc / 2, MR);
-    else
-      break;
-    g->m_tiles = (g->m + g->mc - 1) / g->mc;
-    g->n_tiles = (g->n + g->nc - 1) / g->nc;
-  }
+  split_tiles(pool, g, MR, g->nr, 2 * g->nr, share_a);
   if (share_a && g->n_tiles > 1) {
     g->a_packed = aligned_alloc(64, (size_t)round_up(a_floats * (int64_t)sizeof(float), 64));
     if (g->a_packed) {
@@ -654,13 +797,13 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
 }
 
 /* C(q) (=, or summed over q when c_bs is 0) A(q) B(q) with the strides as described on
- * gemm_problem. */
+ * gemm_problem; dot_layout as there. */
 static void gemm(ttd_pool *pool, int64_t batch, int64_t m, int64_t n, int64_t k, const float *a, int64_t a_rs,
                  int64_t a_cs, int64_t a_bs, const float *b, int64_t b_rs, int64_t b_cs, int64_t b_bs, float *c,
-                 int64_t ldc, int64_t c_bs, int accumulate) {
+                 int64_t ldc, int64_t c_bs, int accumulate, bool dot_layout) {
   gemm_problem g = {.batch = batch, .m = m, .n = n, .k = k, .a = a, .a_rs = a_rs, .a_cs = a_cs, .a_bs = a_bs};
   g.b = b, g.b_rs = b_rs, g.b_cs = b_cs, g.b_bs = b_bs;
-  g.c = c, g.ldc = ldc, g.c_bs = c_bs, g.c_accumulate = accumulate;
+  g.c = c, g.ldc = ldc, g.c_bs = c_bs, g.c_accumulate = accumulate, g.dot_layout = dot_layout;
   gemm_run(pool, &g);
 }
 
@@ -685,7 +828,7 @@ static void matmul_bias(ttd_pool *pool, gemm_mode mode, const void *a, const voi
   op_strides(trans_b, k, n, &b_rs, &b_cs);
   gemm_problem g = {.batch = batch, .m = m, .n = n, .k = k, .a = a, .a_rs = a_rs, .a_cs = a_cs, .a_bs = a_batch_stride};
   g.mode = mode, g.b = b, g.b_rs = b_rs, g.b_cs = b_cs, g.b_bs = b_batch_stride;
-  g.c = c, g.ldc = n, g.c_bs = m * n, g.col_bias = bias;
+  g.c = c, g.ldc = n, g.c_bs = m * n, g.col_bias = bias, g.dot_layout = !trans_a && trans_b;
   gemm_run(pool, &g);
 }
 
@@ -700,6 +843,13 @@ void ttd_k_matmul_bf16(ttd_pool *pool, const uint16_t *a, const uint16_t *b, con
                        int64_t a_batch_stride, int64_t b_batch_stride) {
   gemm_mode mode = pick_bf16_pairs() ? MODE_BF16_PAIRS : MODE_BF16_WIDEN;
   matmul_bias(pool, mode, a, b, bias, c, batch, m, n, k, trans_a, trans_b, a_batch_stride, b_batch_stride);
+}
+
+const char *ttd_k_matmul_path(int64_t k, int trans_a, int trans_b) {
+  gemm_problem g = {.batch = 1, .m = 1, .n = 1, .k = k, .mode = MODE_F32, .c_bs = 1, .dot_layout = !trans_a && trans_b};
+  op_strides(trans_a, 1, k, &g.a_rs, &g.a_cs);
+  op_strides(trans_b, k, 1, &g.b_rs, &g.b_cs);
+  return dot_applies(&g, pick_micro_kernel().dot) ? "dot" : "packed";
 }
 
 const char *ttd_k_matmul_bf16_path(void) { return pick_bf16_pairs() ? "avx512bf16" : "float32"; }
@@ -721,8 +871,13 @@ void ttd_k_matmul_backward_add(ttd_pool *pool, const float *a, const float *b, c
   int add_a = (add & TTD_KGRAD_ADD_A) != 0, add_b = (add & TTD_KGRAD_ADD_B) != 0;
   op_strides(trans_a, m, k, &a_rs, &a_cs);
   op_strides(trans_b, k, n, &b_rs, &b_cs);
-  if (da && !trans_a) gemm(pool, batch, m, k, n, dc, n, 1, mn, b, b_cs, b_rs, b_batch_stride, da, k, a_batch_stride, add_a);
-  if (da && trans_a) gemm(pool, batch, k, m, n, b, b_rs, b_cs, b_batch_stride, dc, 1, n, mn, da, m, a_batch_stride, add_a);
-  if (db && !trans_b) gemm(pool, batch, k, n, m, a, a_cs, a_rs, a_batch_stride, dc, n, 1, mn, db, n, b_batch_stride, add_b);
-  if (db && trans_b) gemm(pool, batch, n, k, m, dc, 1, n, mn, a, a_rs, a_cs, a_batch_stride, db, k, b_batch_stride, add_b);
+  /* dA's two forms read rows of dC and, B stored [k,n], rows of B, both along n: the dot layout */
+  if (da && !trans_a)
+    gemm(pool, batch, m, k, n, dc, n, 1, mn, b, b_cs, b_rs, b_batch_stride, da, k, a_batch_stride, add_a, !trans_b);
+  if (da && trans_a)
+    gemm(pool, batch, k, m, n, b, b_rs, b_cs, b_batch_stride, dc, 1, n, mn, da, m, a_batch_stride, add_a, !trans_b);
+  if (db && !trans_b)
+    gemm(pool, batch, k, n, m, a, a_cs, a_rs, a_batch_stride, dc, n, 1, mn, db, n, b_batch_stride, add_b, false);
+  if (db && trans_b)
+    gemm(pool, batch, n, k, m, dc, 1, n, mn, a, a_rs, a_cs, a_batch_stride, db, k, b_batch_stride, add_b, false);
 }

@@ -2,7 +2,9 @@
  * cblas_sgemm, in GFLOP/s, C[M,N] = A[M,K] B[K,N] row-major on both sides, on one thread
  * and on every core (a pool of nproc threads; openblas_set_num_threads(nproc)).
  *   bench_matmul
- * records matmul_512_{1t,all}, matmul_64x784x512_{1t,all} (the MLP's batch-64 layer) and
+ * records matmul_512_{1t,all}, matmul_64x784x512_{1t,all} (the MLP's batch-64 layer),
+ * matmul_64x784x512_tb_{1t,all} (the same against B stored transposed, [512,784], as a
+ * linear's forward x W^T multiplies its weight; cblas_sgemm with CblasTrans) and
  * matmul_1024_{1t,all}. Each repetition runs a shape for about 0.2 s; ours and OpenBLAS
  * alternate; results are medians. OpenBLAS is linked into this bench only.
  * Also matmul_512_bf16_1t: ttd_k_matmul_bf16 (bfloat16 inputs, float32 accumulate) against
@@ -24,6 +26,7 @@
 typedef struct shape {
   const char *name;
   int64_t m, n, k;
+  int trans_b; /* B stored [n,k] */
 } shape;
 
 typedef struct problem {
@@ -39,10 +42,10 @@ static void run_once(const problem *p) {
   if (p->a16) {
     ttd_k_matmul_bf16(p->pool, p->a16, p->b16, NULL, p->c, 1, s->m, s->n, s->k, 0, 0, 0, 0);
   } else if (p->pool) {
-    ttd_k_matmul(p->pool, p->a, p->b, p->c, 1, s->m, s->n, s->k, 0, 0, 0, 0);
+    ttd_k_matmul(p->pool, p->a, p->b, p->c, 1, s->m, s->n, s->k, 0, s->trans_b, 0, 0);
   } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)s->m, (int)s->n, (int)s->k, 1.0f, p->a, (int)s->k, p->b,
-                (int)s->n, 0.0f, p->c, (int)s->n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, s->trans_b ? CblasTrans : CblasNoTrans, (int)s->m, (int)s->n, (int)s->k,
+                1.0f, p->a, (int)s->k, p->b, (int)(s->trans_b ? s->k : s->n), 0.0f, p->c, (int)s->n);
   }
 }
 
@@ -72,7 +75,7 @@ static float max_diff(const float *x, const float *y, int64_t n) {
 /* matmul_512_bf16_1t: both sides get the same bfloat16 values, one as bfloat16, the other
  * widened to float32. */
 static void bench_bf16(int reps, unsigned long long *rng) {
-  static const shape s = {"matmul_512_bf16", 512, 512, 512};
+  static const shape s = {"matmul_512_bf16", 512, 512, 512, 0};
   size_t na = (size_t)(s.m * s.k), nb = (size_t)(s.k * s.n), nc = (size_t)(s.m * s.n);
   float *a = malloc(sizeof(float) * na), *b = malloc(sizeof(float) * nb);
   float *c16 = malloc(sizeof(float) * nc), *c32 = malloc(sizeof(float) * nc);
@@ -104,9 +107,10 @@ static void bench_bf16(int reps, unsigned long long *rng) {
 
 int main(void) {
   static const shape shapes[] = {
-      {"matmul_512", 512, 512, 512},
-      {"matmul_64x784x512", 64, 512, 784},
-      {"matmul_1024", 1024, 1024, 1024},
+      {"matmul_512", 512, 512, 512, 0},
+      {"matmul_64x784x512", 64, 512, 784, 0},
+      {"matmul_64x784x512_tb", 64, 512, 784, 1},
+      {"matmul_1024", 1024, 1024, 1024, 0},
   };
   int reps = bench_reps(9);
   int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -137,6 +141,7 @@ int main(void) {
       }
       char name[64];
       snprintf(name, sizeof(name), "%s_%s", s->name, all ? "all" : "1t");
+      if (!all) bench_log("%s takes the %s path", s->name, ttd_k_matmul_path(s->k, 0, s->trans_b));
       bench_record(name, bench_median(g, reps), bench_median(gr, reps), "GFLOP/s", "higher");
       free(g), free(gr);
       ttd_pool_destroy(pool);

@@ -254,6 +254,85 @@ START_TEST(test_matmul_few_rows_transposed) {
 }
 END_TEST
 
+/* Which problems take the dot-product path (kernels/matmul.c): A [m,k] against a transposed
+ * B up to K 1024 under AVX2, nothing else, and nothing under the generic kernel. */
+START_TEST(test_matmul_dot_path) {
+  setenv("TTD_KERNEL_ISA", "avx2", 1);
+  int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const char *dot = avx2 ? "dot" : "packed";
+  ck_assert_str_eq(ttd_k_matmul_path(784, 0, 1), dot);
+  ck_assert_str_eq(ttd_k_matmul_path(1, 0, 1), dot);
+  ck_assert_str_eq(ttd_k_matmul_path(1024, 0, 1), dot);
+  ck_assert_str_eq(ttd_k_matmul_path(1025, 0, 1), "packed");
+  ck_assert_str_eq(ttd_k_matmul_path(784, 0, 0), "packed");
+  ck_assert_str_eq(ttd_k_matmul_path(784, 1, 1), "packed");
+  ck_assert_str_eq(ttd_k_matmul_path(784, 1, 0), "packed");
+  setenv("TTD_KERNEL_ISA", "generic", 1);
+  ck_assert_str_eq(ttd_k_matmul_path(784, 0, 1), "packed");
+  unsetenv("TTD_KERNEL_ISA");
+}
+END_TEST
+
+/* The dot-product path on operands at odd places: 3 problems spaced wider than a matrix,
+ * rows of odd length (K tails), bases one float past alignment, a bias, and C added to (the
+ * backward of A B, dA = dC B^T, goes this way). Under AVX2 and the generic kernel each
+ * problem matches the double sum, and a 3-thread pool gives the same bits. */
+START_TEST(test_matmul_dot_unaligned_batched) {
+  static const int64_t shapes[][3] = {{1, 1, 1}, {4, 5, 9}, {7, 13, 31}, {17, 3, 511}, {2, 41, 1024}};
+  const char *isas[] = {"avx2", "generic"};
+  const int64_t batch = 3;
+  ttd_pool *pool = ttd_pool_create(3);
+  ck_assert_ptr_nonnull(pool);
+  uint64_t rng = 47;
+  for (size_t v = 0; v < 2; v++) {
+    setenv("TTD_KERNEL_ISA", isas[v], 1);
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+      int64_t m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
+      int64_t as = m * k + 3, bs = n * k + 5;
+      float *a_buf = kt_rand_buf(&rng, 1 + batch * as, -1, 1), *b_buf = kt_rand_buf(&rng, 1 + batch * bs, -1, 1);
+      float *a = a_buf + 1, *b = b_buf + 1, *bias = kt_rand_buf(&rng, n, -1, 1);
+      float *c = kt_nan_buf(batch * m * n), *c3 = kt_nan_buf(batch * m * n);
+      double *want = kt_dzeros(m * n);
+      char what[96];
+      ttd_k_matmul_bias(NULL, a, b, bias, c, batch, m, n, k, 0, 1, as, bs);
+      ttd_k_matmul_bias(pool, a, b, bias, c3, batch, m, n, k, 0, 1, as, bs);
+      for (int64_t q = 0; q < batch; q++) {
+        ref_matmul(a + q * as, b + q * bs, want, m, n, k, 0, 1);
+        for (int64_t i = 0; i < m * n; i++) want[i] += bias[i % n];
+        snprintf(what, sizeof(what), "%s: C %lldx%lldx%lld problem %lld", isas[v], (long long)m, (long long)n,
+                 (long long)k, (long long)q);
+        kt_expect_close(what, c + q * m * n, want, m * n, 1e-5, kt_dot_tol(k));
+      }
+      ck_assert_msg(memcmp(c, c3, (size_t)(batch * m * n) * sizeof(float)) == 0, "%s: the pool changed C", what);
+      /* dA (+)= dC B^T of C = A B: A [m,n], B [n,k] (its rows contiguous along k), dC [m,k] */
+      float *dc = kt_rand_buf(&rng, batch * m * k, -1, 1), *old = kt_rand_buf(&rng, batch * as, -1, 1);
+      float *da = malloc((size_t)(batch * as) * sizeof(float)), *da3 = malloc((size_t)(batch * as) * sizeof(float));
+      ck_assert_ptr_nonnull(da);
+      ck_assert_ptr_nonnull(da3);
+      memcpy(da, old, (size_t)(batch * as) * sizeof(float));
+      memcpy(da3, old, (size_t)(batch * as) * sizeof(float));
+      ttd_k_matmul_backward_add(NULL, a, b, dc, batch, m, k, n, 0, 0, as, bs, da, NULL, TTD_KGRAD_ADD_A);
+      ttd_k_matmul_backward_add(pool, a, b, dc, batch, m, k, n, 0, 0, as, bs, da3, NULL, TTD_KGRAD_ADD_A);
+      for (int64_t q = 0; q < batch; q++) {
+        for (int64_t i = 0; i < m; i++)
+          for (int64_t j = 0; j < n; j++) {
+            double s = old[q * as + i * n + j];
+            for (int64_t p = 0; p < k; p++) s += (double)dc[q * m * k + i * k + p] * b[q * bs + j * k + p];
+            want[i * n + j] = s;
+          }
+        snprintf(what, sizeof(what), "%s: dA %lldx%lldx%lld problem %lld", isas[v], (long long)m, (long long)n,
+                 (long long)k, (long long)q);
+        kt_expect_close(what, da + q * as, want, m * n, 1e-5, kt_dot_tol(k));
+      }
+      ck_assert_msg(memcmp(da, da3, (size_t)(batch * as) * sizeof(float)) == 0, "%s: the pool changed dA", what);
+      free(a_buf), free(b_buf), free(bias), free(c), free(c3), free(want), free(dc), free(old), free(da), free(da3);
+    }
+  }
+  unsetenv("TTD_KERNEL_ISA");
+  ttd_pool_destroy(pool);
+}
+END_TEST
+
 /* ---- matmul over bfloat16 operands ---- */
 
 /* n random bfloat16 in [-1, 1] (untracked, free()), and their float32 widening in *out_f. */
@@ -543,6 +622,8 @@ Suite *kernels_matmul_suite(void) {
   tcase_add_test(tc, test_matmul_backward_large);
   tcase_add_test(tc, test_matmul_pool_identical);
   tcase_add_test(tc, test_matmul_few_rows_transposed);
+  tcase_add_test(tc, test_matmul_dot_path);
+  tcase_add_test(tc, test_matmul_dot_unaligned_batched);
   tcase_add_test(tc, test_backward_add);
   suite_add_tcase(s, tc);
 
