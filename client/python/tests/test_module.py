@@ -131,3 +131,33 @@ def test_connect_to_nothing_says_how_to_start_ttd():
     msg = str(e.value)
     assert target in msg and "ttd --listen" in msg and "UNAVAILABLE" in msg
     assert torch.equal(torch.ones(2).to("tt").cpu(), torch.ones(2))  # the session in place still works
+
+
+def test_tied_weights_are_one_parameter():
+    """A weight shared by two layers is one parameter as in torch: parameters() lists it once,
+    state_dict under both names, and training keeps it shared, matching torch."""
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    torch.manual_seed(0)
+    ref = Tied()
+    m = ttd.compile(copy.deepcopy(ref)).to("tt")
+    assert [n for n, _ in m.named_parameters()] == [n for n, _ in ref.named_parameters()] == ["a.weight"]
+    x, y = torch.randn(16, 4), torch.randn(16, 4)
+    for model, opt, dev in ((ref, torch.optim.SGD(ref.parameters(), lr=0.1), "cpu"),
+                            (m, ttd.optim.SGD(m.parameters(), lr=0.1), "tt")):
+        for _ in range(3):
+            F.mse_loss(model(x.to(dev) if dev == "tt" else x).to("cpu"), y).backward()
+            opt.step()
+            opt.zero_grad()
+    sd = m.state_dict()
+    assert list(sd) == list(ref.state_dict()) == ["a.weight", "b.weight"]
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(sd[k], v, rtol=1e-5, atol=1e-6)
+    m.load_state_dict(ref.state_dict())

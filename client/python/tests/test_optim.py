@@ -115,3 +115,134 @@ def test_optimizer_state_dict_resumes(opt_name):
     la = train(a, opt_a, x, y, cross_entropy, 5, "tt")
     lb = train(b, opt_b, x, y, cross_entropy, 5, "tt")
     assert la == lb
+
+
+def _side_by_side(ref, tt_model, opts, loop):
+    """loop(model, opt, device) run on the torch model with torch's optimizer and on the
+    compiled one with ttd's (opts: (torch's class, ttd's class, keyword arguments))."""
+    torch_cls, ttd_cls, kw = opts
+    for model, cls, dev in ((ref, torch_cls, "cpu"), (tt_model, ttd_cls, "tt")):
+        loop(model, cls, dev, kw)
+
+
+@pytest.mark.parametrize("subset", [False, True])
+@pytest.mark.parametrize("opts", [(torch.optim.SGD, ttd.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
+                                  (torch.optim.AdamW, ttd.optim.AdamW, dict(lr=0.05))])
+def test_frozen_parameters_are_not_stepped(opts, subset):
+    """A parameter frozen before compiling, or on the compiled module, gets no .grad and no
+    step, as torch's; so does one left out of the optimizer (subset: only the trainable
+    ones given); a parameter unfrozen later trains on as torch's does."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    ref[0].weight.requires_grad_(False)
+    tt_model = ttd.compile(copy.deepcopy(ref)).to("tt")
+    ref[2].weight.requires_grad_(False)
+    dict(tt_model.named_parameters())["2.weight"].requires_grad = False
+    x, y = torch.randn(8, 4), torch.randn(8, 2)
+    results = []
+
+    def loop(model, cls, dev, kw):
+        opt = cls([p for p in model.parameters() if p.requires_grad or not subset], **kw)
+        for i in range(6):
+            if i == 3:
+                dict(model.named_parameters())["2.weight"].requires_grad_(True)
+            F.mse_loss(model(x.to(dev) if dev == "tt" else x).to("cpu"), y).backward()
+            if i == 0:
+                results.append([p.grad is None for p in model.parameters()])
+            opt.step()
+            model.zero_grad()
+        results.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    _side_by_side(ref, tt_model, opts, loop)
+    assert results[2] == results[0] == [True, False, True, False]
+    for k, v in results[1].items():
+        torch.testing.assert_close(results[3][k], v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opts", [(torch.optim.SGD, ttd.optim.SGD, dict(lr=0.1, momentum=0.9)),
+                                  (torch.optim.Adam, ttd.optim.Adam, dict(lr=0.05))])
+def test_step_skips_parameters_without_grad(opts):
+    """After zero_grad(set_to_none=True), a step with no backward moves nothing, and one after a
+    backward that reached only some parameters moves only those, as torch's; a parameter
+    skipped for a while resumes with its own optimizer state."""
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(6, 3), torch.nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.a(x), self.b(x)
+
+    torch.manual_seed(0)
+    ref = Two()
+    tt_model = ttd.compile(copy.deepcopy(ref)).to("tt")
+    x, y = torch.randn(8, 6), torch.randn(8, 3)
+    results = []
+
+    def loop(model, cls, dev, kw):
+        opt = cls(model.parameters(), **kw)
+        for k in (0, 1, 1, None, 1, 0, 0):
+            if k is not None:
+                F.mse_loss(model(x.to(dev) if dev == "tt" else x)[k].to("cpu"), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        results.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    _side_by_side(ref, tt_model, opts, loop)
+    for k, v in results[0].items():
+        torch.testing.assert_close(results[1][k], v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opts,schedule", [
+    ((torch.optim.SGD, ttd.optim.SGD, dict(lr=0.1, momentum=0.9)),
+     lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=12)),
+    ((torch.optim.Adam, ttd.optim.Adam, dict(lr=0.01)),
+     lambda o: torch.optim.lr_scheduler.CyclicLR(o, 0.001, 0.01, step_size_up=3, cycle_momentum=False)),
+    ((torch.optim.SGD, ttd.optim.SGD, dict(lr=0.05)), None),
+    ((torch.optim.Adam, ttd.optim.Adam, dict(lr=0.01)), None)])
+def test_param_group_changes_reach_the_card(opts, schedule):
+    """momentum, betas and weight_decay changed in param_groups (by a scheduler, by hand, by
+    load_state_dict) step as torch's do."""
+    ref, x, y = _mlp()
+    tt_model = ttd.compile(copy.deepcopy(ref)).to("tt")
+    results = []
+
+    def loop(model, cls, dev, kw):
+        opt = cls(model.parameters(), **kw)
+        sched = schedule(opt) if schedule else None
+        for i in range(12):
+            F.cross_entropy(model(x.to(dev) if dev == "tt" else x).to("cpu"), y).backward()
+            opt.step()
+            opt.zero_grad()
+            if sched is not None:
+                sched.step()
+            elif i == 3:
+                opt.param_groups[0]["weight_decay"] = 0.1
+                if "momentum" in opt.param_groups[0]:
+                    opt.param_groups[0]["momentum"] = 0.5
+                else:
+                    opt.param_groups[0]["betas"] = (0.5, 0.9)
+            elif i == 7:
+                sd = opt.state_dict()
+                sd["param_groups"][0]["weight_decay"] = 0.0
+                opt.load_state_dict(sd)
+        results.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    _side_by_side(ref, tt_model, opts, loop)
+    for k, v in results[0].items():
+        torch.testing.assert_close(results[1][k], v, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls,flag", [(ttd.optim.SGD, "maximize"), (ttd.optim.SGD, "differentiable"),
+                                      (ttd.optim.Adam, "amsgrad"), (ttd.optim.AdamW, "maximize"),
+                                      (ttd.optim.Adam, "fused")])
+def test_param_group_flags_checked_as_keywords(cls, flag):
+    """A flag the card lacks is refused in a parameter group as in the keyword form, and a
+    bad value in a group raises torch's ValueError."""
+    m = ttd.compile(MLP(False))
+    with pytest.raises(NotImplementedError, match=f"{flag}.*not supported"):
+        cls(m.parameters(), lr=0.1, **{flag: True})
+    with pytest.raises(NotImplementedError, match=f"{flag}.*not supported"):
+        cls([{"params": m.parameters(), flag: True}], lr=0.1)
+    with pytest.raises(ValueError, match="Invalid weight_decay value"):
+        cls([{"params": m.parameters(), "weight_decay": -1.0}], lr=0.1)
+    with pytest.raises(NotImplementedError, match="one parameter group"):
+        params = list(m.parameters())
+        cls([{"params": params[:2]}, {"params": params[2:], "lr": 0.01}], lr=0.1)

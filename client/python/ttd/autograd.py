@@ -52,10 +52,11 @@ class _RunState:
     """What a run's backward needs: the libttclient tensors of its outputs and of its inputs
     that take a gradient (in the order of _Run's anchors)."""
 
-    __slots__ = ("outputs", "inputs", "after_backward")
+    __slots__ = ("outputs", "inputs", "before_backward", "after_backward")
 
-    def __init__(self, outputs, inputs, after_backward=None):
-        self.outputs, self.inputs, self.after_backward = outputs, inputs, after_backward
+    def __init__(self, outputs, inputs, before_backward=None, after_backward=None):
+        self.outputs, self.inputs = outputs, inputs
+        self.before_backward, self.after_backward = before_backward, after_backward
 
 
 class _Release:
@@ -96,6 +97,8 @@ class _Run(torch.autograd.Function):
         state = ctx.state
         pairs = [(o, _host_from_torch(g if g.dtype is torch.float32 else g.float()))
                  for o, g in zip(state.outputs, grads) if g is not None]
+        if state.before_backward is not None:
+            state.before_backward([i for i, g in enumerate(grads) if g is not None])
         if pairs:
             _lib.backward([o for o, _ in pairs], [g for _, g in pairs], retain_graph=True)
         if state.after_backward is not None:
@@ -107,12 +110,13 @@ class _Run(torch.autograd.Function):
         return (None, None, *input_grads)
 
 
-def run(outputs, inputs, input_anchors, after_backward=None):
+def run(outputs, inputs, input_anchors, before_backward=None, after_backward=None):
     """The anchors of a training run's outputs (libttclient tensors), in torch's graph after
     the anchors of the inputs that take a gradient (inputs: their libttclient tensors).
-    after_backward: None, or called with no arguments inside torch's backward each time this
+    before_backward: None, or called inside torch's backward, before the run's gradients go
+    to the card, with the indices of the outputs that got one. after_backward: None, or called with no arguments inside torch's backward each time this
     run's backward has sent its gradients to the card (ttd.parallel queues its all-reduce)."""
-    return _Run.apply(_RunState(outputs, inputs, after_backward), _LEAF, *input_anchors)
+    return _Run.apply(_RunState(outputs, inputs, before_backward, after_backward), _LEAF, *input_anchors)
 
 
 def upload_anchor(x):

@@ -59,6 +59,15 @@ def _is_size(n):
         isinstance(_arg(n, 1, "dim"), int)
 
 
+def _param_value(g, env, name, p):
+    """The graph's value of parameter name (p, its torch value), made at its first use (a tied
+    parameter is used under several names, all resolved to one)."""
+    key = ("param", name)
+    if key not in env:
+        env[key] = g.param_from(name, _host_from_torch(p))
+    return env[key]
+
+
 def _named(t, name, fns):
     return t == name or t in fns
 
@@ -67,10 +76,33 @@ class Lowering:
     """One traced module (gm) and its parameters' names: checked at compile time, lowered at
     the first call."""
 
-    def __init__(self, gm, param_names):
+    def __init__(self, gm, param_names, aliases=None):
+        """aliases: {name: canonical name} of parameters reachable under several names (tied)."""
         self._gm = gm
         self._params = param_names
+        self._aliases = aliases or {}
         self._check_ops()
+
+    def _param_name(self, name):
+        return self._aliases.get(name, name)
+
+    def output_params(self):
+        """For each output of forward, the names of the parameters it depends on."""
+        deps = {}
+        for node in self._gm.graph.nodes:
+            own = set()
+            if node.op == "get_attr" and self._param_name(node.target) in self._params:
+                own.add(self._param_name(node.target))
+            elif node.op == "call_module":
+                sub = self._gm.get_submodule(node.target)
+                own.update(self._param_name(f"{node.target}.{n}") for n, _ in sub.named_parameters())
+            for a in node.all_input_nodes:
+                own |= deps[a.name]
+            deps[node.name] = own
+            if node.op == "output":
+                outs = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
+                return [deps[o.name] if isinstance(o, torch.fx.Node) else set() for o in outs]
+        return []
 
     def _check_ops(self):
         for node in self._gm.graph.nodes:
@@ -85,10 +117,11 @@ class Lowering:
     # calling it with (graph, env) at build time.
     def _plan(self, node):
         if node.op == "get_attr":  # a parameter used by a functional op (F.linear(x, self.w, self.b))
-            if node.target not in self._params:
+            name = self._param_name(node.target)
+            if name not in self._params:
                 _fail(node, f"attribute {node.target}", "is not a parameter: buffers and constants are not supported")
             p = self._gm.get_parameter(node.target)
-            return lambda g, env: g.param_from(node.target, _host_from_torch(p))
+            return lambda g, env: _param_value(g, env, name, p)
         if node.op == "call_module":
             return self._plan_module(node, self._gm.get_submodule(node.target))
         if node.op in ("call_function", "call_method"):
@@ -103,8 +136,7 @@ class Lowering:
                 _fail(node, op, f"with a constant argument {a!r} is not supported: ttd's {op} takes tensors only")
 
         def emit(g, env):
-            vals = [env[a.name] if isinstance(a, torch.fx.Node) else g.param_from(a[0], _host_from_torch(a[1]))
-                    for a in ins]
+            vals = [env[a.name] if isinstance(a, torch.fx.Node) else _param_value(g, env, *a) for a in ins]
             return g.op(op, vals, attrs)
         return emit
 
@@ -149,7 +181,7 @@ class Lowering:
         nn = torch.nn
         x = node.args[0] if node.args else None
         name = type(sub).__name__
-        par = lambda attr: (f"{node.target}.{attr}", getattr(sub, attr))  # noqa: E731
+        par = lambda attr: (self._param_name(f"{node.target}.{attr}"), getattr(sub, attr))  # noqa: E731
         if isinstance(sub, nn.Linear):
             return self._op(node, "linear", [x, par("weight")] + ([par("bias")] if sub.bias is not None else []))
         if isinstance(sub, (nn.ReLU, nn.Sigmoid, nn.Tanh)):

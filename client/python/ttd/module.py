@@ -14,11 +14,17 @@ from .tensor import Tensor
 
 
 class Parameter:
-    """A parameter of a compiled module, where the module is; .grad reads the device gradient."""
+    """A parameter of a compiled module, where the module is; .grad reads the device gradient.
+    requires_grad as torch's: a frozen parameter gets no .grad from backward, so optimizers
+    leave it as it is."""
 
-    def __init__(self, owner, name, shape, dtype):
+    def __init__(self, owner, name, shape, dtype, requires_grad=True):
         self._owner, self.name, self.shape, self.dtype = owner, name, torch.Size(shape), dtype
-        self.requires_grad = True
+        self.requires_grad = bool(requires_grad)
+
+    def requires_grad_(self, requires_grad=True):
+        self.requires_grad = bool(requires_grad)
+        return self
 
     @property
     def device(self):
@@ -43,7 +49,7 @@ class Parameter:
 
     @property
     def grad(self):
-        if self._owner._module is None or self._owner._grad_none:
+        if self._owner._module is None or self.name not in self._owner._with_grad:
             return None
         g = self._owner._module.param_grad(self.name)
         return None if g is None else _torch_from_tt(g)
@@ -60,13 +66,20 @@ class CompiledModule:
         tracer = torch.fx.Tracer()
         tracer.record_stack_traces = True  # compile errors name the line of forward
         self._gm = torch.fx.GraphModule(module, tracer.trace(module))
-        self._params = {n: Parameter(self, n, p.shape, p.dtype) for n, p in module.named_parameters()}
+        self._params = {n: Parameter(self, n, p.shape, p.dtype, p.requires_grad) for n, p in module.named_parameters()}
+        # state_dict's names, a tied parameter's under each of its names: {name: canonical name}
+        canonical = {id(p): n for n, p in module.named_parameters()}
+        self._state_names = {n: canonical[id(v)] for n, v in module.state_dict(keep_vars=True).items()
+                             if id(v) in canonical}
         self._device = getattr(module, "_ttd_device", "cpu")
         self.training = module.training
         self._module = None
         self._zeroer = None  # a stateless SGD whose tt_zero_grad serves zero_grad()
-        self._grad_none = False  # zero_grad(set_to_none=True) until the next training run
-        self._lowering = Lowering(self._gm, set(self._params))
+        self._with_grad = set()  # the parameters whose .grad is not None (torch's)
+        self._stale = set()  # frozen parameters a backward reached: their card .grad is not torch's
+        self._lowering = Lowering(self._gm, set(self._params),
+                                  {n: c for n, c in self._state_names.items() if n != c})
+        self._output_params = self._lowering.output_params()
         self._after_backward = None  # ttd.parallel's hook: called in each run's backward
 
     def _build(self, example):
@@ -106,24 +119,45 @@ class CompiledModule:
 
     def zero_grad(self, set_to_none=False):
         """torch's Module.zero_grad (set_to_none defaults to False in torch 1.13): every .grad
-        becomes 0, or None until the next training run with set_to_none."""
+        becomes 0, or None until a backward reaches it with set_to_none."""
         if self._module is not None:
             if self._zeroer is None:
                 self._zeroer = _lib.Optimizer.sgd(self._module, 0.0)
             self._zeroer.zero_grad()
+        self._grads_zeroed(set_to_none)
+
+    def _grads_zeroed(self, set_to_none):
+        """Every .grad on the card is 0: torch's .grad follows (None with set_to_none)."""
+        self._stale.clear()
         if set_to_none:
-            self._grad_none = True
+            self._with_grad.clear()
+
+    def _on_backward(self, outputs):
+        """A run's backward, before its gradients go to the card, outputs: the indices of the
+        outputs that got one. The parameters it reaches get a .grad as torch's do: a frozen
+        one none (its card .grad, which still sums, is stale); one that had none starts at 0."""
+        for name in set().union(*(self._output_params[i] for i in outputs)):
+            p = self._params[name]
+            if not p.requires_grad:
+                self._stale.add(name)
+            elif name not in self._with_grad:
+                if name in self._stale:
+                    self._module.param_grad(name).copy_(_host_from_torch(torch.zeros(p.shape)))
+                    self._stale.discard(name)
+                self._with_grad.add(name)
 
     def state_dict(self):
-        """torch's state_dict: CPU copies of the parameters, under torch's names."""
-        return collections.OrderedDict((n, p._value()) for n, p in self._params.items())
+        """torch's state_dict: CPU copies of the parameters, under torch's names (a tied
+        parameter under each of its names)."""
+        values = {n: p._value() for n, p in self._params.items()}
+        return collections.OrderedDict((n, values[c]) for n, c in self._state_names.items())
 
     def load_state_dict(self, state_dict, strict=True):
         """torch's load_state_dict: the values onto the module wherever it is. Missing or
         unexpected keys (strict) and shape mismatches raise RuntimeError as torch's do, and
         leave the module unchanged; returns (missing_keys, unexpected_keys)."""
-        missing = [k for k in self._params if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in self._params]
+        missing = [k for k in self._state_names if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in self._state_names]
         errors = []
         if strict:
             if unexpected:
@@ -131,13 +165,13 @@ class CompiledModule:
             if missing:
                 errors.append("Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + ". ")
         values = {}
-        for name, p in self._params.items():
-            if name not in state_dict:
+        for key, name in self._state_names.items():
+            if key not in state_dict:
                 continue
-            v = state_dict[name]
+            p, v = self._params[name], state_dict[key]
             v = v if isinstance(v, torch.Tensor) and not isinstance(v, Tensor) else v.to("cpu")
             if tuple(v.shape) != tuple(p.shape):
-                errors.append(f"size mismatch for {name}: copying a param with shape {v.shape} from checkpoint, the "
+                errors.append(f"size mismatch for {key}: copying a param with shape {v.shape} from checkpoint, the "
                               f"shape in current model is {p.shape}.")
             values[name] = v.detach().to(p.dtype).contiguous()
         if errors:
@@ -186,8 +220,8 @@ class CompiledModule:
             if self.training and not training:
                 self._module.train(True)
         if training:
-            self._grad_none = False
-            out_anchors = autograd.run(outs, [t for t, _ in watched], [a for _, a in watched], self._after_backward)
+            out_anchors = autograd.run(outs, [t for t, _ in watched], [a for _, a in watched], self._on_backward,
+                                       self._after_backward)
         else:
             out_anchors = [None] * len(outs)
         res = [Tensor(o, a) for o, a in zip(outs, out_anchors)]

@@ -1,10 +1,12 @@
 """torch.optim's optimizers, stepping on the card over a compiled module's parameters.
 
-SGD, Adam and AdamW take torch.optim's arguments and check them as torch does (ValueError);
-they update every parameter of one compiled module where the module is (tt_sgd_opts,
+SGD, Adam and AdamW take torch.optim's arguments, in keywords or in one parameter group, and
+check them as torch does (ValueError; NotImplementedError for what the card lacks); they
+update the parameters of one compiled module where the module is (tt_sgd_opts,
 tt_adam_opts), made at the first step when the module has not run yet. They are
-torch.optim.Optimizer instances, so torch's lr schedulers drive them: param_groups[0]["lr"]
-is read and set between steps (tt_optimizer_set_lr)."""
+torch.optim.Optimizer instances, so torch's schedulers drive them: param_groups[0]'s lr goes
+to the card through tt_optimizer_set_lr, its other arguments (momentum, betas, ...) through
+the optimizer's state file (tt_optimizer_save, tt_optimizer_load)."""
 import collections
 import json
 import os
@@ -15,6 +17,7 @@ import torch
 from torch.optim.optimizer import required
 
 from . import _lib
+from .convert import _host_from_torch
 from .module import Parameter
 
 _INVALID_ARGUMENT = 3
@@ -45,68 +48,148 @@ def _read_safetensors(data):
     return out, meta
 
 
+def _write_safetensors(tensors, meta):
+    """The bytes of a safetensors file of {name: CPU tensor} (F32, I32, BF16) and metadata."""
+    names = {torch.float32: "F32", torch.int32: "I32", torch.bfloat16: "BF16"}
+    header, blobs, offset = {"__metadata__": meta}, [], 0
+    for name, t in tensors.items():
+        b = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + b"".join(blobs)
+
+
 class _CardOptimizer(torch.optim.Optimizer):
-    """The common part: one parameter group holding all of one compiled module's parameters."""
+    """The common part: one parameter group holding the parameters of one compiled module.
+
+    The card steps every parameter of the module; one torch would not step (frozen, left
+    out of the optimizer, or without a .grad) keeps its value and its optimizer state."""
 
     def __init__(self, params, defaults):
         params = list(params)
         if params and isinstance(params[0], dict):  # torch's param groups: one is supported
             if len(params) != 1:
-                raise NotImplementedError(f"{type(self).__name__} over a compiled module takes one parameter group")
+                raise NotImplementedError(f"ttd.optim.{type(self).__name__} over a compiled module takes one "
+                                          f"parameter group: give its parameters one lr, momentum, ... or use one "
+                                          f"optimizer per compiled module")
             group = dict(params[0])
             params = list(group.pop("params"))
             defaults = {**defaults, **group}
         if defaults["lr"] is required:
             raise ValueError("parameter group didn't specify a value of required optimization parameter lr")
+        self._check(defaults)
         owners = {id(p._owner): p._owner for p in params if isinstance(p, Parameter)}
-        if (len(owners) != 1 or len(params) != len(next(iter(owners.values()))._params)
-                or len({id(p) for p in params}) != len(params)):
-            raise NotImplementedError(f"ttd.optim.{type(self).__name__} takes all the parameters of one compiled "
-                                      f"module (tt_model.parameters())")
+        given = {p.name for p in params if isinstance(p, Parameter)}
+        if (len(owners) != 1 or len(given) != len(params)
+                or any(p.requires_grad and p.name not in given for p in next(iter(owners.values()))._params.values())):
+            raise NotImplementedError(f"ttd.optim.{type(self).__name__} takes the parameters of one compiled "
+                                      f"module (tt_model.parameters()): all of them, or all but frozen ones")
         self._owner = next(iter(owners.values()))
+        self._members = {p.name for p in params}
         self.defaults = defaults
         self.state = collections.defaultdict(dict)
         self.param_groups = [dict(params=params, **defaults)]
         self._opt = None
-        self._lr_sent = defaults["lr"]
+        self._sent = None  # the card's arguments, as _card_args gives them
         if self._owner._module is not None:
             self._get()  # the card checks the arguments now
 
-    def _make(self, module):
+    @staticmethod
+    def _check(group):
+        """Raises as torch.optim's constructor does for a bad argument, NotImplementedError for
+        one the card does not support."""
         raise NotImplementedError
 
+    def _card_args(self, group):
+        """The arguments of the card's optimizer, by the names of its state file's metadata."""
+        raise NotImplementedError
+
+    def _has_state(self):
+        """Whether a step changes the optimizer's state (momentum, Adam's moments)."""
+        raise NotImplementedError
+
+    def _make(self, module, args):
+        raise NotImplementedError
+
+    def _fit_state(self, tensors, args):
+        """A state file's tensors made fit for the arguments args."""
+        return tensors
+
     def _get(self):
+        """The card's optimizer, with param_groups[0]'s arguments (changed by a scheduler or by
+        hand since the last step: lr through tt_optimizer_set_lr, the others through the state
+        file's metadata)."""
+        group = self.param_groups[0]
+        self._check(group)
+        args = self._card_args(group)
         if self._opt is None:
-            self._opt = _value_error(self._make, self._owner._built())
-            self._lr_sent = self.defaults["lr"]
-        lr = self.param_groups[0]["lr"]
-        if lr != self._lr_sent:  # a scheduler or the user set param_groups[0]["lr"]
-            if not 0.0 <= lr:
-                raise ValueError(f"Invalid learning rate: {lr}")
-            _value_error(self._opt.set_lr, lr)
-            self._lr_sent = lr
+            self._opt = _value_error(self._make, self._owner._built(), args)
+        elif args["lr"] != self._sent["lr"] and {k for k in args if args[k] != self._sent[k]} == {"lr"}:
+            _value_error(self._opt.set_lr, args["lr"])
+        elif args != self._sent:
+            tensors, meta = _read_safetensors(self._save_state())
+            meta.update({k: repr(float(v)) for k, v in args.items()})
+            self._load_state(_write_safetensors(self._fit_state(tensors, args), meta))
+        self._sent = args
         return self._opt
 
+    def _save_state(self):
+        """The card's optimizer state file (tt_optimizer_save), as bytes."""
+        with tempfile.TemporaryDirectory(prefix="ttd-") as tmp:
+            path = os.path.join(tmp, "optimizer.safetensors")
+            self._opt.save(path)
+            with open(path, "rb") as f:
+                return f.read()
+
+    def _load_state(self, data):
+        """tt_optimizer_load of a state file's bytes."""
+        with tempfile.TemporaryDirectory(prefix="ttd-") as tmp:
+            path = os.path.join(tmp, "optimizer.safetensors")
+            with open(path, "wb") as f:
+                f.write(data)
+            _value_error(self._opt.load, path)
+
     def add_param_group(self, param_group):
-        raise NotImplementedError(f"ttd.optim.{type(self).__name__} has one parameter group: all of a compiled "
-                                  f"module's parameters")
+        raise NotImplementedError(f"ttd.optim.{type(self).__name__} has one parameter group: the parameters of "
+                                  f"one compiled module")
 
     def step(self, closure=None):
-        """One update from the current .grad, where the module is; closure as torch's."""
+        """One update from the current .grad, where the module is; closure as torch's. As
+        torch's, a parameter without a .grad (frozen, none since zero_grad(set_to_none=True),
+        or not reached by the backward) or not in this optimizer is not updated."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._get().step()
+        owner = self._owner
+        if owner._module is None:  # not run yet: no .grad
+            return loss
+        opt = self._get()
+        held = [p for p in owner._params.values() if p.name not in self._members or p.name not in owner._with_grad]
+        if len(held) == len(owner._params):
+            return loss
+        values = [(p, p._value()) for p in held]
+        before = _read_safetensors(self._save_state())[0] if held and self._has_state() else None
+        opt.step()
+        for p, v in values:
+            owner._module.param(p.name).copy_(_host_from_torch(v))
+        if before is not None:
+            names = {p.name for p in held}
+            after, meta = _read_safetensors(self._save_state())
+            kept = {k: v for k, v in after.items() if k.rsplit(".", 1)[0] not in names}
+            kept.update({k: v for k, v in before.items() if k.rsplit(".", 1)[0] in names})
+            self._load_state(_write_safetensors(kept, meta))
         return loss
 
     def zero_grad(self, set_to_none=False):
-        """Every .grad becomes 0 (torch 1.13's default), or None with set_to_none until the next
-        training run."""
+        """Every .grad becomes 0 (torch 1.13's default), or None with set_to_none until a
+        backward reaches it."""
         if self._owner._module is not None:
             self._get().zero_grad()
-        if set_to_none:
-            self._owner._grad_none = True
+        self._owner._grads_zeroed(set_to_none)
 
     def state_dict(self):
         """torch's layout ({"state": {index: {...}}, "param_groups": [...]}); the card's state
@@ -116,11 +199,8 @@ class _CardOptimizer(torch.optim.Optimizer):
         out = {"state": {}, "param_groups": groups}
         if self._opt is None:
             return out
-        with tempfile.TemporaryDirectory(prefix="ttd-") as tmp:
-            path = os.path.join(tmp, "optimizer.safetensors")
-            self._get().save(path)
-            with open(path, "rb") as f:
-                data = f.read()
+        self._get()
+        data = self._save_state()
         tensors, _ = _read_safetensors(data)
         for i, p in enumerate(self.param_groups[0]["params"]):
             s = {k[len(p.name) + 1:]: v for k, v in tensors.items() if k.startswith(p.name + ".")}
@@ -140,15 +220,11 @@ class _CardOptimizer(torch.optim.Optimizer):
             if k != "params":
                 self.param_groups[0][k] = v
         if data is not None:
-            opt = self._get()
-            with tempfile.TemporaryDirectory(prefix="ttd-") as tmp:
-                path = os.path.join(tmp, "optimizer.safetensors")
-                with open(path, "wb") as f:
-                    f.write(data)
-                _value_error(opt.load, path)
-            self._lr_sent = opt.lr
-            if self.param_groups[0]["lr"] != self._lr_sent:  # the file's lr is a float32
-                self._get()
+            self._get()
+            self._load_state(data)
+            meta = _read_safetensors(data)[1]
+            self._sent = {k: float(meta[k]) for k in self._sent}  # the file's arguments, float32
+        self._check(self.param_groups[0])
 
 
 class SGD(_CardOptimizer):
@@ -156,22 +232,41 @@ class SGD(_CardOptimizer):
 
     def __init__(self, params, lr=required, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
                  maximize=False, foreach=None, differentiable=False):
-        if lr is not required and lr < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if momentum < 0.0:
-            raise ValueError(f"Invalid momentum value: {momentum}")
-        if weight_decay < 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-        if maximize or differentiable:
-            raise NotImplementedError("ttd.optim.SGD: maximize and differentiable are not supported")
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                                      nesterov=nesterov, maximize=False, foreach=foreach, differentiable=False))
+                                      nesterov=nesterov, maximize=maximize, foreach=foreach,
+                                      differentiable=differentiable))
 
-    def _make(self, module):
-        d = self.defaults
-        return _lib.Optimizer.sgd(module, d["lr"], d["momentum"], d["dampening"], d["weight_decay"], d["nesterov"])
+    @staticmethod
+    def _check(g):
+        if g["lr"] is not required and g["lr"] < 0.0:
+            raise ValueError(f"Invalid learning rate: {g['lr']}")
+        if g["momentum"] < 0.0:
+            raise ValueError(f"Invalid momentum value: {g['momentum']}")
+        if g["weight_decay"] < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {g['weight_decay']}")
+        if g["nesterov"] and (g["momentum"] <= 0 or g["dampening"] != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        if g.get("maximize") or g.get("differentiable"):
+            raise NotImplementedError("ttd.optim.SGD: maximize and differentiable are not supported (the card "
+                                      "minimises): leave them False")
+
+    def _card_args(self, g):
+        return dict(lr=g["lr"], momentum=g["momentum"], dampening=g["dampening"], weight_decay=g["weight_decay"],
+                    nesterov=int(bool(g["nesterov"])))
+
+    def _has_state(self):
+        return self.param_groups[0]["momentum"] != 0
+
+    def _fit_state(self, tensors, args):
+        """A parameter with no momentum buffer (stepped with momentum 0) starts one at its
+        next step, as torch's: its step count back to 0."""
+        if args["momentum"] == 0:
+            return tensors
+        return {k: torch.zeros_like(v) if k.endswith(".step") and k[:-5] + ".momentum_buffer" not in tensors else v
+                for k, v in tensors.items()}
+
+    def _make(self, module, a):
+        return _lib.Optimizer.sgd(module, a["lr"], a["momentum"], a["dampening"], a["weight_decay"], a["nesterov"])
 
 
 class Adam(_CardOptimizer):
@@ -181,26 +276,36 @@ class Adam(_CardOptimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
                  foreach=None, maximize=False, capturable=False, differentiable=False, fused=False):
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                                      foreach=foreach, maximize=maximize, capturable=capturable,
+                                      differentiable=differentiable, fused=fused))
+
+    @classmethod
+    def _check(cls, g):
+        betas = g["betas"]
+        if not 0.0 <= g["lr"]:
+            raise ValueError(f"Invalid learning rate: {g['lr']}")
+        if not 0.0 <= g["eps"]:
+            raise ValueError(f"Invalid epsilon value: {g['eps']}")
         if not 0.0 <= betas[0] < 1.0:
             raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
         if not 0.0 <= betas[1] < 1.0:
             raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if amsgrad or maximize or differentiable or fused:
-            raise NotImplementedError(f"ttd.optim.{type(self).__name__}: amsgrad, maximize, differentiable and "
-                                      f"fused are not supported")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=False,
-                                      foreach=foreach, maximize=False, capturable=capturable,
-                                      differentiable=False, fused=False))
+        if not 0.0 <= g["weight_decay"]:
+            raise ValueError(f"Invalid weight_decay value: {g['weight_decay']}")
+        if g.get("amsgrad") or g.get("maximize") or g.get("differentiable") or g.get("fused"):
+            raise NotImplementedError(f"ttd.optim.{cls.__name__}: amsgrad, maximize, differentiable and fused are "
+                                      f"not supported: leave them False")
 
-    def _make(self, module):
-        d = self.defaults
-        return _lib.Optimizer.adam(module, d["lr"], d["betas"][0], d["betas"][1], d["eps"], d["weight_decay"],
+    def _card_args(self, g):
+        return dict(lr=g["lr"], beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
+                    weight_decay=g["weight_decay"])
+
+    def _has_state(self):
+        return True
+
+    def _make(self, module, a):
+        return _lib.Optimizer.adam(module, a["lr"], a["beta1"], a["beta2"], a["eps"], a["weight_decay"],
                                    self._decoupled)
 
 
