@@ -161,3 +161,24 @@ def test_tied_weights_are_one_parameter():
     for k, v in ref.state_dict().items():
         torch.testing.assert_close(sd[k], v, rtol=1e-5, atol=1e-6)
     m.load_state_dict(ref.state_dict())
+
+
+def test_in_place_edits_of_grad_and_data_raise():
+    """clip_grad_norm_, clip_grad_value_ and in-place edits of p.data or p.grad, which could not
+    reach the module, raise naming what to do; reading them works as torch's."""
+    ref, m = _pair()
+    x = torch.randn(8, 16)
+    F.mse_loss(m(x.to("tt")).cpu(), torch.zeros(8, 4)).backward()
+    F.mse_loss(ref(x), torch.zeros(8, 4)).backward()
+    norm = torch.stack([p.grad.norm() for p in ref.parameters()]).norm()
+    torch.testing.assert_close(torch.stack([p.grad.norm() for p in m.parameters()]).norm(), norm)
+    for clip in (lambda ps: torch.nn.utils.clip_grad_norm_(ps, 0.1), lambda ps: torch.nn.utils.clip_grad_value_(ps, 1e-3)):
+        with pytest.raises(RuntimeError, match="would not reach the module: edit parameters with load_state_dict"):
+            clip(m.parameters())
+    p = dict(m.named_parameters())["l1.weight"]
+    with torch.no_grad():
+        for edit in (lambda: p.data.zero_(), lambda: p.data.copy_(torch.zeros(p.shape)), lambda: p.grad.mul_(2),
+                     lambda: p.data.__setitem__(0, 1.0)):
+            with pytest.raises(RuntimeError, match="would not reach the module"):
+                edit()
+    assert torch.equal(p.data * 1, ref.l1.weight.detach())

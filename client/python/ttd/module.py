@@ -13,6 +13,33 @@ from .lower import Lowering
 from .tensor import Tensor
 
 
+_VIEWS = {"detach", "view", "view_as", "reshape", "reshape_as", "__getitem__", "expand", "expand_as", "t",
+          "transpose", "permute", "flatten", "squeeze", "unsqueeze", "narrow", "select", "as_strided", "unbind",
+          "split", "chunk", "flip", "contiguous", "__get__"}
+
+
+class Snapshot(torch.Tensor):
+    """A CPU copy of a compiled module's parameter or .grad (p.data, p.grad): read it as any
+    CPU tensor; an in-place op on it or on a view of it raises, since the change would not
+    reach the module (torch.nn.utils.clip_grad_norm_ and p.data.zero_() included)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        if (name.endswith("_") and not name.endswith("__")) or (name.startswith("__i") and name.endswith("__")) \
+                or name == "__setitem__" or (kwargs or {}).get("out") is not None:
+            raise RuntimeError(f"{name} on a compiled module's parameter or .grad (a CPU copy of the module's) would "
+                               f"not reach the module: edit parameters with load_state_dict; clipping or editing "
+                               f".grad in place is not supported")
+        if name in _VIEWS:
+            return super().__torch_function__(func, types, args, kwargs)
+        with torch._C.DisableTorchFunction():
+            return func(*args, **(kwargs or {}))
+
+    def __reduce_ex__(self, protocol):  # pickled (torch.save) as the plain tensor it copies
+        return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)
+
+
 class Parameter:
     """A parameter of a compiled module, where the module is; .grad reads the device gradient.
     requires_grad as torch's: a frozen parameter gets no .grad from backward, so optimizers
@@ -35,6 +62,10 @@ class Parameter:
             return self._owner._gm.get_parameter(self.name).detach().clone()
         return _torch_from_tt(self._owner._module.param(self.name))
 
+    @property
+    def data(self):
+        return self._value().as_subclass(Snapshot)
+
     def cpu(self):
         return self._value()
 
@@ -44,15 +75,11 @@ class Parameter:
         return self._value()
 
     @property
-    def data(self):
-        return self._value()
-
-    @property
     def grad(self):
         if self._owner._module is None or self.name not in self._owner._with_grad:
             return None
         g = self._owner._module.param_grad(self.name)
-        return None if g is None else _torch_from_tt(g)
+        return None if g is None else _torch_from_tt(g).as_subclass(Snapshot)
 
     def __repr__(self):
         return f"Parameter({self.name}, size={tuple(self.shape)}, device='{self.device}')"
