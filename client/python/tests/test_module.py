@@ -182,3 +182,30 @@ def test_in_place_edits_of_grad_and_data_raise():
             with pytest.raises(RuntimeError, match="would not reach the module"):
                 edit()
     assert torch.equal(p.data * 1, ref.l1.weight.detach())
+
+
+def test_refused_move_leaves_the_module_where_it_was():
+    """A move refused while a training run waits for its backward raises naming what to do, and
+    the module stays on the card, usable."""
+    ref, m = _pair()
+    x = torch.randn(4, 16)
+    out = m(x.to("tt"))
+    with pytest.raises(ttd.TTError, match=r"call loss.backward\(\), or drop the outputs"):
+        m.to("cpu")
+    assert str(next(m.parameters()).device) == "tt"
+    del out
+    torch.testing.assert_close(m(x.to("tt")).cpu(), ref(x), rtol=1e-5, atol=1e-6)
+
+
+def test_later_move_before_compile_wins_and_cpu_module_takes_int64():
+    """model.to("tt") then model.to("cpu") before compiling compiles for the CPU; a module on
+    the CPU takes int64 indices as one on the card does, and refuses float64 naming it."""
+    torch.manual_seed(0)
+    ref = torch.nn.Embedding(10, 4)
+    src = copy.deepcopy(ref).to("tt").to("cpu")
+    m = ttd.compile(src)
+    idx = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(m(idx), ref(idx))
+    lin = ttd.compile(torch.nn.Linear(3, 2))
+    with pytest.raises(TypeError, match="not torch.float64: convert it first"):
+        lin(torch.randn(2, 3, dtype=torch.float64))

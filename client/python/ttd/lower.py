@@ -9,7 +9,7 @@ import torch
 import torch.fx
 
 from . import _lib
-from .convert import _DTYPES, _get_client, _host_from_torch
+from .convert import _get_client, _host_from_torch
 
 F = torch.nn.functional
 
@@ -393,7 +393,8 @@ class Lowering:
         return self._reshape_plan(node, x, lambda s: list(s[:dim % len(s)]) + list(sizes) + list(s[dim % len(s) + 1:]))
 
     def build(self, example):
-        """A libttclient graph for the inputs' dtypes and shapes; also sets n_outputs and
+        """A libttclient graph for the dtypes and shapes of example (libttclient tensors); also
+        sets n_outputs and
         tuple_out (whether forward returns a tuple)."""
         client = _get_client()
         graph = _lib.Graph(client, seed=0)
@@ -401,7 +402,7 @@ class Lowering:
         inputs = 0
         for node in self._gm.graph.nodes:
             if node.op == "placeholder":
-                env[node.name] = graph.input(node.name, _DTYPES[example[inputs].dtype], tuple(example[inputs].shape))
+                env[node.name] = graph.input(node.name, example[inputs].dtype, tuple(example[inputs].shape))
                 inputs += 1
             elif node.op == "output":
                 outs = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)

@@ -13,6 +13,8 @@ from .lower import Lowering
 from .tensor import Tensor
 
 
+_FAILED_PRECONDITION = 9
+
 _VIEWS = {"detach", "view", "view_as", "reshape", "reshape_as", "__getitem__", "expand", "expand_as", "t",
           "transpose", "permute", "flatten", "squeeze", "unsqueeze", "narrow", "select", "as_strided", "unbind",
           "split", "chunk", "flip", "contiguous", "__get__"}
@@ -127,9 +129,16 @@ class CompiledModule:
         device = str(device)
         if not (_is_tt(device) or device == "cpu"):
             raise RuntimeError(f"a compiled module moves to \"cpu\" or \"tt\", not {device!r}")
-        self._device = device
         if self._module is not None:
-            self._module.to(device)
+            try:
+                self._module.to(device)
+            except _lib.TTError as e:
+                if e.code != _FAILED_PRECONDITION:
+                    raise
+                raise _lib.TTError(e.code, f"the compiled module cannot move to {device!r}: forward run(s) pending, "
+                                           f"their outputs wait for a backward; call loss.backward(), or drop the "
+                                           f"outputs (del out), before moving it") from None
+        self._device = device  # once moved: a refused move leaves the module where it was
         return self
 
     def cpu(self):
@@ -229,9 +238,9 @@ class CompiledModule:
                 where = "a tt device tensor" if isinstance(x, Tensor) else "a CPU tensor"
                 raise RuntimeError(f"input {i} is {where} but the module is on {self._device!r}: move it with "
                                    f".to({self._device!r})")
-        if self._module is None:
-            self._build(inputs)
         tts = [x._tt if on_tt else _host_from_torch(x) for x in inputs]
+        if self._module is None:
+            self._build(tts)
         training = self.training and torch.is_grad_enabled()
         # The inputs whose gradient torch wants (a CPU layer or a module upstream): their
         # anchors in torch's graph (a CPU input is its own), and the run returns their gradients.
@@ -272,6 +281,8 @@ def _module_to(self, *args, **kwargs):
     if _is_tt(device):
         self._ttd_device = device  # honoured by ttd.compile
         return self
+    if device is not None and not isinstance(device, torch.dtype):
+        self.__dict__.pop("_ttd_device", None)  # the later move wins
     return _orig_module_to(self, *args, **kwargs)
 
 
