@@ -172,7 +172,8 @@ def test_in_place_edits_of_grad_and_data_raise():
     F.mse_loss(ref(x), torch.zeros(8, 4)).backward()
     norm = torch.stack([p.grad.norm() for p in ref.parameters()]).norm()
     torch.testing.assert_close(torch.stack([p.grad.norm() for p in m.parameters()]).norm(), norm)
-    for clip in (lambda ps: torch.nn.utils.clip_grad_norm_(ps, 0.1), lambda ps: torch.nn.utils.clip_grad_value_(ps, 1e-3)):
+    for clip in (lambda ps: torch.nn.utils.clip_grad_norm_(ps, 0.1),
+                 lambda ps: torch.nn.utils.clip_grad_value_(ps, 1e-3)):
         with pytest.raises(RuntimeError, match="would not reach the module: edit parameters with load_state_dict"):
             clip(m.parameters())
     p = dict(m.named_parameters())["l1.weight"]

@@ -114,8 +114,9 @@ def run(outputs, inputs, input_anchors, before_backward=None, after_backward=Non
     """The anchors of a training run's outputs (libttclient tensors), in torch's graph after
     the anchors of the inputs that take a gradient (inputs: their libttclient tensors).
     before_backward: None, or called inside torch's backward, before the run's gradients go
-    to the card, with the indices of the outputs that got one. after_backward: None, or called with no arguments inside torch's backward each time this
-    run's backward has sent its gradients to the card (ttd.parallel queues its all-reduce)."""
+    to the card, with the indices of the outputs that got one. after_backward: None, or
+    called with no arguments inside torch's backward each time this run's backward has sent
+    its gradients to the card (ttd.parallel queues its all-reduce)."""
     return _Run.apply(_RunState(outputs, inputs, before_backward, after_backward), _LEAF, *input_anchors)
 
 
