@@ -28,12 +28,18 @@ static ttd_h2_verdict take_reset(ttd_h2_frames *f, int64_t now_ms) {
 
 /* A whole frame header is in f->head. */
 static ttd_h2_verdict frame_header(ttd_h2_frames *f, int64_t now_ms) {
-  uint32_t length = (uint32_t)f->head[0] << 16 | (uint32_t)f->head[1] << 8 | f->head[2];
+  const uint8_t *h = f->head;
+  uint8_t type = h[3], flags = h[4];
+  uint32_t stream = (uint32_t)(h[5] & 0x7f) << 24 | (uint32_t)h[6] << 16 | (uint32_t)h[7] << 8 | h[8];
   f->frames++;
   f->head_len = 0;
-  if (length > TTD_H2_MAX_FRAME_SIZE) return TTD_H2_FRAME_TOO_LARGE;
-  f->payload_left = length;
-  if (f->head[3] == TTD_H2_RST_STREAM) return take_reset(f, now_ms);
+  f->payload_left = (uint32_t)h[0] << 16 | (uint32_t)h[1] << 8 | h[2];
+  if (type == TTD_H2_RST_STREAM) return take_reset(f, now_ms);
+  if (type == TTD_H2_SETTINGS && (flags & TTD_H2_FLAG_ACK)) f->settings_acked = 1;
+  if (type == TTD_H2_HEADERS && stream > f->last_stream) { /* a new stream */
+    f->last_stream = stream;
+    if (!f->settings_acked && ++f->streams_unacked > TTD_H2_STREAMS_BEFORE_ACK) return TTD_H2_STREAM_FLOOD;
+  }
   return TTD_H2_PASS;
 }
 
@@ -72,8 +78,10 @@ const char *ttd_h2_verdict_text(ttd_h2_verdict v) {
   switch (v) {
     case TTD_H2_PASS: return "HTTP/2 frames";
     case TTD_H2_BAD_PREFACE: return "not the HTTP/2 client preface";
-    case TTD_H2_FRAME_TOO_LARGE: return "an HTTP/2 frame longer than the 4 MiB ttd allows";
     case TTD_H2_RESET_FLOOD: return "HTTP/2 rapid reset: the client reset streams faster than allowed";
+    case TTD_H2_STREAM_FLOOD:
+      return "HTTP/2 stream flood: the client opened more streams than the server allows without acknowledging "
+             "its SETTINGS";
   }
   return "?";
 }

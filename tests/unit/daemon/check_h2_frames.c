@@ -1,6 +1,7 @@
 /* The HTTP/2 frame reader of the read guard and the TLS relay (rpc/h2_frames.h): the client
- * preface, frame headers split at every byte boundary, a frame longer than gRPC allows, the
- * RST_STREAM bucket, and how many bytes may go on when the verdict turns. */
+ * preface, frame headers split at every byte boundary, frame lengths left to gRPC, the streams
+ * allowed before a SETTINGS acknowledgement, the RST_STREAM bucket, and how many bytes may go
+ * on when the verdict turns. */
 #include <check.h>
 #include <string.h>
 
@@ -71,24 +72,56 @@ START_TEST(test_preface) {
 }
 END_TEST
 
-/* A frame of TTD_H2_MAX_FRAME_SIZE passes; one byte longer is refused at its header, before
- * any of its payload. */
-START_TEST(test_oversized_length) {
+/* Frame lengths are gRPC's to check, since it raises SETTINGS_MAX_FRAME_SIZE at run time:
+ * DATA of 4 MiB, and of the 16 MiB - 1 the length field holds at most, pass, their payload
+ * skipped whole. */
+START_TEST(test_large_frames_pass) {
+  static const uint32_t lengths[] = {4194303, 4194304, 5164508, 0xffffff};
   uint8_t head[9];
+  for (size_t i = 0; i < sizeof(lengths) / sizeof(lengths[0]); i++) {
+    ttd_h2_frames f;
+    ttd_h2_frames_init(&f, 200, 0, 0);
+    frame(head, 0, 0, 1);
+    head[0] = (uint8_t)(lengths[i] >> 16), head[1] = (uint8_t)(lengths[i] >> 8), head[2] = (uint8_t)lengths[i];
+    ck_assert_int_eq(ttd_h2_frames_feed(&f, head, 9, 0), TTD_H2_PASS);
+    ck_assert_uint_eq(f.payload_left, lengths[i]);
+  }
+}
+END_TEST
+
+/* HEADERS opening n streams (odd ids from 1), after a SETTINGS acknowledgement when acked. */
+static ttd_h2_verdict open_streams(ttd_h2_frames *f, int n, int acked) {
+  uint8_t buf[16];
+  ttd_h2_frames_init(f, 200, 0, 0);
+  if (acked) {
+    frame(buf, 0, 4, 0);
+    buf[4] = 1; /* ACK */
+    ttd_h2_frames_feed(f, buf, 9, 0);
+  }
+  ttd_h2_verdict v = TTD_H2_PASS;
+  for (int i = 0; i < n && v == TTD_H2_PASS; i++)
+    v = ttd_h2_frames_feed(f, buf, frame(buf, 4, 1, 2u * (uint32_t)i + 1), 0);
+  return v;
+}
+
+/* Before the client acknowledges the server's SETTINGS (gRPC then holds it to no stream
+ * bound), 1024 new streams pass and the 1025th is refused; HEADERS on a stream already open
+ * (trailers) and SETTINGS that are not an acknowledgement open nothing; once acknowledged,
+ * the streams are gRPC's to bound. */
+START_TEST(test_streams_before_settings_ack) {
   ttd_h2_frames f;
-  ttd_h2_frames_init(&f, 200, 0, 0);
-  frame(head, 0, 0, 1);
-  head[0] = (uint8_t)(TTD_H2_MAX_FRAME_SIZE >> 16), head[1] = (uint8_t)(TTD_H2_MAX_FRAME_SIZE >> 8);
-  head[2] = (uint8_t)TTD_H2_MAX_FRAME_SIZE;
-  ck_assert_int_eq(ttd_h2_frames_feed(&f, head, 9, 0), TTD_H2_PASS);
-  ck_assert_uint_eq(f.payload_left, TTD_H2_MAX_FRAME_SIZE);
-  ttd_h2_frames_init(&f, 200, 0, 0);
-  head[0] = 0x40, head[1] = 0, head[2] = 0; /* 4 MiB */
-  ck_assert_int_eq(ttd_h2_frames_feed(&f, head, 5, 0), TTD_H2_PASS);
-  ck_assert_int_eq(ttd_h2_frames_feed(&f, head + 5, 4, 0), TTD_H2_FRAME_TOO_LARGE);
-  head[0] = 0xff, head[1] = 0xff, head[2] = 0xff;
-  ttd_h2_frames_init(&f, 200, 0, 0);
-  ck_assert_int_eq(ttd_h2_frames_feed(&f, head, 9, 0), TTD_H2_FRAME_TOO_LARGE);
+  ck_assert_int_eq(open_streams(&f, TTD_H2_STREAMS_BEFORE_ACK, 0), TTD_H2_PASS);
+  uint8_t buf[16];
+  ck_assert_int_eq(ttd_h2_frames_feed(&f, buf, frame(buf, 4, 1, 1), 0), TTD_H2_PASS); /* stream 1 again */
+  ck_assert_int_eq(ttd_h2_frames_feed(&f, buf, frame(buf, 6, 4, 0), 0), TTD_H2_PASS); /* SETTINGS, no ACK */
+  ck_assert_uint_eq(f.streams_unacked, TTD_H2_STREAMS_BEFORE_ACK);
+  ck_assert_int_eq(ttd_h2_frames_feed(&f, buf, frame(buf, 4, 1, 2u * TTD_H2_STREAMS_BEFORE_ACK + 1), 0),
+                   TTD_H2_STREAM_FLOOD);
+  ck_assert_int_eq(open_streams(&f, 20000, 1), TTD_H2_PASS);
+  ck_assert_uint_eq(f.streams_unacked, 0);
+  ck_assert_str_eq(ttd_h2_verdict_text(TTD_H2_STREAM_FLOOD),
+                   "HTTP/2 stream flood: the client opened more streams than the server allows without acknowledging "
+                   "its SETTINGS");
 }
 END_TEST
 
@@ -160,7 +193,8 @@ Suite *h2_frames_suite(void) {
   TCase *tc = tcase_create("h2_frames");
   tcase_add_test(tc, test_split_at_every_byte);
   tcase_add_test(tc, test_preface);
-  tcase_add_test(tc, test_oversized_length);
+  tcase_add_test(tc, test_large_frames_pass);
+  tcase_add_test(tc, test_streams_before_settings_ack);
   tcase_add_test(tc, test_reset_bucket);
   tcase_add_test(tc, test_good_stops_at_offending_frame);
   suite_add_tcase(s, tc);
