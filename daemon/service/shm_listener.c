@@ -52,8 +52,11 @@ static void handle_request(connection *c, const ttd_shm_request *req, int fd, tt
   if (req->magic != TTD_SHM_MAGIC) {
     status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "not a ttd shared-memory request (bad magic)");
   } else {
-    status = ttd_session_table_lookup(&c->owner->core->sessions, req->session_id, NULL, ttd_now_ms(), &session);
-    if (!status && !ttd_session_shm_key_matches(session, req->key)) {
+    int64_t now = ttd_now_ms();
+    status = ttd_session_table_peek(&c->owner->core->sessions, req->session_id, NULL, now, &session);
+    if (!status && ttd_session_shm_key_matches(session, req->key)) {
+      ttd_session_touch(session, now); /* the key holder's request renews the lease, no one else's */
+    } else if (!status) {
       ttd_session_release(session);
       session = NULL;
       /* the same answer as an unknown session: the id alone reveals nothing */

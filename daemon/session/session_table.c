@@ -112,8 +112,9 @@ static ttd_status_t not_open(const ttd_session_table *table, uint64_t id, const 
                          id, table->lease_ms);
 }
 
-ttd_status_t ttd_session_table_lookup(ttd_session_table *table, uint64_t id, const char *tenant, int64_t now_ms,
-                                      ttd_session **out_session) {
+/* ttd_session_table_lookup, touching the session found when touch. */
+static ttd_status_t lookup(ttd_session_table *table, uint64_t id, const char *tenant, int64_t now_ms, bool touch,
+                           ttd_session **out_session) {
   pthread_mutex_lock(&table->lock);
   ttd_session *s = ttd_handle_map_get(&table->sessions, id);
   if (s && tenant && strcmp(s->tenant, tenant) != 0) s = NULL;
@@ -126,13 +127,23 @@ ttd_status_t ttd_session_table_lookup(ttd_session_table *table, uint64_t id, con
     s = NULL;
   } else if (s) {
     ttd_session_retain(s);
-    ttd_session_touch(s, now_ms);
+    if (touch) ttd_session_touch(s, now_ms);
   } else {
     status = not_open(table, id, tenant, now_ms);
   }
   pthread_mutex_unlock(&table->lock);
   *out_session = s;
   return status;
+}
+
+ttd_status_t ttd_session_table_lookup(ttd_session_table *table, uint64_t id, const char *tenant, int64_t now_ms,
+                                      ttd_session **out_session) {
+  return lookup(table, id, tenant, now_ms, true, out_session);
+}
+
+ttd_status_t ttd_session_table_peek(ttd_session_table *table, uint64_t id, const char *tenant, int64_t now_ms,
+                                    ttd_session **out_session) {
+  return lookup(table, id, tenant, now_ms, false, out_session);
 }
 
 ttd_status_t ttd_session_table_resume(ttd_session_table *table, uint64_t id, const char *tenant, const uint8_t *secret,

@@ -68,6 +68,11 @@ ttd_status_t ttd_session_table_resume(ttd_session_table *table, uint64_t id, con
 ttd_status_t ttd_session_table_lookup(ttd_session_table *table, uint64_t id, const char *tenant, int64_t now_ms,
                                       ttd_session **out_session);
 
+/* The same, without touching the session: for a caller that checks a secret first (the
+ * shared-memory side socket's key) and touches it only once that matches. */
+ttd_status_t ttd_session_table_peek(ttd_session_table *table, uint64_t id, const char *tenant, int64_t now_ms,
+                                    ttd_session **out_session);
+
 /* References to every open session, for listing and quota reloads: *out_sessions is a
  * new array the caller frees with ttd_session_table_snapshot_free. */
 ttd_status_t ttd_session_table_snapshot(ttd_session_table *table, ttd_session ***out_sessions, size_t *out_count);

@@ -289,6 +289,35 @@ START_TEST(test_bad_segments_and_ranges) {
 }
 END_TEST
 
+/* A side-socket request renews its session's lease only with the session's key: requests
+ * naming the session with a wrong key, every 200 ms for 2 s, leave it to expire at its
+ * 500 ms lease; the same requests with the right key keep another session open. */
+START_TEST(test_wrong_key_renews_no_lease) {
+  ck_assert_int_eq(ttd_proc_stop(&proc), 0);
+  static const char *short_lease[] = {"--lease", "500ms", NULL};
+  ttd_proc_start(&proc, short_lease);
+  char stranger[17], holder[17];
+  uint64_t stranger_key[2], holder_key[2];
+  open_session_with_key(stranger, stranger_key);
+  open_session_with_key(holder, holder_key);
+  int sock = side_socket();
+  for (int i = 0; i < 10; i++) {
+    ttd_shm_request req = {.magic = TTD_SHM_MAGIC, .op = TTD_SHM_RELEASE, .segment_id = 1};
+    req.session_id = strtoull(stranger, NULL, 16);
+    req.key[0] = stranger_key[0] ^ 1, req.key[1] = stranger_key[1];
+    ck_assert_int_eq(side_request(sock, req, -1).code, 5 /* NOT_FOUND */);
+    req.session_id = strtoull(holder, NULL, 16);
+    req.key[0] = holder_key[0], req.key[1] = holder_key[1];
+    ck_assert_int_eq(side_request(sock, req, -1).code, 5 /* no such segment, the session found */);
+    usleep(200 * 1000);
+  }
+  close(sock);
+  Ttd__V1__KeepAliveRequest keep = TTD__V1__KEEP_ALIVE_REQUEST__INIT;
+  raw_unary(proc.target, "/ttd.v1.Device/KeepAlive", &keep.base, (raw_md){.session = stranger}, NULL, 5, "expired");
+  raw_unary(proc.target, "/ttd.v1.Device/KeepAlive", &keep.base, (raw_md){.session = holder}, NULL, 0, NULL);
+}
+END_TEST
+
 Suite *e2e_shm_suite(void) {
   Suite *s = suite_create("e2e_shm");
   TCase *tc = tcase_create("shm");
@@ -296,6 +325,7 @@ Suite *e2e_shm_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_same_bytes_as_grpc);
   tcase_add_test(tc, test_bad_segments_and_ranges);
+  tcase_add_test(tc, test_wrong_key_renews_no_lease);
   suite_add_tcase(s, tc);
   return s;
 }
