@@ -226,6 +226,7 @@ static int pump_down(relay_worker *w, relay_conn *c) {
       c->down.eof = true;
       return -1;
     }
+    ttd_h2_frames_server_spoke(&c->frames); /* gRPC's SETTINGS, which it writes first, are out */
     if (pass(c, &c->down, true, w->scratch, n) != 0) return -1;
     if (c->down.held) return 0;
   }

@@ -35,7 +35,7 @@ static ttd_h2_verdict frame_header(ttd_h2_frames *f, int64_t now_ms) {
   f->head_len = 0;
   f->payload_left = (uint32_t)h[0] << 16 | (uint32_t)h[1] << 8 | h[2];
   if (type == TTD_H2_RST_STREAM) return take_reset(f, now_ms);
-  if (type == TTD_H2_SETTINGS && (flags & TTD_H2_FLAG_ACK)) f->settings_acked = 1;
+  if (type == TTD_H2_SETTINGS && (flags & TTD_H2_FLAG_ACK) && f->server_spoke) f->settings_acked = 1;
   if (type == TTD_H2_HEADERS && stream > f->last_stream) { /* a new stream */
     f->last_stream = stream;
     if (!f->settings_acked && ++f->streams_unacked > TTD_H2_STREAMS_BEFORE_ACK) return TTD_H2_STREAM_FLOOD;
@@ -73,6 +73,8 @@ ttd_h2_verdict ttd_h2_frames_feed(ttd_h2_frames *f, const uint8_t *data, size_t 
   else if (f->good < f->head_at) f->good = f->head_at; /* up to the offending frame */
   return f->verdict;
 }
+
+void ttd_h2_frames_server_spoke(ttd_h2_frames *f) { f->server_spoke = 1; }
 
 const char *ttd_h2_verdict_text(ttd_h2_verdict v) {
   switch (v) {

@@ -11,7 +11,9 @@
  * are gRPC's too once the client has acknowledged the server's SETTINGS (its
  * MAX_CONCURRENT_STREAMS, 1024, then holds); before that gRPC holds a client to no bound at
  * all, so the parser allows TTD_H2_STREAMS_BEFORE_ACK new streams until the first SETTINGS
- * acknowledgement. */
+ * acknowledgement that follows the server's first write (ttd_h2_frames_server_spoke): gRPC
+ * applies an acknowledgement to the SETTINGS it has sent, and one that comes before them
+ * acknowledges gRPC's defaults, which bound nothing. */
 #ifndef TTD_RPC_H2_FRAMES_H
 #define TTD_RPC_H2_FRAMES_H
 
@@ -52,6 +54,7 @@ typedef struct ttd_h2_frames {
   uint64_t resets;         /* RST_STREAM frames read */
   uint32_t last_stream;    /* the highest stream a HEADERS frame opened */
   uint32_t streams_unacked; /* streams opened before the first SETTINGS acknowledgement */
+  int server_spoke;        /* the server has written to the client (its SETTINGS first) */
   int settings_acked;      /* the client acknowledged the server's SETTINGS */
   uint64_t offset;         /* bytes fed */
   uint64_t head_at;        /* the offset of the current frame header's first byte */
@@ -68,6 +71,10 @@ void ttd_h2_frames_init(ttd_h2_frames *f, int max_resets, int expect_preface, in
 /* Reads len more bytes of the client's stream, received at now_ms (a monotonic clock in
  * milliseconds); returns the verdict so far. data may be NULL when len is 0. */
 ttd_h2_verdict ttd_h2_frames_feed(ttd_h2_frames *f, const uint8_t *data, size_t len, int64_t now_ms);
+
+/* The server has written to the client: its SETTINGS, which gRPC writes first, are out, so a
+ * SETTINGS acknowledgement from now on is one of them. */
+void ttd_h2_frames_server_spoke(ttd_h2_frames *f);
 
 /* What a verdict means, for logs: "HTTP/2 rapid reset" and the like. */
 const char *ttd_h2_verdict_text(ttd_h2_verdict v);

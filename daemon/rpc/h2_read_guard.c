@@ -18,6 +18,7 @@
 
 typedef struct guard_slot {
   atomic_bool watched; /* read without the lock first: an unwatched descriptor costs one load */
+  atomic_bool spoke;   /* the parser knows gRPC has written (ttd_h2_frames_server_spoke) */
   bool reported;
   pthread_mutex_t lock;
   ttd_h2_frames frames;
@@ -62,6 +63,7 @@ int ttd_h2_read_guard_watch(int fd, int max_resets) {
   pthread_mutex_lock(&s->lock);
   ttd_h2_frames_init(&s->frames, max_resets, 1, now_ms());
   s->reported = false;
+  atomic_store_explicit(&s->spoke, false, memory_order_relaxed);
   atomic_store_explicit(&s->watched, true, memory_order_release);
   pthread_mutex_unlock(&s->lock);
   return 0;
@@ -117,6 +119,24 @@ ssize_t recvmsg(int fd, struct msghdr *msg, int flags) {
   ssize_t pass = guard_read(s, fd, msg, n);
   errno = saved;
   return pass;
+}
+
+/* libgrpc's (and every other) sendmsg in ttd: the first time gRPC writes to a watched
+ * descriptor (its SETTINGS, which it has marked sent by then), the parser learns the server
+ * has spoken, before the bytes leave, so a client's acknowledgement of them never comes
+ * first; then the system call. A connection's first write finds its socket buffer empty. */
+ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
+  guard_slot *s = slot_of(fd, false);
+  if (s && atomic_load_explicit(&s->watched, memory_order_acquire) &&
+      !atomic_load_explicit(&s->spoke, memory_order_relaxed)) {
+    pthread_mutex_lock(&s->lock);
+    if (atomic_load_explicit(&s->watched, memory_order_relaxed)) {
+      ttd_h2_frames_server_spoke(&s->frames);
+      atomic_store_explicit(&s->spoke, true, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&s->lock);
+  }
+  return syscall(SYS_sendmsg, fd, msg, flags);
 }
 
 /* Every close in ttd: a watched descriptor's watch ends with it. */

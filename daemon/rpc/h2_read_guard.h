@@ -8,17 +8,21 @@
  * too, but costs two copies per byte and a thread hop (TCP downloads at 0.55x a bare gRPC
  * stream on 2 cores); the TLS listeners, whose bytes only ttd can decrypt, take that relay.
  *
- * How: ttd defines recvmsg and close, which the dynamic linker then resolves libgrpc's calls
- * to (an executable's definitions come before libc's); both make the system call directly.
+ * How: ttd defines recvmsg, sendmsg and close, which the dynamic linker then resolves
+ * libgrpc's calls to (an executable's definitions come before libc's); each makes the system
+ * call directly.
  * recvmsg on a watched descriptor feeds what it read through the connection's h2_frames
  * parser, and once the verdict is no longer TTD_H2_PASS it returns only the bytes before the
  * offending frame (0 reads as the end of the stream), shuts the socket down and reports the
  * verdict, once. close ends the watch, so a later descriptor of the same number (a shared-
- * memory side socket, say) is never read as HTTP/2. gRPC 1.51's TCP endpoint reads its data
- * with recvmsg only (libgrpc.so.29 imports recvmsg for sockets, read for its wake-up fds).
+ * memory side socket, say) is never read as HTTP/2. sendmsg on a watched descriptor tells the
+ * parser, at gRPC's first write, just before it, that the server's SETTINGS are out
+ * (h2_frames.h: an acknowledgement counts from then on). gRPC 1.51's TCP endpoint reads its data with recvmsg
+ * only and writes it with sendmsg only (libgrpc.so.29 imports both for sockets, read and
+ * write for its wake-up fds).
  *
  * Thread safety: any thread; one mutex per watched descriptor, taken by gRPC's reading
- * thread and by watch; no allocation in recvmsg. */
+ * thread, by its first write and by watch; no allocation in recvmsg or sendmsg. */
 #ifndef TTD_RPC_H2_READ_GUARD_H
 #define TTD_RPC_H2_READ_GUARD_H
 

@@ -48,15 +48,16 @@ static size_t call_headers(unsigned char *out, const char *path) {
 }
 
 /* `count` times a HEADERS frame opening a call of path (stream 2i + 1) and the frame of the
- * given type, flags and payload on the same stream, after the preface and an empty SETTINGS;
- * returns the pairs written before a write failed. */
-static int flood(h2_flood_write_fn write, void *arg, const char *path, int count, int type, int flags,
+ * given type, flags and payload on the same stream, after the preface, an empty SETTINGS and,
+ * when ack, a SETTINGS acknowledgement; returns the pairs written before a write failed. */
+static int flood(h2_flood_write_fn write, void *arg, const char *path, int count, int ack, int type, int flags,
                  const unsigned char *payload, size_t len) {
   unsigned char headers[512];
   size_t h = call_headers(headers, path);
   unsigned char start[64];
   memcpy(start, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
   size_t n = 24 + frame(start + 24, 4, 0, 0, NULL, 0);
+  if (ack) n += frame(start + n, 4, 0x1, 0, NULL, 0);
   if (write(arg, start, n) != 0) return 0;
   unsigned char *buf = malloc(PAIRS_PER_WRITE * (2 * 9 + h + len));
   if (!buf) return 0;
@@ -78,10 +79,10 @@ static int flood(h2_flood_write_fn write, void *arg, const char *path, int count
 
 int h2_flood_rapid_reset(h2_flood_write_fn write, void *arg, const char *path, int pairs) {
   static const unsigned char cancel[4] = {0, 0, 0, 8}; /* RST_STREAM CANCEL */
-  return flood(write, arg, path, pairs, 3, 0, cancel, sizeof(cancel));
+  return flood(write, arg, path, pairs, 0, 3, 0, cancel, sizeof(cancel));
 }
 
-int h2_flood_calls(h2_flood_write_fn write, void *arg, const char *path, int calls) {
+int h2_flood_calls(h2_flood_write_fn write, void *arg, const char *path, int calls, int early_ack) {
   static const unsigned char empty[5] = {0}; /* an uncompressed gRPC message of 0 bytes */
-  return flood(write, arg, path, calls, 0, 0x1, empty, sizeof(empty)); /* DATA, END_STREAM */
+  return flood(write, arg, path, calls, early_ack, 0, 0x1, empty, sizeof(empty)); /* DATA, END_STREAM */
 }

@@ -17,11 +17,12 @@ typedef int (*h2_flood_write_fn)(void *arg, const void *buf, size_t len);
  * failed: `pairs` when none did. */
 int h2_flood_rapid_reset(h2_flood_write_fn write, void *arg, const char *path, int pairs);
 
-/* The same start, then `calls` complete calls of path, each a HEADERS frame and a DATA
- * frame holding an empty gRPC message with END_STREAM, 256 a write, never acknowledging the
- * server's SETTINGS nor reading its answers. Returns the calls written before a write
- * failed: `calls` when none did. */
-int h2_flood_calls(h2_flood_write_fn write, void *arg, const char *path, int calls);
+/* The same start (with a SETTINGS acknowledgement right after it when early_ack, before the
+ * server's SETTINGS can have arrived), then `calls` complete calls of path, each a HEADERS
+ * frame and a DATA frame holding an empty gRPC message with END_STREAM, 256 a write, never
+ * reading the answers. Returns the calls written before a write failed: `calls` when none
+ * did. */
+int h2_flood_calls(h2_flood_write_fn write, void *arg, const char *path, int calls, int early_ack);
 
 /* A write function for a plain socket: arg points at its descriptor. */
 int h2_flood_write_fd(void *arg, const void *buf, size_t len);

@@ -89,10 +89,12 @@ START_TEST(test_large_frames_pass) {
 }
 END_TEST
 
-/* HEADERS opening n streams (odd ids from 1), after a SETTINGS acknowledgement when acked. */
-static ttd_h2_verdict open_streams(ttd_h2_frames *f, int n, int acked) {
+/* HEADERS opening n streams (odd ids from 1), after a SETTINGS acknowledgement when acked;
+ * the server has written (its SETTINGS out) before that acknowledgement when spoke. */
+static ttd_h2_verdict open_streams(ttd_h2_frames *f, int n, int acked, int spoke) {
   uint8_t buf[16];
   ttd_h2_frames_init(f, 200, 0, 0);
+  if (spoke) ttd_h2_frames_server_spoke(f);
   if (acked) {
     frame(buf, 0, 4, 0);
     buf[4] = 1; /* ACK */
@@ -106,18 +108,21 @@ static ttd_h2_verdict open_streams(ttd_h2_frames *f, int n, int acked) {
 
 /* Before the client acknowledges the server's SETTINGS (gRPC then holds it to no stream
  * bound), 1024 new streams pass and the 1025th is refused; HEADERS on a stream already open
- * (trailers) and SETTINGS that are not an acknowledgement open nothing; once acknowledged,
- * the streams are gRPC's to bound. */
+ * (trailers) and SETTINGS that are not an acknowledgement open nothing; an acknowledgement
+ * sent before the server wrote its SETTINGS acknowledges nothing; once acknowledged, the
+ * streams are gRPC's to bound. */
 START_TEST(test_streams_before_settings_ack) {
   ttd_h2_frames f;
-  ck_assert_int_eq(open_streams(&f, TTD_H2_STREAMS_BEFORE_ACK, 0), TTD_H2_PASS);
+  ck_assert_int_eq(open_streams(&f, TTD_H2_STREAMS_BEFORE_ACK, 0, 1), TTD_H2_PASS);
   uint8_t buf[16];
   ck_assert_int_eq(ttd_h2_frames_feed(&f, buf, frame(buf, 4, 1, 1), 0), TTD_H2_PASS); /* stream 1 again */
   ck_assert_int_eq(ttd_h2_frames_feed(&f, buf, frame(buf, 6, 4, 0), 0), TTD_H2_PASS); /* SETTINGS, no ACK */
   ck_assert_uint_eq(f.streams_unacked, TTD_H2_STREAMS_BEFORE_ACK);
   ck_assert_int_eq(ttd_h2_frames_feed(&f, buf, frame(buf, 4, 1, 2u * TTD_H2_STREAMS_BEFORE_ACK + 1), 0),
                    TTD_H2_STREAM_FLOOD);
-  ck_assert_int_eq(open_streams(&f, 20000, 1), TTD_H2_PASS);
+  ck_assert_int_eq(open_streams(&f, 20000, 1, 0), TTD_H2_STREAM_FLOOD); /* acknowledged too early */
+  ck_assert_uint_eq(f.streams_unacked, TTD_H2_STREAMS_BEFORE_ACK + 1);
+  ck_assert_int_eq(open_streams(&f, 20000, 1, 1), TTD_H2_PASS);
   ck_assert_uint_eq(f.streams_unacked, 0);
   ck_assert_str_eq(ttd_h2_verdict_text(TTD_H2_STREAM_FLOOD),
                    "HTTP/2 stream flood: the client opened more streams than the server allows without acknowledging "
