@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/http.h>
 #include <event2/listener.h>
 #include <netinet/in.h>
@@ -23,6 +24,12 @@ struct ttd_admin {
   ttd_core *core;
   int port; /* the one bound: the kernel's choice for port 0 */
   bool ready;
+  /* Connections evhttp made this turn of the loop, each with a reference of ours, waiting for
+   * adopt_connections to count them: evhttp makes its connection object after on_new_connection. */
+  struct event *adopt;
+  struct bufferevent **fresh;
+  size_t n_fresh, cap_fresh;
+  int connections, max_connections; /* open now, and the bound */
 };
 
 /* At most one line a second for a repeating message, then the count of those left out. */
@@ -214,13 +221,19 @@ char *ttd_admin_render_metrics(ttd_core *core) {
           "# HELP ttd_connections_protocol_closed_total Connections closed for an HTTP/2 frame gRPC would "
           "refuse (longer than the frame size it advertises).\n"
           "# TYPE ttd_connections_protocol_closed_total counter\nttd_connections_protocol_closed_total %llu\n"
+          "# HELP ttd_admin_connections Connections the admin HTTP listener holds open.\n"
+          "# TYPE ttd_admin_connections gauge\nttd_admin_connections %lld\n"
+          "# HELP ttd_admin_connections_refused_total Admin HTTP connections closed at once, past "
+          "--admin-max-connections.\n# TYPE ttd_admin_connections_refused_total counter\n"
+          "ttd_admin_connections_refused_total %llu\n"
           "# HELP ttd_listeners_down Listeners that did not answer the last probe (/healthz fails while any).\n"
           "# TYPE ttd_listeners_down gauge\nttd_listeners_down %d\n",
       (unsigned long long)atomic_load(&mt->connections_refused),
       (unsigned long long)atomic_load(&mt->connections_timed_out),
       (unsigned long long)atomic_load(&mt->connections_reset_closed),
       (unsigned long long)atomic_load(&mt->connections_protocol_closed),
-      __builtin_popcount(atomic_load(&mt->listeners_down)));
+      (long long)atomic_load(&mt->admin_connections),
+      (unsigned long long)atomic_load(&mt->admin_connections_refused), __builtin_popcount(atomic_load(&mt->listeners_down)));
   put(&t, "# HELP ttd_bytes_to_device_total Tensor bytes received from clients (uploads, inline tensors).\n"
           "# TYPE ttd_bytes_to_device_total counter\nttd_bytes_to_device_total %llu\n",
       (unsigned long long)atomic_load(&mt->bytes_to_device));
@@ -262,6 +275,57 @@ char *ttd_admin_render_metrics(ttd_core *core) {
     put(&t, "ttd_rpc_duration_seconds_count{method=\"%s\"} %llu\n", method_name(i), total);
   }
   return t.data;
+}
+
+static void on_connection_closed(struct evhttp_connection *evcon, void *arg) {
+  (void)evcon;
+  ttd_admin *admin = arg;
+  admin->connections--;
+  atomic_store(&admin->core->metrics.admin_connections, admin->connections);
+}
+
+/* evhttp's connection objects of this turn's accepts: past max_connections one is closed at
+ * once; the others count until they close. */
+static void adopt_connections(evutil_socket_t fd, short what, void *arg) {
+  (void)fd, (void)what;
+  ttd_admin *admin = arg;
+  for (size_t i = 0; i < admin->n_fresh; i++) {
+    struct bufferevent *bev = admin->fresh[i];
+    void *evcon = NULL; /* evhttp's callbacks' argument; NULL once evhttp freed the connection */
+    bufferevent_getcb(bev, NULL, NULL, NULL, &evcon);
+    if (evcon && admin->connections >= admin->max_connections) {
+      atomic_fetch_add(&admin->core->metrics.admin_connections_refused, 1);
+      evhttp_connection_free(evcon);
+    } else if (evcon) {
+      admin->connections++;
+      evhttp_connection_set_closecb(evcon, on_connection_closed, admin);
+    }
+    bufferevent_decref(bev);
+  }
+  admin->n_fresh = 0;
+  atomic_store(&admin->core->metrics.admin_connections, admin->connections);
+}
+
+/* evhttp's source of a new connection's bufferevent. Reading stops while ADMIN_MAX_INPUT_BYTES
+ * wait in it: evhttp parses one request at a time and reads the next only after its answer is
+ * sent, so a peer that pipelines requests without reading the answers is held to that much
+ * input and one answer until --admin-timeout closes it. */
+static struct bufferevent *on_new_connection(struct event_base *base, void *arg) {
+  ttd_admin *admin = arg;
+  struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+  if (!bev) return NULL;
+  bufferevent_setwatermark(bev, EV_READ, 0, ADMIN_MAX_INPUT_BYTES);
+  if (admin->n_fresh == admin->cap_fresh) {
+    size_t cap = admin->cap_fresh ? admin->cap_fresh * 2 : 16;
+    struct bufferevent **grown = realloc(admin->fresh, cap * sizeof(*grown));
+    if (!grown) return bev; /* out of memory: this one goes uncounted */
+    admin->fresh = grown;
+    admin->cap_fresh = cap;
+  }
+  bufferevent_incref(bev);
+  admin->fresh[admin->n_fresh++] = bev;
+  event_active(admin->adopt, EV_TIMEOUT, 0);
+  return bev;
 }
 
 /* A HEAD answer carries no body: evhttp would send one, with no Content-Length, and a client
@@ -309,7 +373,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
 }
 
 ttd_status_t ttd_admin_start(struct event_base *base, ttd_core *core, const char *address, int64_t timeout_ms,
-                             ttd_admin **out_admin) {
+                             int max_connections, ttd_admin **out_admin) {
   *out_admin = NULL;
   const char *colon = strrchr(address, ':');
   char host[256];
@@ -321,10 +385,13 @@ ttd_status_t ttd_admin_start(struct event_base *base, ttd_core *core, const char
   ttd_admin *admin = calloc(1, sizeof(*admin));
   if (!admin) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
   admin->core = core;
+  admin->max_connections = max_connections;
   admin->http = evhttp_new(base);
   admin->resume = evtimer_new(base, resume_accepting, admin);
-  struct evhttp_bound_socket *bound =
-      admin->http && admin->resume ? evhttp_bind_socket_with_handle(admin->http, host, (ev_uint16_t)port) : NULL;
+  admin->adopt = event_new(base, -1, 0, adopt_connections, admin);
+  struct evhttp_bound_socket *bound = admin->http && admin->resume && admin->adopt
+                                          ? evhttp_bind_socket_with_handle(admin->http, host, (ev_uint16_t)port)
+                                          : NULL;
   if (!bound) {
     ttd_admin_stop(admin);
     return ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot listen for admin HTTP on %s (in use? use --admin off)",
@@ -346,7 +413,9 @@ ttd_status_t ttd_admin_start(struct event_base *base, ttd_core *core, const char
   evhttp_set_allowed_methods(admin->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
                                               EVHTTP_REQ_DELETE);
   evhttp_set_gencb(admin->http, on_request, admin);
-  TTD_LOG(TTD_LOG_INFO, "event=admin-listening address=%s port=%d", address, admin->port);
+  evhttp_set_bevcb(admin->http, on_new_connection, admin);
+  TTD_LOG(TTD_LOG_INFO, "event=admin-listening address=%s port=%d max_connections=%d", address, admin->port,
+          max_connections);
   *out_admin = admin;
   return TTD_OK;
 }
@@ -359,7 +428,10 @@ void ttd_admin_set_ready(ttd_admin *admin, bool ready) {
 
 void ttd_admin_stop(ttd_admin *admin) {
   if (!admin) return;
-  if (admin->http) evhttp_free(admin->http);
+  if (admin->http) evhttp_free(admin->http); /* closes every connection */
+  adopt_connections(-1, 0, admin);           /* drops our references to this turn's */
+  free(admin->fresh);
+  if (admin->adopt) event_free(admin->adopt);
   if (admin->resume) event_free(admin->resume);
   if (accepting_admin == admin) accepting_admin = NULL;
   free(admin);

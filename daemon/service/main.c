@@ -255,7 +255,10 @@ static ttd_status_t service_start(service *svc) {
   svc->bound = true;
   TTD_RETURN_IF_ERROR(ttd_server_start(svc->core, (const char *const *)config->listen, config->listen_count,
                                        config->threads, &svc->server));
-  if (strcmp(config->admin, "off") != 0) TTD_RETURN_IF_ERROR(ttd_admin_start(svc->base, svc->core, config->admin, config->admin_timeout_ms, &svc->admin));
+  if (strcmp(config->admin, "off") != 0) {
+    TTD_RETURN_IF_ERROR(ttd_admin_start(svc->base, svc->core, config->admin, config->admin_timeout_ms,
+                                        config->admin_max_connections, &svc->admin));
+  }
   svc->sigterm = evsignal_new(svc->base, SIGTERM, on_stop_signal, svc);
   svc->sigint = evsignal_new(svc->base, SIGINT, on_stop_signal, svc);
   svc->sighup = evsignal_new(svc->base, SIGHUP, on_reload, svc);

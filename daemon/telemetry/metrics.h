@@ -46,6 +46,9 @@ typedef struct ttd_metrics {
   atomic_ullong connections_reset_closed; /* closed for resetting calls too fast */
   atomic_ullong connections_protocol_closed; /* closed for an HTTP/2 frame gRPC would refuse */
   atomic_uint listeners_down;             /* bit i: --listen i did not answer the last probe */
+  /* Connections of the admin HTTP listener (service/admin_http.h). */
+  atomic_llong admin_connections;         /* open now */
+  atomic_ullong admin_connections_refused; /* closed at once, past --admin-max-connections */
 } ttd_metrics;
 
 /* Upper bounds of the latency buckets, in seconds. */

@@ -101,7 +101,7 @@ static void start_admin(ttd_core *core) {
   ttd_admin_route_libevent_log(); /* libevent's complaints about bad requests: quiet, as the daemon's log */
   base = event_base_new();
   if (base && event_base_priority_init(base, 3) != 0) abort(); /* the server's events at 1, the idle one at 2 */
-  ttd_status_t status = base ? ttd_admin_start(base, core, "127.0.0.1:0", 2000, &admin) : TTD_OK;
+  ttd_status_t status = base ? ttd_admin_start(base, core, "127.0.0.1:0", 2000, 64, &admin) : TTD_OK;
   if (!base || status) {
     fprintf(stderr, "fuzz: cannot start the admin listener: %s\n",
             status ? ttd_status_message(status) : "no event base");

@@ -46,6 +46,8 @@ static const option options[] = {
     {"admin", OPT_STRING, FIELD(admin), 0, 0, "127.0.0.1:9464", "admin HTTP (/healthz, /readyz, /metrics) on host:port, or off"},
     {"admin-timeout", OPT_DURATION, FIELD(admin_timeout_ms), 1000, 3600000, "10",
      "admin HTTP: close a connection that sends or takes nothing for this long"},
+    {"admin-max-connections", OPT_INT, FIELD(admin_max_connections), 1, 65536, "64",
+     "admin HTTP connections held at once; more are closed at once"},
     {"max-connections", OPT_INT, FIELD(max_connections), 1, 1000000, "4096",
      "connections all listeners hold at once; more are closed at once (keep it well under the descriptor limit, "
      "LimitNOFILE: a TLS connection takes 3 to 5 descriptors)"},

@@ -36,6 +36,7 @@ typedef struct ttd_config {
   int64_t lease_ms;
   int64_t drain_timeout_ms;
   int64_t admin_timeout_ms; /* admin HTTP: a connection idle this long is closed */
+  int admin_max_connections; /* admin HTTP: connections at once; more are closed */
   int max_connections;      /* every listener (the gate): connections at once, in all */
   int max_peer_connections; /* ... from one TCP address or one local uid */
   int64_t handshake_timeout_ms; /* a connection without its HTTP/2 preface (or TLS handshake) is closed */

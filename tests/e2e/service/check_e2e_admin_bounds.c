@@ -1,11 +1,14 @@
-/* The admin HTTP listener against hostile local peers, on a real ttd with --admin-timeout 1:
- * oversized headers and bodies are refused without being buffered, an idle or slow peer is
- * closed after the timeout, and when accept fails for lack of file descriptors the listener
+/* The admin HTTP listener against hostile local peers, on a real ttd with --admin-timeout 1
+ * and --admin-max-connections 8: oversized headers and bodies are refused without being
+ * buffered, an idle or slow peer is closed after the timeout, connections past the bound are
+ * closed at once, pipelined requests whose answers are not read are not buffered, and when
+ * accept fails for lack of file descriptors the listener
  * pauses instead of spinning, logs at most a line a second, and serves again once
  * descriptors are free. */
 #define _GNU_SOURCE /* prlimit */
 #include <arpa/inet.h>
 #include <check.h>
+#include <stdbool.h>
 #include <dirent.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -27,7 +30,7 @@ static void setup(void) {
   char admin[32];
   port = harness_free_tcp_port();
   snprintf(admin, sizeof(admin), "127.0.0.1:%d", port);
-  const char *args[] = {"--admin", admin, "--admin-timeout", "1", NULL};
+  const char *args[] = {"--admin", admin, "--admin-timeout", "1", "--admin-max-connections", "8", NULL};
   ttd_proc_start(&proc, args);
   char *r = harness_http(port, "GET", "/healthz");
   ck_assert_ptr_nonnull(strstr(r, "200 OK"));
@@ -128,6 +131,70 @@ START_TEST(test_idle_peer_closed) {
 }
 END_TEST
 
+/* Whether the peer has closed fd (without waiting). */
+static bool closed_by_peer(int fd) {
+  char c;
+  return recv(fd, &c, 1, MSG_DONTWAIT) == 0;
+}
+
+/* 20 peers each holding half a request: 8 are kept, the 12 past --admin-max-connections are
+ * closed at once (within 300 ms, well before the 1 s timeout) and counted; once the 8 close, the listener answers again and counts one
+ * open connection (the one asking). */
+START_TEST(test_connections_capped) {
+  int fds[20], refused = 0;
+  for (int i = 0; i < 20; i++) {
+    fds[i] = connect_admin();
+    send_some(fds[i], "GET /healthz HTTP/1.1\r\nX-a: ", 29);
+  }
+  usleep(300 * 1000);
+  for (int i = 0; i < 20; i++) refused += closed_by_peer(fds[i]) ? 1 : 0;
+  for (int i = 0; i < 20; i++) close(fds[i]);
+  ck_assert_int_eq(refused, 12);
+  char *r = NULL;
+  for (int i = 0; i < 20; i++) { /* the daemon sees the closes within a turn of its loop */
+    free(r);
+    r = harness_http(port, "GET", "/metrics");
+    if (harness_metric(r, "ttd_admin_connections") == 1) break;
+    usleep(50 * 1000);
+  }
+  ck_assert_msg(strstr(r, "200 OK") != NULL, "%s", r);
+  ck_assert_int_eq((int)harness_metric(r, "ttd_admin_connections"), 1);
+  ck_assert_int_eq((int)harness_metric(r, "ttd_admin_connections_refused_total"), 12);
+  free(r);
+}
+END_TEST
+
+/* A peer pipelining 64 MiB of GET /metrics without reading an answer: the daemon stops
+ * taking bytes after a bounded amount (under 16 MiB, the sockets' buffers included), its peak
+ * RSS grows by less than 8 MiB, and the listener answers others. */
+START_TEST(test_pipelined_requests_not_buffered) {
+  long before = harness_hwm_kib(&proc);
+  int fd = connect_admin();
+  int small = 4096;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  struct timeval tv = {3, 0};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  const char *one = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  size_t len = strlen(one), chunk = 1 << 20, total = 0;
+  char *reqs = malloc(chunk);
+  for (size_t off = 0; off + len <= chunk; off += len) memcpy(reqs + off, one, len);
+  chunk -= chunk % len;
+  for (int i = 0; i < 64; i++) {
+    size_t sent = send_some(fd, reqs, chunk);
+    total += sent;
+    if (sent < chunk) break;
+  }
+  long after = harness_hwm_kib(&proc);
+  ck_assert_msg(total < (16u << 20), "the daemon took %zu bytes of pipelined requests", total);
+  ck_assert_msg(after - before < 8192, "peak RSS grew %ld KiB after %zu bytes", after - before, total);
+  free(reqs);
+  close(fd);
+  char *r = harness_http(port, "GET", "/healthz");
+  ck_assert_ptr_nonnull(strstr(r, "200 OK"));
+  free(r);
+}
+END_TEST
+
 static int open_fds(pid_t pid) {
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
@@ -191,6 +258,8 @@ Suite *e2e_admin_bounds_suite(void) {
   tcase_add_test(tc, test_oversized_headers_refused);
   tcase_add_test(tc, test_oversized_body_not_buffered);
   tcase_add_test(tc, test_idle_peer_closed);
+  tcase_add_test(tc, test_connections_capped);
+  tcase_add_test(tc, test_pipelined_requests_not_buffered);
   tcase_add_test(tc, test_accept_failure_pauses_and_recovers);
   suite_add_tcase(s, tc);
   return s;
