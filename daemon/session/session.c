@@ -145,6 +145,30 @@ static ttd_status_t put_locked(ttd_session *session, ttd_handle_map *map, void *
   return TTD_OK;
 }
 
+/* The tenant's account of segments (its quota, the parent of the session's), or NULL. */
+static ttd_quota *segment_tenant(const ttd_session *session) {
+  return session->quota ? session->quota->parent : NULL;
+}
+
+/* Counts one more segment against the session's tenant: RESOURCE_EXHAUSTED naming the tenant
+ * and its bound when its sessions already hold ttd_shm_segment_tenant_limit(). */
+static ttd_status_t charge_tenant_segment(ttd_session *session) {
+  ttd_quota *tenant = segment_tenant(session);
+  if (!tenant) return TTD_OK;
+  uint64_t cap = ttd_shm_segment_tenant_limit();
+  if (atomic_fetch_add(&tenant->shm_segments, 1) < cap) return TTD_OK;
+  atomic_fetch_sub(&tenant->shm_segments, 1);
+  return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                         "tenant %s holds %" PRIu64 " shared-memory segments over its sessions, its bound (a "
+                         "quarter of the daemon's %" PRIu64 "): release segments, or register fewer and larger ones",
+                         session->tenant, cap, ttd_shm_segment_limit());
+}
+
+static void refund_tenant_segments(ttd_session *session, uint64_t n) {
+  ttd_quota *tenant = segment_tenant(session);
+  if (tenant && n) atomic_fetch_sub(&tenant->shm_segments, n);
+}
+
 ttd_status_t ttd_session_segment_add_as(ttd_session *session, ttd_shm_segment *segment, uid_t uid, uint64_t wanted,
                                         uint64_t *out_id) {
   *out_id = 0;
@@ -164,13 +188,15 @@ ttd_status_t ttd_session_segment_add_as(ttd_session *session, ttd_shm_segment *s
     status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
                              "session %016" PRIx64 " already has %d shared-memory segments; release some", session->id,
                              TTD_SHM_MAX_SEGMENTS);
-  } else {
+  } else if (!(status = charge_tenant_segment(session))) {
     status = wanted ? put_locked(session, &session->segments, segment, wanted)
                     : add_locked(session, &session->segments, segment, 0, out_id);
     if (!status && wanted) *out_id = wanted;
     if (!status) {
       session->segments_uid = uid;
       session->segments_bytes += segment->size;
+    } else {
+      refund_tenant_segments(session, 1);
     }
   }
   pthread_mutex_unlock(&session->lock);
@@ -193,6 +219,7 @@ ttd_status_t ttd_session_segment_remove(ttd_session *session, uint64_t id, uid_t
   bool other = session->segments.count && session->segments_uid != uid;
   ttd_shm_segment *s = other ? NULL : ttd_handle_map_remove(&session->segments, id);
   if (s) session->segments_bytes -= s->size;
+  if (s) refund_tenant_segments(session, 1);
   pthread_mutex_unlock(&session->lock);
   if (other) {
     return ttd_make_status(GRPC_STATUS_PERMISSION_DENIED, "the session's segments belong to uid %u, not %u",
@@ -409,6 +436,7 @@ void ttd_session_close(ttd_session *session, uint64_t *out_tensors, uint64_t *ou
   memset(&session->programs, 0, sizeof(session->programs));
   ttd_handle_map segments = session->segments;
   memset(&session->segments, 0, sizeof(session->segments));
+  refund_tenant_segments(session, segments.count);
   ttd_handle_map tensors = session->tensors;
   memset(&session->tensors, 0, sizeof(session->tensors));
   session->tensor_bytes = 0;

@@ -166,7 +166,8 @@ bool ttd_session_shm_key_matches(const ttd_session *session, const uint64_t key[
 
 /* Adds a registered segment under a new id (the session takes its reference on success).
  * FAILED_PRECONDITION when closed, RESOURCE_EXHAUSTED past TTD_SHM_MAX_SEGMENTS segments or
- * TTD_SHM_MAX_SESSION_BYTES, PERMISSION_DENIED when uid differs from the session's earlier
+ * TTD_SHM_MAX_SESSION_BYTES, or when the tenant's sessions hold ttd_shm_segment_tenant_limit()
+ * segments together (counted on the tenant's quota, the session quota's parent), PERMISSION_DENIED when uid differs from the session's earlier
  * segments'. */
 ttd_status_t ttd_session_segment_add(ttd_session *session, ttd_shm_segment *segment, uid_t uid, uint64_t *out_id);
 

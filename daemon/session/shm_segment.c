@@ -36,6 +36,11 @@ uint64_t ttd_shm_segment_limit(void) {
 
 void ttd_shm_segment_set_limit(uint64_t l) { atomic_store(&limit, l ? l : default_limit()); }
 
+uint64_t ttd_shm_segment_tenant_limit(void) {
+  uint64_t share = ttd_shm_segment_limit() / TTD_SHM_TENANT_SHARE;
+  return share ? share : 1;
+}
+
 ttd_status_t ttd_shm_segment_map(int fd, uint64_t size, ttd_shm_segment **out_segment) {
   *out_segment = NULL;
   struct stat st;

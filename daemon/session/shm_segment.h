@@ -30,6 +30,11 @@ uint64_t ttd_shm_segments_mapped(void);
 uint64_t ttd_shm_segment_limit(void);
 void ttd_shm_segment_set_limit(uint64_t limit);
 
+/* The segments one tenant's sessions hold at once, together: a TTD_SHM_TENANT_SHARE-th of
+ * ttd_shm_segment_limit(), so that one tenant cannot take the whole of it. */
+#define TTD_SHM_TENANT_SHARE 4
+uint64_t ttd_shm_segment_tenant_limit(void);
+
 ttd_shm_segment *ttd_shm_segment_retain(ttd_shm_segment *segment);
 void ttd_shm_segment_release(ttd_shm_segment *segment); /* the last one unmaps; NULL ok */
 

@@ -22,6 +22,7 @@ typedef struct ttd_quota {
   _Atomic uint64_t limit; /* bytes; 0 = no limit beyond the device's capacity */
   struct ttd_quota *parent; /* charged too, after this one (a session's tenant); one reference */
   char tenant[64];          /* a tenant's quota: its name, for messages; "" for a session's */
+  _Atomic uint64_t shm_segments; /* a tenant's quota: shared-memory segments its sessions hold */
 } ttd_quota;
 
 /* A new quota with one reference, or NULL when out of memory. */

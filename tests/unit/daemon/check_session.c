@@ -660,6 +660,66 @@ START_TEST(test_shm_segments_bounded) {
 }
 END_TEST
 
+/* Adds a fresh 4 KiB segment to session as uid 1000; the status (the segment is released
+ * when refused). */
+static ttd_status_t add_segment(ttd_session *session) {
+  ttd_shm_segment *seg = NULL;
+  ck_assert_ptr_null(map_one(&seg));
+  uint64_t id;
+  ttd_status_t st = ttd_session_segment_add(session, seg, 1000, &id);
+  if (st) ttd_shm_segment_release(seg);
+  return st;
+}
+
+/* One tenant's sessions hold at most ttd_shm_segment_tenant_limit() segments together (with
+ * a daemon limit of 8, 2): alice's third, in her second session, is RESOURCE_EXHAUSTED naming
+ * her and the bound, while bob still registers; a release and a closed session give alice
+ * room again. */
+START_TEST(test_shm_segments_per_tenant) {
+  ck_assert_uint_eq(ttd_shm_segments_mapped(), 0);
+  ttd_shm_segment_set_limit(8);
+  ck_assert_uint_eq(ttd_shm_segment_tenant_limit(), 2);
+  ttd_session_table table;
+  ttd_session_table_init(&table, 1000);
+  ttd_quota *alice_q = ttd_quota_create_tenant(0, "alice"), *bob_q = ttd_quota_create_tenant(0, "bob");
+  ttd_session_params alice = {.client_name = "x", .tenant = "alice", .tenant_quota = alice_q};
+  ttd_session_params bob = {.client_name = "x", .tenant = "bob", .tenant_quota = bob_q};
+  ttd_session *a1, *a2, *b;
+  ck_assert_ptr_null(ttd_session_table_open(&table, &alice, 0, &a1));
+  ck_assert_ptr_null(ttd_session_table_open(&table, &alice, 0, &a2));
+  ck_assert_ptr_null(ttd_session_table_open(&table, &bob, 0, &b));
+  ck_assert_ptr_null(add_segment(a1));
+  ck_assert_ptr_null(add_segment(a2));
+  ttd_status_t st = add_segment(a2);
+  ck_assert_int_eq(ttd_status_code(st), GRPC_STATUS_RESOURCE_EXHAUSTED);
+  ck_assert_msg(strstr(ttd_status_message(st), "tenant alice holds 2 shared-memory segments over its sessions, its "
+                                              "bound (a quarter of the daemon's 8)") != NULL,
+                "%s", ttd_status_message(st));
+  ttd_status_free(st);
+  ck_assert_uint_eq(atomic_load(&alice_q->shm_segments), 2);
+  ck_assert_uint_eq(a2->segments.count, 1);
+  ck_assert_ptr_null(add_segment(b));
+  ck_assert_ptr_null(add_segment(b));
+  uint64_t id = 0;
+  for (size_t i = 0; i < a2->segments.capacity && !id; i++) id = a2->segments.keys[i];
+  ck_assert_ptr_null(ttd_session_segment_remove(a2, id, 1000));
+  ck_assert_ptr_null(add_segment(a2));
+  ttd_session_table_close(&table, a1, NULL, NULL);
+  ck_assert_uint_eq(atomic_load(&alice_q->shm_segments), 1);
+  ck_assert_ptr_null(add_segment(a2));
+  ttd_session_release(a1);
+  ttd_session_release(a2);
+  ttd_session_release(b);
+  ttd_session_table_destroy(&table);
+  ck_assert_uint_eq(atomic_load(&alice_q->shm_segments), 0);
+  ck_assert_uint_eq(atomic_load(&bob_q->shm_segments), 0);
+  ck_assert_uint_eq(ttd_shm_segments_mapped(), 0);
+  ttd_quota_release(alice_q);
+  ttd_quota_release(bob_q);
+  ttd_shm_segment_set_limit(0);
+}
+END_TEST
+
 /* destroy closes every session and frees their tensors, even ones the caller still holds. */
 START_TEST(test_table_destroy_closes_all) {
   ttd_session_table table;
@@ -860,6 +920,7 @@ Suite *session_suite(void) {
   tcase_add_test(tc, test_table_sweep_bounded_per_call);
   tcase_add_test(tc, test_table_sessions_per_tenant);
   tcase_add_test(tc, test_shm_segments_bounded);
+  tcase_add_test(tc, test_shm_segments_per_tenant);
   tcase_add_test(tc, test_table_destroy_closes_all);
   suite_add_tcase(s, tc);
 
