@@ -52,6 +52,7 @@ typedef struct ttd_call {
   void *stream;                 /* a streaming handler's state */
   ttd_job job;                  /* device work waits in the scheduler as this */
   uint64_t queued_bytes;        /* the waiting request's size, charged to the session's quota */
+  bool holds_lease;             /* a device call admitted: its session does not expire until the call goes */
   ProtobufCMessage *request;    /* the unpacked request of a scheduled call */
   int64_t started_ns;           /* monotonic, when the call arrived (for latency metrics) */
   uint64_t request_id;          /* counts calls since start; in logs and ttd-request-id metadata */

@@ -119,6 +119,7 @@ static ttd_status_t request_call(ttd_server *server, const ttd_method *method, v
 static void call_destroy(ttd_call *c) {
   active_remove(c);
   if (c->session) ttd_session_stream_remove(c->session, &c->session_stream);
+  if (c->holds_lease) ttd_session_device_call_end(c->session, ttd_now_ms());
   ttd_call_deinit(c);
   if (c->method == &unknown_method) grpc_call_details_destroy(&c->details);
   if (c->call) grpc_call_unref(c->call);
@@ -241,6 +242,8 @@ static ttd_status_t queue_admit(ttd_call *c, const ProtobufCMessage *request) {
     return named;
   }
   c->queued_bytes = bytes;
+  ttd_session_device_call_begin(s);
+  c->holds_lease = true;
   return TTD_OK;
 }
 

@@ -72,6 +72,13 @@ void ttd_session_touch(ttd_session *session, int64_t now_ms) {
   atomic_store_explicit(&session->last_seen_ms, now_ms, memory_order_relaxed);
 }
 
+void ttd_session_device_call_begin(ttd_session *session) { atomic_fetch_add(&session->device_calls, 1); }
+
+void ttd_session_device_call_end(ttd_session *session, int64_t now_ms) {
+  ttd_session_touch(session, now_ms); /* first: a sweep that sees no call sees the new lease */
+  atomic_fetch_sub(&session->device_calls, 1);
+}
+
 ttd_status_t ttd_session_handle_not_found(uint64_t handle) {
   return ttd_make_status(GRPC_STATUS_NOT_FOUND,
                          "tensor 0x%016" PRIx64 " not found in this session "

@@ -48,6 +48,7 @@ typedef struct ttd_session {
   ttd_quota *quota;                 /* device bytes of everything the session made */
   _Atomic int64_t last_seen_ms; /* monotonic ms of the latest call */
   atomic_int queued_calls;      /* device calls waiting for their turn (TTD_SESSION_MAX_QUEUED) */
+  atomic_int device_calls;      /* device calls admitted and not yet answered: the lease waits for them */
   pthread_mutex_t lock;         /* guards everything below */
   bool closed;
   ttd_handle_map tensors;       /* handle -> ttd_tensor* (one reference each) */
@@ -92,6 +93,11 @@ void ttd_session_release(ttd_session *session); /* accepts NULL */
 
 /* Records activity for the lease. */
 void ttd_session_touch(ttd_session *session, int64_t now_ms);
+
+/* A device call of the session is admitted (waiting for the card or running): the session
+ * does not expire until the matching call_end, which restarts its lease at now_ms. */
+void ttd_session_device_call_begin(ttd_session *session);
+void ttd_session_device_call_end(ttd_session *session, int64_t now_ms);
 
 /* Adds tensor under a new random handle; the session takes its own reference.
  * FAILED_PRECONDITION if the session has been closed meanwhile. */

@@ -201,7 +201,7 @@ size_t ttd_session_table_sweep(ttd_session_table *table, int64_t now_ms) {
   uint64_t ids[TTD_SWEEP_MAX_CLOSE];
   for (size_t i = 0; i < table->sessions.capacity && n < TTD_SWEEP_MAX_CLOSE; i++) {
     ttd_session *s = table->sessions.values[i];
-    if (table->sessions.keys[i] &&
+    if (table->sessions.keys[i] && atomic_load(&s->device_calls) == 0 &&
         now_ms - atomic_load_explicit(&s->last_seen_ms, memory_order_relaxed) > table->lease_ms) {
       ids[n++] = table->sessions.keys[i];
     }

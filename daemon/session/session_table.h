@@ -86,7 +86,8 @@ void ttd_session_table_close(ttd_session_table *table, ttd_session *session, uin
 void ttd_session_table_kill(ttd_session_table *table, ttd_session *session, const char *by, uint64_t *out_tensors,
                             uint64_t *out_bytes);
 
-/* Closes sessions with no call for longer than the lease, at most TTD_SWEEP_MAX_CLOSE of
+/* Closes sessions with no call for longer than the lease and none in flight on a card
+ * (ttd_session.device_calls), at most TTD_SWEEP_MAX_CLOSE of
  * them (the next call takes the rest): one pass over the table, so the work of a call is
  * linear in the table's size plus the sessions it closes. Returns how many it closed. */
 #define TTD_SWEEP_MAX_CLOSE 256

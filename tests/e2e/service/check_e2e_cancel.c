@@ -114,13 +114,14 @@ END_TEST
 
 typedef struct slow_call {
   const sess *s;
+  int timeout_ms; /* the call's deadline (0: 30 s) */
   raw_result result;
   double ended_ms;
 } slow_call;
 
 static void *run_slow(void *arg) {
   slow_call *c = arg;
-  execute(c->s, 0, &c->result);
+  execute(c->s, c->timeout_ms, &c->result);
   c->ended_ms = now_ms();
   return NULL;
 }
@@ -157,12 +158,43 @@ START_TEST(test_kill_stops_a_running_program) {
 }
 END_TEST
 
+/* With a 1 s lease, a session's Execute runs 2.5 s (stopped by its deadline) and another
+ * session's Execute waits behind it: neither session expires while its call is in flight, so
+ * the first gets DEADLINE_EXCEEDED (not FAILED_PRECONDITION) and the queued one OK; both
+ * sessions serve the next call, and expire once a lease passes with no call. */
+START_TEST(test_lease_waits_for_calls_in_flight) {
+  const char *args[] = {"--lease", "1", NULL};
+  ttd_proc_start(&proc, args);
+  sess slow, light;
+  open_light(&light);
+  open_slow(&slow);
+  slow_call c = {.s = &slow, .timeout_ms = 2500};
+  pthread_t t;
+  pthread_create(&t, NULL, run_slow, &c);
+  usleep(300 * 1000); /* the slow program is on the card */
+  raw_result r = {0};
+  execute(&light, 0, &r); /* waits for the card past its session's lease */
+  pthread_join(t, NULL);
+  ck_assert_msg(c.result.code == 4, "want DEADLINE_EXCEEDED, got %d %s", c.result.code, c.result.details);
+  ck_assert_msg(r.code == 0, "the queued call: want OK, got %d %s", r.code, r.details);
+  raw_result_free(&c.result);
+  raw_result_free(&r);
+  ck_assert_int_eq(harness_log_count(&proc, "event=lease-expired"), 0);
+  raw_allocate(proc.target, slow.id, 16);
+  raw_allocate(proc.target, light.id, 16);
+  for (int i = 0; i < 40 && harness_log_count(&proc, "event=lease-expired") < 2; i++) usleep(100 * 1000);
+  ck_assert_int_eq(harness_log_count(&proc, "event=lease-expired"), 2);
+  ck_assert_int_eq(ttd_proc_stop(&proc), 0);
+}
+END_TEST
+
 Suite *e2e_cancel_suite(void) {
   Suite *s = suite_create("e2e_cancel");
   TCase *tc = tcase_create("cancel");
   tcase_set_timeout(tc, 180); /* unstopped, the program runs for many seconds: the bounds fail first */
   tcase_add_test(tc, test_deadline_stops_a_running_program);
   tcase_add_test(tc, test_kill_stops_a_running_program);
+  tcase_add_test(tc, test_lease_waits_for_calls_in_flight);
   suite_add_tcase(s, tc);
   return s;
 }
