@@ -88,7 +88,7 @@ ttd_status_t ttd_core_reload(ttd_core *core, const ttd_config *fresh) {
                            : strcmp(sessions[i]->tenant, TTD_LOCAL_TENANT) == 0;
     if (admitted) continue;
     uint64_t tensors = 0, bytes = 0;
-    ttd_session_table_kill(&core->sessions, sessions[i], "a reload that revoked its tenant", &tensors, &bytes);
+    ttd_session_table_revoke(&core->sessions, sessions[i], &tensors, &bytes);
     TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=session-revoked tenant=%s tensors_freed=%" PRIu64
             " bytes_freed=%" PRIu64, sessions[i]->id, sessions[i]->tenant, tensors, bytes);
   }

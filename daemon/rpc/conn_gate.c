@@ -75,7 +75,7 @@ typedef struct gate_peer {
 typedef struct gate_conn {
   int tag;
   int fd;           /* accepted; after the handoff, gRPC's "fd:N" (for TCP its socketpair end) */
-  int watch;        /* after a Unix socket's handoff: our duplicate, watched for its end */
+  int watch;        /* after a plain-text handoff: our duplicate, watched for its end */
   int peer;         /* index in peers; -1 for the prober's own connections */
   gate_who who;
   bool handed;
@@ -255,7 +255,7 @@ ttd_status_t ttd_conn_gate_listen(ttd_conn_gate *g, const char *address, SSL_CTX
       (gate_listener){.tag = TAG_LISTENER, .fd = fd, .index = index, .kind = kind, .tls = tls};
   TTD_LOG(TTD_LOG_INFO, "event=listening address=%s tls=%s relay=%s max_connections=%d max_peer_connections=%d "
           "handshake_timeout_ms=%lld", address, !tls ? "no" : g->config->tls_client_ca ? "mutual" : "yes",
-          kind == TTD_CONN_PEER_TCP ? "yes" : "no", g->config->max_connections, g->config->max_peer_connections,
+          tls ? "yes" : "no", g->config->max_connections, g->config->max_peer_connections,
           (long long)g->config->handshake_timeout_ms);
   return TTD_OK;
 }

@@ -16,7 +16,8 @@
  * Every peer's HTTP/2 frames are counted before gRPC parses them, and a peer that resets
  * streams faster than TTD_GATE_MAX_RESETS a second (HTTP/2 rapid reset) or sends a frame gRPC
  * would refuse is closed. A plain-text connection (unix:, unix-abstract:, TCP with --insecure)
- * goes to gRPC as it is, and the read guard (h2_read_guard.h) counts the frames in gRPC's own
+ * goes to gRPC as it is (two descriptors: the socket and a duplicate the gate watches for
+ * its end), and the read guard (h2_read_guard.h) counts the frames in gRPC's own
  * reads: no copy, no thread hop. A TLS connection goes through the relay (conn_relay.h): the
  * gate ends TLS itself (OpenSSL; ALPN h2; client certificates with --tls-client-ca), gRPC
  * gets one end of a socketpair in plain text, and the relay counts the decrypted frames. */

@@ -97,6 +97,11 @@ static ttd_status_t not_open(const ttd_session_table *table, uint64_t id, const 
                                "session %016" PRIx64 " is not open: it was killed by admin tenant '%s' (ttctl kill) "
                                "%" PRId64 " s ago, and its tensors freed; open a new session",
                                id, e->by, (now_ms - e->at_ms) / 1000);
+      case TTD_SESSION_REVOKED:
+        return ttd_make_status(GRPC_STATUS_NOT_FOUND,
+                               "session %016" PRIx64 " is not open: the token it was opened with was revoked at a "
+                               "reload %" PRId64 " s ago, and its tensors freed; open a new session with a token of "
+                               "the tokens file", id, (now_ms - e->at_ms) / 1000);
       case TTD_SESSION_EXPIRED:
         return ttd_make_status(GRPC_STATUS_NOT_FOUND,
                                "session %016" PRIx64 " is not open: it expired after %" PRId64 " ms without a call; "
@@ -190,6 +195,11 @@ void ttd_session_table_close(ttd_session_table *table, ttd_session *session, uin
 void ttd_session_table_kill(ttd_session_table *table, ttd_session *session, const char *by, uint64_t *out_tensors,
                             uint64_t *out_bytes) {
   close_as(table, session, TTD_SESSION_KILLED, by, out_tensors, out_bytes);
+}
+
+void ttd_session_table_revoke(ttd_session_table *table, ttd_session *session, uint64_t *out_tensors,
+                              uint64_t *out_bytes) {
+  close_as(table, session, TTD_SESSION_REVOKED, NULL, out_tensors, out_bytes);
 }
 
 size_t ttd_session_table_sweep(ttd_session_table *table, int64_t now_ms) {

@@ -12,6 +12,7 @@ typedef enum ttd_session_end_kind {
   TTD_SESSION_CLOSED = 1, /* CloseSession by its client */
   TTD_SESSION_EXPIRED,    /* its lease ran out */
   TTD_SESSION_KILLED,     /* KillSession by an admin tenant (ttctl kill) */
+  TTD_SESSION_REVOKED,    /* a reload revoked the token it was opened with */
 } ttd_session_end_kind;
 
 typedef struct ttd_session_end {
@@ -85,6 +86,10 @@ void ttd_session_table_close(ttd_session_table *table, ttd_session *session, uin
 /* The same for a session an admin tenant (by) killed: its client's next call is told so. */
 void ttd_session_table_kill(ttd_session_table *table, ttd_session *session, const char *by, uint64_t *out_tensors,
                             uint64_t *out_bytes);
+
+/* The same for a session whose token a reload revoked: its client's next call is told so. */
+void ttd_session_table_revoke(ttd_session_table *table, ttd_session *session, uint64_t *out_tensors,
+                              uint64_t *out_bytes);
 
 /* Closes sessions with no call for longer than the lease and none in flight on a card
  * (ttd_session.device_calls), at most TTD_SWEEP_MAX_CLOSE of

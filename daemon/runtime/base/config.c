@@ -58,7 +58,8 @@ static const option options[] = {
      "close a connection that has not sent the HTTP/2 client preface (TLS: finished its handshake) within this long"},
     {"max-program-cost", OPT_SIZE, FIELD(max_program_cost), 1, INT64_MAX, "1T",
      "operations one forward of a program may cost, as Compile estimates them (a multiply-add is 2; K, M, G, T as "
-     "powers of 1024): a larger program is refused, since nothing can stop a kernel once it runs"},
+     "powers of 1024): a larger program is refused; one that runs stops within a chunk of its kernel when its "
+     "call's deadline passes or its session ends"},
     {"max-sessions", OPT_INT, FIELD(max_sessions), 1, 65536, "1024",
      "sessions one tenant may hold open at once, unless its max_sessions= in the tokens file says otherwise"},
     {"quota", OPT_SIZE, FIELD(quota), 0, INT64_MAX, "0",
@@ -67,7 +68,8 @@ static const option options[] = {
     {"tokens", OPT_STRING, FIELD(tokens_file), 0, 0, NULL,
      "tenants and their hashed tokens, one per line: NAME sha256:HEX [admin] [quota=SIZE] [max_sessions=N] "
      "[weight=N] (ttctl token new); "
-     "without it every client is the admin tenant 'local'"},
+     "without it every client is the tenant 'local', with admin rights only for ttd's own user and root on a Unix "
+     "socket file"},
     {"tls-cert", OPT_STRING, FIELD(tls_cert), 0, 0, NULL, "PEM certificate chain served on TCP listeners"},
     {"tls-key", OPT_STRING, FIELD(tls_key), 0, 0, NULL, "PEM private key of --tls-cert"},
     {"tls-client-ca", OPT_STRING, FIELD(tls_client_ca), 0, 0, NULL,
@@ -399,7 +401,7 @@ ttd_status_t ttd_config_check(const ttd_config *config) {
     if (!config->tokens_file && !config->tls_client_ca && !config->insecure) {
       return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
                              "listener %s is not guarded by a socket file's permissions, and without --tokens every "
-                             "caller would be the admin tenant 'local': pass --tokens FILE, require client "
+                             "caller would be the tenant 'local': pass --tokens FILE, require client "
                              "certificates with --tls-client-ca, or --insecure on a trusted network", a);
     }
   }

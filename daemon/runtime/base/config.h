@@ -45,7 +45,7 @@ typedef struct ttd_config {
   char *log_level;
   char *admin;        /* admin HTTP "host:port", or "off" */
   uint64_t quota;     /* default per-session device memory quota; 0 = none */
-  char *tokens_file;  /* NULL: no tokens, every client is the admin tenant "local" */
+  char *tokens_file;  /* NULL: no tokens, every client is the tenant "local" */
   char *tls_cert, *tls_key, *tls_client_ca;
   bool insecure;      /* plain TCP allowed */
   char *socket_group;
@@ -71,7 +71,7 @@ ttd_status_t ttd_config_apply_text(ttd_config *config, const char *text, const c
 /* Checks the options together: a listener other processes or hosts can reach without the
  * file mode of a Unix socket (TCP, unix-abstract:) needs --tokens, mutual TLS
  * (--tls-client-ca) or an explicit --insecure, since without tokens every caller is the
- * admin tenant; --tls-client-ca needs --tls-cert and --tls-key. INVALID_ARGUMENT saying
+ * tenant "local"; --tls-client-ca needs --tls-cert and --tls-key. INVALID_ARGUMENT saying
  * what to add. */
 ttd_status_t ttd_config_check(const ttd_config *config);
 

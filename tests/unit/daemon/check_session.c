@@ -720,6 +720,29 @@ START_TEST(test_shm_segments_per_tenant) {
 }
 END_TEST
 
+/* A session a reload revoked: its tenant's next call by id is NOT_FOUND saying its token was
+ * revoked at a reload, not that an admin killed it. */
+START_TEST(test_table_revoked_session_says_so) {
+  ttd_session_table table;
+  ttd_session_table_init(&table, 1000);
+  ttd_session *s;
+  ck_assert_ptr_null(ttd_session_table_open(&table, &(ttd_session_params){.client_name = "x", .tenant = "bob"}, 0, &s));
+  uint64_t id = s->id;
+  ttd_session_table_revoke(&table, s, NULL, NULL);
+  ck_assert(s->closed);
+  ttd_session_release(s);
+  ttd_session *found = NULL;
+  ttd_status_t st = ttd_session_table_lookup(&table, id, "bob", 0, &found);
+  ck_assert_int_eq(ttd_status_code(st), GRPC_STATUS_NOT_FOUND);
+  ck_assert_msg(strstr(ttd_status_message(st), "the token it was opened with was revoked at a reload") != NULL, "%s",
+                ttd_status_message(st));
+  ck_assert_ptr_null(strstr(ttd_status_message(st), "admin tenant"));
+  ck_assert_ptr_null(found);
+  ttd_status_free(st);
+  ttd_session_table_destroy(&table);
+}
+END_TEST
+
 /* destroy closes every session and frees their tensors, even ones the caller still holds. */
 START_TEST(test_table_destroy_closes_all) {
   ttd_session_table table;
@@ -921,6 +944,7 @@ Suite *session_suite(void) {
   tcase_add_test(tc, test_table_sessions_per_tenant);
   tcase_add_test(tc, test_shm_segments_bounded);
   tcase_add_test(tc, test_shm_segments_per_tenant);
+  tcase_add_test(tc, test_table_revoked_session_says_so);
   tcase_add_test(tc, test_table_destroy_closes_all);
   suite_add_tcase(s, tc);
 

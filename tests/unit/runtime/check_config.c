@@ -329,7 +329,8 @@ START_TEST(test_reload_keeps_network_listeners_authenticated) {
 }
 END_TEST
 
-/* Usage lists every option with its default. */
+/* Usage lists every option with its default, and says what holds: without tokens callers are
+ * the tenant 'local' (admin rights only by peer credentials), and a running kernel stops. */
 START_TEST(test_usage) {
   char *text = NULL;
   size_t len = 0;
@@ -342,6 +343,10 @@ START_TEST(test_usage) {
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
     ck_assert_msg(strstr(text, names[i]) != NULL, "usage lacks %s", names[i]);
   }
+  ck_assert_ptr_null(strstr(text, "admin tenant 'local'"));
+  ck_assert_ptr_null(strstr(text, "nothing can stop"));
+  ck_assert_ptr_nonnull(strstr(text, "admin rights only for ttd's own user and root on a Unix socket file"));
+  ck_assert_ptr_nonnull(strstr(text, "stops within a chunk of its kernel"));
   free(text);
 }
 END_TEST
