@@ -179,7 +179,7 @@ static void expect_refused(const char *const *args, const char *needle) {
 START_TEST(test_tcp_needs_tls_or_insecure) {
   /* Without tokens (or client certificates) every caller would be the admin: refused. */
   const char *open_door[] = {"--listen", tcp, NULL};
-  expect_refused(open_door, "without --tokens every caller would be the admin tenant 'local'");
+  expect_refused(open_door, "without --tokens every caller would be the tenant 'local'");
   char cert[96], key[96], ca[96];
   path(cert, sizeof(cert), "server.pem");
   path(key, sizeof(key), "server.key");
