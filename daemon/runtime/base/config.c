@@ -390,6 +390,14 @@ ttd_status_t ttd_config_load(ttd_config *config, int argc, char **argv, ttd_conf
   return TTD_OK;
 }
 
+/* Whether a listener that no socket file guards (address is not "unix:") admits only callers
+ * ttd may take as the tenant 'local' without tokens: mutual TLS guards TCP only (an
+ * abstract socket has no TLS), and --insecure says the network is trusted. */
+static bool trusted_without_tokens(const ttd_config *config, const char *address) {
+  if (config->insecure) return true;
+  return config->tls_client_ca && strncmp(address, "unix-abstract:", 14) != 0;
+}
+
 ttd_status_t ttd_config_check(const ttd_config *config) {
   if (config->tls_client_ca && (!config->tls_cert || !config->tls_key)) {
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
@@ -398,11 +406,13 @@ ttd_status_t ttd_config_check(const ttd_config *config) {
   for (int i = 0; i < config->listen_count; i++) {
     const char *a = config->listen[i];
     if (strncmp(a, "unix:", 5) == 0) continue;
-    if (!config->tokens_file && !config->tls_client_ca && !config->insecure) {
+    if (!config->tokens_file && !trusted_without_tokens(config, a)) {
+      bool abstract = strncmp(a, "unix-abstract:", 14) == 0;
       return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
                              "listener %s is not guarded by a socket file's permissions, and without --tokens every "
-                             "caller would be the tenant 'local': pass --tokens FILE, require client "
-                             "certificates with --tls-client-ca, or --insecure on a trusted network", a);
+                             "caller would be the tenant 'local': pass --tokens FILE, %sor --insecure on a trusted "
+                             "%s", a, abstract ? "" : "require client certificates with --tls-client-ca, ",
+                             abstract ? "host (mutual TLS does not guard an abstract socket)" : "network");
     }
   }
   return TTD_OK;
@@ -414,7 +424,7 @@ ttd_status_t ttd_config_check_reload(const ttd_config *running, const ttd_config
   for (int i = 0; i < running->listen_count; i++) {
     const char *a = running->listen[i];
     if (strncmp(a, "unix:", 5) == 0) continue;
-    if (!fresh->tokens_file && !running->tls_client_ca && !running->insecure) {
+    if (!fresh->tokens_file && !trusted_without_tokens(running, a)) {
       return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
                              "the reload would leave listener %s serving without authentication: the new settings "
                              "have no --tokens, and listeners change only at a restart; keep --tokens, or restart ttd "

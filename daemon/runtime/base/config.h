@@ -70,7 +70,7 @@ ttd_status_t ttd_config_apply_text(ttd_config *config, const char *text, const c
 
 /* Checks the options together: a listener other processes or hosts can reach without the
  * file mode of a Unix socket (TCP, unix-abstract:) needs --tokens, mutual TLS
- * (--tls-client-ca) or an explicit --insecure, since without tokens every caller is the
+ * (--tls-client-ca; TCP only) or an explicit --insecure, since without tokens every caller is the
  * tenant "local"; --tls-client-ca needs --tls-cert and --tls-key. INVALID_ARGUMENT saying
  * what to add. */
 ttd_status_t ttd_config_check(const ttd_config *config);

@@ -329,6 +329,44 @@ START_TEST(test_reload_keeps_network_listeners_authenticated) {
 }
 END_TEST
 
+/* An abstract socket without tokens is refused at start even with mutual TLS, which guards
+ * TCP only, and the message does not suggest it; with --insecure it starts, and TCP with
+ * mutual TLS still does. A reload that drops --tokens while such a socket serves under
+ * mutual TLS is refused too. */
+START_TEST(test_abstract_socket_needs_tokens_despite_mtls) {
+  ttd_config c;
+  ttd_config_defaults(&c);
+  ck_assert_ptr_null(ttd_config_set(&c, "listen", "unix-abstract:ttd-test"));
+  ck_assert_ptr_null(ttd_config_set(&c, "tls-cert", "/etc/ttd/c.pem"));
+  ck_assert_ptr_null(ttd_config_set(&c, "tls-key", "/etc/ttd/k.pem"));
+  ck_assert_ptr_null(ttd_config_set(&c, "tls-client-ca", "/etc/ttd/ca.pem"));
+  ttd_status_t s = ttd_config_check(&c);
+  ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(ttd_status_message(s), "listener unix-abstract:ttd-test is not guarded"));
+  ck_assert_ptr_nonnull(strstr(ttd_status_message(s), "mutual TLS does not guard an abstract socket"));
+  ck_assert_ptr_null(strstr(ttd_status_message(s), "with --tls-client-ca"));
+  ttd_status_free(s);
+  ttd_config fresh;
+  ttd_config_defaults(&fresh);
+  ck_assert_ptr_null(ttd_config_set(&c, "tokens", "/etc/ttd/tokens"));
+  ck_assert_ptr_null(ttd_config_check(&c));
+  s = ttd_config_check_reload(&c, &fresh);
+  ck_assert_ptr_nonnull(strstr(ttd_status_message(s), "would leave listener unix-abstract:ttd-test serving"));
+  ttd_status_free(s);
+  ck_assert_ptr_null(ttd_config_set(&c, "insecure", "true"));
+  ck_assert_ptr_null(ttd_config_check_reload(&c, &fresh));
+  ttd_config_clear(&c);
+  ttd_config_clear(&fresh);
+  ttd_config_defaults(&c);
+  ck_assert_ptr_null(ttd_config_set(&c, "listen", "127.0.0.1:7000"));
+  ck_assert_ptr_null(ttd_config_set(&c, "tls-cert", "/etc/ttd/c.pem"));
+  ck_assert_ptr_null(ttd_config_set(&c, "tls-key", "/etc/ttd/k.pem"));
+  ck_assert_ptr_null(ttd_config_set(&c, "tls-client-ca", "/etc/ttd/ca.pem"));
+  ck_assert_ptr_null(ttd_config_check(&c));
+  ttd_config_clear(&c);
+}
+END_TEST
+
 /* Usage lists every option with its default, and says what holds: without tokens callers are
  * the tenant 'local' (admin rights only by peer credentials), and a running kernel stops. */
 START_TEST(test_usage) {
@@ -576,6 +614,7 @@ Suite *config_suite(void) {
   tcase_add_test(tc, test_restart_changes);
   tcase_add_test(tc, test_reload_keeps_network_listeners_authenticated);
   tcase_add_test(tc, test_usage);
+  tcase_add_test(tc, test_abstract_socket_needs_tokens_despite_mtls);
   tcase_add_test(tc, test_listen_repeatable);
   tcase_add_test(tc, test_listen_too_many);
   suite_add_tcase(s, tc);
