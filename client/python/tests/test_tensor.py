@@ -45,7 +45,7 @@ def test_device_tensor_metadata():
     assert d.shape == torch.Size([2, 3])
     assert d.dtype == torch.float32
     assert str(d.device) == "tt:0"
-    assert d.device == "tt"
+    assert d.device == "tt:0"
     r = repr(d)
     assert "tt:0" in r and "(2, 3)" in r
 
@@ -135,3 +135,17 @@ def test_lent_tensor_uploads_after_python_lets_go():
     junk = [torch.full((256, 784), 3.0) for _ in range(8)]
     assert torch.equal(convert._torch_from_tt(h.to("tt")), expected)
     del junk
+
+
+def test_device_objects_serve_as_device_names():
+    """A device tensor's and a compiled parameter's device print and compare alike (tt:0, hashed
+    as they compare) and move tensors as a device string does, torch.device("cpu") included."""
+    m = ttd.compile(torch.nn.Linear(4, 2)).to("tt")
+    pd, x = next(m.parameters()).device, torch.randn(3, 4)
+    xd = x.to("tt")
+    assert str(pd) == str(xd.device) == "tt:0" and pd == xd.device and len({pd, xd.device, "tt:0"}) == 1
+    for d in (x.to(pd), x.to(xd.device), x.to(device=xd.device), xd.to(xd.device), xd.to(pd)):
+        assert isinstance(d, ttd.Tensor) and torch.equal(d.to(torch.device("cpu")), x)
+    with torch.no_grad():
+        assert torch.equal(m.to(torch.device("cpu"))(x), m.to(pd)(x.to(pd)).cpu())
+    assert torch.equal(next(m.parameters()).to(torch.device("cpu")), m.state_dict()["weight"])

@@ -52,17 +52,30 @@ def _get_client():
 
 
 def _is_tt(device):
-    return isinstance(device, str) and (device == "tt" or device.startswith("tt:"))
+    """Whether device (a string, a Device, or anything else) names a tt device."""
+    if isinstance(device, Device):
+        return True
+    return isinstance(device, str) and (device == "tt" or device.startswith(("tt:", "tt/")))
+
+
+def _device_name(device):
+    """The name libttclient takes for device: a Device or torch.device as its string."""
+    return device if isinstance(device, str) else str(device)
 
 
 class Device:
-    """A "tt" device as torch 1.13 cannot name one: prints as tt:0."""
+    """A "tt" device as torch 1.13 cannot name one: prints as tt:0 ("tt" is tt:0). Equal to a
+    Device of the same name and to that name's string, and hashed as that string; like
+    torch.device("cuda") and torch.device("cuda:0"), "tt" itself is another name."""
 
     def __init__(self, name):
-        self.name = name
+        name = str(name)
+        head, sep, rest = name.partition("/")
+        if head == "tt":
+            head = "tt:0"
+        self.name = head + sep + rest
         self.type = "tt"
-        head = name.split("/")[0]
-        self.index = int(head.split(":")[1]) if ":" in head else 0
+        self.index = int(head.split(":")[1])
 
     def __str__(self):
         return self.name
@@ -71,7 +84,7 @@ class Device:
         return f"device(type='tt', index={self.index})"
 
     def __eq__(self, other):
-        return str(self) == str(other) or (str(other) == "tt" and self.index == 0 and "/" not in self.name)
+        return self.name == (other.name if isinstance(other, Device) else other)
 
     def __hash__(self):
         return hash(self.name)

@@ -8,7 +8,7 @@ import torch
 import torch.fx
 
 from . import _lib, autograd
-from .convert import Device, _host_from_torch, _is_tt, _torch_from_tt
+from .convert import Device, _device_name, _host_from_torch, _is_tt, _torch_from_tt
 from .lower import Lowering
 from .tensor import Tensor
 
@@ -72,7 +72,7 @@ class Parameter:
         return self._value()
 
     def to(self, device):
-        if device != "cpu":
+        if _device_name(device) != "cpu":
             raise RuntimeError("a compiled module's parameter moves with its module (module.to(...))")
         return self._value()
 
@@ -126,7 +126,7 @@ class CompiledModule:
         return self._module
 
     def to(self, device):
-        device = str(device)
+        device = _device_name(device)
         if not (_is_tt(device) or device == "cpu"):
             raise RuntimeError(f"a compiled module moves to \"cpu\" or \"tt\", not {device!r}")
         if self._module is not None:
@@ -279,7 +279,7 @@ _orig_module_to = torch.nn.Module.to
 def _module_to(self, *args, **kwargs):
     device = kwargs.get("device", args[0] if args else None)
     if _is_tt(device):
-        self._ttd_device = device  # honoured by ttd.compile
+        self._ttd_device = _device_name(device)  # honoured by ttd.compile
         return self
     if device is not None and not isinstance(device, torch.dtype):
         self.__dict__.pop("_ttd_device", None)  # the later move wins

@@ -3,7 +3,7 @@ answers (shape, dtype, device, repr, .to); any other op raises, naming it."""
 import torch
 
 from .autograd import download, upload_anchor
-from .convert import _DTYPES, _TORCH_DTYPES, Device, _host_from_torch, _is_tt
+from .convert import _DTYPES, _TORCH_DTYPES, Device, _device_name, _host_from_torch, _is_tt
 
 
 class Tensor(torch.Tensor):
@@ -52,10 +52,7 @@ class Tensor(torch.Tensor):
         dtype = kwargs.get("dtype", args[1] if len(args) > 1 else None)
         if isinstance(device, torch.dtype):
             device, dtype = None, device
-        if isinstance(device, torch.device):
-            device = str(device)
-        if device is None:
-            device = self._tt.device
+        device = self._tt.device if device is None else _device_name(device)
         if _is_tt(device):
             tt_dtype = None if dtype is None else _DTYPES[dtype]
             return Tensor(self._tt.to(device, tt_dtype), self._anchor)  # the gradient of both is the anchor's
@@ -77,7 +74,7 @@ def _tensor_to(self, *args, **kwargs):
     if _is_tt(device):
         dtype = kwargs.get("dtype", args[1] if len(args) > 1 else None)
         src = self if dtype is None or dtype == self.dtype else _orig_to(self, dtype)
-        return Tensor(_host_from_torch(src).to(device), upload_anchor(self))
+        return Tensor(_host_from_torch(src).to(_device_name(device)), upload_anchor(self))
     return _orig_to(self, *args, **kwargs)
 
 
