@@ -73,3 +73,41 @@ def test_feature_size_other_than_the_compiled_one():
     cm(torch.randn(1, 784).to("tt"))
     with pytest.raises(ttd.TTError, match=r"is \[1, 783\] but the module was built for \[1, 784\].*INVALID_ARGUMENT"):
         cm(torch.randn(1, 783).to("tt"))
+
+
+def test_unsupported_dtype_and_non_tensor_input():
+    """A dtype a tt device does not hold is a TypeError naming it and the ones it holds; an input
+    that is no tensor is a TypeError saying what it is and what the module takes."""
+    with pytest.raises(TypeError, match=r"holds float32, bfloat16 or int32, not torch.float16"):
+        torch.ones(2).to("tt").to(torch.float16)
+    for device, want in (("tt", r"tensors on 'tt' \(t.to\('tt'\)\)"), ("cpu", "CPU tensors")):
+        m = ttd.compile(torch.nn.Linear(4, 2)).to(device)
+        with pytest.raises(TypeError, match=rf"input 0 is int 3, not a tensor: this compiled module takes {want}"):
+            m(3)
+
+
+class _SoftmaxOverChannels(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=1)  # the line the error names
+
+
+def test_op_refused_at_the_input_shape_names_the_node_and_line():
+    """An op ttd refuses only once the shapes are known (softmax over a middle axis) names the
+    node and the line of forward at the first call."""
+    m = ttd.compile(_SoftmaxOverChannels()).to("tt")
+    with pytest.raises(ttd.TTError, match=r"node softmax, at .*test_misuse.py:\d+ in forward: return torch.softmax"
+                                          r".*only the last axis is supported.*\(2, 3, 4\)"):
+        m(torch.randn(2, 3, 4).to("tt"))
+
+
+def test_daemon_gone_says_how_to_start_it():
+    """A call after ttd died says how to start it again."""
+    with private_ttd_session() as state:
+        m = ttd.compile(torch.nn.Linear(4, 2)).to("tt")
+        x = torch.randn(3, 4)
+        m(x.to("tt"))
+        state["proc"].kill()
+        state["proc"].wait()
+        with pytest.raises(ttd.TTError, match=r"start it again \(`ttd --listen \.\.\.`.*\(UNAVAILABLE\)"):
+            m(x.to("tt"))
+        state["restart"]()

@@ -9,6 +9,7 @@ import os
 from ctypes import POINTER, c_char_p, c_float, c_int, c_int64, c_uint64, c_void_p
 
 FLOAT32, BFLOAT16, INT32 = 1, 2, 3
+UNAVAILABLE = 14  # tt_status: no ttd answers
 MAX_DIMS = 8
 
 
@@ -16,7 +17,11 @@ class TTError(RuntimeError):
     """A libttclient call failed; code is its tt_status (gRPC's canonical codes)."""
 
     def __init__(self, code, message):
-        self.code = code
+        self.code, self.message = code, message
+        if code == UNAVAILABLE and "start ttd" not in message:  # the at-connect message says it already
+            message += (": ttd stopped answering; start it again (`ttd --listen ...`, or `sudo systemctl start ttd` "
+                        "for the service): a ttd with --state-dir resumes the session, else ttd.connect() and "
+                        "compile again")
         super().__init__(f"{message} ({_L.tt_status_name(code).decode()})")
 
 

@@ -63,6 +63,14 @@ def _device_name(device):
     return device if isinstance(device, str) else str(device)
 
 
+def _dtype_of(dtype):
+    """libttclient's dtype of a torch dtype; TypeError naming the ones a tt device holds."""
+    tt = _DTYPES.get(dtype)
+    if tt is None:
+        raise TypeError(f"a tt device holds float32, bfloat16 or int32, not {dtype}: convert it first (e.g. .float())")
+    return tt
+
+
 class Device:
     """A "tt" device as torch 1.13 cannot name one: prints as tt:0 ("tt" is tt:0). Equal to a
     Device of the same name and to that name's string, and hashed as that string; like
@@ -104,11 +112,9 @@ def _host_from_torch(t):
             raise ValueError("an int64 tensor with values outside int32's range cannot go to a tt device, "
                              "which holds int32 indices")
         t = t.to(torch.int32)
-    if t.dtype not in _DTYPES:
-        raise TypeError(f"a tt device holds float32, bfloat16 or int32, not {t.dtype}: convert it first "
-                        f"(e.g. .float())")
+    dtype = _dtype_of(t.dtype)
     src = t.detach().cpu().resolve_neg().contiguous()  # t itself, or a copy of its values
-    return _lib.Tensor.borrow(_get_client(), src, src.data_ptr(), _DTYPES[src.dtype], src.shape)
+    return _lib.Tensor.borrow(_get_client(), src, src.data_ptr(), dtype, src.shape)
 
 
 def _torch_from_tt(t):

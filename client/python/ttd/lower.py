@@ -410,5 +410,9 @@ class Lowering:
                     graph.output(env[o.name])
                 self.n_outputs, self.tuple_out = len(outs), isinstance(node.args[0], (tuple, list))
             else:
-                env[node.name] = self._lower(node, graph, env)
+                try:
+                    env[node.name] = self._lower(node, graph, env)
+                except _lib.TTError as e:  # refused at these shapes: say where in forward
+                    raise _lib.TTError(e.code, f"ttd.compile: node {node.name}{_where(node)}: {e.message}, at input "
+                                               f"shape(s) {[tuple(t.shape) for t in example]}") from None
         return graph

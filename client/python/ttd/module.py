@@ -234,7 +234,11 @@ class CompiledModule:
     def __call__(self, *inputs):
         on_tt = _is_tt(self._device)
         for i, x in enumerate(inputs):
-            if isinstance(x, Tensor) != on_tt:
+            if isinstance(x, Tensor) != on_tt or not (on_tt or isinstance(x, torch.Tensor)):
+                if not isinstance(x, torch.Tensor):
+                    want = f"tensors on {self._device!r} (t.to({self._device!r}))" if on_tt else "CPU tensors"
+                    raise TypeError(f"input {i} is {type(x).__name__} {x!r:.40}, not a tensor: this compiled module "
+                                    f"takes {want}")
                 where = "a tt device tensor" if isinstance(x, Tensor) else "a CPU tensor"
                 raise RuntimeError(f"input {i} is {where} but the module is on {self._device!r}: move it with "
                                    f".to({self._device!r})")

@@ -3,7 +3,7 @@ answers (shape, dtype, device, repr, .to); any other op raises, naming it."""
 import torch
 
 from .autograd import download, upload_anchor
-from .convert import _DTYPES, _TORCH_DTYPES, Device, _device_name, _host_from_torch, _is_tt
+from .convert import _TORCH_DTYPES, Device, _device_name, _dtype_of, _host_from_torch, _is_tt
 
 
 class Tensor(torch.Tensor):
@@ -54,7 +54,7 @@ class Tensor(torch.Tensor):
             device, dtype = None, device
         device = self._tt.device if device is None else _device_name(device)
         if _is_tt(device):
-            tt_dtype = None if dtype is None else _DTYPES[dtype]
+            tt_dtype = None if dtype is None else _dtype_of(dtype)
             return Tensor(self._tt.to(device, tt_dtype), self._anchor)  # the gradient of both is the anchor's
         if device != "cpu":
             raise RuntimeError(f"a tt tensor moves to \"cpu\" or a \"tt\" device, not {device!r}")
