@@ -207,3 +207,24 @@ def test_error_names_the_forward_line():
         Lowering(gm, set())
     msg = str(e.value)
     assert "node abs" in msg and "test_compile.py" in msg and "the unsupported line" in msg, msg
+
+
+@pytest.mark.parametrize("fn, first, other", [
+    (lambda s, x: s.l(x.view(x.size(0), x.size(1), 2, 4).transpose(1, 2).reshape(x.size(0), x.size(1), 8)),
+     (4, 6, 8), (4, 3, 8)),
+    (lambda s, x: s.l(x.view(x.size(0), -1)), (2, 2, 4), (2, 4, 2)),
+    (lambda s, x: s.l(x.flatten(1, 2)), (2, 2, 4), (3, 4, 2)),
+])
+def test_sizes_taken_from_a_shape_serve_other_batches_and_refuse_other_dims(fn, first, other):
+    """Sizes taken from the input's shape past the batch (x.size(1), the -1 beside x.size(0),
+    flatten) are the first call's: another batch runs as torch does, other dims are refused
+    naming the shape the graph serves, never answered with the first call's sizes."""
+    m = Fn(fn, l=nn.Linear(8, 3))
+    c = ttd.compile(m).to("tt")
+    for shape in (first, (7,) + first[1:]):
+        x = torch.randn(shape)
+        torch.testing.assert_close(c(x.to("tt")).cpu(), m(x), rtol=1e-5, atol=1e-5)
+    want = ", ".join(map(str, first[1:]))
+    with pytest.raises(RuntimeError, match=rf"input 0 has shape \({', '.join(map(str, other))}\).*first call's "
+                                           rf"\(\*, {want}\).*give inputs of that shape"):
+        c(torch.randn(other).to("tt"))

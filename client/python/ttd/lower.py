@@ -142,7 +142,8 @@ class Lowering:
 
     def _view_sizes(self, node, x, shape):
         """view/reshape with x.size(d) entries: resolved from the built shapes; an entry that is
-        some input's size(0) becomes -1 (the batch follows), the -1 it replaces the product."""
+        some input's size(0) becomes -1 (the batch follows), the -1 it replaces the product.
+        Any other size, and that product, are the built shapes' (fixed_shapes)."""
         def emit(g, env):
             dims, batch = [], None
             for i, d in enumerate(shape):
@@ -153,7 +154,10 @@ class Lowering:
                 dims.append(g.shape(env[src.name])[k])
                 if k == 0 and batch is None:
                     batch = i
-            if -1 in dims:
+                else:
+                    self.fixed_shapes = True
+            if -1 in dims and batch is not None:
+                self.fixed_shapes = True
                 known = 1
                 for d in dims:
                     known *= d if d != -1 else 1
@@ -168,8 +172,9 @@ class Lowering:
 
     def _reshape_plan(self, node, x, shape_of):
         """reshape whose shape depends on the input's (shape_of(input shape) -> new shape); a
-        leading -1 keeps the batch free."""
+        leading -1 keeps the batch free, the rest are the built shapes' (fixed_shapes)."""
         def emit(g, env):
+            self.fixed_shapes = True
             shape = list(shape_of(g.shape(env[x.name])))
             if -1 not in shape and shape:
                 shape[0] = -1
@@ -394,8 +399,10 @@ class Lowering:
 
     def build(self, example):
         """A libttclient graph for the dtypes and shapes of example (libttclient tensors); also
-        sets n_outputs and
-        tuple_out (whether forward returns a tuple)."""
+        sets n_outputs, tuple_out (whether forward returns a tuple) and fixed_shapes (whether a
+        size taken from a shape, other than the batch, is a constant of the graph: then inputs
+        whose dims past the first differ from example's would get its sizes)."""
+        self.fixed_shapes = False
         client = _get_client()
         graph = _lib.Graph(client, seed=0)
         env = {}

@@ -103,6 +103,7 @@ class CompiledModule:
         self._device = getattr(module, "_ttd_device", "cpu")
         self.training = module.training
         self._module = None
+        self._fixed = None  # the built dims past the batch of each input, where the graph depends on them
         self._zeroer = None  # a stateless SGD whose tt_zero_grad serves zero_grad()
         self._with_grad = set()  # the parameters whose .grad is not None (torch's)
         self._stale = set()  # frozen parameters a backward reached: their card .grad is not torch's
@@ -114,10 +115,19 @@ class CompiledModule:
     def _build(self, example):
         m = _lib.Module(self._lowering.build(example))
         self._tuple_out = self._lowering.tuple_out
+        self._fixed = [t.shape[1:] for t in example] if self._lowering.fixed_shapes else None
         m.train(self.training)
         if self._device != "cpu":
             m.to(self._device)
         self._module = m
+
+    def _check_fixed(self, tts):
+        """Refuses inputs whose dims past the batch differ from those the graph's sizes came from."""
+        for i, (t, dims) in enumerate(zip(tts, self._fixed)):
+            if t.shape[1:] != dims:
+                raise RuntimeError(f"input {i} has shape {tuple(t.shape)}, but this compiled module's graph took its "
+                                   f"view/reshape/flatten sizes from the first call's (*, {', '.join(map(str, dims))}) "
+                                   f"and serves other batch sizes only: give inputs of that shape (pad them)")
 
     def _built(self):
         if self._module is None:
@@ -245,6 +255,8 @@ class CompiledModule:
         tts = [x._tt if on_tt else _host_from_torch(x) for x in inputs]
         if self._module is None:
             self._build(tts)
+        if self._fixed is not None:
+            self._check_fixed(tts)
         training = self.training and torch.is_grad_enabled()
         # The inputs whose gradient torch wants (a CPU layer or a module upstream): their
         # anchors in torch's graph (a CPU input is its own), and the run returns their gradients.
