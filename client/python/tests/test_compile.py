@@ -228,3 +228,55 @@ def test_sizes_taken_from_a_shape_serve_other_batches_and_refuse_other_dims(fn, 
     with pytest.raises(RuntimeError, match=rf"input 0 has shape \({', '.join(map(str, other))}\).*first call's "
                                            rf"\(\*, {want}\).*give inputs of that shape"):
         c(torch.randn(other).to("tt"))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda s, x: s.l2(F.relu(s.l(x), inplace=True)),
+    lambda s, x: s.l2(s.act(s.l(x))),
+    lambda s, x: s.l2(F.dropout(s.act(s.l(x)), 0.0, s.training, inplace=True)),
+    lambda s, x: (lambda h: (h, s.l2(s.act(h.view(h.size(0), -1)))))(s.l(x))[1],
+])
+def test_inplace_whose_input_is_read_no_more_runs_as_torch(fn):
+    """An in-place activation on a value read no more after it (nn.ReLU(inplace=True) in a
+    stack of layers) gives torch's values, forward and backward."""
+    torch.manual_seed(0)
+    m = Fn(fn, l=nn.Linear(4, 4), l2=nn.Linear(4, 3), act=nn.ReLU(inplace=True))
+    c = ttd.compile(m).to("tt")
+    x = torch.randn(6, 4)
+    out = c(x.to("tt")).cpu()
+    torch.testing.assert_close(out, m(x), rtol=1e-5, atol=1e-6)
+    out.sum().backward()
+    m(x).sum().backward()
+    torch.testing.assert_close(dict(c.named_parameters())["l.weight"].grad, m.l.weight.grad, rtol=1e-5, atol=1e-6)
+
+
+class _InplaceThenRead(nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.l, self.act, self.how = nn.Linear(4, 4), nn.ReLU(inplace=True), how
+
+    def forward(self, x):
+        h = self.l(x)
+        if self.how == "functional":
+            F.relu(h, inplace=True)
+            return h
+        if self.how == "module, view read after":
+            v = h.view(-1, 4)
+            return self.act(h) + v
+        if self.how == "+=":
+            y = h
+            h += 1
+            return y
+        return self.act(x)  # forward's input
+
+
+@pytest.mark.parametrize("how, what", [("functional", r"relu\(inplace=True\) \(node relu, at .*F.relu\(h, inplace"),
+                                       ("module, view read after", r"ReLU\(inplace=True\) \(node act,.*reads after"),
+                                       ("+=", r"add \(node add,.*h \+= 1"),
+                                       ("input", r"ReLU\(inplace=True\).*writes forward's input")])
+def test_inplace_whose_input_is_read_after_fails_at_compile_time(how, what):
+    """An in-place op whose input (or a view of it) is read after it, or that writes forward's
+    input, or x += y (which fx traces as x + y), would differ from torch computed out of place:
+    refused at compile time naming the op, the node and the line, saying what to do."""
+    with pytest.raises(NotImplementedError, match=what + r".*(use its result|out-of-place form|x = x \+ y)"):
+        ttd.compile(_InplaceThenRead(how))

@@ -3,6 +3,7 @@ naming the op, the node and the forward's line for any other. Below module.py.""
 import linecache
 import math
 import operator
+import os
 import re
 
 import torch
@@ -14,12 +15,17 @@ from .convert import _get_client, _host_from_torch
 F = torch.nn.functional
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
 def _where(node):
     """", at FILE:LINE: SOURCE" of the user's forward that made node, where fx recorded it
-    (a torch.fx.Tracer with record_stack_traces=True); "" otherwise."""
-    m = re.search(r'File "([^"]+)", line (\d+), in (\w+)', node.stack_trace or "")
-    if not m:
+    (a torch.fx.Tracer with record_stack_traces=True): the innermost frame outside torch
+    (F.relu's own frames are torch's), else the innermost; "" otherwise."""
+    frames = list(re.finditer(r'File "([^"]+)", line (\d+), in (\w+)', node.stack_trace or ""))
+    if not frames:
         return ""
+    m = next((f for f in frames if not f.group(1).startswith(_TORCH_DIR)), frames[0])
     src = linecache.getline(m.group(1), int(m.group(2))).strip()
     return f", at {m.group(1)}:{m.group(2)} in {m.group(3)}" + (f": {src}" if src else "")
 
@@ -51,6 +57,13 @@ _UNARY = {"relu": (F.relu, torch.relu), "sigmoid": (torch.sigmoid, F.sigmoid), "
 _BINARY = {"add": (operator.add, torch.add, operator.iadd), "sub": (operator.sub, torch.sub, operator.isub),
            "mul": (operator.mul, torch.mul, operator.imul),
            "div": (operator.truediv, torch.div, torch.true_divide, operator.itruediv)}
+
+
+_INPLACE_OPS = (operator.iadd, operator.isub, operator.imul, operator.itruediv)
+_AUGMENTED = (operator.add, operator.sub, operator.mul, operator.truediv)  # what fx makes of x += y
+_VIEW_METHODS = {"view", "view_as", "reshape", "reshape_as", "transpose", "permute", "flatten", "unflatten", "t"}
+_VIEW_FUNCTIONS = (torch.reshape, torch.transpose, torch.permute, torch.flatten)
+_VIEW_MODULES = (torch.nn.Flatten, torch.nn.Unflatten, torch.nn.Identity)
 
 
 def _is_size(n):
@@ -105,9 +118,50 @@ class Lowering:
         return []
 
     def _check_ops(self):
+        order = {n: i for i, n in enumerate(self._gm.graph.nodes)}
         for node in self._gm.graph.nodes:
             if node.op not in ("placeholder", "output"):
                 self._plan(node)
+                if self._inplace(node):
+                    self._check_inplace(node, order)
+                elif node.target in _AUGMENTED and not node.users:
+                    _fail(node, node.target.__name__, "has a result nothing uses: fx traces x += y as x + y, so an "
+                          "in-place update would be lost; write x = x + y (or drop the unused expression)")
+
+    def _inplace(self, node):
+        """Whether node writes its first input in place (inplace=True, x += y)."""
+        if node.op == "call_module":
+            return getattr(self._gm.get_submodule(node.target), "inplace", False) is True
+        if node.op != "call_function":
+            return False
+        if node.target in _INPLACE_OPS:
+            return True
+        i = {F.relu: 1, F.dropout: 3}.get(node.target)
+        return i is not None and _arg(node, i, "inplace", False) is True
+
+    def _base(self, n):
+        """The node whose memory n views (n itself if it is no view)."""
+        while isinstance(n, torch.fx.Node) and (
+                (n.op == "call_method" and n.target in _VIEW_METHODS) or
+                (n.op == "call_function" and n.target in _VIEW_FUNCTIONS) or
+                (n.op == "call_module" and isinstance(self._gm.get_submodule(n.target), _VIEW_MODULES))):
+            n = n.args[0]
+        return n
+
+    def _check_inplace(self, node, order):
+        """ttd computes an in-place op out of place: the same values wherever its input, and
+        every view of it, is read no more after it, and forward's inputs and the parameters
+        are not written. Anything else raises."""
+        base = self._base(node.args[0])
+        what = (f"{type(self._gm.get_submodule(node.target)).__name__}(inplace=True)" if node.op == "call_module" else
+                node.target.__name__ + ("" if node.target in _INPLACE_OPS else "(inplace=True)"))
+        if not isinstance(base, torch.fx.Node) or base.op in ("placeholder", "get_attr"):
+            _fail(node, what, "writes forward's input or a parameter, which ttd does not: use "
+                  "its out-of-place form (inplace=False, x = x + y)")
+        for later in self._gm.graph.nodes:
+            if order[later] > order[node] and any(self._base(a) is base for a in later.all_input_nodes):
+                _fail(node, what, f"writes {base.name}, which {later.name} reads after it; ttd "
+                      f"computes it out of place: use its result instead (h = F.relu(h)), or inplace=False")
 
     def _lower(self, node, graph, env, check_only=False):
         emit = self._plan(node)
