@@ -3,6 +3,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 import ttd.torch as ttd
@@ -244,3 +245,38 @@ def test_download_in_the_graph_keeps_every_bit():
     assert torch.equal(y.detach().view(torch.int32), x.detach().view(torch.int32))
     (y * torch.arange(7.0)).sum().backward()  # NaN loss, finite gradient
     assert torch.equal(x.grad, torch.arange(7.0).unsqueeze(0))
+
+
+def test_autograd_grad_and_create_graph_through_a_module_raise():
+    """torch.autograd.grad (which leaves parameters' .grad alone) and create_graph=True (double
+    backward) through a compiled module raise saying what to do, before any .grad changes."""
+    c = ttd.compile(nn.Linear(6, 1)).to("tt")
+    x = torch.randn(8, 6, requires_grad=True)
+    out = c(x.to("tt")).cpu().sum()
+    with pytest.raises(RuntimeError, match=r"torch.autograd.grad .* not supported.*call loss.backward\(\)"):
+        torch.autograd.grad(out, x, retain_graph=True)
+    with pytest.raises(RuntimeError, match=r"create_graph=True .* not supported.*on the CPU"):
+        torch.autograd.grad(out, x, create_graph=True)
+    assert next(c.parameters()).grad is None
+
+
+def test_eval_module_passes_gradients_to_its_inputs():
+    """A frozen network in eval() between a trainable CPU layer and the loss passes the
+    gradient through as torch's does; with dropout it raises saying what to do."""
+    torch.manual_seed(0)
+    gen, net = nn.Linear(4, 6), nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)).eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    c = ttd.compile(copy.deepcopy(net)).to("tt").eval()
+    x = torch.randn(3, 4)
+    c(gen(x).to("tt")).cpu().square().sum().backward()
+    got = gen.weight.grad.clone()
+    gen.weight.grad = None
+    net(gen(x)).square().sum().backward()
+    torch.testing.assert_close(got, gen.weight.grad, rtol=1e-5, atol=1e-6)
+    d = ttd.compile(nn.Sequential(nn.Linear(6, 2), nn.Dropout(0.5))).to("tt").eval()
+    with pytest.raises(RuntimeError, match=r"in eval\(\) and has dropout.*call .train\(\).*torch.no_grad\(\)"):
+        d(gen(x).to("tt"))
+    with torch.no_grad():
+        d(gen(x).to("tt"))
+    assert not c(x.new_ones(3, 6).to("tt")).cpu().requires_grad  # no input takes a gradient: no run

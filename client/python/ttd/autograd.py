@@ -22,6 +22,9 @@ from . import _lib
 from .convert import _TORCH_DTYPES, _host_from_torch, _torch_from_tt
 
 _LEAF = torch.empty(0, requires_grad=True)  # makes every run's anchors require grad; gets no gradient
+# _LEAF's node in every graph: torch.autograd.backward runs it, torch.autograd.grad and
+# backward(inputs=...) do not (they leave the parameters' .grad alone)
+_LEAF_NODE = _LEAF.view_as(_LEAF).grad_fn.next_functions[0][0]
 
 
 _NEG_ZERO = {}  # dtype: the 0-dim -0.0 every anchor of that dtype views (never written)
@@ -94,6 +97,13 @@ class _Run(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         ctx.saved_tensors  # torch's own error for a graph already freed (no retain_graph)
+        if torch.is_grad_enabled():
+            raise RuntimeError("create_graph=True through a compiled module is not supported: ttd's backward "
+                               "records no graph (no double backward); take higher derivatives on the CPU")
+        if not torch._C._will_engine_execute_node(_LEAF_NODE):
+            raise RuntimeError("torch.autograd.grad (or backward(inputs=...)) through a compiled module is not "
+                               "supported: its backward always adds into the module's parameters' .grad; call "
+                               "loss.backward() and read the input's .grad")
         state = ctx.state
         pairs = [(o, _host_from_torch(g if g.dtype is torch.float32 else g.float()))
                  for o, g in zip(state.outputs, grads) if g is not None]

@@ -94,6 +94,7 @@ class Lowering:
         self._gm = gm
         self._params = param_names
         self._aliases = aliases or {}
+        self.has_dropout = False  # whether forward has dropout that train()/eval() turn on and off
         self._check_ops()
 
     def _param_name(self, name):
@@ -262,6 +263,7 @@ class Lowering:
             return self._embedding(node, x, par("weight"), sub.padding_idx, sub.max_norm, sub.scale_grad_by_freq,
                                    sub.sparse)
         if isinstance(sub, nn.Dropout):
+            self.has_dropout = True
             return self._op(node, "dropout", [x], _attrs(p=float(sub.p)))
         if isinstance(sub, (nn.MaxPool2d, nn.AvgPool2d)):
             return self._pool(node, x, sub)
@@ -317,6 +319,7 @@ class Lowering:
         if t is F.dropout:
             if not _arg(node, 2, "training", True):
                 return lambda g, env: env[x.name]
+            self.has_dropout = True
             return self._op(node, "dropout", [x], _attrs(p=float(_arg(node, 1, "p", 0.5))))
         if t in (F.max_pool2d, F.avg_pool2d):
             k = _arg(node, 1, "kernel_size")

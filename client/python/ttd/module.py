@@ -121,6 +121,19 @@ class CompiledModule:
             m.to(self._device)
         self._module = m
 
+    def _eval_run(self, inputs, on_tt):
+        """In eval under grad mode: whether the forward keeps a run, as torch records one, because
+        an input takes a gradient (a frozen network between a trainable one and the loss). ttd's
+        eval keeps none, and its training forward differs from eval only in dropout: a graph
+        with dropout raises."""
+        if not any((x._anchor is not None) if on_tt else x.requires_grad for x in inputs):
+            return False
+        if self._lowering.has_dropout:
+            raise RuntimeError("this compiled module is in eval() and has dropout, and input(s) take a gradient: "
+                               "ttd keeps no graph of an eval forward, so the gradient would not flow back through "
+                               "it; call .train() (dropout on), or wrap the call in torch.no_grad() (no gradient)")
+        return True
+
     def _check_fixed(self, tts):
         """Refuses inputs whose dims past the batch differ from those the graph's sizes came from."""
         for i, (t, dims) in enumerate(zip(tts, self._fixed)):
@@ -257,20 +270,20 @@ class CompiledModule:
             self._build(tts)
         if self._fixed is not None:
             self._check_fixed(tts)
-        training = self.training and torch.is_grad_enabled()
+        training = torch.is_grad_enabled() and (self.training or self._eval_run(inputs, on_tt))
         # The inputs whose gradient torch wants (a CPU layer or a module upstream): their
         # anchors in torch's graph (a CPU input is its own), and the run returns their gradients.
         anchors = [x._anchor if on_tt else (x if x.requires_grad else None) for x in inputs] if training else []
         watched = [(t, a) for t, a in zip(tts, anchors) if a is not None]
         for t, _ in watched:
             t.set_requires_grad()
-        if self.training and not training:
-            self._module.train(False)  # torch.no_grad(): keep no run
+        if self.training != training:
+            self._module.train(training)  # torch.no_grad(): keep no run; _eval_run: keep one
         try:
             outs = self._module.forward(tts)
         finally:
-            if self.training and not training:
-                self._module.train(True)
+            if self.training != training:
+                self._module.train(self.training)
         if training:
             out_anchors = autograd.run(outs, [t for t, _ in watched], [a for _, a in watched], self._on_backward,
                                        self._after_backward)
