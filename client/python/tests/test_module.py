@@ -210,3 +210,20 @@ def test_later_move_before_compile_wins_and_cpu_module_takes_int64():
     lin = ttd.compile(torch.nn.Linear(3, 2))
     with pytest.raises(TypeError, match="not torch.float64: convert it first"):
         lin(torch.randn(2, 3, dtype=torch.float64))
+
+
+def test_dropout_under_no_grad_in_train_mode_drops_and_keeps_no_run():
+    """train() under torch.no_grad(): dropout drops as torch's does, the output takes no
+    gradient, and no run is left waiting (the module moves at once)."""
+    m = ttd.compile(torch.nn.Sequential(torch.nn.Dropout(0.5))).to("tt")
+    x = torch.ones(64, 64)
+    with torch.no_grad():
+        outs = [m(x.to("tt")).cpu() for _ in range(2)]
+    for out in outs:
+        assert not out.requires_grad and 0.4 < (out == 0).float().mean() < 0.6
+        assert torch.equal(out[out != 0], torch.full_like(out[out != 0], 2.0))
+    assert not torch.equal(outs[0], outs[1])
+    m.to("cpu")
+    m.eval()
+    with torch.no_grad():
+        assert torch.equal(m(x), x)

@@ -277,13 +277,18 @@ class CompiledModule:
         watched = [(t, a) for t, a in zip(tts, anchors) if a is not None]
         for t, _ in watched:
             t.set_requires_grad()
-        if self.training != training:
-            self._module.train(training)  # torch.no_grad(): keep no run; _eval_run: keep one
+        # The module's mode for this forward: train() under torch.no_grad() keeps no run, but
+        # one with dropout draws its masks as torch's does, and lets its run go at once.
+        mode = training or (self.training and self._lowering.has_dropout)
+        if self.training != mode:
+            self._module.train(mode)  # torch.no_grad(): keep no run; _eval_run: keep one
         try:
             outs = self._module.forward(tts)
         finally:
-            if self.training != training:
+            if self.training != mode:
                 self._module.train(self.training)
+        if mode and not training and outs:
+            outs[0].release_run()
         if training:
             out_anchors = autograd.run(outs, [t for t, _ in watched], [a for _, a in watched], self._on_backward,
                                        self._after_backward)
