@@ -123,14 +123,16 @@ static int64_t group_size(const ttd_conv2d_params *p) {
   return g < p->n ? g : p->n;
 }
 
-/* The slow path for when no column buffer can be had: y directly. */
+/* The slow path for when no column buffer can be had (a window too large for one): y
+ * directly, counting work at each output element, so that a deadline or a kill stops even
+ * one huge window within an element's work. */
 static void conv_direct(const ttd_conv2d_params *p, const float *x, const float *w, const float *bias, float *y) {
   ttd_kcheck check = TTD_KCHECK_INIT;
   for (int64_t g = 0; g < p->n; g++)
-    for (int64_t co = 0; co < p->c_out; co++) {
-      if (ttd_kstop(&check, p->out_h * p->out_w * p->c_in * p->kh * p->kw)) return;
-      for (int64_t oi = 0; oi < p->out_h; oi++)
+    for (int64_t co = 0; co < p->c_out; co++)
+      for (int64_t oi = 0; oi < p->out_h; oi++) {
         for (int64_t oj = 0; oj < p->out_w; oj++) {
+          if (ttd_kstop(&check, p->c_in * p->kh * p->kw)) return;
           float s = bias ? bias[co] : 0.0f;
           for (int64_t c = 0; c < p->c_in; c++)
             for (int64_t ki = 0; ki < p->kh; ki++)
@@ -141,20 +143,21 @@ static void conv_direct(const ttd_conv2d_params *p, const float *x, const float 
               }
           y[((g * p->c_out + co) * p->out_h + oi) * p->out_w + oj] = s;
         }
-    }
+      }
 }
 
-/* The slow path of the backward: dx and dw directly (each may be NULL). */
+/* The slow path of the backward: dx and dw directly (each may be NULL), polling as
+ * conv_direct does. */
 static void conv_backward_direct(const ttd_conv2d_params *p, const float *x, const float *w, const float *dy, float *dx,
                                  float *dw) {
   if (dx) memset(dx, 0, (size_t)(p->n * p->c_in * p->h * p->w) * sizeof(float));
   if (dw) memset(dw, 0, (size_t)(p->c_out * p->c_in * p->kh * p->kw) * sizeof(float));
   ttd_kcheck check = TTD_KCHECK_INIT;
   for (int64_t g = 0; g < p->n; g++)
-    for (int64_t co = 0; co < p->c_out; co++) {
-      if (ttd_kstop(&check, p->out_h * p->out_w * p->c_in * p->kh * p->kw)) return;
-      for (int64_t oi = 0; oi < p->out_h; oi++)
+    for (int64_t co = 0; co < p->c_out; co++)
+      for (int64_t oi = 0; oi < p->out_h; oi++) {
         for (int64_t oj = 0; oj < p->out_w; oj++) {
+          if (ttd_kstop(&check, p->c_in * p->kh * p->kw)) return;
           float d = dy[((g * p->c_out + co) * p->out_h + oi) * p->out_w + oj];
           for (int64_t c = 0; c < p->c_in; c++)
             for (int64_t ki = 0; ki < p->kh; ki++)
@@ -167,7 +170,7 @@ static void conv_backward_direct(const ttd_conv2d_params *p, const float *x, con
                 if (dw) dw[wi] += d * x[xi];
               }
         }
-    }
+      }
 }
 
 void ttd_k_conv2d(ttd_pool *pool, const ttd_conv2d_params *p, const float *x, const float *w, const float *bias,

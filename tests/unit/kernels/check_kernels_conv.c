@@ -3,12 +3,16 @@
  * differences of sum(dy * f(x)) taken through the float forward itself, and the pool must
  * not change any result. */
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "kernels.h"
+#include "thread_pool.h"
 #include "kernel_testing.h"
 #include "suites.h"
 
@@ -196,6 +200,49 @@ START_TEST(test_conv_params) {
 }
 END_TEST
 
+/* Sets a cancellation flag after 100 ms. */
+static void *cancel_later(void *arg) {
+  usleep(100 * 1000);
+  atomic_store(&((ttd_cancel *)arg)->code, 4);
+  return NULL;
+}
+
+static double since_ms(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* A window too large for a column buffer (a 768 x 768 image under a 384 x 384 kernel would
+ * take 87 GB of columns) runs the direct path, about half a minute of work forward and as
+ * much backward; a cancellation flag set 100 ms in stops each within a second. */
+START_TEST(test_conv_huge_window_stops) {
+  if (getenv("TTD_SKIP_HUGE")) return; /* the sanitizer's allocator aborts on the 87 GB request */
+  ttd_conv2d_params p = conv_params(1, 1, 768, 768, 1, 384, 384, 1, 1, 0, 0);
+  int64_t nx = 768 * 768, nw = 384 * 384, ny = p.out_h * p.out_w;
+  float *x = calloc((size_t)nx, sizeof(float)), *w = calloc((size_t)nw, sizeof(float));
+  float *y = calloc((size_t)ny, sizeof(float)), *dx = calloc((size_t)nx, sizeof(float));
+  float *dw = calloc((size_t)nw, sizeof(float));
+  ck_assert(x && w && y && dx && dw);
+  ttd_cancel cancel = {0};
+  ck_assert_ptr_null(ttd_pool_cancel_enter(&cancel));
+  for (int backward = 0; backward < 2; backward++) {
+    atomic_store(&cancel.code, 0);
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, cancel_later, &cancel), 0);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (backward) ttd_k_conv2d_backward(NULL, &p, x, w, y, dx, dw, NULL);
+    else ttd_k_conv2d(NULL, &p, x, w, NULL, y);
+    double ms = since_ms(&t0);
+    pthread_join(t, NULL);
+    ck_assert_msg(ms < 1000, "%s ran %.0f ms after a flag set at 100 ms", backward ? "the backward" : "the forward", ms);
+  }
+  ck_assert_ptr_eq(ttd_pool_cancel_enter(NULL), &cancel);
+  free(x), free(w), free(y), free(dx), free(dw);
+}
+END_TEST
+
 Suite *kernels_conv_suite(void) {
   Suite *s = suite_create("kernels_conv");
   TCase *tc = tcase_create("conv2d");
@@ -204,6 +251,7 @@ Suite *kernels_conv_suite(void) {
   tcase_add_test(tc, test_conv_backward_fd);
   tcase_add_test(tc, test_conv_many_images);
   tcase_add_test(tc, test_conv_params);
+  tcase_add_test(tc, test_conv_huge_window_stops);
   suite_add_tcase(s, tc);
   return s;
 }
