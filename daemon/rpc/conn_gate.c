@@ -86,7 +86,9 @@ typedef struct gate_conn {
   SSL *ssl;         /* a TLS listener's connection before the handoff */
   uint8_t first[PREFACE_LEN]; /* TCP: the client preface, read before the handoff */
   size_t preface_seen;
-  int64_t deadline; /* no preface (TLS: handshake and preface) by then: closed */
+  int64_t deadline; /* no preface (TLS: handshake and preface) by then: closed; after a
+                     * plain-text handoff, no call by then: shut down */
+  bool called;      /* a plain-text connection, handed over, has made a call */
   struct gate_conn *next, *prev; /* every connection */
 } gate_conn;
 
@@ -475,6 +477,7 @@ static void check_preface(ttd_conn_gate *g, gate_conn *c) {
     return;
   }
   c->handed = true;
+  c->deadline = now_ms() + g->config->handshake_timeout_ms; /* its first call, by then */
   g->by_fd[c->fd] = (gate_slot){.conn = c, .who = c->who};
   /* gRPC shuts the socket down before it closes it: the duplicate then reads the end. */
   struct epoll_event ev = {.events = EPOLLRDHUP, .data.ptr = c};
@@ -693,22 +696,43 @@ static void accept_all(ttd_conn_gate *g, gate_listener *l) {
   }
 }
 
-/* Closes connections past their handshake deadline; resumes paused listeners; returns the
- * epoll timeout until the next of those. */
+/* Counts and logs a connection whose handshake timeout passed without what it names. */
+static void timed_out(ttd_conn_gate *g, const char *what) {
+  atomic_fetch_add(&g->core->metrics.connections_timed_out, 1);
+  uint64_t left_out;
+  if (log_allowed(g, &left_out)) {
+    TTD_LOG(TTD_LOG_INFO, "event=handshake-timeout reason=\"no %s within %lld ms\" left_out=%llu", what,
+            (long long)g->config->handshake_timeout_ms, (unsigned long long)left_out);
+  }
+}
+
+/* Under lock, at its deadline: a plain-text connection handed to gRPC that has not made a
+ * call yet is shut down (gRPC then reads its end, closes it, and the watch frees its place):
+ * a peer that sends the preface and SETTINGS, then nothing, holds no descriptor past the
+ * handshake timeout. */
+static void first_call_due(ttd_conn_gate *g, gate_conn *c) {
+  if ((c->called = ttd_h2_read_guard_called(c->fd))) return;
+  timed_out(g, "call after the HTTP/2 preface");
+  shutdown(c->watch, SHUT_RDWR);
+  c->called = true; /* shut down once; its end frees it */
+}
+
+/* Closes connections past their handshake deadline (and shuts down handed plain-text ones
+ * that made no call by theirs); resumes paused listeners; returns the epoll timeout until the
+ * next of those. */
 static int timers(ttd_conn_gate *g) {
   int64_t now = now_ms(), next = now + 1000;
   pthread_mutex_lock(&g->lock);
   for (gate_conn *c = g->conns, *after; c; c = after) {
     after = c->next;
-    if (c->handed) continue;
+    if (c->handed) {
+      if (c->relayed || c->called || c->watch < 0) continue;
+      if (c->deadline <= now) first_call_due(g, c);
+      else if (c->deadline < next) next = c->deadline;
+      continue;
+    }
     if (c->deadline <= now) {
-      atomic_fetch_add(&g->core->metrics.connections_timed_out, 1);
-      uint64_t left_out;
-      if (log_allowed(g, &left_out)) {
-        TTD_LOG(TTD_LOG_INFO, "event=handshake-timeout reason=\"no %s within %lld ms\" left_out=%llu",
-                c->ssl ? "TLS handshake and HTTP/2 preface" : "HTTP/2 preface",
-                (long long)g->config->handshake_timeout_ms, (unsigned long long)left_out);
-      }
+      timed_out(g, c->ssl ? "TLS handshake and HTTP/2 preface" : "HTTP/2 preface");
       conn_free(g, c);
       continue;
     }

@@ -69,6 +69,15 @@ int ttd_h2_read_guard_watch(int fd, int max_resets) {
   return 0;
 }
 
+bool ttd_h2_read_guard_called(int fd) {
+  guard_slot *s = slot_of(fd, false);
+  if (!s) return false;
+  pthread_mutex_lock(&s->lock);
+  bool called = atomic_load_explicit(&s->watched, memory_order_relaxed) && s->frames.last_stream > 0;
+  pthread_mutex_unlock(&s->lock);
+  return called;
+}
+
 void ttd_h2_read_guard_counts(int fd, uint64_t *out_frames, uint64_t *out_resets) {
   *out_frames = *out_resets = 0;
   guard_slot *s = slot_of(fd, false);

@@ -26,6 +26,7 @@
 #ifndef TTD_RPC_H2_READ_GUARD_H
 #define TTD_RPC_H2_READ_GUARD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "rpc/h2_frames.h"
@@ -42,6 +43,10 @@ void ttd_h2_read_guard_init(ttd_h2_guard_fn fn, void *arg);
  * with no watch when fd is out of the guard's range (then refuse the connection). Until
  * close(fd). */
 int ttd_h2_read_guard_watch(int fd, int max_resets);
+
+/* Whether the peer on watched fd has opened a stream (sent a call's HEADERS); false when fd
+ * is not watched. */
+bool ttd_h2_read_guard_called(int fd);
 
 /* The frames and resets counted on fd so far (0 when not watched): for tests and logs. */
 void ttd_h2_read_guard_counts(int fd, uint64_t *out_frames, uint64_t *out_resets);

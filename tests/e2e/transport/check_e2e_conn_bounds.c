@@ -75,22 +75,36 @@ START_TEST(test_peer_bound) {
 END_TEST
 
 /* With --handshake-timeout 500ms, a connection that sends nothing is closed after it, not
- * before; one that sends only part of the preface too. */
+ * before; one that sends only part of the preface too; one that sends the preface and its
+ * SETTINGS (acknowledging ttd's too) but no call is shut down after it; one that made a call
+ * stays open past it. */
 START_TEST(test_handshake_timeout) {
   ck_assert_int_eq(ttd_proc_stop(&proc), 0);
   start("500ms");
-  int idle = connect_tcp(), partial = connect_tcp();
+  int idle = connect_tcp(), partial = connect_tcp(), no_call = connect_tcp(), called = connect_tcp();
   ck_assert_int_ge(idle, 0);
   ck_assert_int_ge(partial, 0);
+  ck_assert_int_ge(no_call, 0);
+  ck_assert_int_ge(called, 0);
   ck_assert_int_eq(send(partial, "PRI * HTTP", 10, MSG_NOSIGNAL), 10);
+  static const char settings[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                                 "\0\0\0\4\0\0\0\0\0"  /* SETTINGS */
+                                 "\0\0\0\4\1\0\0\0\0"; /* SETTINGS ACK */
+  ck_assert_int_eq(send(no_call, settings, sizeof(settings) - 1, MSG_NOSIGNAL), (ssize_t)sizeof(settings) - 1);
+  ck_assert_int_eq(h2_flood_calls(h2_flood_write_fd, &called, "/ttd.v1.Device/ListDevices", 1, 0), 1);
   ck_assert_int_eq(closed_within(idle, 300), 0);
   ck_assert_int_eq(closed_within(idle, 3000), 1);
   ck_assert_int_eq(closed_within(partial, 3000), 1);
+  ck_assert_int_eq(closed_within(no_call, 3000), 1);
+  ck_assert_int_eq(closed_within(called, 1500), 0);
   close(idle);
   close(partial);
+  close(no_call);
+  close(called);
   char *m = harness_http(admin_port, "GET", "/metrics");
-  ck_assert_double_ge(harness_metric(m, "ttd_connections_handshake_timeouts_total"), 2);
+  ck_assert_double_eq(harness_metric(m, "ttd_connections_handshake_timeouts_total"), 3);
   free(m);
+  ck_assert_int_eq(harness_log_count(&proc, "no call after the HTTP/2 preface within 500 ms"), 1);
 }
 END_TEST
 
