@@ -2,8 +2,9 @@
  * gRPC one end of a socketpair and the relay the other, with the peer's socket and its TLS
  * session (handshake done). The relay moves bytes both ways, decrypting and encrypting, and
  * reads the peer's HTTP/2 frames (h2_frames.h) before gRPC does, so that a peer resetting
- * streams faster than the bucket allows (HTTP/2 rapid reset), or sending a frame gRPC would
- * refuse, is closed before gRPC has parsed and queued its frames. (Plain-text peers need no
+ * streams faster than the bucket allows (HTTP/2 rapid reset), or opening more streams than
+ * allowed before it acknowledges the SETTINGS, is closed before gRPC has parsed and queued
+ * its frames. (Plain-text peers need no
  * relay: h2_read_guard.h counts their frames in gRPC's own reads.)
  *
  * Each direction holds at most one read's bytes (TTD_RELAY_CHUNK) that the other side could

