@@ -81,12 +81,11 @@ ttd_status_t ttd_core_reload(ttd_core *core, const ttd_config *fresh) {
     ttd_tokens_release(tokens);
     return status;
   }
-  /* A session whose tenant the new settings no longer admit ends now (whatever renews it,
-   * the side socket included), its memory freed; its client's next call is told why. */
+  /* A session whose tenant, or the token it was opened with, the new settings no longer
+   * admit ends now (whatever renews it, the side socket included), its memory freed; its
+   * client's next call is told why. */
   for (size_t i = 0; i < n; i++) {
-    bool admitted = tokens ? ttd_tokens_find(tokens, sessions[i]->tenant) != NULL
-                           : strcmp(sessions[i]->tenant, TTD_LOCAL_TENANT) == 0;
-    if (admitted) continue;
+    if (ttd_auth_admits_session(tokens, sessions[i])) continue;
     uint64_t tensors = 0, bytes = 0;
     ttd_session_table_revoke(&core->sessions, sessions[i], &tensors, &bytes);
     TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=session-revoked tenant=%s tensors_freed=%" PRIu64

@@ -34,8 +34,15 @@ static Ttd__V1__OpenSessionResponse *session_response(ttd_call *call, ttd_sessio
 static ttd_status_t resume_session(ttd_call *call, const Ttd__V1__OpenSessionRequest *req,
                                    ProtobufCMessage **out_response) {
   ttd_session *session = NULL;
-  TTD_RETURN_IF_ERROR(ttd_session_table_resume(&call->core->sessions, req->resume_session, call->principal.tenant,
-                                               req->resume_secret.data, req->resume_secret.len, ttd_now_ms(), &session));
+  pthread_rwlock_rdlock(&call->core->reload_lock); /* no reload between the token's check and its record */
+  ttd_status_t status = ttd_auth_recheck(&call->core->auth, &call->principal);
+  if (!status) {
+    status = ttd_session_table_resume(&call->core->sessions, req->resume_session, call->principal.tenant,
+                                      req->resume_secret.data, req->resume_secret.len, ttd_now_ms(), &session);
+  }
+  if (!status) ttd_session_set_token(session, call->principal.by_token ? call->principal.token_digest : NULL);
+  pthread_rwlock_unlock(&call->core->reload_lock);
+  TTD_RETURN_IF_ERROR(status);
   Ttd__V1__OpenSessionResponse *resp = session_response(call, session, atomic_load(&session->quota->limit));
   if (resp) resp->resumed = true;
   TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=resumed tenant=%s client=\"%s\"", session->id, session->tenant,
@@ -57,7 +64,9 @@ ttd_status_t ttd_method_open_session(ttd_call *call, const ProtobufCMessage *req
   if (req->resume_session) return resume_session(call, req, out_response);
   uint64_t quota = 0;
   pthread_rwlock_rdlock(&call->core->reload_lock);
-  ttd_status_t status = ttd_auth_session_quota(&call->core->auth, call->principal.tenant, req->quota_bytes, &quota);
+  /* The token was checked before this lock: a reload since may have revoked it. */
+  ttd_status_t status = ttd_auth_recheck(&call->core->auth, &call->principal);
+  if (!status) status = ttd_auth_session_quota(&call->core->auth, call->principal.tenant, req->quota_bytes, &quota);
   if (status) {
     pthread_rwlock_unlock(&call->core->reload_lock);
     return status;
@@ -70,7 +79,8 @@ ttd_status_t ttd_method_open_session(ttd_call *call, const ProtobufCMessage *req
                                .quota_asked = req->quota_bytes,
                                .quota = quota,
                                .max_tenant_sessions = ttd_auth_max_sessions(&call->core->auth, call->principal.tenant),
-                               .weight = ttd_auth_weight(&call->core->auth, call->principal.tenant)};
+                               .weight = ttd_auth_weight(&call->core->auth, call->principal.tenant),
+                               .token_digest = call->principal.by_token ? call->principal.token_digest : NULL};
   params.tenant_quota = ttd_auth_tenant_quota(&call->core->auth, call->principal.tenant);
   ttd_session *session = NULL;
   status = params.tenant_quota ? ttd_session_table_open(&call->core->sessions, &params, ttd_now_ms(), &session)

@@ -1,5 +1,6 @@
 #include "session/auth.h"
 
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +93,19 @@ static ttd_tokens *current_tokens(ttd_auth *auth, uint64_t *out_default_quota) {
   return t;
 }
 
+/* Whether tokens (NULL: none) admit tenant_name holding the token of digest (NULL: one
+ * named without a token). */
+static bool admits(const ttd_tokens *tokens, const char *tenant_name, const uint8_t *digest) {
+  if (!tokens) return strcmp(tenant_name, TTD_LOCAL_TENANT) == 0;
+  const ttd_tenant *tenant = ttd_tokens_find(tokens, tenant_name);
+  return tenant && (!digest || CRYPTO_memcmp(tenant->digest, digest, TTD_TOKEN_DIGEST_BYTES) == 0);
+}
+
+static ttd_status_t token_not_valid(void) {
+  return ttd_make_status(GRPC_STATUS_UNAUTHENTICATED,
+                         "the token is not valid for this ttd (unknown or revoked); ask the operator for one");
+}
+
 ttd_status_t ttd_auth_check(ttd_auth *auth, const char *authorization, size_t len, ttd_principal *out) {
   memset(out, 0, sizeof(*out));
   ttd_tokens *tokens = current_tokens(auth, NULL);
@@ -111,16 +125,30 @@ ttd_status_t ttd_auth_check(ttd_auth *auth, const char *authorization, size_t le
   } else {
     const ttd_tenant *tenant = ttd_tokens_match(tokens, authorization + 7, len - 7);
     if (!tenant) {
-      status = ttd_make_status(GRPC_STATUS_UNAUTHENTICATED,
-                               "the token is not valid for this ttd (unknown or revoked); ask the operator for one");
+      status = token_not_valid();
     } else {
       snprintf(out->tenant, sizeof(out->tenant), "%s", tenant->name);
       out->admin = tenant->admin;
       out->by_token = true;
+      memcpy(out->token_digest, tenant->digest, TTD_TOKEN_DIGEST_BYTES);
     }
   }
   ttd_tokens_release(tokens);
   return status;
+}
+
+ttd_status_t ttd_auth_recheck(ttd_auth *auth, const ttd_principal *principal) {
+  pthread_mutex_lock(&auth->lock);
+  bool admitted = admits(auth->tokens, principal->tenant, principal->by_token ? principal->token_digest : NULL);
+  pthread_mutex_unlock(&auth->lock);
+  return admitted ? TTD_OK : token_not_valid();
+}
+
+bool ttd_auth_admits_session(const ttd_tokens *tokens, ttd_session *session) {
+  pthread_mutex_lock(&session->lock);
+  bool admitted = admits(tokens, session->tenant, session->by_token ? session->token_digest : NULL);
+  pthread_mutex_unlock(&session->lock);
+  return admitted;
 }
 
 uint32_t ttd_auth_weight(ttd_auth *auth, const char *tenant_name) {

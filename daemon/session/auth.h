@@ -12,6 +12,7 @@
 #include <pthread.h>
 
 #include "device/quota.h"
+#include "session/session.h"
 #include "wire/tokens.h"
 
 #define TTD_LOCAL_TENANT "local"
@@ -23,6 +24,7 @@ typedef struct ttd_principal {
   bool by_token; /* named by a token; else the local tenant of a ttd without tokens, whose
                   * admin rights hold only for ttd's user and root over a Unix socket file
                   * (dispatch.c) */
+  uint8_t token_digest[TTD_TOKEN_DIGEST_BYTES]; /* by_token: its token's SHA-256, as the file has it */
 } ttd_principal;
 
 typedef struct ttd_auth {
@@ -58,6 +60,17 @@ uint32_t ttd_auth_max_sessions(ttd_auth *auth, const char *tenant_name);
 
 /* Resolves the value of the `authorization` metadata (NULL when absent) into a principal. */
 ttd_status_t ttd_auth_check(ttd_auth *auth, const char *authorization, size_t len, ttd_principal *out);
+
+/* Whether the table now in force still admits principal, resolved before a reload may have
+ * swapped the table: UNAUTHENTICATED, as ttd_auth_check answers, when its token (or, for
+ * a principal without one, its tenant) is gone. */
+ttd_status_t ttd_auth_recheck(ttd_auth *auth, const ttd_principal *principal);
+
+/* Whether tokens (NULL: no tokens file) admit session: its tenant is listed with the very
+ * token that opened or resumed it (compared in constant time); a session with no token
+ * recorded needs only its tenant listed, and without tokens only the local tenant's
+ * sessions stay. A reload ends every session this refuses. */
+bool ttd_auth_admits_session(const ttd_tokens *tokens, ttd_session *session);
 
 /* The quota of a session of tenant that asked for `asked` bytes (0: as much as allowed):
  * the tenant's limit (quota= in the tokens file), else --quota, or asked when smaller.

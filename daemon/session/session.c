@@ -47,7 +47,16 @@ ttd_session *ttd_session_create(uint64_t id, const ttd_session_params *params, i
   s->opened_ms = now_ms;
   atomic_init(&s->last_seen_ms, now_ms);
   pthread_mutex_init(&s->lock, NULL);
+  ttd_session_set_token(s, params->token_digest);
   return s;
+}
+
+void ttd_session_set_token(ttd_session *session, const uint8_t *token_digest) {
+  pthread_mutex_lock(&session->lock);
+  session->by_token = token_digest != NULL;
+  if (token_digest) memcpy(session->token_digest, token_digest, TTD_TOKEN_DIGEST_BYTES);
+  else memset(session->token_digest, 0, TTD_TOKEN_DIGEST_BYTES);
+  pthread_mutex_unlock(&session->lock);
 }
 
 ttd_session *ttd_session_retain(ttd_session *session) {

@@ -61,6 +61,12 @@ typedef struct ttd_session {
   uid_t segments_uid;           /* every segment comes from this user (SO_PEERCRED) */
   uint64_t segments_bytes;      /* mapped by its segments */
   uint64_t shm_key[2];          /* random; side-socket requests must carry it */
+  /* The SHA-256 digest of the token that opened or last resumed the session (the tokens
+   * file holds the same digest); a reload that gives its tenant another token ends it.
+   * by_token false: opened without a token, or read back from state files and not yet
+   * resumed. */
+  bool by_token;
+  uint8_t token_digest[TTD_TOKEN_DIGEST_BYTES];
   ttd_session_stream *streams;  /* open streams, cancelled at close */
   /* Resuming after a graceful restart (ttd --state-dir): the secret OpenSession hands out,
    * and, for a session read back from the state files, whether its client has yet to
@@ -80,6 +86,7 @@ typedef struct ttd_session_params {
   uint32_t max_tenant_sessions; /* the tenant's sessions open at once, this one included; 0: no bound */
   uint32_t weight;              /* the tenant's share of the card; 0 counts as 1 */
   ttd_quota *tenant_quota;      /* bounds the sum over the tenant's sessions (retained); NULL: none */
+  const uint8_t *token_digest;  /* TTD_TOKEN_DIGEST_BYTES of the token that opens it; NULL: none */
 } ttd_session_params;
 
 /* Whether secret (len bytes) is the session's resume secret (constant time). */
@@ -90,6 +97,9 @@ ttd_session *ttd_session_create(uint64_t id, const ttd_session_params *params, i
 
 ttd_session *ttd_session_retain(ttd_session *session);
 void ttd_session_release(ttd_session *session); /* accepts NULL */
+
+/* Records the token that resumed the session (NULL: none), replacing the one that opened it. */
+void ttd_session_set_token(ttd_session *session, const uint8_t *token_digest);
 
 /* Records activity for the lease. */
 void ttd_session_touch(ttd_session *session, int64_t now_ms);

@@ -8,10 +8,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "wire/shm_protocol.h"
 #include "wire/tokens.h"
 #include "raw_rpc.h"
 #include "suites.h"
@@ -70,6 +73,14 @@ static tt_tensor *upload_bytes(tt_client *c, int64_t floats) {
   tt_tensor *d = tt_to(h, "tt");
   tt_tensor_free(h);
   return d;
+}
+
+/* Downloads t, which upload_bytes made of `floats` floats, and checks its last one. */
+static void expect_uploaded(tt_tensor *t, int64_t floats) {
+  tt_tensor *back = tt_to(t, "cpu");
+  ck_assert_ptr_nonnull(back);
+  ck_assert_float_eq(((float *)tt_tensor_data(back))[floats - 1], (float)(floats - 1));
+  tt_tensor_free(back);
 }
 
 START_TEST(test_tokens_right_wrong_missing) {
@@ -164,10 +175,7 @@ START_TEST(test_tenant_isolation) {
              "for administrators");
 
   /* alice's tensor is untouched. */
-  tt_tensor *back = tt_to(t, "cpu");
-  ck_assert_ptr_nonnull(back);
-  ck_assert_float_eq(((float *)tt_tensor_data(back))[999], 999.0f);
-  tt_tensor_free(back);
+  expect_uploaded(t, 1000);
   tt_tensor_free(t);
   tt_disconnect(b);
   tt_disconnect(a);
@@ -431,10 +439,7 @@ START_TEST(test_sighup_reload) {
   ck_assert_str_eq(tt_session_tenant(c), "carol");
   tt_disconnect(c);
   /* alice keeps her session and tensor, but her new limit (128K < 200000 used) refuses more. */
-  tt_tensor *back = tt_to(kept, "cpu");
-  ck_assert_ptr_nonnull(back);
-  ck_assert_float_eq(((float *)tt_tensor_data(back))[49999], 49999.0f);
-  tt_tensor_free(back);
+  expect_uploaded(kept, 50000);
   ck_assert_ptr_null(tt_tensor_empty(a, TT_FLOAT32, (int64_t[]){4}, 1, "tt"));
   ck_assert_int_eq(tt_errcode(a), TT_RESOURCE_EXHAUSTED);
   ck_assert_ptr_nonnull(strstr(tt_last_error(a), "quota 128 KiB"));
@@ -459,6 +464,81 @@ START_TEST(test_sighup_reload) {
   tt_disconnect(c3);
 
   tt_tensor_free(kept);
+  tt_disconnect(a);
+  tt_disconnect(b);
+}
+END_TEST
+
+/* A REGISTER without its memfd on the side socket, for session id with key: its answer's
+ * code and message tell a session the socket still finds (INVALID_ARGUMENT, the fd missing)
+ * from one it no longer does (NOT_FOUND). */
+static ttd_shm_reply side_register(uint64_t id, const uint64_t key[2]) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%.90s.shm", proc.target + strlen("unix:"));
+  int sock = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  ck_assert_int_eq(connect(sock, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  ttd_shm_request req = {.magic = TTD_SHM_MAGIC, .op = TTD_SHM_REGISTER, .session_id = id, .size = 4096};
+  memcpy(req.key, key, sizeof(req.key));
+  ck_assert_int_eq(send(sock, &req, sizeof(req), 0), sizeof(req));
+  ttd_shm_reply reply;
+  ck_assert_int_eq(recv(sock, &reply, sizeof(reply), 0), sizeof(reply));
+  close(sock);
+  return reply;
+}
+
+/* A tenant given a new token under the same name at a reload: the sessions its old token
+ * opened end at the reload (their memory freed, the side socket no longer finds them with
+ * their key, a call naming one with the new token is told the token it was opened with was
+ * revoked), while another tenant's session and the new token's new sessions go on. */
+START_TEST(test_rotated_token_ends_its_sessions) {
+  tt_client *a = must_connect(alice, 0);
+  tt_client *b = must_connect(bob, 0);
+  tt_tensor *alices = upload_bytes(a, 1000); /* 4000 bytes, freed with the session */
+  ck_assert_ptr_nonnull(alices);
+  tt_tensor *bobs = upload_bytes(b, 500);
+  ck_assert_ptr_nonnull(bobs);
+  Ttd__V1__OpenSessionRequest open = TTD__V1__OPEN_SESSION_REQUEST__INIT;
+  open.protocol_version = 1;
+  Ttd__V1__OpenSessionResponse *raw = (Ttd__V1__OpenSessionResponse *)raw_unary(
+      proc.target, "/ttd.v1.Device/OpenSession", &open.base, (raw_md){.authorization = alice_auth},
+      &ttd__v1__open_session_response__descriptor, 0, NULL);
+  uint64_t key[2] = {raw->shm_key_hi, raw->shm_key_lo};
+  char raw_session[17];
+  snprintf(raw_session, sizeof(raw_session), "%016" PRIx64, raw->session_id);
+  ttd_shm_reply r = side_register(raw->session_id, key);
+  ck_assert_int_eq(r.code, 3);
+  ck_assert_msg(strstr(r.message, "needs the memfd attached"), "%s", r.message);
+
+  char rotated[64], rotated_auth[80];
+  harness_token(rotated, sizeof(rotated), rotated_auth, sizeof(rotated_auth));
+  const char *names[] = {"alice", "bob", "ops"};
+  const char *toks[] = {rotated, bob, ops};
+  const char *opts[] = {"quota=512K", "max_sessions=3", "admin"};
+  harness_write_tokens(tokens_path, names, toks, opts, 3);
+  hup_and_wait("event=reloaded");
+
+  ck_assert(log_contains("event=session-revoked tenant=alice tensors_freed=1 bytes_freed=4000"));
+  ck_assert(log_contains("event=session-revoked tenant=alice tensors_freed=0 bytes_freed=0"));
+  ck_assert(!log_contains("event=session-revoked tenant=bob"));
+  r = side_register(raw->session_id, key);
+  ck_assert_int_eq(r.code, 5);
+  ck_assert_msg(strstr(r.message, "is not open: the token it was opened with was revoked at a reload"), "%s",
+                r.message);
+  Ttd__V1__KeepAliveRequest ka = TTD__V1__KEEP_ALIVE_REQUEST__INIT;
+  raw_expect(proc.target, "/ttd.v1.Device/KeepAlive", &ka.base,
+             (raw_md){.session = raw_session, .authorization = rotated_auth}, 5,
+             "the token it was opened with was revoked at a reload");
+  ck_assert_ptr_null(tt_tensor_empty(a, TT_FLOAT32, (int64_t[]){4}, 1, "tt"));
+  ck_assert_int_eq(tt_errcode(a), TT_UNAUTHENTICATED);
+  ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 2000); /* bob's tensor alone */
+
+  tt_client *a2 = must_connect(rotated, 0);
+  ck_assert_str_eq(tt_session_tenant(a2), "alice");
+  expect_uploaded(bobs, 500);
+  tt_tensor_free(bobs);
+  tt_tensor_free(alices);
+  ttd__v1__open_session_response__free_unpacked(raw, NULL);
+  tt_disconnect(a2);
   tt_disconnect(a);
   tt_disconnect(b);
 }
@@ -551,6 +631,7 @@ Suite *e2e_tenants_suite(void) {
   tcase_add_test(tc, test_sessions_per_tenant);
   tcase_add_test(tc, test_quota_counts_activations);
   tcase_add_test(tc, test_sighup_reload);
+  tcase_add_test(tc, test_rotated_token_ends_its_sessions);
   tcase_add_test(tc, test_no_tokens_is_local_admin);
   tcase_add_test(tc, test_logs_carry_request_and_session);
   suite_add_tcase(s, tc);

@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "telemetry/log.h"
+#include "session/auth.h"
 #include "session/session.h"
 #include "session/session_table.h"
 #include "session/shm_segment.h"
@@ -743,6 +744,56 @@ START_TEST(test_table_revoked_session_says_so) {
 }
 END_TEST
 
+/* Which sessions a reload's tokens keep: one opened with a token stays while its tenant has
+ * that very token and goes once the tenant has another (or is gone); one with no token
+ * recorded needs only its tenant listed; a principal checked before the swap is rechecked
+ * the same way, UNAUTHENTICATED once its token is gone. */
+START_TEST(test_auth_admits_sessions_by_token) {
+  char old_tok[] = "ttd_old", new_tok[] = "ttd_new", line[256];
+  char old_digest[80], new_digest[80];
+  ttd_token_digest_text(old_tok, strlen(old_tok), old_digest, sizeof(old_digest));
+  ttd_token_digest_text(new_tok, strlen(new_tok), new_digest, sizeof(new_digest));
+  ttd_tokens *before = NULL, *rotated = NULL;
+  snprintf(line, sizeof(line), "alice %s\n", old_digest);
+  ck_assert_ptr_null(ttd_tokens_parse(line, "before", &before));
+  snprintf(line, sizeof(line), "alice %s\n", new_digest);
+  ck_assert_ptr_null(ttd_tokens_parse(line, "rotated", &rotated));
+  ttd_auth auth;
+  ttd_auth_init(&auth, ttd_tokens_retain(before), 0, 16);
+  ttd_principal p;
+  char bearer[64];
+  snprintf(bearer, sizeof(bearer), "Bearer %s", old_tok);
+  ck_assert_ptr_null(ttd_auth_check(&auth, bearer, strlen(bearer), &p));
+  ck_assert(p.by_token);
+  ttd_session *by_old =
+      ttd_session_create(1, &(ttd_session_params){.tenant = "alice", .token_digest = p.token_digest}, 0);
+  ttd_session *untold = ttd_session_create(2, &(ttd_session_params){.tenant = "alice"}, 0);
+  ck_assert(ttd_auth_admits_session(before, by_old));
+  ck_assert(ttd_auth_admits_session(before, untold));
+
+  ttd_auth_replace(&auth, ttd_tokens_retain(rotated), 0, 16);
+  ck_assert(!ttd_auth_admits_session(rotated, by_old));
+  ck_assert(ttd_auth_admits_session(rotated, untold));
+  ck_assert(!ttd_auth_admits_session(NULL, untold)); /* without tokens only "local" stays */
+  ttd_status_t st = ttd_auth_recheck(&auth, &p);
+  ck_assert_int_eq(ttd_status_code(st), GRPC_STATUS_UNAUTHENTICATED);
+  ck_assert_msg(strstr(ttd_status_message(st), "the token is not valid for this ttd (unknown or revoked)"), "%s",
+                ttd_status_message(st));
+  ttd_status_free(st);
+  /* Resumed with the new token, the session is the new token's. */
+  const ttd_tenant *alice = ttd_tokens_find(rotated, "alice");
+  ttd_session_set_token(by_old, alice->digest);
+  ck_assert(ttd_auth_admits_session(rotated, by_old));
+  ck_assert(!ttd_auth_admits_session(before, by_old));
+
+  ttd_session_release(by_old);
+  ttd_session_release(untold);
+  ttd_tokens_release(before);
+  ttd_tokens_release(rotated);
+  ttd_auth_destroy(&auth);
+}
+END_TEST
+
 /* destroy closes every session and frees their tensors, even ones the caller still holds. */
 START_TEST(test_table_destroy_closes_all) {
   ttd_session_table table;
@@ -945,6 +996,7 @@ Suite *session_suite(void) {
   tcase_add_test(tc, test_shm_segments_bounded);
   tcase_add_test(tc, test_shm_segments_per_tenant);
   tcase_add_test(tc, test_table_revoked_session_says_so);
+  tcase_add_test(tc, test_auth_admits_sessions_by_token);
   tcase_add_test(tc, test_table_destroy_closes_all);
   suite_add_tcase(s, tc);
 
