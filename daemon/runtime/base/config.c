@@ -7,7 +7,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 
 typedef enum option_type { OPT_INT, OPT_SIZE, OPT_DURATION, OPT_STRING, OPT_STRING_LIST, OPT_BOOL } option_type;
@@ -268,6 +270,53 @@ bool ttd_file_world_readable(const char *path) {
   return stat(path, &st) == 0 && (st.st_mode & S_IROTH);
 }
 
+/* Whether uid may own what ttd trusts: ttd's own user or root. */
+static bool trusted_owner(uid_t uid) { return uid == geteuid() || uid == 0; }
+
+/* INVALID_ARGUMENT when another user could put a file of its own in place of path, which
+ * sits in the folder dir: dir is owned by another user than ttd's and root, or its group
+ * or everyone may write it without the sticky bit (which keeps others from renaming or
+ * removing what they do not own). */
+static ttd_status_t check_folder(const char *what, const char *path, const char *dir) {
+  struct stat st;
+  if (stat(dir, &st) != 0) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "cannot check the folder %s of %s %s: %s", dir, what, path,
+                           strerror(errno));
+  }
+  if (!trusted_owner(st.st_uid)) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "%s %s is in the folder %s, owned by uid %u, neither ttd's user (uid %u) nor root: that "
+                           "user can replace the file; run chown %u (or chown root) on the folder, or move the file",
+                           what, path, dir, (unsigned)st.st_uid, (unsigned)geteuid(), (unsigned)geteuid());
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "%s %s is in the folder %s, which %s may write without the sticky bit (mode %04o): they "
+                           "can replace the file; run chmod go-w (or chmod +t) on the folder, or move the file",
+                           what, path, dir, (st.st_mode & S_IWOTH) ? "everyone" : "its group",
+                           (unsigned)(st.st_mode & 07777));
+  }
+  return TTD_OK;
+}
+
+/* check_folder for the folder path names, and for the one its target lies in when a
+ * symbolic link leads elsewhere. */
+static ttd_status_t check_folders(const char *what, const char *path) {
+  char dir[PATH_MAX], real[PATH_MAX];
+  const char *slash = strrchr(path, '/');
+  if (!slash) snprintf(dir, sizeof(dir), ".");
+  else snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+  TTD_RETURN_IF_ERROR(check_folder(what, path, dir));
+  if (!realpath(path, real)) return TTD_OK; /* fstat judged the file itself */
+  char *real_slash = strrchr(real, '/');
+  if (real_slash == real) real_slash++; /* a file at / */
+  *real_slash = '\0';
+  char *resolved_dir = realpath(dir, NULL);
+  bool same = resolved_dir && strcmp(resolved_dir, real) == 0;
+  free(resolved_dir);
+  return same ? TTD_OK : check_folder(what, path, real);
+}
+
 ttd_status_t ttd_read_text_file(const char *path, const char *what, char **out_text) {
   *out_text = NULL;
   FILE *f = fopen(path, "rb");
@@ -284,6 +333,18 @@ ttd_status_t ttd_read_text_file(const char *path, const char *what, char **out_t
                            "%s %s is writable by %s (mode %04o): whoever can write it decides what ttd trusts; "
                            "run chmod go-w on it",
                            what, path, (st.st_mode & S_IWOTH) ? "everyone" : "its group", (unsigned)(st.st_mode & 07777));
+  }
+  if (!trusted_owner(st.st_uid)) {
+    fclose(f);
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "%s %s is owned by uid %u, neither ttd's user (uid %u) nor root: that user can rewrite it "
+                           "and so decides what ttd trusts; run chown %u (or chown root) on it",
+                           what, path, (unsigned)st.st_uid, (unsigned)geteuid(), (unsigned)geteuid());
+  }
+  ttd_status_t folders = check_folders(what, path);
+  if (folders) {
+    fclose(f);
+    return folders;
   }
   char *text = NULL;
   size_t len = 0, cap = 0;

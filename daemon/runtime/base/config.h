@@ -91,9 +91,12 @@ int ttd_config_restart_changes(const ttd_config *running, const ttd_config *fres
 void ttd_config_clear(ttd_config *config);
 
 /* Reads a whole text file into a new NUL-terminated string (free it). INVALID_ARGUMENT
- * naming `what` and the path when it cannot be opened, holds a NUL byte, or is writable by
- * its group or everyone (as sshd refuses such files: whoever can write ttd's config,
- * tokens or keys controls it). */
+ * naming `what` and the path when it cannot be opened, holds a NUL byte, is writable by
+ * its group or everyone, is owned by another user than ttd's and root, or sits in a folder
+ * another user could swap it in (owned by another user, or writable by its group or
+ * everyone without the sticky bit; the folder of a symbolic link's target too), naming
+ * the uid or folder and what to run. As sshd refuses such files: whoever can write ttd's
+ * config, tokens or keys controls it. */
 ttd_status_t ttd_read_text_file(const char *path, const char *what, char **out_text);
 
 /* Whether everyone may read the file (a tokens file or a private key should not be). */

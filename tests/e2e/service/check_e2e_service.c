@@ -668,6 +668,106 @@ START_TEST(test_ready_only_after_every_listener) {
 }
 END_TEST
 
+/* Sends proc a SIGHUP and waits until its log holds `count` lines with needle. */
+static void hup_and_wait(ttd_proc *proc, const char *needle, int count) {
+  kill(proc->pid, SIGHUP);
+  for (int i = 0; i < 500 && harness_log_count(proc, needle) < count; i++) {
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  ck_assert_int_eq(harness_log_count(proc, needle), count);
+}
+
+/* Runs ttd with args, which must fail with exit code rc and print needle (within 10 s: a
+ * ttd that starts instead is killed). */
+static void expect_start_refused(const char *args, int rc, const char *needle) {
+  char bin[PATH_MAX], cmd[2 * PATH_MAX];
+  ttd_bin(bin, sizeof(bin));
+  snprintf(cmd, sizeof(cmd), "timeout -s KILL 10 '%s' %s", bin, args);
+  char *out = NULL;
+  ck_assert_int_eq(run(cmd, &out), rc);
+  ck_assert_msg(strstr(out, needle), "ttd %s: no '%s' in: %s", args, needle, out);
+  free(out);
+}
+
+/* A tokens file in a folder others may write without the sticky bit is refused at start
+ * and at a reload (which keeps the running tokens), naming the folder; made sticky, it is
+ * read. As root: a tokens or config file owned by another user (uid 1001), mode 0600, is
+ * refused the same way, naming the file, its owner and the chown to run. */
+START_TEST(test_files_others_could_replace_refused) {
+  char dir[64], open_dir[96], safe[128], unsafe[128], conf[128], sock[128], args[512], needle[512];
+  make_temp_dir(dir, sizeof(dir), "owner");
+  snprintf(open_dir, sizeof(open_dir), "%s/open", dir);
+  ck_assert_int_eq(mkdir(open_dir, 0700), 0);
+  ck_assert_int_eq(chmod(open_dir, 0777), 0);
+  snprintf(safe, sizeof(safe), "%s/tokens", dir);
+  snprintf(unsafe, sizeof(unsafe), "%s/tokens", open_dir);
+  snprintf(conf, sizeof(conf), "%s/ttd.conf", dir);
+  snprintf(sock, sizeof(sock), "%s/ttd.sock", dir);
+  char alice[64], alice_auth[80], bob[64], bob_auth[80];
+  harness_token(alice, sizeof(alice), alice_auth, sizeof(alice_auth));
+  harness_token(bob, sizeof(bob), bob_auth, sizeof(bob_auth));
+  harness_write_tokens(safe, (const char *[]){"alice"}, (const char *[]){alice}, (const char *[]){""}, 1);
+  harness_write_tokens(unsafe, (const char *[]){"bob"}, (const char *[]){bob}, (const char *[]){""}, 1);
+  ck_assert_int_eq(chmod(safe, 0600), 0);
+  ck_assert_int_eq(chmod(unsafe, 0600), 0);
+
+  snprintf(args, sizeof(args), "--listen unix:%s --tokens %s", sock, unsafe);
+  snprintf(needle, sizeof(needle), "tokens file %s is in the folder %s, which everyone may write without the sticky "
+           "bit (mode 0777): they can replace the file; run chmod go-w (or chmod +t) on the folder", unsafe, open_dir);
+  expect_start_refused(args, 1, needle);
+
+  char text[256];
+  snprintf(text, sizeof(text), "tokens = %s\n", safe);
+  write_file(conf, text);
+  ttd_proc proc;
+  ttd_proc_start(&proc, (const char *[]){"--config", conf, NULL});
+  snprintf(text, sizeof(text), "tokens = %s\n", unsafe);
+  write_file(conf, text);
+  hup_and_wait(&proc, "event=reload-failed", 1);
+  ck_assert_int_eq(harness_log_count(&proc, needle), 1);
+  tt_connect_options o;
+  tt_connect_options_init(&o);
+  o.token = alice; /* the running tokens stay */
+  tt_client *c = NULL;
+  ck_assert_int_eq(tt_connect(proc.target, &o, &c), TT_OK);
+  tt_disconnect(c);
+  ck_assert_int_eq(chmod(open_dir, 01777), 0);
+  hup_and_wait(&proc, "event=reloaded", 1);
+  o.token = bob;
+  c = NULL;
+  ck_assert_int_eq(tt_connect(proc.target, &o, &c), TT_OK);
+  tt_disconnect(c);
+
+  if (geteuid() != 0) {
+    fprintf(stderr, "test_files_others_could_replace_refused: files owned by another user not checked: chown needs "
+            "root (uid %u here)\n", (unsigned)geteuid());
+  } else {
+    ck_assert_int_eq(chown(safe, 1001, (gid_t)-1), 0);
+    snprintf(args, sizeof(args), "--listen unix:%s.2 --tokens %s", sock, safe);
+    snprintf(needle, sizeof(needle), "tokens file %s is owned by uid 1001, neither ttd's user (uid 0) nor root: that "
+             "user can rewrite it and so decides what ttd trusts; run chown 0 (or chown root) on it", safe);
+    expect_start_refused(args, 1, needle);
+    snprintf(text, sizeof(text), "tokens = %s\n", safe);
+    write_file(conf, text);
+    hup_and_wait(&proc, "event=reload-failed", 2);
+    ck_assert_int_eq(harness_log_count(&proc, needle), 1);
+    ck_assert_int_eq(chown(conf, 1001, (gid_t)-1), 0);
+    ck_assert_int_eq(chmod(conf, 0600), 0);
+    snprintf(needle, sizeof(needle), "config file %s is owned by uid 1001, neither ttd's user (uid 0) nor root", conf);
+    hup_and_wait(&proc, "event=reload-failed", 3);
+    ck_assert_int_eq(harness_log_count(&proc, needle), 1);
+    snprintf(args, sizeof(args), "--listen unix:%s.2 --config %s", sock, conf);
+    expect_start_refused(args, 2, needle);
+    c = NULL; /* bob's tokens still run */
+    ck_assert_int_eq(tt_connect(proc.target, &o, &c), TT_OK);
+    tt_disconnect(c);
+  }
+  ck_assert_int_eq(ttd_proc_stop(&proc), 0);
+  remove_tree(dir);
+}
+END_TEST
+
 /* A SIGHUP that changes an option only a restart applies logs a warning naming it (and
  * keeps the running value); the options it does apply are not named. */
 START_TEST(test_reload_names_restart_options) {
@@ -679,12 +779,7 @@ START_TEST(test_reload_names_restart_options) {
   const char *args[] = {"--config", conf, NULL};
   ttd_proc_start(&proc, args);
   write_file(conf, "threads = 3\nquota = 1G\nspin-us = 7\n");
-  kill(proc.pid, SIGHUP);
-  for (int i = 0; i < 500 && harness_log_count(&proc, "event=reloaded") == 0; i++) {
-    struct timespec ts = {0, 10000000};
-    nanosleep(&ts, NULL);
-  }
-  ck_assert_int_eq(harness_log_count(&proc, "event=reloaded"), 1);
+  hup_and_wait(&proc, "event=reloaded", 1);
   ck_assert_int_eq(harness_log_count(&proc, "event=reload-ignored option=threads "), 1);
   ck_assert_int_eq(harness_log_count(&proc, "event=reload-ignored option=spin-us "), 1);
   ck_assert_int_eq(harness_log_count(&proc, "event=reload-ignored option=quota "), 0);
@@ -706,6 +801,7 @@ Suite *e2e_service_suite(void) {
   tcase_add_test(cli, test_version_and_usage_errors);
   tcase_add_test(cli, test_ready_only_after_every_listener);
   tcase_add_test(cli, test_reload_names_restart_options);
+  tcase_add_test(cli, test_files_others_could_replace_refused);
   tcase_set_timeout(cli, 30);
   suite_add_tcase(s, cli);
   TCase *packaging = tcase_create("packaging");
