@@ -522,6 +522,19 @@ static void tls_failed(ttd_conn_gate *g, gate_conn *c, const char *why) {
   }
 }
 
+/* What a connection that opened no stream within the handshake timeout of its preface missed. */
+#define FIRST_CALL_MISSED "call after the HTTP/2 preface"
+
+/* Counts and logs a connection whose handshake timeout passed without what it names. */
+static void timed_out(ttd_conn_gate *g, const char *what) {
+  atomic_fetch_add(&g->core->metrics.connections_timed_out, 1);
+  uint64_t left_out;
+  if (log_allowed(g, &left_out)) {
+    TTD_LOG(TTD_LOG_INFO, "event=handshake-timeout reason=\"no %s within %lld ms\" left_out=%llu", what,
+            (long long)g->config->handshake_timeout_ms, (unsigned long long)left_out);
+  }
+}
+
 /* Under lock. A peer closed for the frames it sent (by the relay or the read guard): counted,
  * and logged one line a second. */
 static void closed_for_frames(ttd_conn_gate *g, const gate_who *who, int fd, ttd_h2_verdict why) {
@@ -552,7 +565,8 @@ static void relay_ended(void *arg, void *cookie, ttd_h2_verdict why) {
   ttd_conn_gate *g = arg;
   gate_conn *c = cookie;
   pthread_mutex_lock(&g->lock);
-  if (why != TTD_H2_PASS) closed_for_frames(g, &c->who, c->fd, why);
+  if (why == TTD_H2_NO_CALL) timed_out(g, FIRST_CALL_MISSED);
+  else if (why != TTD_H2_PASS) closed_for_frames(g, &c->who, c->fd, why);
   conn_free(g, c);
   pthread_mutex_unlock(&g->lock);
 }
@@ -696,23 +710,13 @@ static void accept_all(ttd_conn_gate *g, gate_listener *l) {
   }
 }
 
-/* Counts and logs a connection whose handshake timeout passed without what it names. */
-static void timed_out(ttd_conn_gate *g, const char *what) {
-  atomic_fetch_add(&g->core->metrics.connections_timed_out, 1);
-  uint64_t left_out;
-  if (log_allowed(g, &left_out)) {
-    TTD_LOG(TTD_LOG_INFO, "event=handshake-timeout reason=\"no %s within %lld ms\" left_out=%llu", what,
-            (long long)g->config->handshake_timeout_ms, (unsigned long long)left_out);
-  }
-}
-
 /* Under lock, at its deadline: a plain-text connection handed to gRPC that has not made a
  * call yet is shut down (gRPC then reads its end, closes it, and the watch frees its place):
  * a peer that sends the preface and SETTINGS, then nothing, holds no descriptor past the
  * handshake timeout. */
 static void first_call_due(ttd_conn_gate *g, gate_conn *c) {
   if ((c->called = ttd_h2_read_guard_called(c->fd))) return;
-  timed_out(g, "call after the HTTP/2 preface");
+  timed_out(g, FIRST_CALL_MISSED);
   shutdown(c->watch, SHUT_RDWR);
   c->called = true; /* shut down once; its end frees it */
 }
@@ -838,7 +842,8 @@ ttd_status_t ttd_conn_gate_start(ttd_conn_gate *g) {
   bool tls = false;
   for (int i = 0; i < g->listener_count; i++) tls |= g->listeners[i].tls != NULL;
   if (tls) {
-    TTD_RETURN_IF_ERROR(ttd_conn_relay_create(GATE_RELAY_THREADS, TTD_GATE_MAX_RESETS, relay_ended, g, &g->relay));
+    TTD_RETURN_IF_ERROR(ttd_conn_relay_create(GATE_RELAY_THREADS, TTD_GATE_MAX_RESETS, g->config->handshake_timeout_ms,
+                                              relay_ended, g, &g->relay));
   }
   /* Before the gate's thread, which reads g->probe at every accept. */
   TTD_RETURN_IF_ERROR(ttd_listener_probe_start(g->core, &g->probe));

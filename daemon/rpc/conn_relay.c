@@ -19,6 +19,8 @@
 
 /* Reads one side may take in a turn before the relay looks at other connections. */
 #define RELAY_READS_PER_TURN 4
+/* How often a worker with connections looks for those past their first call's deadline. */
+#define RELAY_SWEEP_MS 100
 
 enum { SIDE_WAKE, SIDE_PEER, SIDE_LOCAL };
 enum { IO_OK, IO_AGAIN, IO_EOF, IO_ERROR };
@@ -46,6 +48,7 @@ typedef struct relay_conn {
   bool again;                         /* on the worker's again list */
   bool dead;                          /* ended; freed after the current batch of events */
   ttd_h2_frames frames;
+  int64_t first_call_by; /* 0, or when it ends unless it has opened a stream */
   void *cookie;
   struct relay_conn *next, *prev, *again_next;
 } relay_conn;
@@ -70,6 +73,7 @@ struct ttd_conn_relay {
   atomic_uint next_worker;
   atomic_bool stopping;
   int max_resets;
+  int64_t first_call_ms;
   ttd_conn_relay_end_fn end;
   void *end_arg;
 };
@@ -329,12 +333,32 @@ static void take_incoming(relay_worker *w) {
   }
 }
 
+/* Ends the connections that opened no stream by their deadline. */
+static void sweep_first_calls(relay_worker *w) {
+  int64_t now = now_ms();
+  for (relay_conn *c = w->conns, *next; c; c = next) {
+    next = c->next;
+    if (!c->first_call_by || c->dead) continue;
+    if (c->frames.last_stream) {
+      c->first_call_by = 0;
+    } else if (now >= c->first_call_by) {
+      c->frames.verdict = TTD_H2_NO_CALL;
+      conn_end(w, c);
+    }
+  }
+}
+
 static void *worker_main(void *arg) {
   relay_worker *w = arg;
   pthread_setname_np(pthread_self(), "ttd-relay");
   struct epoll_event events[64];
+  int64_t next_sweep = 0;
   while (!atomic_load(&w->relay->stopping)) {
-    int n = epoll_wait(w->epoll_fd, events, 64, w->again ? 0 : -1);
+    int n = epoll_wait(w->epoll_fd, events, 64, w->again ? 0 : w->conns ? RELAY_SWEEP_MS : -1);
+    if (w->relay->first_call_ms > 0 && now_ms() >= next_sweep) {
+      sweep_first_calls(w);
+      next_sweep = now_ms() + RELAY_SWEEP_MS;
+    }
     for (int i = 0; i < n; i++) {
       relay_tag *tag = events[i].data.ptr;
       if (tag->side == SIDE_WAKE) {
@@ -365,8 +389,8 @@ static void *worker_main(void *arg) {
 
 /* ---- life ---- */
 
-ttd_status_t ttd_conn_relay_create(int threads, int max_resets, ttd_conn_relay_end_fn end, void *end_arg,
-                                   ttd_conn_relay **out_relay) {
+ttd_status_t ttd_conn_relay_create(int threads, int max_resets, int64_t first_call_ms, ttd_conn_relay_end_fn end,
+                                   void *end_arg, ttd_conn_relay **out_relay) {
   *out_relay = NULL;
   if (threads < 1) threads = 1;
   ttd_conn_relay *r = calloc(1, sizeof(*r));
@@ -375,6 +399,7 @@ ttd_status_t ttd_conn_relay_create(int threads, int max_resets, ttd_conn_relay_e
     return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory for the connection relay");
   }
   r->max_resets = max_resets;
+  r->first_call_ms = first_call_ms;
   r->end = end;
   r->end_arg = end_arg;
   ttd_status_t status = TTD_OK;
@@ -413,7 +438,8 @@ ttd_status_t ttd_conn_relay_add(ttd_conn_relay *r, int peer_fd, SSL *ssl, int lo
     return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory for a relayed connection");
   }
   *c = (relay_conn){.peer_tag = {SIDE_PEER, c}, .local_tag = {SIDE_LOCAL, c}, .peer_fd = peer_fd, .ssl = ssl,
-                    .local_fd = local_fd, .cookie = cookie};
+                    .local_fd = local_fd, .cookie = cookie,
+                    .first_call_by = r->first_call_ms > 0 ? now_ms() + r->first_call_ms : 0};
   ttd_h2_frames_init(&c->frames, r->max_resets, 1, now_ms());
   if (first_len) {
     /* Checked by the gate already, and short: gRPC's end of a fresh socketpair takes it. */

@@ -32,10 +32,11 @@ typedef struct ttd_conn_relay ttd_conn_relay;
 typedef void (*ttd_conn_relay_end_fn)(void *arg, void *cookie, ttd_h2_verdict why);
 
 /* A relay with `threads` threads (at least 1), started; each connection's peer may reset
- * max_resets streams at once and max_resets a second. RESOURCE_EXHAUSTED when threads or
- * descriptors cannot be had. */
-ttd_status_t ttd_conn_relay_create(int threads, int max_resets, ttd_conn_relay_end_fn end, void *end_arg,
-                                   ttd_conn_relay **out_relay);
+ * max_resets streams at once and max_resets a second, and must open its first stream within
+ * first_call_ms of its handoff (0: no bound), else it ends with TTD_H2_NO_CALL (checked
+ * every RELAY_SWEEP_MS). RESOURCE_EXHAUSTED when threads or descriptors cannot be had. */
+ttd_status_t ttd_conn_relay_create(int threads, int max_resets, int64_t first_call_ms, ttd_conn_relay_end_fn end,
+                                   void *end_arg, ttd_conn_relay **out_relay);
 
 /* Relays between peer_fd (a connected TCP socket, with ssl the TLS session over it whose
  * handshake is done) and local_fd (a socketpair end whose other end gRPC reads). first holds

@@ -81,6 +81,7 @@ const char *ttd_h2_verdict_text(ttd_h2_verdict v) {
     case TTD_H2_PASS: return "HTTP/2 frames";
     case TTD_H2_BAD_PREFACE: return "not the HTTP/2 client preface";
     case TTD_H2_RESET_FLOOD: return "HTTP/2 rapid reset: the client reset streams faster than allowed";
+    case TTD_H2_NO_CALL: return "no call after the HTTP/2 preface in time";
     case TTD_H2_STREAM_FLOOD:
       return "HTTP/2 stream flood: the client opened more streams than the server allows without acknowledging "
              "its SETTINGS";

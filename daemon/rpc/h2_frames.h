@@ -38,6 +38,7 @@ typedef enum ttd_h2_verdict {
   TTD_H2_BAD_PREFACE,     /* the first 24 bytes are not the HTTP/2 client preface */
   TTD_H2_RESET_FLOOD,     /* RST_STREAM frames past the bucket (HTTP/2 rapid reset) */
   TTD_H2_STREAM_FLOOD,    /* more than TTD_H2_STREAMS_BEFORE_ACK streams before a SETTINGS ACK */
+  TTD_H2_NO_CALL,         /* no stream opened in time: a caller's verdict (the TLS relay's), never the parser's */
 } ttd_h2_verdict;
 
 /* One connection's client-to-server direction. Plain data: copy, no destroy. */

@@ -58,7 +58,7 @@ static const option options[] = {
      "processes each hold one or more); more are closed at once"},
     {"handshake-timeout", OPT_DURATION, FIELD(handshake_timeout_ms), 100, 3600000, "10",
      "close a connection that has not sent the HTTP/2 client preface (TLS: finished its handshake) within this long, "
-     "and a plain-text one that has made no call within as long again"},
+     "and one that has made no call within as long again"},
     {"max-program-cost", OPT_SIZE, FIELD(max_program_cost), 1, INT64_MAX, "1T",
      "operations one forward of a program may cost, as Compile estimates them (a multiply-add is 2; K, M, G, T as "
      "powers of 1024): a larger program is refused; one that runs stops within a chunk of its kernel when its "

@@ -362,22 +362,39 @@ END_TEST
 
 /* With --handshake-timeout 500ms, a TCP connection to a TLS listener that sends nothing is
  * closed after it, not before; so is one that finishes the handshake and sends no HTTP/2
- * preface. */
+ * preface, and one that sends the preface and SETTINGS (acknowledging ttd's) but no call;
+ * one that made a call stays open past it. */
 START_TEST(test_tls_handshake_timeout) {
+  signal(SIGPIPE, SIG_IGN);
   const char *extra[] = {"--handshake-timeout", "500ms", NULL};
   start_tls_with(0, extra);
   int idle = harness_tcp_connect(tcp_port);
   ck_assert_int_ge(idle, 0);
-  SSL_CTX *ctx;
-  int fd;
-  SSL *mute = tls_open(&ctx, &fd);
+  SSL_CTX *ctx, *ctx_no_call, *ctx_called;
+  int fd, fd_no_call, fd_called;
+  SSL *mute = tls_open(&ctx, &fd), *no_call = tls_open(&ctx_no_call, &fd_no_call);
+  SSL *called = tls_open(&ctx_called, &fd_called);
   ck_assert_ptr_nonnull(mute);
+  ck_assert_ptr_nonnull(no_call);
+  ck_assert_ptr_nonnull(called);
+  static const char settings[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                                 "\0\0\0\4\0\0\0\0\0"  /* SETTINGS */
+                                 "\0\0\0\4\1\0\0\0\0"; /* SETTINGS ACK */
+  ck_assert_int_eq(write_tls(no_call, settings, sizeof(settings) - 1), 0);
+  ck_assert_int_eq(h2_flood_calls(write_tls, called, "/ttd.v1.Device/ListDevices", 1, 0), 1);
   ck_assert_int_eq(harness_closed_within(idle, 300), 0);
   ck_assert_int_eq(harness_closed_within(idle, 3000), 1);
   ck_assert_int_eq(tls_closed_within(mute, 3000), 1);
-  SSL_free(mute);
-  SSL_CTX_free(ctx);
-  close(fd);
+  ck_assert_int_eq(tls_closed_within(no_call, 3000), 1);
+  ck_assert_int_eq(tls_closed_within(called, 1500), 0);
+  SSL *ssls[] = {mute, no_call, called};
+  SSL_CTX *ctxs[] = {ctx, ctx_no_call, ctx_called};
+  int fds[] = {fd, fd_no_call, fd_called};
+  for (int i = 0; i < 3; i++) {
+    SSL_free(ssls[i]);
+    SSL_CTX_free(ctxs[i]);
+    close(fds[i]);
+  }
   close(idle);
   ck_assert_int_ge(harness_log_count(&proc, "event=handshake-timeout"), 1);
   ck_assert_int_eq(connect_tcp("ca.pem", NULL, NULL, 0), TT_OK);
