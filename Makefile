@@ -191,9 +191,9 @@ test-unit: all
 	$(MAKE) --no-print-directory fuzz-replay
 
 # The sanitizer run leaves out what only the plain run needs to show (TTD_SKIP_HUGE): the 2 GiB
-# transfer, two concurrent epochs of training, a convolution's 87 GB column buffer and the
-# bounds on peak memory under a stream flood and pipelined admin requests (ASan's quarantine
-# keeps what is freed); the demo's epoch goes in batches of 256.
+# transfer, two concurrent epochs of training and the bounds on peak memory under a stream
+# flood and pipelined admin requests (ASan's quarantine keeps what is freed); the demo's
+# epoch goes in batches of 256.
 test-asan:
 	$(MAKE) -j$(NPROC) BUILD=$(BUILD)/asan SAN=1 all
 	TTD_SKIP_HUGE=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \

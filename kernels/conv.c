@@ -123,6 +123,10 @@ static int64_t group_size(const ttd_conv2d_params *p) {
   return g < p->n ? g : p->n;
 }
 
+int ttd_conv2d_direct(const ttd_conv2d_params *p) {
+  return !is_pointwise(p) && p->c_in * p->kh * p->kw * p->out_h * p->out_w > TTD_CONV2D_COLUMNS_MAX;
+}
+
 /* The slow path for when no column buffer can be had (a window too large for one): y
  * directly, counting work at each output element, so that a deadline or a kill stops even
  * one huge window within an element's work. */
@@ -180,6 +184,10 @@ void ttd_k_conv2d(ttd_pool *pool, const ttd_conv2d_params *p, const float *x, co
   int pointwise = is_pointwise(p);
   int64_t G = group_size(p);
   float *col = NULL;
+  if (ttd_conv2d_direct(p)) {
+    conv_direct(p, x, w, bias, y);
+    return;
+  }
   if (!pointwise) {
     while (!(col = malloc((size_t)(G * K * P) * sizeof(float))) && G > 1) G = (G + 1) / 2;
     if (!col) {
@@ -211,6 +219,10 @@ void ttd_k_conv2d_backward(ttd_pool *pool, const ttd_conv2d_params *p, const flo
   if (!dx && !dw) return;
   if (p->n <= 0) {
     if (dw) memset(dw, 0, (size_t)nw * sizeof(float));
+    return;
+  }
+  if (ttd_conv2d_direct(p)) {
+    conv_backward_direct(p, x, w, dy, dx, dw);
     return;
   }
   int pointwise = is_pointwise(p);

@@ -169,6 +169,17 @@ typedef struct ttd_conv2d_params {
  * stride is < 1 or a padding < 0. */
 int ttd_conv2d_params_finish(ttd_conv2d_params *p);
 
+/* Floats of one image's columns (c_in kh kw by out_h out_w) past which a convolution runs its
+ * direct path, with no column buffer: 256 MiB, so the buffer is bounded whatever the window. */
+#define TTD_CONV2D_COLUMNS_MAX ((int64_t)1 << 26)
+/* How many times the direct path's multiply-adds count in a program's cost: they run at
+ * about 1 GFLOP/s on the Zen 3 guest, against the GEMM path's 80-120. */
+#define TTD_CONV2D_DIRECT_COST 64
+
+/* Whether p's convolution runs the direct path: its columns pass TTD_CONV2D_COLUMNS_MAX (a
+ * 1x1 kernel with stride 1 and no padding needs none). */
+int ttd_conv2d_direct(const ttd_conv2d_params *p);
+
 void ttd_k_conv2d(ttd_pool *pool, const ttd_conv2d_params *p, const float *x, const float *w, const float *bias,
                   float *y);
 void ttd_k_conv2d_backward(ttd_pool *pool, const ttd_conv2d_params *p, const float *x, const float *w, const float *dy,

@@ -582,9 +582,13 @@ double ttd_op_cost(ttd_op op, const ttd_op_attrs *a, const ttd_value_type *const
       if (s0 && s0->ndim >= 1) per = 2.0 * (double)s0->d[s0->ndim - 1];
       break;
     case TTD_OP_CONV2D:
-      if (n_inputs > 1 && inputs[1]->shape.ndim == 4) {
+      if (n_inputs > 1 && inputs[1]->shape.ndim == 4 && s0 && s0->ndim == 4) {
         const ttd_kshape *w = &inputs[1]->shape;
         per = 2.0 * (double)w->d[1] * (double)w->d[2] * (double)w->d[3];
+        ttd_conv2d_params p = {.n = s0->d[0], .c_in = s0->d[1], .h = s0->d[2], .w = s0->d[3], .c_out = w->d[0],
+                               .kh = w->d[2], .kw = w->d[3], .stride_h = a->stride[0], .stride_w = a->stride[1],
+                               .pad_h = a->padding[0], .pad_w = a->padding[1]};
+        if (ttd_conv2d_params_finish(&p) == 0 && ttd_conv2d_direct(&p)) per *= TTD_CONV2D_DIRECT_COST;
       }
       break;
     case TTD_OP_MAX_POOL2D: case TTD_OP_AVG_POOL2D:
