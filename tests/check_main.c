@@ -24,6 +24,8 @@ static const struct {
     {"config", config_suite},
     {"sim_backend", sim_backend_suite},
     {"session", session_suite},
+    {"session_table", session_table_suite},
+    {"device_tensor", device_tensor_suite},
     {"parameter_work", parameter_work_suite},
     {"tensor_proto", tensor_proto_suite},
     {"inline_tensor", inline_tensor_suite},

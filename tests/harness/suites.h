@@ -17,6 +17,8 @@ Suite *h2_frames_suite(void);
 Suite *config_suite(void);
 Suite *sim_backend_suite(void);
 Suite *session_suite(void);
+Suite *session_table_suite(void);
+Suite *device_tensor_suite(void);
 Suite *parameter_work_suite(void);
 Suite *tensor_proto_suite(void);
 Suite *inline_tensor_suite(void);
