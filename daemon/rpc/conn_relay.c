@@ -353,9 +353,10 @@ static void *worker_main(void *arg) {
   pthread_setname_np(pthread_self(), "ttd-relay");
   struct epoll_event events[64];
   int64_t next_sweep = 0;
+  bool sweeps = w->relay->first_call_ms > 0;
   while (!atomic_load(&w->relay->stopping)) {
-    int n = epoll_wait(w->epoll_fd, events, 64, w->again ? 0 : w->conns ? RELAY_SWEEP_MS : -1);
-    if (w->relay->first_call_ms > 0 && now_ms() >= next_sweep) {
+    int n = epoll_wait(w->epoll_fd, events, 64, w->again ? 0 : sweeps && w->conns ? RELAY_SWEEP_MS : -1);
+    if (sweeps && now_ms() >= next_sweep) {
       sweep_first_calls(w);
       next_sweep = now_ms() + RELAY_SWEEP_MS;
     }
