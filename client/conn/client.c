@@ -222,6 +222,7 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   const char *spin_env = getenv("TTD_SPIN");
   bool spin_off = options->disable_spin || (spin_env && strcmp(spin_env, "0") == 0);
   ttd_cq_spin_init(&c->spin, spin_off ? 0 : TTD_CQ_SPIN_DEFAULT_US);
+  ttd_cq_spin_init(&c->device_spin, spin_off ? 0 : TTD_CQ_SPIN_DEVICE_US);
   tt_malloc_tune(options);
 
   if (!target || !*target) target = getenv("TTD_ADDRESS");

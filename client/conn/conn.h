@@ -92,7 +92,8 @@ struct tt_client {
   bool shm_wanted;                 /* the fast path was not turned off (options, TTD_SHM) */
   uint32_t lease_ms;
   int64_t call_timeout_ms;
-  ttd_cq_spin spin; /* the wait for a light call's answer (disable_spin, TTD_SPIN) */
+  ttd_cq_spin spin;        /* the wait for a light call's answer (disable_spin, TTD_SPIN) */
+  ttd_cq_spin device_spin; /* the wait for device work's answer (the same switches) */
 
   pthread_mutex_t error_lock;
   tt_status errcode;

@@ -37,7 +37,7 @@ typedef struct rpc {
   int tag;
   int pending; /* batches started and not plucked yet: the queue is reusable only at 0 */
   gpr_timespec give_up; /* a deadline kept here, not sent (see rpc_start) */
-  bool spin; /* poll for the answer before sleeping (cq_spin.h): light unary calls */
+  ttd_cq_spin *spin; /* poll for the answer before sleeping (cq_spin.h): unary calls */
 } rpc;
 
 static gpr_timespec deadline_after(int64_t ms, gpr_clock_type clock) {
@@ -125,7 +125,7 @@ static void rpc_start(rpc *r, tt_client *client, tt_rpc_method method, int64_t t
 static int rpc_batch(rpc *r, grpc_op *ops, size_t n) {
   if (grpc_call_start_batch(r->call, ops, n, &r->tag, NULL) != GRPC_CALL_OK) return 0;
   r->pending++;
-  grpc_event ev = r->spin ? ttd_cq_spin_wait(&r->client->spin, r->cq, &r->tag, r->give_up)
+  grpc_event ev = r->spin ? ttd_cq_spin_wait(r->spin, r->cq, &r->tag, r->give_up)
                           : grpc_completion_queue_pluck(r->cq, &r->tag, r->give_up, NULL);
   if (ev.type == GRPC_QUEUE_TIMEOUT) { /* the batch ends at once, failed; the status says why */
     grpc_call_cancel_with_status(r->call, GRPC_STATUS_DEADLINE_EXCEEDED, "Deadline Exceeded", NULL);
@@ -209,9 +209,10 @@ static tt_status unary_once(tt_client *client, tt_rpc_method method, const Proto
   }
   rpc r;
   rpc_start(&r, client, method, client->call_timeout_ms);
-  /* Device work takes long enough that polling for its answer would only take CPU from the
-   * kernels; other calls are answered in tens of microseconds. */
-  r.spin = !daemon_uses_deadline(method);
+  /* Other calls are answered in tens of microseconds; device work in milliseconds, polled
+   * with a window of its own that shrinks to nothing while answers take longer (many
+   * clients sharing the card). */
+  r.spin = daemon_uses_deadline(method) ? &client->device_spin : &client->spin;
   grpc_byte_buffer *request_bb = pack(request);
   grpc_byte_buffer *response_bb = NULL;
   grpc_op ops[6];

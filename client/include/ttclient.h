@@ -86,11 +86,12 @@ typedef struct tt_connect_options {
   int disable_shm;          /* 1: no same-host shared-memory fast path (also TTD_SHM=0); by
                              * default host tensors of 256 KiB or more move through shared
                              * memory when the target is a local unix: socket */
-  int disable_spin;         /* 1: a thread waiting for the answer of a call that is not device
-                             * work sleeps at once (also TTD_SPIN=0); by default it first polls
-                             * for it, yielding the CPU, for up to 50 us (adaptive: less while
+  int disable_spin;         /* 1: a thread waiting for a call's answer sleeps at once (also
+                             * TTD_SPIN=0); by default it first polls for it, yielding the CPU,
+                             * for up to 50 us, or 10 ms for device work (adaptive: less while
                              * answers take longer), which halves a small call's latency when
-                             * ttd does the same (its --spin-us) */
+                             * ttd does the same (its --spin-us), and spares a training step
+                             * the wake-up of a halted vCPU */
   int disable_malloc_tuning; /* 1: leave glibc's malloc thresholds as they are (also
                              * TTD_MALLOC_TUNING=0, or any glibc.malloc tunable in
                              * GLIBC_TUNABLES); by default the first tt_connect raises them

@@ -52,6 +52,7 @@ ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
   ttd_session_table_init(&core->sessions, config->lease_ms);
   ttd_program_cache_init(&core->programs);
   ttd_cq_spin_init(&core->poll_spin, config->spin_us);
+  ttd_cq_spin_init(&core->device_spin, config->device_spin_us);
   snprintf(core->instance_id, sizeof(core->instance_id), "%016" PRIx64, ttd_random_u64());
   *out_core = core;
   return TTD_OK;

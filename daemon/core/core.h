@@ -31,6 +31,7 @@ typedef struct ttd_core {
   pthread_rwlock_t reload_lock;
   ttd_scheduler *scheduler; /* device work, round-robin between sessions */
   ttd_cq_spin poll_spin;    /* the RPC poller's wait after a light call (--spin-us), with its counters */
+  ttd_cq_spin device_spin;  /* its wait after answering device work (--device-spin-us) */
   char instance_id[17]; /* 16 hex digits, new at every start */
   char shm_socket[108]; /* the side socket's path for OpenSession, "" when there is none */
 } ttd_core;

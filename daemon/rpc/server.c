@@ -578,14 +578,17 @@ static void *poller_main(void *arg) {
   ttd_server *server = arg;
   pthread_setname_np(pthread_self(), "ttd-poll");
   /* After a light call, the next call of a client making a run of them is likely tens of
-   * microseconds away: poll for it before sleeping (cq_spin.h). Not after events of heavy
-   * calls or device work: those take longer, and the CPU is the kernels'. */
-  bool spin = true;
+   * microseconds away, and after the answer of device work a training loop's next step
+   * comes once the client has run its loss: poll for it before sleeping (cq_spin.h), each
+   * with a window of its own. An idle vCPU that halts costs a wake-up through the
+   * hypervisor, which the call would pay. Not after other events of heavy calls or device
+   * work: device work takes longer, and the CPU is the kernels'. */
+  ttd_cq_spin *spin = &server->core->poll_spin;
   for (;;) {
     gpr_timespec forever = gpr_inf_future(GPR_CLOCK_MONOTONIC);
-    grpc_event ev = spin ? ttd_cq_spin_wait(&server->core->poll_spin, server->cq, NULL, forever)
+    grpc_event ev = spin ? ttd_cq_spin_wait(spin, server->cq, NULL, forever)
                          : grpc_completion_queue_next(server->cq, forever, NULL);
-    spin = false;
+    spin = NULL;
     if (ev.type == GRPC_QUEUE_SHUTDOWN) return NULL;
     if (ev.type != GRPC_OP_COMPLETE) continue;
     if (ev.tag == &server->shutdown_tag) {
@@ -602,7 +605,11 @@ static void *poller_main(void *arg) {
       ttd_work_queue_submit(server->heavy, &c->heavy_work);
       continue;
     }
-    spin = !c->method->heavy && !c->method->device_of;
+    if (!c->method->heavy && !c->method->device_of) {
+      spin = &server->core->poll_spin;
+    } else if (c->method->device_of && c->state == TTD_CALL_FINISHING) {
+      spin = &server->core->device_spin; /* its answer is out */
+    }
     on_call_event(c, ev.success != 0);
     ttd_log_set_call(0, 0);
   }

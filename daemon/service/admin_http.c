@@ -113,6 +113,19 @@ static void put(text *t, const char *fmt, ...) {
   }
 }
 
+/* The counters of one of the RPC poller's spins (cq_spin.h): ttd_NAME_{hits,misses,seconds}_total. */
+static void put_spin(text *t, const char *name, const char *after, const char *flag, const ttd_cq_spin *spin) {
+  put(t, "# HELP ttd_%s_hits_total Waits of the RPC poller after %s whose next event came while it polled (%s).\n"
+         "# TYPE ttd_%s_hits_total counter\nttd_%s_hits_total %llu\n",
+      name, after, flag, name, name, (unsigned long long)atomic_load(&spin->hits));
+  put(t, "# HELP ttd_%s_misses_total Waits of the RPC poller after %s that polled, then slept.\n"
+         "# TYPE ttd_%s_misses_total counter\nttd_%s_misses_total %llu\n",
+      name, after, name, name, (unsigned long long)atomic_load(&spin->misses));
+  put(t, "# HELP ttd_%s_seconds_total CPU time the RPC poller spent polling after %s before sleeping.\n"
+         "# TYPE ttd_%s_seconds_total counter\nttd_%s_seconds_total %.6f\n",
+      name, after, name, name, (double)atomic_load(&spin->spin_ns) / 1e9);
+}
+
 static const char *method_name(size_t i) {
   if (i >= ttd_method_count) return "unknown";
   const char *slash = strrchr(ttd_methods[i].path, '/');
@@ -240,15 +253,8 @@ char *ttd_admin_render_metrics(ttd_core *core) {
   put(&t, "# HELP ttd_bytes_to_host_total Tensor bytes sent to clients (downloads, inline outputs).\n"
           "# TYPE ttd_bytes_to_host_total counter\nttd_bytes_to_host_total %llu\n",
       (unsigned long long)atomic_load(&mt->bytes_to_host));
-  const ttd_cq_spin *spin = &core->poll_spin;
-  put(&t, "# HELP ttd_poll_spin_hits_total Waits of the RPC poller after a light call whose next event came while it polled (--spin-us).\n"
-          "# TYPE ttd_poll_spin_hits_total counter\nttd_poll_spin_hits_total %llu\n"
-          "# HELP ttd_poll_spin_misses_total Waits of the RPC poller after a light call that polled, then slept.\n"
-          "# TYPE ttd_poll_spin_misses_total counter\nttd_poll_spin_misses_total %llu\n"
-          "# HELP ttd_poll_spin_seconds_total CPU time the RPC poller spent polling before sleeping.\n"
-          "# TYPE ttd_poll_spin_seconds_total counter\nttd_poll_spin_seconds_total %.6f\n",
-      (unsigned long long)atomic_load(&spin->hits), (unsigned long long)atomic_load(&spin->misses),
-      (double)atomic_load(&spin->spin_ns) / 1e9);
+  put_spin(&t, "poll_spin", "a light call", "--spin-us", &core->poll_spin);
+  put_spin(&t, "device_spin", "answering device work", "--device-spin-us", &core->device_spin);
   put(&t, "# HELP ttd_rpc_total RPCs answered, by method and status code.\n# TYPE ttd_rpc_total counter\n");
   for (size_t i = 0; i <= ttd_method_count && i < TTD_METRICS_MAX_METHODS; i++) {
     for (int c = 0; c < TTD_METRICS_CODES; c++) {

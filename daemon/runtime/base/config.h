@@ -28,6 +28,7 @@ typedef struct ttd_config {
   int listen_count;
   int threads;        /* RPC threads: one polls gRPC's queue, the rest run heavy calls */
   int spin_us;        /* the poller polls this long after a light call before it sleeps */
+  int device_spin_us; /* and this long after answering device work */
   char *backend;      /* "sim" */
   int devices;        /* simulated cards */
   uint64_t dram;      /* bytes per card */

@@ -18,6 +18,10 @@
 #include <stdint.h>
 
 #define TTD_CQ_SPIN_DEFAULT_US 50
+/* A client's window for the answer of device work: a training step's Execute takes
+ * milliseconds, and a thread that sleeps through it leaves its vCPU to halt, so the
+ * answer pays a wake-up through the hypervisor (docs/performance.md). */
+#define TTD_CQ_SPIN_DEVICE_US 10000
 #define TTD_CQ_SPIN_GROW_START_NS 10000
 
 typedef struct ttd_cq_spin {

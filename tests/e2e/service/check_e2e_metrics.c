@@ -104,6 +104,34 @@ static void list_devices(tt_client *c, int calls, const tt_device_info *want, si
   }
 }
 
+/* A client with disable_spin: it never polls for an answer. */
+static tt_client *connect_quiet(void) {
+  tt_connect_options o;
+  tt_connect_options_init(&o);
+  o.disable_keepalive = 1;
+  o.disable_spin = 1;
+  tt_client *quiet = NULL;
+  ck_assert_int_eq(tt_connect(proc.target, &o, &quiet), TT_OK);
+  return quiet;
+}
+
+/* The client's window `spin` polled, and so did ttd's poller (ttd_<name>_*). */
+static void check_spun(const ttd_cq_spin *spin, const char *name) {
+  ck_assert_uint_gt(atomic_load(&spin->hits) + atomic_load(&spin->misses), 0);
+  ck_assert_uint_gt(atomic_load(&spin->spin_ns), 0);
+  char *r = http("GET", "/metrics"), metric[64];
+  double polled = 0;
+  const char *counts[] = {"hits", "misses"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(metric, sizeof(metric), "ttd_%s_%s_total", name, counts[i]);
+    polled += harness_metric(r, metric);
+  }
+  ck_assert(polled > 0);
+  snprintf(metric, sizeof(metric), "ttd_%s_seconds_total", name);
+  ck_assert(harness_metric(r, metric) > 0);
+  free(r);
+}
+
 /* Light calls make the poller poll before it sleeps (ttd_poll_spin_*) and the client poll
  * for their answers; a client with disable_spin, or TTD_SPIN=0, never polls and gets the
  * same answers. */
@@ -115,25 +143,17 @@ START_TEST(test_poll_spin) {
   ck_assert_int_eq(tt_list_devices(c, &first, &count), TT_OK);
   ck_assert_uint_eq(count, 2);
   list_devices(c, 30, first, count);
-  ck_assert_uint_gt(atomic_load(&c->spin.hits) + atomic_load(&c->spin.misses), 0);
-  ck_assert_uint_gt(atomic_load(&c->spin.spin_ns), 0);
-  char *r = http("GET", "/metrics");
-  ck_assert(harness_metric(r, "ttd_poll_spin_hits_total") + harness_metric(r, "ttd_poll_spin_misses_total") > 0);
-  ck_assert(harness_metric(r, "ttd_poll_spin_seconds_total") > 0);
-  free(r);
+  check_spun(&c->spin, "poll_spin");
 
-  tt_connect_options o;
-  tt_connect_options_init(&o);
-  o.disable_keepalive = 1;
-  o.disable_spin = 1;
-  tt_client *quiet = NULL;
-  ck_assert_int_eq(tt_connect(proc.target, &o, &quiet), TT_OK);
+  tt_client *quiet = connect_quiet();
   ck_assert_int_eq(quiet->spin.max_ns, 0);
   list_devices(quiet, 30, first, count);
   ck_assert_uint_eq(atomic_load(&quiet->spin.hits) + atomic_load(&quiet->spin.misses) + atomic_load(&quiet->spin.spin_ns), 0);
   tt_disconnect(quiet);
 
-  o.disable_spin = 0;
+  tt_connect_options o;
+  tt_connect_options_init(&o);
+  o.disable_keepalive = 1;
   setenv("TTD_SPIN", "0", 1);
   ck_assert_int_eq(tt_connect(proc.target, &o, &quiet), TT_OK);
   unsetenv("TTD_SPIN");
@@ -145,24 +165,78 @@ START_TEST(test_poll_spin) {
 }
 END_TEST
 
-/* ttd --spin-us 0: the poller sleeps at once after every call, and calls still work. */
-START_TEST(test_poll_spin_off) {
-  ttd_proc off;
-  char admin[32];
+/* Forward runs of a one-linear module on the card: n device calls (Execute). */
+static void device_calls(tt_client *c, int n) {
+  tt_graph *g = tt_graph_create(c, 7);
+  int64_t xs[2] = {2, 3};
+  tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
+  ck_assert_int_eq(tt_graph_output(g, tt_nn_linear(g, x, 2, 1)), 0);
+  tt_module *m = tt_compile(c, g);
+  tt_graph_free(g);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_int_eq(tt_module_to(m, "tt"), TT_OK);
+  tt_module_train(m, 0);
+  tt_tensor *h = tt_tensor_from_host(c, NULL, TT_FLOAT32, xs, 2);
+  memset(tt_tensor_data(h), 0, 6 * sizeof(float));
+  tt_tensor *in = tt_to(h, "tt");
+  for (int i = 0; i < n; i++) {
+    tt_tensor *out = NULL;
+    ck_assert_msg(tt_forward(m, &in, 1, &out) == TT_OK, "%s", tt_last_error(c));
+    tt_tensor_free(out);
+  }
+  tt_tensor_free(in);
+  tt_tensor_free(h);
+  tt_module_free(m);
+}
+
+/* Device work: the client polls for its answer with a window of its own (up to 10 ms), the
+ * poller for the next call after answering it (ttd_device_spin_*, --device-spin-us); the
+ * client's disable_spin turns both of its windows off. */
+START_TEST(test_device_spin) {
+  tt_client *c = harness_connect(&proc, 0);
+  ck_assert_int_eq(c->device_spin.max_ns, 10000LL * 1000);
+  device_calls(c, 20);
+  check_spun(&c->device_spin, "device_spin");
+  tt_disconnect(c);
+
+  tt_client *quiet = connect_quiet();
+  ck_assert_int_eq(quiet->device_spin.max_ns, 0);
+  device_calls(quiet, 5);
+  ck_assert_uint_eq(atomic_load(&quiet->device_spin.hits) + atomic_load(&quiet->device_spin.misses) +
+                        atomic_load(&quiet->device_spin.spin_ns), 0);
+  tt_disconnect(quiet);
+}
+END_TEST
+
+/* A ttd with `flag 0`: calls(client, 10) still work, answered 10 times (rpc_metric), and
+ * ttd_<spin>_* stay at 0: its poller sleeps at once after them. */
+static void check_spin_off(const char *flag, const char *spin, void (*calls)(tt_client *, int), const char *rpc_metric) {
+  char admin[32], name[64];
   int off_port = harness_free_tcp_port();
   snprintf(admin, sizeof(admin), "127.0.0.1:%d", off_port);
-  const char *args[] = {"--admin", admin, "--spin-us", "0", NULL};
+  const char *args[] = {"--admin", admin, flag, "0", NULL};
+  ttd_proc off;
   ttd_proc_start(&off, args);
   tt_client *c = harness_connect(&off, 0);
-  list_devices(c, 30, NULL, 0);
+  calls(c, 10);
   tt_disconnect(c);
   char *r = harness_http(off_port, "GET", "/metrics");
-  ck_assert_double_eq(harness_metric(r, "ttd_poll_spin_hits_total"), 0);
-  ck_assert_double_eq(harness_metric(r, "ttd_poll_spin_misses_total"), 0);
-  ck_assert_double_eq(harness_metric(r, "ttd_poll_spin_seconds_total"), 0);
-  ck_assert_double_eq(harness_metric(r, "ttd_rpc_total{method=\"ListDevices\",code=\"OK\"}"), 30);
+  const char *suffixes[] = {"hits", "misses", "seconds"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(name, sizeof(name), "ttd_%s_%s_total", spin, suffixes[i]);
+    ck_assert_double_eq(harness_metric(r, name), 0);
+  }
+  ck_assert_double_eq(harness_metric(r, rpc_metric), 10);
   free(r);
   ck_assert_int_eq(ttd_proc_stop(&off), 0);
+}
+
+static void light_calls(tt_client *c, int n) { list_devices(c, n, NULL, 0); }
+
+/* ttd --spin-us 0, --device-spin-us 0: the poller sleeps at once after such calls. */
+START_TEST(test_spin_off) {
+  check_spin_off("--spin-us", "poll_spin", light_calls, "ttd_rpc_total{method=\"ListDevices\",code=\"OK\"}");
+  check_spin_off("--device-spin-us", "device_spin", device_calls, "ttd_rpc_total{method=\"Execute\",code=\"OK\"}");
 }
 END_TEST
 
@@ -174,7 +248,8 @@ Suite *e2e_metrics_suite(void) {
   tcase_add_test(tc, test_health_endpoints);
   tcase_add_test(tc, test_metrics_follow_work);
   tcase_add_test(tc, test_poll_spin);
-  tcase_add_test(tc, test_poll_spin_off);
+  tcase_add_test(tc, test_device_spin);
+  tcase_add_test(tc, test_spin_off);
   suite_add_tcase(s, tc);
   return s;
 }
