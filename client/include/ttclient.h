@@ -88,7 +88,7 @@ typedef struct tt_connect_options {
                              * memory when the target is a local unix: socket */
   int disable_spin;         /* 1: a thread waiting for a call's answer sleeps at once (also
                              * TTD_SPIN=0); by default it first polls for it, yielding the CPU,
-                             * for up to 50 us, or 10 ms for device work (adaptive: less while
+                             * for up to 1 ms, or 10 ms for device work (adaptive: less while
                              * answers take longer), which halves a small call's latency when
                              * ttd does the same (its --spin-us), and spares a training step
                              * the wake-up of a halted vCPU */

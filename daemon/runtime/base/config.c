@@ -30,7 +30,7 @@ static const option options[] = {
      "address to serve: unix:/path or host:port (repeatable; default: $XDG_RUNTIME_DIR/ttd.sock, "
      "or /run/ttd/ttd.sock as root)"},
     {"threads", OPT_INT, FIELD(threads), 1, 256, "4", "RPC threads: one polls, the others run calls that copy tensor bytes, compile or free"},
-    {"spin-us", OPT_INT, FIELD(spin_us), 0, 10000, "50",
+    {"spin-us", OPT_INT, FIELD(spin_us), 0, 10000, "1000",
      "after answering a light call the poller polls for the next call, yielding the CPU, for up to this many "
      "microseconds before it sleeps (adaptive; 0: sleep at once)"},
     {"device-spin-us", OPT_INT, FIELD(device_spin_us), 0, 100000, "2000",

@@ -17,7 +17,10 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#define TTD_CQ_SPIN_DEFAULT_US 50
+/* The window's maximum for a light call: on a guest whose vCPUs halt when idle a round trip
+ * with both sides asleep takes 200-250 us, and both sides polling take it to 80 us, so the
+ * window must outlast the slow round trip to catch the fast one. */
+#define TTD_CQ_SPIN_DEFAULT_US 1000
 /* A client's window for the answer of device work: a training step's Execute takes
  * milliseconds, and a thread that sleeps through it leaves its vCPU to halt, so the
  * answer pays a wake-up through the hypervisor (docs/performance.md). */

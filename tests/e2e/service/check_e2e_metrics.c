@@ -137,7 +137,8 @@ static void check_spun(const ttd_cq_spin *spin, const char *name) {
  * same answers. */
 START_TEST(test_poll_spin) {
   tt_client *c = harness_connect(&proc, 0);
-  ck_assert_int_eq(c->spin.max_ns, 50 * 1000);
+  ck_assert_int_eq(c->spin.max_ns, TTD_CQ_SPIN_DEFAULT_US * 1000);
+  ck_assert_int_eq(TTD_CQ_SPIN_DEFAULT_US, 1000);
   tt_device_info *first = NULL;
   size_t count = 0;
   ck_assert_int_eq(tt_list_devices(c, &first, &count), TT_OK);

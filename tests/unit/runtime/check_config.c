@@ -63,7 +63,8 @@ static void expect_invalid(int line, ttd_status_t s, const char *const *fragment
 /* Defaults: 4 threads, 1 device, 12 GiB DRAM, 108 MiB L1, 30 s lease, sim backend, no listen. */
 START_TEST(test_defaults) {
   ck_assert_int_eq(cfg.threads, 4);
-  ck_assert_int_eq(cfg.spin_us, 50);
+  ck_assert_int_eq(cfg.spin_us, 1000);
+  ck_assert_int_eq(cfg.device_spin_us, 2000);
   ck_assert_int_eq(cfg.devices, 1);
   ck_assert_uint_eq(cfg.dram, 12ull << 30);
   ck_assert_uint_eq(cfg.l1, 108ull << 20);
@@ -205,7 +206,8 @@ START_TEST(test_bounds_errors) {
       {"threads", "99999999999999999999"}, {"devices", "0"}, {"devices", "65"}, {"cores", "-1"},
       {"cores", "1025"}, {"lease", "10ms"},   {"lease", "49ms"},  {"lease", "86401"}, {"lease", "soon"},
       {"drain-timeout", "3601"}, {"dram", "12Q"}, {"dram", "-1"},  {"l1", "9223372036854775808"},
-      {"spin-us", "-1"}, {"spin-us", "10001"}, {"spin-us", "50us"},
+      {"spin-us", "-1"}, {"spin-us", "10001"}, {"spin-us", "50us"}, {"device-spin-us", "-1"},
+      {"device-spin-us", "100001"},
   };
   for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
     char flag[32];
@@ -213,7 +215,8 @@ START_TEST(test_bounds_errors) {
     EXPECT_INVALID(ttd_config_set(&cfg, pairs[i][0], pairs[i][1]), flag);
   }
   ck_assert_int_eq(cfg.threads, 4);
-  ck_assert_int_eq(cfg.spin_us, 50);
+  ck_assert_int_eq(cfg.spin_us, 1000);
+  ck_assert_int_eq(cfg.device_spin_us, 2000);
   ck_assert_int_eq(cfg.devices, 1);
   ck_assert_int_eq(cfg.cores, 0);
   ck_assert_int_eq(cfg.lease_ms, 30000);
