@@ -209,6 +209,29 @@ def test_error_names_the_forward_line():
     assert "node abs" in msg and "test_compile.py" in msg and "the unsupported line" in msg, msg
 
 
+def test_tensor_attribute_error_names_the_attribute_and_the_forward():
+    """x.T, a node fx makes at its first use: the error names the attribute and what to write
+    instead, and the user's line where that use is in forward, never a line of ttd's own."""
+    class UsedInForward(nn.Module):
+        def forward(self, x):
+            return x.T @ x  # the line with .T
+
+    class Returned(nn.Module):
+        def forward(self, x):
+            return x.T
+
+    msgs = []
+    for cls in (UsedInForward, Returned):
+        with pytest.raises(NotImplementedError) as e:
+            ttd.compile(cls())(torch.rand(3, 3))
+        msgs.append(str(e.value))
+    for msg in msgs:
+        assert "the tensor attribute .T" in msg and "x.transpose(0, 1)" in msg, msg
+        assert "module.py" not in msg and "ttd/" not in msg, msg
+    assert "test_compile.py" in msgs[0] and "the line with .T" in msgs[0], msgs[0]
+    assert ", in forward)" in msgs[1], msgs[1]
+
+
 @pytest.mark.parametrize("fn, first, other", [
     (lambda s, x: s.l(x.view(x.size(0), x.size(1), 2, 4).transpose(1, 2).reshape(x.size(0), x.size(1), 8)),
      (4, 6, 8), (4, 3, 8)),

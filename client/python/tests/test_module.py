@@ -43,6 +43,16 @@ def test_parameters_before_the_first_call():
     assert torch.equal(next(m.parameters()).cpu(), ref.l1.weight.detach())
 
 
+def test_parameter_sizes_are_torchs():
+    """A parameter answers numel(), nelement(), dim(), ndim and size() as torch's, so the usual
+    count of a model's parameters works."""
+    ref, m = _pair()
+    assert sum(p.numel() for p in m.parameters()) == sum(p.numel() for p in ref.parameters())
+    for p, r in zip(m.parameters(), ref.parameters()):
+        assert (p.numel(), p.nelement(), p.dim(), p.ndim, p.size()) == (r.numel(), r.nelement(), r.dim(), r.ndim, r.size())
+        assert p.size(0) == r.size(0) and p.size(-1) == r.size(-1)
+
+
 @pytest.mark.parametrize("device", ["tt", "cpu"])
 def test_state_dict_names_and_values_are_torchs(device):
     """state_dict() gives CPU tensors under torch's names, before and after the first call."""

@@ -17,6 +17,18 @@ def test_round_trip_float32_is_exact():
     assert torch.equal(d.cpu(), x)
 
 
+def test_bfloat16_upload_of_a_tensor_that_takes_a_gradient():
+    """x.to("tt", dtype=torch.bfloat16) of an x that requires grad stays bfloat16 on the way
+    back, and the gradient reaches x as float32 through the conversion."""
+    x = torch.rand(2, 3, requires_grad=True)
+    back = x.to("tt", dtype=torch.bfloat16).to("cpu")
+    assert back.dtype == torch.bfloat16 and back.requires_grad
+    assert torch.equal(back.detach(), x.detach().to(torch.bfloat16))
+    (back.float() * 2).sum().backward()
+    assert x.grad.dtype == torch.float32
+    assert torch.equal(x.grad, torch.full((2, 3), 2.0))
+
+
 def test_round_trip_int32_and_noncontiguous():
     """int32 and a non-contiguous view round-trip too."""
     x = torch.arange(24, dtype=torch.int32).reshape(4, 6)

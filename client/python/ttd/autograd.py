@@ -141,4 +141,6 @@ def download(t, anchor):
     values = _torch_from_tt(t)
     if anchor is None or not torch.is_grad_enabled():
         return values
+    if anchor.dtype != values.dtype:  # bfloat16 uploaded from float32: the download stays bfloat16
+        anchor = anchor.to(values.dtype)
     return values + anchor  # the same values (x + -0.0 == x, bit for bit), the gradient to anchor

@@ -19,13 +19,19 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
 def _where(node):
-    """", at FILE:LINE: SOURCE" of the user's forward that made node, where fx recorded it
-    (a torch.fx.Tracer with record_stack_traces=True): the innermost frame outside torch
-    (F.relu's own frames are torch's), else the innermost; "" otherwise."""
-    frames = list(re.finditer(r'File "([^"]+)", line (\d+), in (\w+)', node.stack_trace or ""))
-    if not frames:
+    """", at FILE:LINE in FUNCTION: SOURCE" of the user's forward that made node, where fx
+    recorded it (a torch.fx.Tracer with record_stack_traces=True; innermost frame first): the
+    innermost frame outside torch among those inside fx's trace (F.relu's own frames are
+    torch's; the frames past trace are whoever called it). A node fx makes only at its first
+    use (a tensor attribute such as x.T) used nowhere in forward has only its caller's
+    frames: ", in forward". "" when fx recorded nothing."""
+    found = list(re.finditer(r'File "([^"]+)", line (\d+), in (\w+)', node.stack_trace or ""))
+    if not found:
         return ""
-    m = next((f for f in frames if not f.group(1).startswith(_TORCH_DIR)), frames[0])
+    trace = next((i for i, f in enumerate(found) if f.group(1).startswith(_TORCH_DIR) and f.group(3) == "trace"), 0)
+    m = next((f for f in found[:trace] if not f.group(1).startswith(_TORCH_DIR)), None)
+    if m is None:
+        return ", in forward"
     src = linecache.getline(m.group(1), int(m.group(2))).strip()
     return f", at {m.group(1)}:{m.group(2)} in {m.group(3)}" + (f": {src}" if src else "")
 
@@ -369,6 +375,11 @@ class Lowering:
                 if axes is not None:
                     kw["axes"] = axes
                 return self._op(node, op, [x], _attrs(**kw))
+        if t is getattr and len(node.args) > 1 and isinstance(node.args[1], str):
+            attr = node.args[1]
+            hint = ": write x.transpose(0, 1) for a matrix's .T, x.transpose(-2, -1) for .mT" \
+                if attr in ("T", "mT") else ""
+            _fail(node, f"the tensor attribute .{attr}", f"is not supported{hint}")
         _fail(node, f"{node.op} {what}", "is not supported")
 
     # ---- shared by the module and functional forms ----

@@ -59,6 +59,21 @@ class Parameter:
     def device(self):
         return Device(self._owner._device) if _is_tt(self._owner._device) else torch.device("cpu")
 
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def dim(self):
+        return len(self.shape)
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self):
+        return self.shape.numel()
+
+    nelement = numel
+
     def _value(self):
         if self._owner._module is None:  # not run yet: the traced module's value
             return self._owner._gm.get_parameter(self.name).detach().clone()
