@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "base/file_io.h"
-#include "data/data.h"
+#include "tensor/tensor.h"
 #include "wire/safetensors.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__

@@ -603,6 +603,10 @@ void tt_progress_finish(tt_progress *p);
  * (they share "<path>.tmp"). */
 tt_status tt_safetensors_save(tt_client *client, const char *path, const char *const *names, tt_tensor *const *tensors,
                               int n);
+/* tt_safetensors_save with a "__metadata__" object: n_metadata string pairs, metadata[2i]
+ * the key and metadata[2i + 1] its value (as Python's save_file(..., metadata=)). */
+tt_status tt_safetensors_save_metadata(tt_client *client, const char *path, const char *const *names,
+                                       tt_tensor *const *tensors, int n, const char *const *metadata, int n_metadata);
 
 typedef struct tt_safetensors tt_safetensors;
 
@@ -639,6 +643,9 @@ tt_tensor *tt_safetensors_get(tt_safetensors *file, const char *name);
 /* Closes the file and frees it; names from tt_safetensors_name become invalid. Tensors
  * already returned stay valid. Accepts NULL. */
 void tt_safetensors_close(tt_safetensors *file);
+/* The value of key in the file's "__metadata__" (lent until tt_safetensors_close); NULL
+ * when there is none. */
+const char *tt_safetensors_metadata(const tt_safetensors *file, const char *key);
 
 #ifdef __cplusplus
 }

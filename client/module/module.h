@@ -8,7 +8,6 @@
 
 #include "device/program_run.h"
 #include "graph/program.h"
-#include "data/data.h"
 #include "move/move.h"
 
 /* ---- a graph under construction (graph.c); lifecycle.c turns it into a module ---- */

@@ -234,8 +234,10 @@ ttd_status_t ttd_session_segment_remove(ttd_session *session, uint64_t id, uid_t
   pthread_mutex_lock(&session->lock);
   bool other = session->segments.count && session->segments_uid != uid;
   ttd_shm_segment *s = other ? NULL : ttd_handle_map_remove(&session->segments, id);
-  if (s) session->segments_bytes -= s->size;
-  if (s) refund_tenant_segments(session, 1);
+  if (s) {
+    session->segments_bytes -= s->size;
+    refund_tenant_segments(session, 1);
+  }
   pthread_mutex_unlock(&session->lock);
   if (other) {
     return ttd_make_status(GRPC_STATUS_PERMISSION_DENIED, "the session's segments belong to uid %u, not %u",

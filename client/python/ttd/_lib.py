@@ -121,6 +121,8 @@ _sig("tt_connect_options_init", None, POINTER(_ConnectOptions))
 _sig("tt_module_save", c_int, _P, c_char_p)
 _sig("tt_module_load", c_int, _P, c_char_p)
 _sig("tt_safetensors_save", c_int, _P, c_char_p, POINTER(c_char_p), POINTER(_P), c_int)
+_sig("tt_safetensors_save_metadata", c_int, _P, c_char_p, POINTER(c_char_p), POINTER(_P), c_int, POINTER(c_char_p),
+     c_int)
 
 
 def _b(s):
@@ -305,11 +307,14 @@ def backward(outputs, grads, retain_graph):
     outputs[0].client.check(_L.tt_backward_grads(outs, gs, n, 1 if retain_graph else 0))
 
 
-def safetensors_save(client, path, named):
-    """tt_safetensors_save of [(name, host Tensor)]."""
+def safetensors_save(client, path, named, metadata=None):
+    """tt_safetensors_save_metadata of [(name, host Tensor)] and {key: value} strings."""
     names = (c_char_p * max(len(named), 1))(*[n.encode() for n, _ in named])
     ts = (_P * max(len(named), 1))(*[t._p for _, t in named])
-    client.check(_L.tt_safetensors_save(client._p, path.encode(), names, ts, len(named)))
+    pairs = [s.encode() for kv in (metadata or {}).items() for s in kv]
+    meta = (c_char_p * max(len(pairs), 1))(*pairs)
+    client.check(_L.tt_safetensors_save_metadata(client._p, path.encode(), names, ts, len(named), meta,
+                                                 len(pairs) // 2))
 
 
 class Graph:

@@ -48,20 +48,6 @@ def _read_safetensors(data):
     return out, meta
 
 
-def _write_safetensors(tensors, meta):
-    """The bytes of a safetensors file of {name: CPU tensor} (F32, I32, BF16) and metadata."""
-    names = {torch.float32: "F32", torch.int32: "I32", torch.bfloat16: "BF16"}
-    header, blobs, offset = {"__metadata__": meta}, [], 0
-    for name, t in tensors.items():
-        b = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
-        blobs.append(b)
-        offset += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    return struct.pack("<Q", len(h)) + h + b"".join(blobs)
-
-
 class _CardOptimizer(torch.optim.Optimizer):
     """The common part: one parameter group holding the parameters of one compiled module.
 
@@ -132,7 +118,7 @@ class _CardOptimizer(torch.optim.Optimizer):
         elif args != self._sent:
             tensors, meta = _read_safetensors(self._save_state())
             meta.update({k: repr(float(v)) for k, v in args.items()})
-            self._load_state(_write_safetensors(self._fit_state(tensors, args), meta))
+            self._load_state(tensors=self._fit_state(tensors, args), meta=meta)
         self._sent = args
         return self._opt
 
@@ -144,12 +130,17 @@ class _CardOptimizer(torch.optim.Optimizer):
             with open(path, "rb") as f:
                 return f.read()
 
-    def _load_state(self, data):
-        """tt_optimizer_load of a state file's bytes."""
+    def _load_state(self, data=None, tensors=None, meta=None):
+        """tt_optimizer_load of a state file: its bytes (data), or {name: CPU tensor} and its
+        metadata, which libttclient writes (tt_safetensors_save_metadata)."""
         with tempfile.TemporaryDirectory(prefix="ttd-") as tmp:
             path = os.path.join(tmp, "optimizer.safetensors")
-            with open(path, "wb") as f:
-                f.write(data)
+            if data is not None:
+                with open(path, "wb") as f:
+                    f.write(data)
+            else:
+                named = [(k, _host_from_torch(v)) for k, v in tensors.items()]
+                _lib.safetensors_save(self._owner._built().client, path, named, meta)
             _value_error(self._opt.load, path)
 
     def add_param_group(self, param_group):
@@ -181,7 +172,7 @@ class _CardOptimizer(torch.optim.Optimizer):
             after, meta = _read_safetensors(self._save_state())
             kept = {k: v for k, v in after.items() if k.rsplit(".", 1)[0] not in names}
             kept.update({k: v for k, v in before.items() if k.rsplit(".", 1)[0] in names})
-            self._load_state(_write_safetensors(kept, meta))
+            self._load_state(tensors=kept, meta=meta)
         return loss
 
     def zero_grad(self, set_to_none=False):

@@ -124,13 +124,19 @@ START_TEST(test_table_sweep) {
 }
 END_TEST
 
+/* A session "x" opened in table at now_ms (a reference of the caller's). */
+static ttd_session *open_at(ttd_session_table *table, int64_t now_ms) {
+  ttd_session *s;
+  ck_assert_ptr_null(ttd_session_table_open(table, &(ttd_session_params){.client_name = "x"}, now_ms, &s));
+  return s;
+}
+
 /* sweep closes several expired sessions in one pass. */
 START_TEST(test_table_sweep_many) {
   ttd_session_table table;
   ttd_session_table_init(&table, 100);
   for (int i = 0; i < 50; i++) {
-    ttd_session *s;
-    ck_assert_ptr_null(ttd_session_table_open(&table, &(ttd_session_params){.client_name = "x"}, i % 2 ? 0 : 1000, &s));
+    ttd_session *s = open_at(&table, i % 2 ? 0 : 1000);
     sf_add_new(s, 1, i % 2, TTD_MEM_DRAM);
     ttd_session_release(s);
   }
@@ -150,9 +156,7 @@ START_TEST(test_table_sweep_bounded_per_call) {
   ttd_session_table table;
   ttd_session_table_init(&table, 100);
   for (int i = 0; i < 5010; i++) {
-    ttd_session *s;
-    ck_assert_ptr_null(ttd_session_table_open(&table, &(ttd_session_params){.client_name = "x"}, i < 10 ? 1000 : 0, &s));
-    ttd_session_release(s);
+    ttd_session_release(open_at(&table, i < 10 ? 1000 : 0));
   }
   size_t total = 0, calls = 0, closed;
   do {
