@@ -70,11 +70,17 @@ typedef struct ttd_session {
   ttd_session_stream *streams;  /* open streams, cancelled at close */
   /* Resuming after a graceful restart (ttd --state-dir): the secret OpenSession hands out,
    * and, for a session read back from the state files, whether its client has yet to
-   * resume it (no call finds it until then) and whether its files are still on disk. */
+   * resume it (no call finds it until then) and what of its files is on disk (a
+   * ttd_on_disk; daemon/state alone changes it once the session is in the table). */
   uint8_t resume_secret[TTD_RESUME_SECRET_BYTES];
   atomic_bool awaiting_resume;
-  atomic_bool saved_on_disk;
+  atomic_int on_disk;
 } ttd_session;
+
+/* What of a session's saved state is on disk: nothing; its state files, which a restart
+ * resumes; or, once it is resumed, only its data file, kept for its next save to write over
+ * in place (daemon/state/state.h says why). */
+typedef enum ttd_on_disk { TTD_ON_DISK_NONE, TTD_ON_DISK_STATE, TTD_ON_DISK_SPARE } ttd_on_disk;
 
 /* Who opens a session and what it asks for. */
 typedef struct ttd_session_params {

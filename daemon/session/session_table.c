@@ -72,9 +72,9 @@ ttd_status_t ttd_session_table_insert(ttd_session_table *table, ttd_session *ses
   return rc ? ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory") : TTD_OK;
 }
 
-/* Drops the session's state files, once, if it has any. */
-static void forget_files(ttd_session_table *table, ttd_session *s) {
-  if (table->forget && atomic_exchange(&s->saved_on_disk, false)) table->forget(table->forget_ctx, s->id);
+/* Tells the state that the session was resumed or ended, if it has files on disk. */
+static void forget_files(ttd_session_table *table, ttd_session *s, bool resumed) {
+  if (table->forget && atomic_load(&s->on_disk) != TTD_ON_DISK_NONE) table->forget(table->forget_ctx, s, resumed);
 }
 
 /* Remembers how a session left the table; the caller holds the lock. */
@@ -172,7 +172,7 @@ ttd_status_t ttd_session_table_resume(ttd_session_table *table, uint64_t id, con
   }
   /* From here on the session's state lives in memory only: files left behind would bring
    * back stale tensors after a crash. */
-  forget_files(table, s);
+  forget_files(table, s, true);
   return TTD_OK;
 }
 
@@ -183,7 +183,7 @@ static void close_as(ttd_session_table *table, ttd_session *session, ttd_session
   if (owned) note_end(table, owned, kind, by, ttd_now_ms());
   pthread_mutex_unlock(&table->lock);
   ttd_session_close(session, out_tensors, out_bytes);
-  forget_files(table, session);
+  forget_files(table, session, false);
   ttd_session_release(owned);
 }
 
@@ -225,7 +225,7 @@ size_t ttd_session_table_sweep(ttd_session_table *table, int64_t now_ms) {
     ttd_session *expired = batch[k];
     uint64_t tensors = 0, bytes = 0;
     ttd_session_close(expired, &tensors, &bytes);
-    forget_files(table, expired);
+    forget_files(table, expired, false);
     TTD_LOG(TTD_LOG_INFO, "session=%016" PRIx64 " event=lease-expired client=\"%s\" tensors_freed=%" PRIu64
             " bytes_freed=%" PRIu64, expired->id, expired->client_name, tensors, bytes);
     ttd_session_release(expired);

@@ -26,9 +26,10 @@ typedef struct ttd_session_end {
 /* The most recent session ends remembered: a bounded ring, whatever clients do. */
 #define TTD_SESSION_ENDS_KEPT 256
 
-/* Told when a session whose state files are on disk (saved_on_disk) is resumed or ends:
- * the files no longer describe it and must go. Called without the table's lock. */
-typedef void (*ttd_session_forget_fn)(void *ctx, uint64_t session_id);
+/* Told when a session with files on disk (on_disk) is resumed or ends: its state files no
+ * longer describe it and must go (a resumed session's data file may stay as its spare).
+ * Called without the table's lock. */
+typedef void (*ttd_session_forget_fn)(void *ctx, ttd_session *session, bool resumed);
 
 typedef struct ttd_session_table {
   pthread_mutex_t lock;

@@ -12,9 +12,13 @@
  *   DIR/state/ID.session          SavedSession: metadata, handles, programs, runs
  *   DIR/state/ID.safetensors      the session's tensors' bytes, named t0, t1, ...
  * A save writes DIR/state.new/ whole, fsynced, then swaps it for DIR/state/ in one rename;
- * a stop that dies midway leaves the previous state untouched. A session's files are
+ * a stop that dies midway leaves the previous state untouched. A session's state files are
  * removed as soon as it is resumed or ends, so that a crash never brings back a session
- * whose state moved on. Everything is readable by the daemon's user only. */
+ * whose state moved on; a resumed session's data file moves to DIR/spare/ instead, and its
+ * next save writes over it in place, because blocks a file system frees are trimmed (ext4's
+ * discard) and writing fresh ones costs several times more on thinly provisioned disks. The
+ * spare goes when its session ends, and at the next start. Everything is readable by the
+ * daemon's user only. */
 #ifndef TTD_STATE_H
 #define TTD_STATE_H
 

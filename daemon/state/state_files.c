@@ -31,6 +31,20 @@ ttd_status_t ttd_state_writer_open(ttd_state_writer *w, int dir_fd, const char *
   return w->fd < 0 ? io_error("create", name, errno) : TTD_OK;
 }
 
+ttd_status_t ttd_state_writer_open_over(ttd_state_writer *w, int from_fd, int dir_fd, const char *name) {
+  if (renameat(from_fd, name, dir_fd, name) == 0) {
+    *w = (ttd_state_writer){.name = name, .crc = (uint32_t)crc32_z(0, NULL, 0)};
+    w->fd = openat(dir_fd, name, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat st;
+    ttd_status_t private = w->fd < 0 ? NULL : ttd_state_check_private(w->fd, name);
+    if (w->fd >= 0 && !private && fstat(w->fd, &st) == 0 && S_ISREG(st.st_mode)) return TTD_OK;
+    ttd_status_free(private);
+    if (w->fd >= 0) close(w->fd);
+    unlinkat(dir_fd, name, 0); /* not one ttd wrote: a new file instead */
+  }
+  return ttd_state_writer_open(w, dir_fd, name, false);
+}
+
 /* Bytes written between two starts of their writeback (ttd_state_pieces_run). */
 #define WRITEBACK_STEP ((uint64_t)64 << 20)
 
@@ -42,7 +56,7 @@ ttd_status_t ttd_state_writer_put(ttd_state_writer *w, const void *data, uint64_
 }
 
 ttd_status_t ttd_state_writer_finish(ttd_state_writer *w, Ttd__V1__SavedFile *file) {
-  int rc = fsync(w->fd);
+  int rc = ftruncate(w->fd, (off_t)w->bytes) == 0 ? fsync(w->fd) : -1; /* a file written over may have been longer */
   int err = errno;
   if (close(w->fd) != 0 && rc == 0) {
     rc = -1;

@@ -3,6 +3,7 @@
 #ifndef TTD_STATE_FILES_H
 #define TTD_STATE_FILES_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -14,12 +15,15 @@ struct ttd_state {
   char *dir;  /* as configured */
   int dir_fd; /* DIR, open */
   int lock_fd; /* DIR/lock, flock'ed: one ttd a state folder */
+  int spare_fd; /* DIR/spare, open: resumed sessions' data files, kept for their next save */
+  pthread_mutex_t files_lock; /* over the sessions' on_disk and the files it says they have */
 };
 
 #define TTD_STATE_CURRENT "state"
 #define TTD_STATE_NEXT "state.new"
 #define TTD_STATE_MANIFEST "MANIFEST"
 #define TTD_STATE_LOCK "lock"
+#define TTD_STATE_SPARE "spare"
 
 /* Tensors a backend cannot show the host move through a buffer of this size. */
 #define BOUNCE_BYTES (4u << 20)
@@ -38,8 +42,13 @@ typedef struct ttd_state_writer {
 } ttd_state_writer;
 
 ttd_status_t ttd_state_writer_open(ttd_state_writer *w, int dir_fd, const char *name, bool checksum);
+/* As ttd_state_writer_open, but over the file of that name in from_fd, moved into dir_fd and
+ * written in place: its blocks are reused rather than freed and allocated again. A new file
+ * where from_fd has none, or none that is a private regular file. */
+ttd_status_t ttd_state_writer_open_over(ttd_state_writer *w, int from_fd, int dir_fd, const char *name);
 ttd_status_t ttd_state_writer_put(ttd_state_writer *w, const void *data, uint64_t len);
-/* fsyncs and closes; fills file (name, bytes, crc32) when not NULL. Closes on error too. */
+/* Cuts the file to the bytes written, fsyncs and closes; fills file (name, bytes, crc32)
+ * when not NULL. Closes on error too. */
 ttd_status_t ttd_state_writer_finish(ttd_state_writer *w, Ttd__V1__SavedFile *file);
 
 /* Writes a whole small file (a packed message), synced. */

@@ -261,7 +261,7 @@ static ttd_status_t load_session(ttd_state *state, int dir_fd, const Ttd__V1__Sa
   if (!status) {
     memcpy(session->resume_secret, m->resume_secret.data, TTD_RESUME_SECRET_BYTES);
     atomic_store(&session->awaiting_resume, true);
-    atomic_store(&session->saved_on_disk, true);
+    atomic_store(&session->on_disk, TTD_ON_DISK_STATE);
     *out_bytes = atomic_load(&session->quota->used);
     *out_session = session;
   } else if (session) {
@@ -347,7 +347,7 @@ static ttd_status_t load_all(ttd_state *state, size_t *out_loaded, uint64_t *out
 }
 
 /* Unlinks a data file: off the caller's thread, since dropping a big file's pages takes
- * hundreds of ms and the caller is a resume waiting for its answer. */
+ * hundreds of ms and the caller may be a resume waiting for its answer. Takes dir_fd. */
 typedef struct doomed_file {
   int dir_fd;
   char name[32];
@@ -361,16 +361,7 @@ static void *unlink_main(void *arg) {
   return NULL;
 }
 
-/* A resumed or ended session's files go: its session file first, synced (a data file left
- * without one means exactly this), then its data file in the background. */
-static void forget(void *ctx, uint64_t session_id) {
-  ttd_state *state = ctx;
-  int dir_fd = openat(state->dir_fd, TTD_STATE_CURRENT, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-  if (dir_fd < 0) return;
-  char name[32];
-  ttd_state_file_name(name, sizeof(name), session_id, "session");
-  unlinkat(dir_fd, name, 0);
-  fsync(dir_fd);
+static void unlink_in_background(int dir_fd, const char *name) {
   doomed_file *d = malloc(sizeof(*d));
   pthread_t thread;
   pthread_attr_t attr;
@@ -378,14 +369,46 @@ static void forget(void *ctx, uint64_t session_id) {
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   if (d) {
     d->dir_fd = dir_fd;
-    ttd_state_file_name(d->name, sizeof(d->name), session_id, "safetensors");
+    snprintf(d->name, sizeof(d->name), "%s", name);
   }
   if (!d || pthread_create(&thread, &attr, unlink_main, d) != 0) {
-    if (d) unlinkat(dir_fd, d->name, 0);
+    unlinkat(dir_fd, name, 0);
     close(dir_fd);
     free(d);
   }
   pthread_attr_destroy(&attr);
+}
+
+/* A resumed or ended session's state files go: its session file first, synced (a data file
+ * left without one means exactly this), then its data file, which a resumed session keeps
+ * in DIR/spare/ for its next save to write over; an ended session's spare goes too. */
+static void forget(void *ctx, ttd_session *session, bool resumed) {
+  ttd_state *state = ctx;
+  char data[32];
+  ttd_state_file_name(data, sizeof(data), session->id, "safetensors");
+  pthread_mutex_lock(&state->files_lock);
+  int was = atomic_load(&session->on_disk);
+  int now = resumed && was == TTD_ON_DISK_STATE ? TTD_ON_DISK_SPARE : resumed ? was : TTD_ON_DISK_NONE;
+  int dir_fd = -1;
+  if (was == TTD_ON_DISK_STATE && now != was) {
+    dir_fd = openat(state->dir_fd, TTD_STATE_CURRENT, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    char meta[32];
+    ttd_state_file_name(meta, sizeof(meta), session->id, "session");
+    if (dir_fd >= 0) {
+      unlinkat(dir_fd, meta, 0);
+      fsync(dir_fd);
+    }
+    if (dir_fd < 0 || (now == TTD_ON_DISK_SPARE && renameat(dir_fd, data, state->spare_fd, data) != 0)) {
+      now = TTD_ON_DISK_NONE; /* no spare: the file goes */
+    }
+  } else if (was == TTD_ON_DISK_SPARE && now != was) {
+    dir_fd = fcntl(state->spare_fd, F_DUPFD_CLOEXEC, 0);
+  }
+  atomic_store(&session->on_disk, now);
+  pthread_mutex_unlock(&state->files_lock);
+  if (dir_fd < 0) return;
+  if (now == TTD_ON_DISK_SPARE) close(dir_fd);
+  else unlink_in_background(dir_fd, data);
 }
 
 ttd_status_t ttd_state_open(ttd_core *core, const char *dir, ttd_state **out_state) {
@@ -429,7 +452,15 @@ ttd_status_t ttd_state_open(ttd_core *core, const char *dir, ttd_state **out_sta
   state->core = core;
   state->dir = copy;
   state->dir_fd = dir_fd;
+  pthread_mutex_init(&state->files_lock, NULL);
   ttd_state_remove_tree(dir_fd, TTD_STATE_NEXT); /* a save that did not finish; the state before it stands */
+  /* Spares of the last run's sessions are theirs alone: none of this run's sessions owns one yet. */
+  ttd_state_remove_tree(dir_fd, TTD_STATE_SPARE);
+  if (mkdirat(dir_fd, TTD_STATE_SPARE, 0700) == 0) {
+    state->spare_fd = openat(dir_fd, TTD_STATE_SPARE, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  } else {
+    state->spare_fd = -1;
+  }
   core->sessions.forget_ctx = state;
   core->sessions.forget = forget;
   struct stat st;
@@ -461,6 +492,8 @@ void ttd_state_close(ttd_state *state) {
     state->core->sessions.forget = NULL;
     state->core->sessions.forget_ctx = NULL;
   }
+  if (state->spare_fd >= 0) close(state->spare_fd);
+  pthread_mutex_destroy(&state->files_lock);
   close(state->dir_fd);
   close(state->lock_fd); /* the lock goes with it */
   free(state->dir);

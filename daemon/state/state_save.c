@@ -225,8 +225,9 @@ static ttd_status_t describe(ttd_session *session, saved_session *s) {
 }
 
 /* The session's tensors' bytes as a safetensors file, straight from the card's memory where
- * the backend shows it to the host. */
-static ttd_status_t write_data(int dir_fd, const char *name, ttd_backend *backend, const collected *c,
+ * the backend shows it to the host; written over the file of that name in spare_fd where
+ * there is one (spare_fd -1: none). */
+static ttd_status_t write_data(int dir_fd, int spare_fd, const char *name, ttd_backend *backend, const collected *c,
                                Ttd__V1__SavedFile *file) {
   ttd_st_entry *entries = calloc(c->count + 1, sizeof(*entries));
   char (*names)[24] = calloc(c->count + 1, sizeof(*names));
@@ -249,7 +250,10 @@ static ttd_status_t write_data(int dir_fd, const char *name, ttd_backend *backen
   ttd_status_t status = ttd_safetensors_build_header(entries, (int)c->count, NULL, 0, &header, &header_len);
   free(entries);
   ttd_state_writer w = {.fd = -1};
-  if (!status) status = ttd_state_writer_open(&w, dir_fd, name, false);
+  if (!status) {
+    status = spare_fd >= 0 ? ttd_state_writer_open_over(&w, spare_fd, dir_fd, name)
+                           : ttd_state_writer_open(&w, dir_fd, name, false);
+  }
   if (!status) status = ttd_state_writer_put(&w, header, header_len);
   free(header);
   /* Where the card's memory shows to the host, the tensors go from it to the file over a few
@@ -306,7 +310,12 @@ static ttd_status_t save_session(ttd_state *state, int dir_fd, ttd_session *sess
     /* No call runs during the stop: the tensors described are the tensors written. */
     ttd_state_file_name(file_names[0], sizeof(file_names[0]), session->id, "session");
     ttd_state_file_name(file_names[1], sizeof(file_names[1]), session->id, "safetensors");
-    status = write_data(dir_fd, file_names[1], state->core->backend, &s.c, entry->data);
+    /* A resumed session's data file from the last restart takes the new bytes in place. */
+    int was = TTD_ON_DISK_SPARE;
+    pthread_mutex_lock(&state->files_lock);
+    bool spare = atomic_compare_exchange_strong(&session->on_disk, &was, TTD_ON_DISK_NONE);
+    pthread_mutex_unlock(&state->files_lock);
+    status = write_data(dir_fd, spare ? state->spare_fd : -1, file_names[1], state->core->backend, &s.c, entry->data);
     if (!status) status = ttd_state_write_message(dir_fd, file_names[0], &s.msg.base, entry->meta);
     entry->id = session->id;
     for (size_t i = 0; i < s.c.count; i++) *out_bytes += s.c.tensors[i]->spec.nbytes;

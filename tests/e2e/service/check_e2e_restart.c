@@ -2,7 +2,8 @@
  * gracefully and starts again mid-run finishes with the same losses and parameters, bit for
  * bit, as one that was never interrupted; a resume needs the session's secret; a crash
  * resumes nothing; torn, foreign and unsafe state is refused; an unresumed session goes with
- * its lease, and its files with it. */
+ * its lease, and its files with it; a resumed session's data file is the one its next save
+ * writes over, and goes when the session ends. */
 #include <check.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -179,7 +180,8 @@ static int count_files(const char *dir, const char *suffix) {
 
 /* A saved session answers only to its secret: a wrong one, or none, is NOT_FOUND like an
  * unknown session; another tenant's calls cannot reach it, and its own plain calls are told
- * to resume first. Files are private and go once it is resumed. */
+ * to resume first. Files are private and leave the state once it is resumed: the data file
+ * to DIR/spare/, still private, until the session ends. */
 START_TEST(test_resume_needs_the_secret) {
   start();
   tt_client *c = harness_connect(&proc, 0);
@@ -224,11 +226,86 @@ START_TEST(test_resume_needs_the_secret) {
   ck_assert_msg(back != NULL, "%s", tt_last_error(c));
   for (int i = 0; i < 4; i++) ck_assert_float_eq(((float *)tt_tensor_data(back))[i], (float)i + 0.5f);
   ck_assert_int_eq(count_files(state, ".session"), 0);
-  for (int i = 0; i < 250 && count_files(state, ".safetensors"); i++) sleep_ms(20); /* unlinked in the background */
   ck_assert_int_eq(count_files(state, ".safetensors"), 0);
+  char spare[160];
+  snprintf(spare, sizeof(spare), "%s/spare", state_dir);
+  ck_assert_int_eq(count_files(spare, ".safetensors"), 1);
+  snprintf(path, sizeof(path), "%s/%016llx.safetensors", spare, (unsigned long long)id);
+  ck_assert_int_eq(stat(path, &st), 0);
+  ck_assert_int_eq(st.st_mode & 0777, 0600);
+  ck_assert_int_eq(stat(spare, &st), 0);
+  ck_assert_int_eq(st.st_mode & 0777, 0700);
   tt_tensor_free(back);
   tt_tensor_free(d);
   tt_tensor_free(h);
+  tt_disconnect(c); /* the session ends, and its spare with it */
+  for (int i = 0; i < 250 && count_files(spare, ".safetensors"); i++) sleep_ms(20); /* unlinked in the background */
+  ck_assert_int_eq(count_files(spare, ".safetensors"), 0);
+  finish();
+}
+END_TEST
+
+/* n floats of value v + i, uploaded. */
+static tt_tensor *upload_ramp(tt_client *c, int64_t n, float v) {
+  tt_tensor *h = tt_tensor_from_host(c, NULL, TT_FLOAT32, &n, 1);
+  ck_assert_ptr_nonnull(h);
+  for (int64_t i = 0; i < n; i++) ((float *)tt_tensor_data(h))[i] = v + (float)i;
+  tt_tensor *d = tt_to(h, "tt");
+  ck_assert_ptr_nonnull(d);
+  tt_tensor_free(h);
+  return d;
+}
+
+static void expect_ramp(tt_client *c, tt_tensor *d, int64_t n, float v) {
+  tt_tensor *back = tt_to(d, "cpu"); /* resumes the session after a restart */
+  ck_assert_msg(back != NULL, "%s", tt_last_error(c));
+  for (int64_t i = 0; i < n; i++) ck_assert_float_eq(((float *)tt_tensor_data(back))[i], v + (float)i);
+  tt_tensor_free(back);
+}
+
+static ino_t inode_of(const char *dir, uint64_t id) {
+  char path[256];
+  snprintf(path, sizeof(path), "%s/%016llx.safetensors", dir, (unsigned long long)id);
+  struct stat st;
+  ck_assert_msg(stat(path, &st) == 0, "%s is missing", path);
+  return st.st_ino;
+}
+
+/* Each save of a resumed session writes over the data file of the restart before (the same
+ * inode), cut or grown to the new size, and reads back whole; a stray spare, of a session
+ * of an earlier run, goes at the start. */
+START_TEST(test_resumed_session_saves_over_its_data_file) {
+  start();
+  tt_client *c = harness_connect(&proc, 0);
+  uint64_t id = tt_session_id(c);
+  char state[160], spare[160], stray[224];
+  snprintf(state, sizeof(state), "%s/state", state_dir);
+  snprintf(spare, sizeof(spare), "%s/spare", state_dir);
+  tt_tensor *big = upload_ramp(c, 1 << 16, 1.0f);
+  restart();
+  expect_ramp(c, big, 1 << 16, 1.0f);
+  ino_t first = inode_of(spare, id);
+  tt_tensor_free(big);
+  tt_tensor *small = upload_ramp(c, 100, 7.0f); /* the state shrinks: the file is cut */
+  snprintf(stray, sizeof(stray), "%s/00000000deadbeef.safetensors", spare);
+  FILE *f = fopen(stray, "w");
+  ck_assert_ptr_nonnull(f);
+  fclose(f);
+  ck_assert_int_eq(ttd_proc_kill(&proc, SIGTERM), 0);
+  ck_assert_int_eq(count_files(spare, ".safetensors"), 1); /* the session's went into the state */
+  ck_assert_uint_eq(inode_of(state, id), first);
+  ttd_proc_respawn(&proc, args);
+  ck_assert_int_eq(count_files(spare, ".safetensors"), 0); /* the stray one is gone */
+  expect_ramp(c, small, 100, 7.0f);
+  ck_assert_uint_eq(inode_of(spare, id), first);
+  tt_tensor *grown = upload_ramp(c, 1 << 17, 3.0f); /* and grows: the file is extended */
+  restart();
+  expect_ramp(c, small, 100, 7.0f);
+  expect_ramp(c, grown, 1 << 17, 3.0f);
+  ck_assert_uint_eq(inode_of(spare, id), first);
+  ck_assert_int_eq(harness_log_count(&proc, "event=state-refused"), 0);
+  tt_tensor_free(small);
+  tt_tensor_free(grown);
   tt_disconnect(c);
   finish();
 }
@@ -385,6 +462,7 @@ Suite *e2e_restart_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_training_across_restarts_is_bit_exact);
   tcase_add_test(tc, test_resume_needs_the_secret);
+  tcase_add_test(tc, test_resumed_session_saves_over_its_data_file);
   tcase_add_test(tc, test_crash_resumes_nothing);
   tcase_add_loop_test(tc, test_damaged_state_is_refused, TRUNCATE_DATA, LOOSE_MODE + 1);
   tcase_add_test(tc, test_unsafe_state_dir_stops_the_start);
