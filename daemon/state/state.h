@@ -40,7 +40,7 @@ ttd_status_t ttd_state_open(ttd_core *core, const char *dir, ttd_state **out_sta
  * rename. For the stop, once no call runs. */
 ttd_status_t ttd_state_save(ttd_state *state);
 
-/* Accepts NULL. The files stay. */
+/* Accepts NULL. The state files stay; DIR/spare/ goes. */
 void ttd_state_close(ttd_state *state);
 
 #endif

@@ -37,7 +37,7 @@ ttd_status_t ttd_state_writer_open_over(ttd_state_writer *w, int from_fd, int di
     w->fd = openat(dir_fd, name, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     struct stat st;
     ttd_status_t private = w->fd < 0 ? NULL : ttd_state_check_private(w->fd, name);
-    if (w->fd >= 0 && !private && fstat(w->fd, &st) == 0 && S_ISREG(st.st_mode)) return TTD_OK;
+    if (w->fd >= 0 && !private && fstat(w->fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1) return TTD_OK;
     ttd_status_free(private);
     if (w->fd >= 0) close(w->fd);
     unlinkat(dir_fd, name, 0); /* not one ttd wrote: a new file instead */
@@ -56,14 +56,19 @@ ttd_status_t ttd_state_writer_put(ttd_state_writer *w, const void *data, uint64_
 }
 
 ttd_status_t ttd_state_writer_finish(ttd_state_writer *w, Ttd__V1__SavedFile *file) {
-  int rc = ftruncate(w->fd, (off_t)w->bytes) == 0 ? fsync(w->fd) : -1; /* a file written over may have been longer */
+  const char *what = "cut to size"; /* a file written over may have been longer */
+  int rc = ftruncate(w->fd, (off_t)w->bytes);
+  if (rc == 0) {
+    what = "sync";
+    rc = fsync(w->fd);
+  }
   int err = errno;
   if (close(w->fd) != 0 && rc == 0) {
     rc = -1;
     err = errno;
   }
   w->fd = -1;
-  if (rc != 0) return io_error("sync", w->name, err);
+  if (rc != 0) return io_error(what, w->name, err);
   if (file) {
     file->name = (char *)w->name;
     file->bytes = w->bytes;

@@ -44,7 +44,7 @@ typedef struct ttd_state_writer {
 ttd_status_t ttd_state_writer_open(ttd_state_writer *w, int dir_fd, const char *name, bool checksum);
 /* As ttd_state_writer_open, but over the file of that name in from_fd, moved into dir_fd and
  * written in place: its blocks are reused rather than freed and allocated again. A new file
- * where from_fd has none, or none that is a private regular file. */
+ * where from_fd has none, or none that is a private regular file with one link. */
 ttd_status_t ttd_state_writer_open_over(ttd_state_writer *w, int from_fd, int dir_fd, const char *name);
 ttd_status_t ttd_state_writer_put(ttd_state_writer *w, const void *data, uint64_t len);
 /* Cuts the file to the bytes written, fsyncs and closes; fills file (name, bytes, crc32)

@@ -381,34 +381,42 @@ static void unlink_in_background(int dir_fd, const char *name) {
 
 /* A resumed or ended session's state files go: its session file first, synced (a data file
  * left without one means exactly this), then its data file, which a resumed session keeps
- * in DIR/spare/ for its next save to write over; an ended session's spare goes too. */
+ * in DIR/spare/ for its next save to write over; an ended session's spare goes too. The
+ * session file goes outside the lock (a second unlink of it is harmless), so that resumes
+ * after a restart sync the folder side by side. */
 static void forget(void *ctx, ttd_session *session, bool resumed) {
   ttd_state *state = ctx;
-  char data[32];
+  char data[32], meta[32];
   ttd_state_file_name(data, sizeof(data), session->id, "safetensors");
-  pthread_mutex_lock(&state->files_lock);
-  int was = atomic_load(&session->on_disk);
-  int now = resumed && was == TTD_ON_DISK_STATE ? TTD_ON_DISK_SPARE : resumed ? was : TTD_ON_DISK_NONE;
+  ttd_state_file_name(meta, sizeof(meta), session->id, "session");
   int dir_fd = -1;
-  if (was == TTD_ON_DISK_STATE && now != was) {
+  if (atomic_load(&session->on_disk) == TTD_ON_DISK_STATE) {
     dir_fd = openat(state->dir_fd, TTD_STATE_CURRENT, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-    char meta[32];
-    ttd_state_file_name(meta, sizeof(meta), session->id, "session");
     if (dir_fd >= 0) {
       unlinkat(dir_fd, meta, 0);
       fsync(dir_fd);
     }
+  }
+  pthread_mutex_lock(&state->files_lock);
+  int was = atomic_load(&session->on_disk);
+  int now = !resumed ? TTD_ON_DISK_NONE : was == TTD_ON_DISK_STATE ? TTD_ON_DISK_SPARE : was;
+  int doomed_in = -1; /* the folder whose data file goes, or -1 */
+  if (was == TTD_ON_DISK_STATE && now != was) {
     if (dir_fd < 0 || (now == TTD_ON_DISK_SPARE && renameat(dir_fd, data, state->spare_fd, data) != 0)) {
       now = TTD_ON_DISK_NONE; /* no spare: the file goes */
     }
+    if (now == TTD_ON_DISK_NONE) {
+      doomed_in = dir_fd;
+      dir_fd = -1;
+    }
   } else if (was == TTD_ON_DISK_SPARE && now != was) {
-    dir_fd = fcntl(state->spare_fd, F_DUPFD_CLOEXEC, 0);
+    doomed_in = fcntl(state->spare_fd, F_DUPFD_CLOEXEC, 0);
+    if (doomed_in < 0) unlinkat(state->spare_fd, data, 0); /* no descriptor to spare: here and now */
   }
   atomic_store(&session->on_disk, now);
   pthread_mutex_unlock(&state->files_lock);
-  if (dir_fd < 0) return;
-  if (now == TTD_ON_DISK_SPARE) close(dir_fd);
-  else unlink_in_background(dir_fd, data);
+  if (dir_fd >= 0) close(dir_fd);
+  if (doomed_in >= 0) unlink_in_background(doomed_in, data);
 }
 
 ttd_status_t ttd_state_open(ttd_core *core, const char *dir, ttd_state **out_state) {
@@ -456,10 +464,12 @@ ttd_status_t ttd_state_open(ttd_core *core, const char *dir, ttd_state **out_sta
   ttd_state_remove_tree(dir_fd, TTD_STATE_NEXT); /* a save that did not finish; the state before it stands */
   /* Spares of the last run's sessions are theirs alone: none of this run's sessions owns one yet. */
   ttd_state_remove_tree(dir_fd, TTD_STATE_SPARE);
-  if (mkdirat(dir_fd, TTD_STATE_SPARE, 0700) == 0) {
-    state->spare_fd = openat(dir_fd, TTD_STATE_SPARE, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-  } else {
-    state->spare_fd = -1;
+  state->spare_fd = mkdirat(dir_fd, TTD_STATE_SPARE, 0700) == 0
+                       ? openat(dir_fd, TTD_STATE_SPARE, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW)
+                       : -1;
+  if (state->spare_fd < 0) {
+    TTD_LOG(TTD_LOG_WARN, "event=state-spare-unavailable dir=%s/%s message=\"%s\" action=\"saves write new files; "
+            "remove what is at that path\"", dir, TTD_STATE_SPARE, strerror(errno));
   }
   core->sessions.forget_ctx = state;
   core->sessions.forget = forget;
@@ -493,6 +503,9 @@ void ttd_state_close(ttd_state *state) {
     state->core->sessions.forget_ctx = NULL;
   }
   if (state->spare_fd >= 0) close(state->spare_fd);
+  /* After a save every spare is in the state; any left (a failed save) holds bytes of a
+   * session that is ending now. */
+  ttd_state_remove_tree(state->dir_fd, TTD_STATE_SPARE);
   pthread_mutex_destroy(&state->files_lock);
   close(state->dir_fd);
   close(state->lock_fd); /* the lock goes with it */

@@ -271,39 +271,52 @@ static ino_t inode_of(const char *dir, uint64_t id) {
   return st.st_ino;
 }
 
-/* Each save of a resumed session writes over the data file of the restart before (the same
- * inode), cut or grown to the new size, and reads back whole; a stray spare, of a session
- * of an earlier run, goes at the start. */
+/* Each save of a resumed session writes over the data file of the restart before, cut or
+ * grown to the new size, and reads back whole: a descriptor held on the spare sees the same
+ * file, still linked, become the state's data file and a spare again (an inode number alone
+ * could be reused by a new file). DIR/spare/ goes at the stop, and a stray spare of an
+ * earlier run at the start. */
+static void expect_same_file(int held, const char *dir, uint64_t id) {
+  struct stat st;
+  ck_assert_int_eq(fstat(held, &st), 0);
+  ck_assert_uint_eq(st.st_nlink, 1);
+  ck_assert_uint_eq(st.st_ino, inode_of(dir, id));
+}
+
 START_TEST(test_resumed_session_saves_over_its_data_file) {
   start();
   tt_client *c = harness_connect(&proc, 0);
   uint64_t id = tt_session_id(c);
-  char state[160], spare[160], stray[224];
+  char state[160], spare[160], path[224];
   snprintf(state, sizeof(state), "%s/state", state_dir);
   snprintf(spare, sizeof(spare), "%s/spare", state_dir);
   tt_tensor *big = upload_ramp(c, 1 << 16, 1.0f);
   restart();
   expect_ramp(c, big, 1 << 16, 1.0f);
-  ino_t first = inode_of(spare, id);
+  snprintf(path, sizeof(path), "%s/%016llx.safetensors", spare, (unsigned long long)id);
+  int held = open(path, O_RDONLY | O_CLOEXEC);
+  ck_assert_int_ge(held, 0);
   tt_tensor_free(big);
   tt_tensor *small = upload_ramp(c, 100, 7.0f); /* the state shrinks: the file is cut */
-  snprintf(stray, sizeof(stray), "%s/00000000deadbeef.safetensors", spare);
-  FILE *f = fopen(stray, "w");
+  ck_assert_int_eq(ttd_proc_kill(&proc, SIGTERM), 0);
+  expect_same_file(held, state, id);
+  ck_assert_int_eq(count_files(spare, ""), -1); /* no spare/ while ttd is down */
+  ck_assert_int_eq(mkdir(spare, 0700), 0);
+  snprintf(path, sizeof(path), "%s/00000000deadbeef.safetensors", spare);
+  FILE *f = fopen(path, "w");
   ck_assert_ptr_nonnull(f);
   fclose(f);
-  ck_assert_int_eq(ttd_proc_kill(&proc, SIGTERM), 0);
-  ck_assert_int_eq(count_files(spare, ".safetensors"), 1); /* the session's went into the state */
-  ck_assert_uint_eq(inode_of(state, id), first);
   ttd_proc_respawn(&proc, args);
   ck_assert_int_eq(count_files(spare, ".safetensors"), 0); /* the stray one is gone */
   expect_ramp(c, small, 100, 7.0f);
-  ck_assert_uint_eq(inode_of(spare, id), first);
+  expect_same_file(held, spare, id);
   tt_tensor *grown = upload_ramp(c, 1 << 17, 3.0f); /* and grows: the file is extended */
   restart();
   expect_ramp(c, small, 100, 7.0f);
   expect_ramp(c, grown, 1 << 17, 3.0f);
-  ck_assert_uint_eq(inode_of(spare, id), first);
+  expect_same_file(held, spare, id);
   ck_assert_int_eq(harness_log_count(&proc, "event=state-refused"), 0);
+  close(held);
   tt_tensor_free(small);
   tt_tensor_free(grown);
   tt_disconnect(c);
