@@ -31,10 +31,12 @@ static void ref_matmul(const float *a, const float *b, double *c, int64_t m, int
     }
 }
 
-/* Odd sizes from 1x1x1 to several K blocks and C tiles, all four transpose combinations, match double. */
+/* Odd sizes from 1x1x1 to several K blocks and C tiles (600 x 40 x 530: a column of three
+ * tiles over three K blocks, its B packed once and kept), all four transpose combinations,
+ * match double. */
 static void check_forward_sizes(const char *isa) {
-  static const int64_t sizes[][3] = {{1, 1, 1},    {7, 13, 5},      {65, 33, 129}, {1, 40, 3},
-                                     {19, 1, 300}, {131, 530, 301}, {301, 17, 40}, {64, 512, 784}};
+  static const int64_t sizes[][3] = {{1, 1, 1},      {7, 13, 5},    {65, 33, 129}, {1, 40, 3},   {19, 1, 300},
+                                     {131, 530, 301}, {301, 17, 40}, {64, 512, 784}, {600, 40, 530}};
   uint64_t rng = 1;
   for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
     for (int t = 0; t < 4; t++) {
@@ -67,9 +69,11 @@ START_TEST(test_matmul_forward_narrow_isas) {
 }
 END_TEST
 
-/* Batch 3 with B broadcast, and A broadcast with B spaced wider than a matrix: each problem is right. */
+/* Batch 3 with B broadcast, and A broadcast with B spaced wider than a matrix: each problem is
+ * right, also where each problem's columns of tiles keep their B over several K blocks. */
 START_TEST(test_matmul_batched_broadcast) {
-  const int64_t batch = 3, m = 9, n = 21, k = 17;
+  static const int64_t shapes[][3] = {{9, 21, 17}, {600, 40, 530}};
+  const int64_t batch = 3, m = shapes[_i][0], n = shapes[_i][1], k = shapes[_i][2];
   uint64_t rng = 2;
   for (int t = 0; t < 4; t++)
     for (int which = 0; which < 2; which++) {
@@ -616,7 +620,7 @@ Suite *kernels_matmul_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_matmul_forward);
   tcase_add_test(tc, test_matmul_forward_narrow_isas);
-  tcase_add_test(tc, test_matmul_batched_broadcast);
+  tcase_add_loop_test(tc, test_matmul_batched_broadcast, 0, 2);
   tcase_add_test(tc, test_matmul_empty);
   tcase_add_test(tc, test_matmul_backward_fd);
   tcase_add_test(tc, test_matmul_backward_large);
