@@ -13,9 +13,9 @@
  * are split over the pool. When C is cut along N and A is small (a training batch:
  * 64 x 784), A is packed once for every task, in parallel, instead of once per task. The
  * tiles of a column of C come in turn, and a thread that runs several keeps their B packed
- * over all of K, so B is packed once per column rather than once per tile (on the Zen 3
- * guest, paired against packing per tile: 0.93-0.95x the time at 1024 x 1024 on one thread,
- * 0.91-0.93x at 2048 on two).
+ * over all of K; over several K blocks each thread takes whole columns. So B is packed once
+ * per column rather than once per tile (on the Zen 3 guest, paired against packing per
+ * tile: 0.83-0.86x the time for squares of 512 to 2048 on two threads, 0.86-0.98x on one).
  *
  * Each C element is summed in the same order whatever the tile sizes or the thread count
  * (K blocks whose size depends only on K, in order; inside a block one accumulator per
@@ -806,7 +806,12 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
       ttd_pool_parallel_for(pool, units, 4, pack_a_units, g);
     }
   }
-  ttd_pool_parallel_for(pool, (size_t)(g->outputs * g->m_tiles * g->n_tiles), 1, gemm_tasks, g);
+  /* Over several K blocks, a column of tiles to a thread, so that it packs B once (at one K
+   * block, as a training step's weight gradient, single tiles balance better: 1.06x the step's
+   * time at batch 64 with columns). */
+  size_t columns = (size_t)(g->outputs * g->n_tiles);
+  size_t grain = g->k > g->kc && columns >= (size_t)ttd_pool_threads(pool) ? (size_t)g->m_tiles : 1;
+  ttd_pool_parallel_for(pool, (size_t)(g->outputs * g->m_tiles * g->n_tiles), grain, gemm_tasks, g);
   free(g->a_packed);
   g->a_packed = NULL;
 }

@@ -216,6 +216,27 @@ START_TEST(test_matmul_pool_identical) {
 }
 END_TEST
 
+/* Over several K blocks each thread takes whole columns of tiles and packs their B once (600 x
+ * 1100 x 530 on two threads: three columns of three tiles): the same bits as on the caller alone. */
+START_TEST(test_matmul_columns_identical) {
+  ttd_pool *pool = ttd_pool_create(2);
+  ck_assert_ptr_nonnull(pool);
+  const int64_t m = 600, n = 1100, k = 530;
+  uint64_t rng = 9;
+  for (int t = 0; t < 4; t++) {
+    int ta = t & 1, tb = t >> 1;
+    float *a = kt_rand_buf(&rng, m * k, -1, 1), *b = kt_rand_buf(&rng, k * n, -1, 1);
+    float *c1 = kt_nan_buf(m * n), *c2 = kt_nan_buf(m * n);
+    ttd_k_matmul(NULL, a, b, c1, 1, m, n, k, ta, tb, 0, 0);
+    ttd_k_matmul(pool, a, b, c2, 1, m, n, k, ta, tb, 0, 0);
+    ck_assert(memcmp(c1, c2, (size_t)(m * n) * sizeof(float)) == 0);
+    for (int64_t i = 0; i < m * n; i += 997) ck_assert(!isnan(c2[i]));
+    free(a), free(b), free(c1), free(c2);
+  }
+  ttd_pool_destroy(pool);
+}
+END_TEST
+
 /* A few rows against a transposed weight (C = A B^T + bias, A [m,k], B [n,k]: a linear's
  * forward at a small batch). Odd m, n and k under each ISA's kernel match the double sum plus
  * bias, a 4-thread pool gives the same bits, and so does the same A as the first m of 64
@@ -625,6 +646,7 @@ Suite *kernels_matmul_suite(void) {
   tcase_add_test(tc, test_matmul_backward_fd);
   tcase_add_test(tc, test_matmul_backward_large);
   tcase_add_test(tc, test_matmul_pool_identical);
+  tcase_add_test(tc, test_matmul_columns_identical);
   tcase_add_test(tc, test_matmul_few_rows_transposed);
   tcase_add_test(tc, test_matmul_dot_path);
   tcase_add_test(tc, test_matmul_dot_unaligned_batched);
