@@ -216,27 +216,6 @@ START_TEST(test_matmul_pool_identical) {
 }
 END_TEST
 
-/* Over several K blocks each thread takes whole columns of tiles and packs their B once (600 x
- * 1100 x 530 on two threads: three columns of three tiles): the same bits as on the caller alone. */
-START_TEST(test_matmul_columns_identical) {
-  ttd_pool *pool = ttd_pool_create(2);
-  ck_assert_ptr_nonnull(pool);
-  const int64_t m = 600, n = 1100, k = 530;
-  uint64_t rng = 9;
-  for (int t = 0; t < 4; t++) {
-    int ta = t & 1, tb = t >> 1;
-    float *a = kt_rand_buf(&rng, m * k, -1, 1), *b = kt_rand_buf(&rng, k * n, -1, 1);
-    float *c1 = kt_nan_buf(m * n), *c2 = kt_nan_buf(m * n);
-    ttd_k_matmul(NULL, a, b, c1, 1, m, n, k, ta, tb, 0, 0);
-    ttd_k_matmul(pool, a, b, c2, 1, m, n, k, ta, tb, 0, 0);
-    ck_assert(memcmp(c1, c2, (size_t)(m * n) * sizeof(float)) == 0);
-    for (int64_t i = 0; i < m * n; i += 997) ck_assert(!isnan(c2[i]));
-    free(a), free(b), free(c1), free(c2);
-  }
-  ttd_pool_destroy(pool);
-}
-END_TEST
-
 /* A few rows against a transposed weight (C = A B^T + bias, A [m,k], B [n,k]: a linear's
  * forward at a small batch). Odd m, n and k under each ISA's kernel match the double sum plus
  * bias, a 4-thread pool gives the same bits, and so does the same A as the first m of 64
@@ -481,25 +460,39 @@ START_TEST(test_matmul_bf16_unaligned_batched) {
 }
 END_TEST
 
-/* A NULL pool and a 4-thread pool give bit-identical C (A packed once for all tasks, too). */
-START_TEST(test_matmul_bf16_pool_identical) {
-  ttd_pool *pool = ttd_pool_create(4);
+/* C of an m x n x k product (float32, or bfloat16 operands) on the caller alone and on a pool
+ * of `threads`, all four transpose combinations: the same bits, and written. */
+static void check_pool_identical(int threads, int64_t m, int64_t n, int64_t k, uint64_t rng, bool bf16) {
+  ttd_pool *pool = ttd_pool_create(threads);
   ck_assert_ptr_nonnull(pool);
-  const int64_t m = 64, n = 530, k = 785;
-  uint64_t rng = 14;
   for (int t = 0; t < 4; t++) {
     int ta = t & 1, tb = t >> 1;
-    float *af, *bf;
-    uint16_t *a = bf16_rand_buf(&rng, m * k, &af), *b = bf16_rand_buf(&rng, k * n, &bf);
-    float *c1 = kt_nan_buf(m * n), *c4 = kt_nan_buf(m * n);
-    ttd_k_matmul_bf16(NULL, a, b, NULL, c1, 1, m, n, k, ta, tb, 0, 0);
-    ttd_k_matmul_bf16(pool, a, b, NULL, c4, 1, m, n, k, ta, tb, 0, 0);
-    ck_assert(memcmp(c1, c4, (size_t)(m * n) * sizeof(float)) == 0);
-    ck_assert(!isnan(c4[0]) && !isnan(c4[m * n - 1]));
-    free(a), free(b), free(af), free(bf), free(c1), free(c4);
+    float *c1 = kt_nan_buf(m * n), *c2 = kt_nan_buf(m * n), *af = NULL, *bf = NULL;
+    void *a, *b;
+    if (bf16) {
+      a = bf16_rand_buf(&rng, m * k, &af), b = bf16_rand_buf(&rng, k * n, &bf);
+      ttd_k_matmul_bf16(NULL, a, b, NULL, c1, 1, m, n, k, ta, tb, 0, 0);
+      ttd_k_matmul_bf16(pool, a, b, NULL, c2, 1, m, n, k, ta, tb, 0, 0);
+    } else {
+      a = kt_rand_buf(&rng, m * k, -1, 1), b = kt_rand_buf(&rng, k * n, -1, 1);
+      ttd_k_matmul(NULL, a, b, c1, 1, m, n, k, ta, tb, 0, 0);
+      ttd_k_matmul(pool, a, b, c2, 1, m, n, k, ta, tb, 0, 0);
+    }
+    ck_assert(memcmp(c1, c2, (size_t)(m * n) * sizeof(float)) == 0);
+    for (int64_t i = 0; i < m * n; i += 997) ck_assert(!isnan(c2[i]));
+    ck_assert(!isnan(c2[m * n - 1]));
+    free(a), free(b), free(af), free(bf), free(c1), free(c2);
   }
   ttd_pool_destroy(pool);
 }
+
+/* A NULL pool and a 4-thread pool give bit-identical C (A packed once for all tasks, too). */
+START_TEST(test_matmul_bf16_pool_identical) { check_pool_identical(4, 64, 530, 785, 14, true); }
+END_TEST
+
+/* Over several K blocks each thread takes whole columns of tiles and packs their B once (600 x
+ * 1100 x 530 on two threads: three columns of three tiles): the same bits as on the caller alone. */
+START_TEST(test_matmul_columns_identical) { check_pool_identical(2, 600, 1100, 530, 9, false); }
 END_TEST
 
 /* k = 0 gives C = bias (or zeros); m = 0 writes nothing. */
