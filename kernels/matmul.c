@@ -7,9 +7,10 @@
  *
  * The GEMM is blocked the usual way (Goto / BLIS): the work is cut into tiles of C, one
  * task each; a task walks K in blocks of at most KC, packs its A block into MR-row
- * micro-panels and its B block into NR-column micro-panels (zero padded), and runs an
- * MR x NR register-blocked micro-kernel over them (NR is the kernel's: 16 with AVX2, whose
- * B micro-panel then takes half of a 32 KiB L1 rather than all of it; 32 elsewhere). Tasks
+ * micro-panels and its B block into NR-column micro-panels (zero padded; gemm_pack.c), and
+ * runs an MR x NR register-blocked micro-kernel over them (gemm_micro.c; NR is the
+ * kernel's: 16 with AVX2, whose B micro-panel then takes half of a 32 KiB L1 rather than all
+ * of it; 32 elsewhere). Tasks
  * are split over the pool. When C is cut along N and A is small (a training batch:
  * 64 x 784), A is packed once for every task, in parallel, instead of once per task. The
  * tiles of a column of C come in turn, and a thread that runs several keeps their B packed
@@ -41,16 +42,11 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "gemm.h"
 #include "kernel_internal.h"
 #include "kernels.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#endif
-
 enum {
-  MR = 6,       /* micro-tile rows; its columns (NR) are the kernel's: 6 x 32 (AVX-512) or 6 x 16 (AVX2) is
-                   12 accumulators, enough to keep two FMA pipes busy */
   KC = 256,     /* largest K block: an NR-column B micro-panel (16 or 32 KiB) stays in L1 */
   MC_MAX = 288, /* rows of C per task (A block: 288 KiB, in L2; amortises packing B) */
   NC_MAX = 512, /* columns of C per task */
@@ -59,31 +55,6 @@ enum {
   DOT_K_MAX = 1024,        /* dot products up to this K: 3 rows of A and 4 columns of B, 28 KiB, in L1 */
   DOT_A_BYTES = 256 << 10, /* rows of A per dot-product tile: half of a 512 KiB L2 */
 };
-
-/* C[mr x nr] (=, or += when accumulate) the product of an MR-row A micro-panel and an
- * NR-column B micro-panel over kd packed steps (a float each, or a pair of bfloat16). */
-typedef void (*micro_kernel_fn)(int64_t kd, const void *restrict ap, const void *restrict bp, float *restrict c,
-                                int64_t ldc, int64_t mr, int64_t nr, int accumulate);
-
-/* C(i,j) for i < rows <= DOT_ROWS, j < cols <= DOT_COLS: the dot products of rows of A (row i at
- * a + i*lda) and columns of B (column j at b + j*ldb), both contiguous along K, over k steps;
- * then C = it, or C + it when accumulate; then bias[j] added when bias is not NULL. */
-typedef void (*dot_block_fn)(int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
-                            int64_t ldc, int rows, int cols, const float *bias, int accumulate);
-
-enum { DOT_ROWS = 3, DOT_COLS = 4 };
-
-/* A micro-kernel and the NR its B panels are packed for. */
-typedef struct micro_kernel {
-  micro_kernel_fn fn;
-  int64_t nr;
-  dot_block_fn dot; /* or NULL: this ISA has no dot-product blocks */
-} micro_kernel;
-
-/* Sixteen rows contiguous along p (row j at src + j*ld_src), p in [0, len), interleaved into
- * 16 columns of a panel: dst[p*ld_dst + j] = src[j*ld_src + p]. */
-typedef void (*interleave16_fn)(const float *restrict src, int64_t ld_src, int64_t len, float *restrict dst,
-                                int64_t ld_dst);
 
 /* How A and B are held and packed. */
 typedef enum gemm_mode {
@@ -112,463 +83,8 @@ typedef struct gemm_problem {
   interleave16_fn interleave16; /* or NULL: interleave_rows */
 } gemm_problem;
 
-/* clang-format off */
-/* Defines a micro-kernel of NR columns for vectors of W floats (gcc vector extensions, so one
- * source serves every ISA): the MR x NR tile goes in passes of CW columns, each with MR x CW/W
- * vector accumulators that stay in registers, the B row of the pass in CW/W more and the
- * broadcast A element in one. Full tiles are stored straight from the accumulators. */
-#define TTD_DEFINE_MICRO_KERNEL(name, attr, W, CW, NR)                                                             \
-  attr static void name(int64_t kc, const void *restrict ap_, const void *restrict bp_, float *restrict c,       \
-                        int64_t ldc, int64_t mr, int64_t nr, int accumulate) {                                     \
-    typedef float vec __attribute__((vector_size((W) * sizeof(float))));                                           \
-    const float *restrict ap = ap_, *restrict bp = bp_;                                                            \
-    enum { V = (CW) / (W) };                                                                                       \
-    int full = mr == MR && nr == NR;                                                                               \
-    float tile[MR][NR];                                                                                            \
-    for (int h = 0; h < NR; h += (CW)) {                                                                           \
-      vec acc[MR][V];                                                                                              \
-      _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++)                                                         \
-        _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) acc[i][v] = (vec){0};                                  \
-      for (int64_t p = 0; p < kc; p++) {                                                                           \
-        vec b[V];                                                                                                  \
-        _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) memcpy(&b[v], bp + p * NR + h + v * (W), sizeof(vec)); \
-        _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++) {                                                     \
-          float a = ap[p * MR + i];                                                                                \
-          _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) acc[i][v] += a * b[v];                               \
-        }                                                                                                          \
-      }                                                                                                            \
-      if (full) {                                                                                                  \
-        _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++)                                                       \
-          _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                                                    \
-            float *dst = c + i * ldc + h + v * (W);                                                                \
-            vec out = acc[i][v];                                                                                   \
-            if (accumulate) {                                                                                      \
-              vec old;                                                                                             \
-              memcpy(&old, dst, sizeof(old));                                                                      \
-              out += old;                                                                                          \
-            }                                                                                                      \
-            memcpy(dst, &out, sizeof(out));                                                                        \
-          }                                                                                                        \
-      } else {                                                                                                     \
-        for (int i = 0; i < MR; i++) memcpy(&tile[i][h], acc[i], sizeof(acc[i]));                                  \
-      }                                                                                                            \
-    }                                                                                                              \
-    if (full) return;                                                                                              \
-    for (int64_t i = 0; i < mr; i++)                                                                               \
-      for (int64_t j = 0; j < nr; j++) c[i * ldc + j] = accumulate ? c[i * ldc + j] + tile[i][j] : tile[i][j];     \
-  }
-
-/* Any target: 4-float vectors (SSE2 on x86-64, NEON on arm64), 6 x 8 per pass in 12 xmm, four passes. */
-TTD_DEFINE_MICRO_KERNEL(micro_kernel_generic, , 4, 8, 32)
-/* clang-format on */
-
-#if defined(__x86_64__) && defined(__GNUC__)
-/* AVX2 + FMA: 6 x 16 in 12 ymm (the classic Haswell kernel), one pass over 16-column panels.
- * On Zen 3 a step ran 2-9 % faster than with two passes over 32-column panels, whose 32 KiB B
- * micro-panel fills the L1 the A panel also streams through. */
-TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx2, __attribute__((target("avx2,fma"))), 8, 16, 16)
-/* AVX-512: 6 x 32 in 12 zmm, one pass (6 x 16 in 6 zmm ran at 155 GFLOP/s here, this at 185). */
-TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx512, __attribute__((target("avx512f"))), 16, 32, 32)
-
-/* The four sums of the lanes of a, b, c and d, each ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). */
-__attribute__((target("avx2,fma"))) static inline __m128 dot_sum4(__m256 a, __m256 b, __m256 c, __m256 d) {
-  __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-}
-
-/* dot_block_fn with AVX2 + FMA: 3 rows of A by 4 columns of B in 12 ymm accumulators, 8 steps of K
- * in their lanes (a tail of K loaded masked, its missing lanes zero in both operands), summed
- * across the lanes at the end. A block of fewer rows or columns repeats its first one and
- * stores only its own. Nothing is packed: each step loads 7 vectors for 12 FMAs, where the
- * packed micro-kernel loads 2 and broadcasts 6. */
-__attribute__((target("avx2,fma"))) static void dot_block_avx2(int64_t k, const float *a, int64_t lda, const float *b,
-                                                              int64_t ldb, float *c, int64_t ldc, int rows, int cols,
-                                                              const float *bias, int accumulate) {
-  const float *a0 = a, *a1 = a + (rows > 1 ? lda : 0), *a2 = a + (rows > 2 ? 2 * lda : 0);
-  const float *b0 = b, *b1 = b + (cols > 1 ? ldb : 0), *b2 = b + (cols > 2 ? 2 * ldb : 0);
-  const float *b3 = b + (cols > 3 ? 3 * ldb : 0);
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00, c13 = c00;
-  __m256 c20 = c00, c21 = c00, c22 = c00, c23 = c00;
-#define DOT_STEP(LOAD)                                                                                           \
-  do {                                                                                                          \
-    __m256 w0 = LOAD(b0), w1 = LOAD(b1), w2 = LOAD(b2), w3 = LOAD(b3), x = LOAD(a0);                            \
-    c00 = _mm256_fmadd_ps(x, w0, c00), c01 = _mm256_fmadd_ps(x, w1, c01);                                      \
-    c02 = _mm256_fmadd_ps(x, w2, c02), c03 = _mm256_fmadd_ps(x, w3, c03);                                      \
-    x = LOAD(a1);                                                                                               \
-    c10 = _mm256_fmadd_ps(x, w0, c10), c11 = _mm256_fmadd_ps(x, w1, c11);                                      \
-    c12 = _mm256_fmadd_ps(x, w2, c12), c13 = _mm256_fmadd_ps(x, w3, c13);                                      \
-    x = LOAD(a2);                                                                                               \
-    c20 = _mm256_fmadd_ps(x, w0, c20), c21 = _mm256_fmadd_ps(x, w1, c21);                                      \
-    c22 = _mm256_fmadd_ps(x, w2, c22), c23 = _mm256_fmadd_ps(x, w3, c23);                                      \
-  } while (0)
-  int64_t k8 = k & ~(int64_t)7, p = 0;
-#define DOT_FULL(ptr) _mm256_loadu_ps((ptr) + p)
-  for (; p < k8; p += 8) DOT_STEP(DOT_FULL);
-  if (p < k) {
-    __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(k - p)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-#define DOT_TAIL(ptr) _mm256_maskload_ps((ptr) + p, mask)
-    DOT_STEP(DOT_TAIL);
-#undef DOT_TAIL
-  }
-#undef DOT_FULL
-#undef DOT_STEP
-  __m128 r[DOT_ROWS] = {dot_sum4(c00, c01, c02, c03), dot_sum4(c10, c11, c12, c13), dot_sum4(c20, c21, c22, c23)};
-  for (int i = 0; i < rows; i++) {
-    float *dst = c + i * ldc;
-    if (cols == DOT_COLS) {
-      __m128 out = accumulate ? _mm_add_ps(_mm_loadu_ps(dst), r[i]) : r[i];
-      if (bias) out = _mm_add_ps(out, _mm_loadu_ps(bias));
-      _mm_storeu_ps(dst, out);
-    } else {
-      float v[4];
-      _mm_storeu_ps(v, r[i]);
-      for (int j = 0; j < cols; j++) {
-        float out = accumulate ? dst[j] + v[j] : v[j];
-        dst[j] = bias ? out + bias[j] : out;
-      }
-    }
-  }
-}
-
-/* AVX-512 BF16: the same 6 x 32 tile in 12 zmm, each vdpbf16ps two steps of K (a pair of
- * bfloat16 of A broadcast against 32 pairs of B), so twice the multiply-adds of an FMA. The
- * products of two bfloat16 are exact in float32; subnormals are flushed, as the instruction
- * does. Panels are MODE_BF16_PAIRS packs: 32-bit pairs, low half the even step. */
-__attribute__((target("avx512f,avx512bf16"))) static void micro_kernel_avx512bf16(
-    int64_t kd, const void *restrict ap_, const void *restrict bp_, float *restrict c, int64_t ldc, int64_t mr,
-    int64_t nr, int accumulate) {
-  enum { NR = 32 };
-  const uint32_t *restrict ap = ap_, *restrict bp = bp_;
-  __m512 acc[MR][2];
-  _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < kd; p++) {
-    __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * NR), b1 = (__m512bh)_mm512_loadu_si512(bp + p * NR + 16);
-    _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++) {
-      __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[p * MR + i]);
-      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], a, b0);
-      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], a, b1);
-    }
-  }
-  if (mr == MR && nr == NR) {
-    _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++) for (int v = 0; v < 2; v++) {
-      float *dst = c + i * ldc + 16 * v;
-      __m512 out = accumulate ? _mm512_add_ps(acc[i][v], _mm512_loadu_ps(dst)) : acc[i][v];
-      _mm512_storeu_ps(dst, out);
-    }
-    return;
-  }
-  float tile[MR][NR];
-  for (int i = 0; i < MR; i++) {
-    _mm512_storeu_ps(&tile[i][0], acc[i][0]);
-    _mm512_storeu_ps(&tile[i][16], acc[i][1]);
-  }
-  for (int64_t i = 0; i < mr; i++)
-    for (int64_t j = 0; j < nr; j++) c[i * ldc + j] = accumulate ? c[i * ldc + j] + tile[i][j] : tile[i][j];
-}
-#endif
-
-/* Whether bfloat16 operands go to the AVX-512 BF16 micro-kernel (MODE_BF16_PAIRS): where the
- * CPU has it and TTD_KERNEL_ISA names no narrower ISA ("avx512", "avx2", "generic" widen to
- * float32 and take that ISA's float32 kernel; the tests run each path this way). */
-static int pick_bf16_pairs(void) {
-  const char *isa = getenv("TTD_KERNEL_ISA");
-  if (isa && *isa && strcmp(isa, "avx512bf16") != 0) return 0;
-#if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
-#else
-  return 0;
-#endif
-}
-
-/* The widest kernel this CPU runs (the CPU model is read by a libgcc constructor, so this is
- * safe from any thread), or a narrower one named by TTD_KERNEL_ISA ("avx2", "generic"; the
- * tests run every kernel this way). Chosen at run time, not with target_clones: each ISA
- * needs its own vector width to keep the accumulators in registers (one 64-byte-vector
- * source under target_clones runs at a tenth of the speed in its AVX2 clone). */
-static micro_kernel pick_micro_kernel(void) {
-  const micro_kernel generic = {micro_kernel_generic, 32, NULL};
-  const char *isa = getenv("TTD_KERNEL_ISA");
-  if (isa && strcmp(isa, "generic") == 0) return generic;
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512f") && !(isa && strcmp(isa, "avx2") == 0))
-    return (micro_kernel){micro_kernel_avx512, 32, NULL};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return (micro_kernel){micro_kernel_avx2, 16, dot_block_avx2};
-#endif
-  return generic;
-}
-
-typedef float v4f __attribute__((vector_size(4 * sizeof(float))));
-
-/* Four rows r of 4 floats each (r at src + r*ld_src, contiguous) written transposed: column q
- * goes to dst + q*ld_dst. Eight shuffles instead of 16 scalar loads and stores (GCC 12 and
- * clang both have __builtin_shufflevector). */
-static inline void transpose4(const float *src, int64_t ld_src, float *dst, int64_t ld_dst) {
-  v4f r[4], t[4];
-  for (int q = 0; q < 4; q++) memcpy(&r[q], src + q * ld_src, sizeof(v4f));
-  t[0] = __builtin_shufflevector(r[0], r[1], 0, 4, 1, 5);
-  t[1] = __builtin_shufflevector(r[0], r[1], 2, 6, 3, 7);
-  t[2] = __builtin_shufflevector(r[2], r[3], 0, 4, 1, 5);
-  t[3] = __builtin_shufflevector(r[2], r[3], 2, 6, 3, 7);
-  v4f c[4] = {__builtin_shufflevector(t[0], t[2], 0, 1, 4, 5), __builtin_shufflevector(t[0], t[2], 2, 3, 6, 7),
-              __builtin_shufflevector(t[1], t[3], 0, 1, 4, 5), __builtin_shufflevector(t[1], t[3], 2, 3, 6, 7)};
-  for (int q = 0; q < 4; q++) memcpy(dst + q * ld_dst, &c[q], sizeof(v4f));
-}
-
-/* The same for two rows of 4 floats: column q (2 floats) goes to dst + q*ld_dst. */
-static inline void transpose2(const float *src, int64_t ld_src, float *dst, int64_t ld_dst) {
-  v4f r0, r1;
-  memcpy(&r0, src, sizeof(v4f));
-  memcpy(&r1, src + ld_src, sizeof(v4f));
-  v4f lo = __builtin_shufflevector(r0, r1, 0, 4, 1, 5), hi = __builtin_shufflevector(r0, r1, 2, 6, 3, 7);
-  memcpy(dst, &lo, 2 * sizeof(float));
-  memcpy(dst + ld_dst, (float *)&lo + 2, 2 * sizeof(float));
-  memcpy(dst + 2 * ld_dst, &hi, 2 * sizeof(float));
-  memcpy(dst + 3 * ld_dst, (float *)&hi + 2, 2 * sizeof(float));
-}
-
-/* dst[p*ld_dst + i] = src[i*ld_src + p] for i < rows, p < len: rows contiguous along p are
- * interleaved into a panel, four (then two) rows and four steps at a time where they fit. */
-static void interleave_rows(const float *restrict src, int64_t ld_src, int64_t rows, int64_t len, float *restrict dst,
-                            int64_t ld_dst) {
-  int64_t rows4 = rows & ~(int64_t)3, len4 = len & ~(int64_t)3;
-  for (int64_t i = 0; i < rows4; i += 4) {
-    const float *s = src + i * ld_src;
-    for (int64_t p = 0; p < len4; p += 4) transpose4(s + p, ld_src, dst + p * ld_dst + i, ld_dst);
-    for (int64_t q = 0; q < 4; q++)
-      for (int64_t p = len4; p < len; p++) dst[p * ld_dst + i + q] = s[q * ld_src + p];
-  }
-  int64_t i = rows4;
-  if (rows - i >= 2) {
-    const float *s = src + i * ld_src;
-    for (int64_t p = 0; p < len4; p += 4) transpose2(s + p, ld_src, dst + p * ld_dst + i, ld_dst);
-    for (int64_t p = len4; p < len; p++) {
-      dst[p * ld_dst + i] = s[p];
-      dst[p * ld_dst + i + 1] = s[ld_src + p];
-    }
-    i += 2;
-  }
-  for (; i < rows; i++) {
-    const float *s = src + i * ld_src;
-    for (int64_t p = 0; p < len; p++) dst[p * ld_dst + i] = s[p];
-  }
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-typedef float v16f __attribute__((vector_size(16 * sizeof(float))));
-/* 128-bit lanes l0 l1 of a and l2 l3 of b (lane numbers 0-3 in each). */
-#define LANES(a, b, l0, l1, l2, l3)                                                                             \
-  __builtin_shufflevector(a, b, 4 * (l0), 4 * (l0) + 1, 4 * (l0) + 2, 4 * (l0) + 3, 4 * (l1), 4 * (l1) + 1,        \
-                          4 * (l1) + 2, 4 * (l1) + 3, 16 + 4 * (l2), 17 + 4 * (l2), 18 + 4 * (l2), 19 + 4 * (l2), \
-                          16 + 4 * (l3), 17 + 4 * (l3), 18 + 4 * (l3), 19 + 4 * (l3))
-
-/* interleave16_fn with AVX-512: 16 x 16 blocks transposed in registers (64 shuffles per
- * 256 floats, against 128 for 4 x 4 blocks), the tail of p with interleave_rows. */
-__attribute__((target("avx512f"))) static void interleave16_avx512(const float *restrict src, int64_t ld_src,
-                                                                    int64_t len, float *restrict dst, int64_t ld_dst) {
-  int64_t len16 = len & ~(int64_t)15;
-  for (int64_t p = 0; p < len16; p += 16) {
-    v16f v[16], t[16], u[16];
-    for (int j = 0; j < 16; j++) memcpy(&v[j], src + j * ld_src + p, sizeof(v16f));
-    for (int j = 0; j < 16; j += 2) { /* 32-bit interleave inside lanes */
-      t[j] = __builtin_shufflevector(v[j], v[j + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29);
-      t[j + 1] = __builtin_shufflevector(v[j], v[j + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31);
-    }
-    for (int j = 0; j < 16; j += 4) { /* 64-bit interleave: lane L of u[j+k] is rows j..j+3 at column 4L+k */
-      for (int h = 0; h < 2; h++) {
-        u[j + 2 * h] = __builtin_shufflevector(t[j + h], t[j + h + 2], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13,
-                                               28, 29);
-        u[j + 2 * h + 1] = __builtin_shufflevector(t[j + h], t[j + h + 2], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27,
-                                                   14, 15, 30, 31);
-      }
-    }
-    for (int k = 0; k < 4; k++) { /* column 4L+k gathers lane L of u[k], u[4+k], u[8+k], u[12+k] */
-      v16f wa = LANES(u[k], u[4 + k], 0, 1, 0, 1), wb = LANES(u[k], u[4 + k], 2, 3, 2, 3);
-      v16f xa = LANES(u[8 + k], u[12 + k], 0, 1, 0, 1), xb = LANES(u[8 + k], u[12 + k], 2, 3, 2, 3);
-      v16f out[4] = {LANES(wa, xa, 0, 2, 0, 2), LANES(wa, xa, 1, 3, 1, 3), LANES(wb, xb, 0, 2, 0, 2),
-                     LANES(wb, xb, 1, 3, 1, 3)};
-      for (int l = 0; l < 4; l++) memcpy(dst + (p + 4 * l + k) * ld_dst, &out[l], sizeof(v16f));
-    }
-  }
-  if (len16 < len) interleave_rows(src + len16, ld_src, 16, len - len16, dst + len16 * ld_dst, ld_dst);
-}
-#undef LANES
-
-typedef float v8f __attribute__((vector_size(8 * sizeof(float))));
-/* interleave16_fn with AVX2: each 8 x 8 block transposed in ymm registers (24 shuffles per
- * 64 floats, against 32 for 4 x 4 blocks in xmm), two blocks of rows per 8 steps of p, the
- * tail of p with interleave_rows. */
-__attribute__((target("avx2"))) static void interleave16_avx2(const float *restrict src, int64_t ld_src,
-                                                               int64_t len, float *restrict dst, int64_t ld_dst) {
-  int64_t len8 = len & ~(int64_t)7;
-  for (int64_t p = 0; p < len8; p += 8) {
-    for (int r0 = 0; r0 < 16; r0 += 8) {
-      v8f v[8], t[8], u[8];
-      for (int j = 0; j < 8; j++) memcpy(&v[j], src + (r0 + j) * ld_src + p, sizeof(v8f));
-      for (int j = 0; j < 8; j += 2) { /* 32-bit interleave inside 128-bit lanes */
-        t[j] = __builtin_shufflevector(v[j], v[j + 1], 0, 8, 1, 9, 4, 12, 5, 13);
-        t[j + 1] = __builtin_shufflevector(v[j], v[j + 1], 2, 10, 3, 11, 6, 14, 7, 15);
-      }
-      for (int j = 0; j < 8; j += 4) { /* 64-bit: lane L of u[j+k] is rows j..j+3 at column 4L+k */
-        u[j] = __builtin_shufflevector(t[j], t[j + 2], 0, 1, 8, 9, 4, 5, 12, 13);
-        u[j + 1] = __builtin_shufflevector(t[j], t[j + 2], 2, 3, 10, 11, 6, 7, 14, 15);
-        u[j + 2] = __builtin_shufflevector(t[j + 1], t[j + 3], 0, 1, 8, 9, 4, 5, 12, 13);
-        u[j + 3] = __builtin_shufflevector(t[j + 1], t[j + 3], 2, 3, 10, 11, 6, 7, 14, 15);
-      }
-      for (int k = 0; k < 4; k++) { /* columns k and 4+k: a lane of rows 0-3 and one of rows 4-7 */
-        v8f lo = __builtin_shufflevector(u[k], u[4 + k], 0, 1, 2, 3, 8, 9, 10, 11);
-        v8f hi = __builtin_shufflevector(u[k], u[4 + k], 4, 5, 6, 7, 12, 13, 14, 15);
-        memcpy(dst + (p + k) * ld_dst + r0, &lo, sizeof(v8f));
-        memcpy(dst + (p + 4 + k) * ld_dst + r0, &hi, sizeof(v8f));
-      }
-    }
-  }
-  if (len8 < len) interleave_rows(src + len8, ld_src, 16, len - len8, dst + len8 * ld_dst, ld_dst);
-}
-#endif
-
-/* The widest transposing packer the CPU has, or a narrower one named by TTD_KERNEL_ISA. */
-static interleave16_fn pick_interleave16(void) {
-  const char *isa = getenv("TTD_KERNEL_ISA");
-  if (isa && strcmp(isa, "generic") == 0) return NULL;
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512f") && !(isa && strcmp(isa, "avx2") == 0)) return interleave16_avx512;
-  if (__builtin_cpu_supports("avx2")) return interleave16_avx2;
-#endif
-  return NULL;
-}
-
-/* Packs rows [0, mc) x cols [0, kc) of the strided A block at `a` into MR-row micro-panels:
- * panel r holds out[r*kc*MR + p*MR + i] = A(r*MR + i, p), zero past row mc. */
-static void pack_a(const float *restrict a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float *restrict out) {
-  for (int64_t r0 = 0; r0 < mc; r0 += MR) {
-    float *restrict panel = out + (r0 / MR) * kc * MR;
-    int64_t rows = mc - r0 < MR ? mc - r0 : MR;
-    if (rows < MR) memset(panel, 0, (size_t)(kc * MR) * sizeof(float));
-    if (cs == 1) { /* rows of A contiguous along p */
-      interleave_rows(a + r0 * rs, rs, rows, kc, panel, MR);
-    } else if (rs != 1) { /* neither stride 1 */
-      for (int64_t i = 0; i < rows; i++) {
-        const float *src = a + (r0 + i) * rs;
-        for (int64_t p = 0; p < kc; p++) panel[p * MR + i] = src[p * cs];
-      }
-    } else { /* columns contiguous: A is transposed in memory */
-      for (int64_t p = 0; p < kc; p++) {
-        const float *src = a + p * cs + r0;
-        for (int64_t i = 0; i < rows; i++) panel[p * MR + i] = src[i];
-      }
-    }
-  }
-}
-
-/* Packs rows [0, kc) x cols [0, nc) of the strided B block at `b` into NR-column
- * micro-panels: panel s holds out[s*kc*NR + p*NR + j] = B(p, s*NR + j), zero past col nc.
- * NR is 16 or 32. */
-static void pack_b(const float *restrict b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, int64_t NR,
-                   float *restrict out, interleave16_fn interleave16) {
-  for (int64_t s0 = 0; s0 < nc; s0 += NR) {
-    float *restrict panel = out + (s0 / NR) * kc * NR;
-    int64_t cols = nc - s0 < NR ? nc - s0 : NR;
-    if (cols < NR) memset(panel, 0, (size_t)(kc * NR) * sizeof(float));
-    if (cs == 1 && cols == NR) { /* rows of B contiguous along j: a fixed-size copy per row */
-      if (NR == 16)
-        for (int64_t p = 0; p < kc; p++) memcpy(panel + p * 16, b + p * rs + s0, 16 * sizeof(float));
-      else
-        for (int64_t p = 0; p < kc; p++) memcpy(panel + p * 32, b + p * rs + s0, 32 * sizeof(float));
-    } else if (cs == 1) {
-      for (int64_t p = 0; p < kc; p++) {
-        const float *src = b + p * rs + s0;
-        for (int64_t j = 0; j < cols; j++) panel[p * NR + j] = src[j];
-      }
-    } else if (rs == 1 && cols == NR && interleave16) { /* B transposed in memory (a linear's weight) */
-      for (int64_t j = 0; j < NR; j += 16) interleave16(b + (s0 + j) * cs, cs, kc, panel + j, NR);
-    } else if (rs == 1) {
-      interleave_rows(b + s0 * cs, cs, cols, kc, panel, NR);
-    } else {
-      for (int64_t j = 0; j < cols; j++) {
-        const float *src = b + (s0 + j) * cs;
-        for (int64_t p = 0; p < kc; p++) panel[p * NR + j] = src[p * rs];
-      }
-    }
-  }
-}
-
 /* Packed steps for kc steps of K: one float each, or one per pair of bfloat16. */
 static int64_t depth(const gemm_problem *g, int64_t kc) { return g->mode == MODE_BF16_PAIRS ? (kc + 1) / 2 : kc; }
-
-#if defined(__x86_64__) && defined(__GNUC__)
-typedef uint16_t v32u16 __attribute__((vector_size(32 * sizeof(uint16_t))));
-/* panel[d*32 + i] = src[2d*s_p + i] | src[(2d+1)*s_p + i] << 16 for d < kd, i < 32: two
- * rows of B woven into pairs, 32 at a time with AVX-512 BW (vpermt2w). Only in
- * MODE_BF16_PAIRS, which pick_bf16_pairs grants where the CPU has AVX-512 BW. */
-__attribute__((target("avx512f,avx512bw"))) static void weave_pairs32_avx512(const uint16_t *restrict src,
-                                                                             int64_t s_p, int64_t kd,
-                                                                             uint32_t *restrict panel) {
-  for (int64_t d = 0; d < kd; d++) {
-    v32u16 lo, hi;
-    memcpy(&lo, src + 2 * d * s_p, sizeof(lo));
-    memcpy(&hi, src + (2 * d + 1) * s_p, sizeof(hi));
-    v32u16 w0 = __builtin_shufflevector(lo, hi, 0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41,
-                                        10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47);
-    v32u16 w1 = __builtin_shufflevector(lo, hi, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24,
-                                        56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63);
-    memcpy(panel + d * 32, &w0, sizeof(w0));
-    memcpy(panel + d * 32 + 16, &w1, sizeof(w1));
-  }
-}
-#endif
-
-/* Packs rows [0, rows) x steps [0, kc) of the bfloat16 X(i,p) = x[i*s_i + p*s_p] into R-row
- * panels (R = MR for A; for B, R = NR and its columns are the rows), zero past row `rows` and
- * step kc. Widened, panel r holds out[r*kc*R + p*R + i] = X(r*R + i, p); as pairs, out (as
- * uint32_t) [r*kd*R + d*R + i] = X(., 2d) | X(., 2d + 1) << 16, kd = ceil(kc / 2). */
-static void pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, int64_t rows, int64_t kc, int64_t R,
-                      int pairs, float *restrict out) {
-  int64_t kd = pairs ? (kc + 1) / 2 : kc, kc2 = kc & ~(int64_t)1;
-  for (int64_t r0 = 0; r0 < rows; r0 += R) {
-    int64_t n = rows - r0 < R ? rows - r0 : R;
-    const uint16_t *src = x + r0 * s_i;
-    if (!pairs) {
-      float *restrict panel = out + (r0 / R) * kc * R;
-      if (n < R) memset(panel, 0, (size_t)(kc * R) * sizeof(float));
-      if (s_i == 1) { /* rows of X contiguous along i (B row-major) */
-        for (int64_t p = 0; p < kc; p++)
-          for (int64_t i = 0; i < n; i++) panel[p * R + i] = ttd_f32_from_bf16(src[p * s_p + i]);
-      } else {
-        for (int64_t i = 0; i < n; i++)
-          for (int64_t p = 0; p < kc; p++) panel[p * R + i] = ttd_f32_from_bf16(src[i * s_i + p * s_p]);
-      }
-      continue;
-    }
-    uint32_t *restrict panel = (uint32_t *)out + (r0 / R) * kd * R;
-    if (n < R) memset(panel, 0, (size_t)(kd * R) * sizeof(uint32_t));
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (s_i == 1 && n == 32 && R == 32) /* B row-major, a full 32-column panel */
-      weave_pairs32_avx512(src, s_p, kc2 / 2, panel);
-    else
-#endif
-    if (s_i == 1) { /* two rows of X side by side (B row-major): a widening interleave */
-      for (int64_t d = 0; d < kc2 / 2; d++) {
-        const uint16_t *lo = src + 2 * d * s_p, *hi = lo + s_p;
-        for (int64_t i = 0; i < n; i++) panel[d * R + i] = (uint32_t)lo[i] | (uint32_t)hi[i] << 16;
-      }
-    } else if (s_p == 1) { /* a pair is 32 contiguous bits (A row-major, a linear's weight) */
-      for (int64_t i = 0; i < n; i++)
-        for (int64_t d = 0; d < kc2 / 2; d++) {
-          uint32_t v;
-          memcpy(&v, src + i * s_i + 2 * d, sizeof(v));
-          panel[d * R + i] = v; /* x86-64 and arm64 are little-endian: low half is step 2d */
-        }
-    } else {
-      for (int64_t i = 0; i < n; i++)
-        for (int64_t d = 0; d < kc2 / 2; d++)
-          panel[d * R + i] = (uint32_t)src[i * s_i + 2 * d * s_p] | (uint32_t)src[i * s_i + (2 * d + 1) * s_p] << 16;
-    }
-    if (kc2 < kc) /* an odd K: the last pair's second half is zero */
-      for (int64_t i = 0; i < n; i++) panel[(kd - 1) * R + i] = src[i * s_i + kc2 * s_p];
-  }
-}
-
 /* Element `off` of a float or bfloat16 operand. */
 static const void *elem_at(const gemm_problem *g, const void *base, int64_t off) {
   return (const char *)base + off * (g->mode == MODE_F32 ? (int64_t)sizeof(float) : (int64_t)sizeof(uint16_t));
@@ -576,14 +92,14 @@ static const void *elem_at(const gemm_problem *g, const void *base, int64_t off)
 
 /* Packs A(i,p), i in [0, mc), p in [0, kc), of the operand at `a` (strides as in g) for g's micro-kernel. */
 static void pack_a_any(const gemm_problem *g, const void *a, int64_t mc, int64_t kc, float *out) {
-  if (g->mode == MODE_F32) pack_a(a, g->a_rs, g->a_cs, mc, kc, out);
-  else pack_bf16(a, g->a_rs, g->a_cs, mc, kc, MR, g->mode == MODE_BF16_PAIRS, out);
+  if (g->mode == MODE_F32) ttd_gemm_pack_a(a, g->a_rs, g->a_cs, mc, kc, out);
+  else ttd_gemm_pack_bf16(a, g->a_rs, g->a_cs, mc, kc, MR, g->mode == MODE_BF16_PAIRS, out);
 }
 
 /* Packs B(p,j), p in [0, kc), j in [0, nc), likewise. */
 static void pack_b_any(const gemm_problem *g, const void *b, int64_t kc, int64_t nc, float *out) {
-  if (g->mode == MODE_F32) pack_b(b, g->b_rs, g->b_cs, kc, nc, g->nr, out, g->interleave16);
-  else pack_bf16(b, g->b_cs, g->b_rs, nc, kc, g->nr, g->mode == MODE_BF16_PAIRS, out);
+  if (g->mode == MODE_F32) ttd_gemm_pack_b(b, g->b_rs, g->b_cs, kc, nc, g->nr, out, g->interleave16);
+  else ttd_gemm_pack_bf16(b, g->b_cs, g->b_rs, nc, kc, g->nr, g->mode == MODE_BF16_PAIRS, out);
 }
 
 /* One element of an operand as float. */
@@ -775,17 +291,14 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
     g->k = 0;
   }
   g->outputs = g->c_bs ? g->batch : 1;
-  micro_kernel kernel = pick_micro_kernel();
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (g->mode == MODE_BF16_PAIRS) kernel = (micro_kernel){micro_kernel_avx512bf16, 32, NULL};
-#endif
+  micro_kernel kernel = ttd_gemm_pick_kernel(g->mode == MODE_BF16_PAIRS);
   g->kernel = kernel.fn;
   g->nr = kernel.nr;
   if (dot_applies(g, kernel.dot)) {
     dot_run(pool, g, kernel.dot);
     return;
   }
-  g->interleave16 = pick_interleave16(); /* NR, 16 or 32, is a whole number of its 16 columns */
+  g->interleave16 = ttd_gemm_pick_interleave16(); /* NR, 16 or 32, is a whole number of its 16 columns */
   int64_t kc_max = g->mode == MODE_BF16_PAIRS ? 2 * KC : KC; /* the same bytes of B panel: KC packed steps */
   int64_t k_blocks = (g->k + kc_max - 1) / kc_max;
   g->kc = k_blocks ? round_up((g->k + k_blocks - 1) / k_blocks, 8) : KC; /* even blocks: no 16-step tail */
@@ -861,7 +374,7 @@ void ttd_k_matmul_bias(ttd_pool *pool, const float *a, const float *b, const flo
 void ttd_k_matmul_bf16(ttd_pool *pool, const uint16_t *a, const uint16_t *b, const float *bias, float *c,
                        int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
                        int64_t a_batch_stride, int64_t b_batch_stride) {
-  gemm_mode mode = pick_bf16_pairs() ? MODE_BF16_PAIRS : MODE_BF16_WIDEN;
+  gemm_mode mode = ttd_gemm_bf16_pairs() ? MODE_BF16_PAIRS : MODE_BF16_WIDEN;
   matmul_bias(pool, mode, a, b, bias, c, batch, m, n, k, trans_a, trans_b, a_batch_stride, b_batch_stride);
 }
 
@@ -869,10 +382,10 @@ const char *ttd_k_matmul_path(int64_t k, int trans_a, int trans_b) {
   gemm_problem g = {.batch = 1, .m = 1, .n = 1, .k = k, .mode = MODE_F32, .c_bs = 1, .dot_layout = !trans_a && trans_b};
   op_strides(trans_a, 1, k, &g.a_rs, &g.a_cs);
   op_strides(trans_b, k, 1, &g.b_rs, &g.b_cs);
-  return dot_applies(&g, pick_micro_kernel().dot) ? "dot" : "packed";
+  return dot_applies(&g, ttd_gemm_pick_kernel(false).dot) ? "dot" : "packed";
 }
 
-const char *ttd_k_matmul_bf16_path(void) { return pick_bf16_pairs() ? "avx512bf16" : "float32"; }
+const char *ttd_k_matmul_bf16_path(void) { return ttd_gemm_bf16_pairs() ? "avx512bf16" : "float32"; }
 
 /* With A' = op(A) [m,k], B' = op(B) [k,n] and dC [m,n] per problem:
  *   dA' = dC B'^T, stored as is, or transposed (B' dC^T) when trans_a;
