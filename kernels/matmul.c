@@ -17,7 +17,7 @@
  * over all of K; over several K blocks each thread takes whole columns. So B is packed once
  * per column rather than once per tile (on the Zen 3 guest, scripts/bench/ab_matmul against
  * packing per tile: 0.94-0.95x the time at 2048 on two threads, 0.95-0.99x at 1024, none at
- * 512, 0.86-0.95x at 1024 on one; the same source against itself reads 0.88-1.01x).
+ * 512, 0.86-0.95x at 1024 on one; the same source against itself reads 0.97-1.01x).
  *
  * Each C element is summed in the same order whatever the tile sizes or the thread count
  * (K blocks whose size depends only on K, in order; inside a block one accumulator per
