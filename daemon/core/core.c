@@ -21,6 +21,20 @@ static ttd_status_t load_tokens(const char *path, ttd_tokens **out_tokens) {
   return TTD_OK;
 }
 
+/* The scheduler's view of the backend: programs of different sessions together where the
+ * backend can run them so. */
+static int card_at_once(void *ctx, int device) {
+  ttd_backend *backend = ctx;
+  return backend->vtable->programs_at_once && backend->vtable->run_together
+             ? backend->vtable->programs_at_once(backend, device)
+             : 1;
+}
+
+static void card_run_together(void *ctx, int device, size_t n, void (*run)(void *arg, size_t i), void *arg) {
+  ttd_backend *backend = ctx;
+  backend->vtable->run_together(backend, device, n, run, arg);
+}
+
 ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
   *out_core = NULL;
   ttd_tokens *tokens = NULL;
@@ -41,7 +55,8 @@ ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
   ttd_auth_init(&core->auth, tokens, config->quota, (uint32_t)config->max_sessions);
   pthread_rwlock_init(&core->reload_lock, NULL);
   pthread_mutex_init(&core->metrics.tenants_lock, NULL);
-  status = ttd_scheduler_create(core->backend->vtable->device_count(core->backend), &core->scheduler);
+  ttd_scheduler_card card = {.at_once = card_at_once, .run_together = card_run_together, .ctx = core->backend};
+  status = ttd_scheduler_create(core->backend->vtable->device_count(core->backend), &card, &core->scheduler);
   if (status) {
     ttd_auth_destroy(&core->auth);
     ttd_backend_destroy(core->backend);

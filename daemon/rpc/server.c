@@ -305,7 +305,17 @@ static ttd_status_t explain_stop(ttd_call *c, ttd_status_t status, int64_t ran_n
   return why;
 }
 
-/* A device call's turn has come (on the device's executor thread). */
+/* The CPU time of the calling thread: what a program run beside others (on one of the card's
+ * places, job->sharing) took of the card, host threads standing for its cores, whatever else
+ * the host ran on that thread's CPU meanwhile. */
+static int64_t thread_cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* A device call's turn has come (on the device's executor thread, or at one of its places
+ * for programs run together). */
 static void run_scheduled(ttd_job *job) {
   ttd_call *c = (ttd_call *)((char *)job - offsetof(ttd_call, job));
   ttd_backend *backend = c->core->backend;
@@ -331,7 +341,8 @@ static void run_scheduled(ttd_job *job) {
     ttd_log_set_call(0, 0);
     return;
   }
-  int64_t began = now_ns();
+  int64_t began = now_ns(), began_cpu = job->sharing > 1 ? thread_cpu_ns() : 0;
+  int sharing = job->sharing;
   ttd_core *core = c->core; /* c may be gone once answered */
   ttd_session *session = c->session ? ttd_session_retain(c->session) : NULL;
   ProtobufCMessage *response = NULL;
@@ -342,7 +353,8 @@ static void run_scheduled(ttd_job *job) {
   if (!status) status = pack_message(response, &out);
   finish(c, out, status);
   if (session) { /* the card's time, for the tenant's share (/metrics) */
-    ttd_metrics_record_card(&core->metrics, session->tenant, now_ns() - began);
+    ttd_metrics_record_card(&core->metrics, session->tenant,
+                            sharing > 1 ? (thread_cpu_ns() - began_cpu) / sharing : now_ns() - began);
     ttd_session_release(session);
   }
   ttd_log_set_call(0, 0);

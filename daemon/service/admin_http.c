@@ -179,8 +179,9 @@ static void put_tenants(text *t, ttd_core *core) {
   ttd_session_table_snapshot_free(sessions, n);
   ttd_metrics *m = &core->metrics;
   int tenants = ttd_metrics_tenant_count(m);
-  put(t, "# HELP ttd_tenant_card_seconds_total Time each tenant's programs held a card; a tenant's share of the "
-         "cards is the rate of its series over the sum of all.\n# TYPE ttd_tenant_card_seconds_total counter\n");
+  put(t, "# HELP ttd_tenant_card_seconds_total Time each tenant's programs held a card (one run beside others: "
+         "its share of the card's cores); a tenant's share of the cards is the rate of its series over the sum of "
+         "all.\n# TYPE ttd_tenant_card_seconds_total counter\n");
   for (int k = 0; k < tenants; k++) {
     put(t, "ttd_tenant_card_seconds_total{tenant=\"%s\"} %.6f\n", m->tenants[k].name,
         (double)atomic_load(&m->tenants[k].card_ns) / 1e9);

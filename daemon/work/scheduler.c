@@ -24,6 +24,15 @@ typedef struct group {
   lane *first, *last;
 } group;
 
+/* Where a running job is: its flag, and its deadline until the watchdog fires it (0: none;
+ * under watch_lock). */
+typedef struct place {
+  ttd_cancel cancel;
+  int64_t deadline_ns;
+  bool running;  /* a job of key runs here (under the queue's lock) */
+  uint64_t key;
+} place;
+
 typedef struct device_queue {
   pthread_t thread;
   bool started;
@@ -35,13 +44,18 @@ typedef struct device_queue {
   uint64_t last_group, last_key; /* of the job served most recently */
   bool stopping;
   int device;         /* its index: tt:N */
+  size_t lanes;       /* keys with jobs waiting */
+  int at_once;        /* the most jobs it runs together, 1..TTD_SCHEDULER_AT_ONCE_MAX */
+  /* Jobs together (executor_main): places running a job, and the batch's end called. */
+  int busy;
+  bool closing;
   struct ttd_scheduler *owner;
-  ttd_cancel cancel;  /* the running job's flag */
-  int64_t deadline_ns; /* the running job's deadline, until the watchdog fires it; 0: none (under watch_lock) */
+  place places[TTD_SCHEDULER_AT_ONCE_MAX];
 } device_queue;
 
 struct ttd_scheduler {
   int devices;
+  ttd_scheduler_card card;
   /* The watchdog: sleeps until the earliest deadline of a running job, then sets its flag. */
   pthread_t watchdog;
   bool watchdog_started, watchdog_stopping; /* stopping under watch_lock */
@@ -64,14 +78,16 @@ static void *watchdog_main(void *arg) {
   while (!s->watchdog_stopping) {
     int64_t now = now_ns(), next = INT64_MAX;
     for (int d = 0; d < s->devices; d++) {
-      device_queue *q = &s->queues[d];
-      if (!q->deadline_ns) continue;
-      if (q->deadline_ns <= now) {
-        int clear = 0;
-        atomic_compare_exchange_strong(&q->cancel.code, &clear, (int)GRPC_STATUS_DEADLINE_EXCEEDED);
-        q->deadline_ns = 0;
-      } else if (q->deadline_ns < next) {
-        next = q->deadline_ns;
+      for (int i = 0; i < s->queues[d].at_once; i++) {
+        place *p = &s->queues[d].places[i];
+        if (!p->deadline_ns) continue;
+        if (p->deadline_ns <= now) {
+          int clear = 0;
+          atomic_compare_exchange_strong(&p->cancel.code, &clear, (int)GRPC_STATUS_DEADLINE_EXCEEDED);
+          p->deadline_ns = 0;
+        } else if (p->deadline_ns < next) {
+          next = p->deadline_ns;
+        }
       }
     }
     s->watch_until = next;
@@ -86,34 +102,41 @@ static void *watchdog_main(void *arg) {
   return NULL;
 }
 
-/* The job starts on q: its flag cleared, its deadline watched (the watchdog woken only when
- * it would sleep past it, so jobs with far deadlines cost no wake-up). */
-static void job_begin(ttd_scheduler *s, device_queue *q, ttd_job *job) {
+/* The job starts at place p: its flag cleared, its deadline watched (the watchdog woken only
+ * when it would sleep past it, so jobs with far deadlines cost no wake-up). */
+static void job_begin(ttd_scheduler *s, place *p, ttd_job *job) {
   pthread_mutex_lock(&s->watch_lock);
-  atomic_store_explicit(&q->cancel.code, 0, memory_order_relaxed);
-  q->deadline_ns = job->deadline_ns;
+  atomic_store_explicit(&p->cancel.code, 0, memory_order_relaxed);
+  p->deadline_ns = job->deadline_ns;
   if (job->deadline_ns && job->deadline_ns < s->watch_until) {
     s->watch_until = job->deadline_ns;
     pthread_cond_signal(&s->watch_wake);
   }
   pthread_mutex_unlock(&s->watch_lock);
-  job->cancel = &q->cancel;
+  job->cancel = &p->cancel;
 }
 
-/* The job has ended (its memory may be gone): its deadline no longer matters. */
-static void job_end(ttd_scheduler *s, device_queue *q) {
+/* The job at p has ended (its memory may be gone): its deadline no longer matters. */
+static void job_end(ttd_scheduler *s, place *p) {
   pthread_mutex_lock(&s->watch_lock);
-  q->deadline_ns = 0;
+  p->deadline_ns = 0;
   pthread_mutex_unlock(&s->watch_lock);
 }
 
-/* Takes the next job in turn; lock held, at least one group. The first group is served
- * (its first lane's first job, the lane then going behind its group's other lanes) until
- * it has had its weight of jobs or runs out, then goes behind every other group. */
-static ttd_job *take_next(device_queue *q) {
+static void run_at(ttd_scheduler *s, place *p, ttd_job *job, int sharing) {
+  job->sharing = sharing;
+  job_begin(s, p, job);
+  job->run(job);
+  job_end(s, p);
+}
+
+
+/* Puts the group and lane whose turn it is first, and returns that lane's first job (the
+ * next in turn); lock held, at least one group. A group or lane just served, that went and
+ * came back with new work, still waits for the others' turns. Doing it again changes
+ * nothing until a job is taken. */
+static ttd_job *next_in_turn(device_queue *q) {
   group *g = q->first;
-  /* A group or lane just served, that went and came back with new work, still waits for
-   * the others' turns. */
   if (q->served_any && g->key == q->last_group && g->served == 0 && g->next) {
     q->first = g->next;
     g->next = NULL;
@@ -127,8 +150,17 @@ static ttd_job *take_next(device_queue *q) {
     l->next = NULL;
     g->last->next = l;
     g->last = l;
-    l = g->first;
   }
+  return g->first->head;
+}
+
+/* Takes the next job in turn; lock held, at least one group. The first group is served
+ * (its first lane's first job, the lane then going behind its group's other lanes) until
+ * it has had its weight of jobs or runs out, then goes behind every other group. */
+static ttd_job *take_next(device_queue *q) {
+  next_in_turn(q);
+  group *g = q->first;
+  lane *l = g->first;
   ttd_job *job = l->head;
   l->head = job->next;
   if (!l->head) l->tail = NULL;
@@ -141,6 +173,7 @@ static ttd_job *take_next(device_queue *q) {
     g->last = l;
   } else {
     free(l);
+    q->lanes--;
   }
   g->served++;
   if (!g->first || g->served >= g->weight) { /* its turn ends */
@@ -164,6 +197,46 @@ static ttd_job *take_next(device_queue *q) {
   return job;
 }
 
+/* Whether a job of key runs at one of q's places; lock held. */
+static bool key_running(const device_queue *q, uint64_t key) {
+  for (int i = 0; i < q->at_once; i++) {
+    if (q->places[i].running && q->places[i].key == key) return true;
+  }
+  return false;
+}
+
+/* One place of a batch (the card's run_together calls one per place): takes the next job in
+ * turn whenever it is free, unless that job's session has one running (it waits for it);
+ * waits while others run. The batch ends, at every place, once nothing runs and fewer than
+ * two sessions wait: a job alone is better off with the whole device (executor_main). */
+static void run_place(void *arg, size_t i) {
+  device_queue *q = arg;
+  place *p = &q->places[i];
+  pthread_mutex_lock(&q->lock);
+  while (!q->closing) {
+    if (q->busy == 0 && q->lanes < 2) {
+      q->closing = true;
+      pthread_cond_broadcast(&q->wake);
+      break;
+    }
+    if (!q->first || key_running(q, next_in_turn(q)->key)) {
+      pthread_cond_wait(&q->wake, &q->lock);
+      continue;
+    }
+    ttd_job *job = take_next(q);
+    p->running = true;
+    p->key = job->key;
+    q->busy++;
+    pthread_mutex_unlock(&q->lock);
+    run_at(q->owner, p, job, q->at_once);
+    pthread_mutex_lock(&q->lock);
+    p->running = false;
+    q->busy--;
+    pthread_cond_broadcast(&q->wake); /* a place waiting for this session, or for the end */
+  }
+  pthread_mutex_unlock(&q->lock);
+}
+
 static void *executor_main(void *arg) {
   device_queue *q = arg;
   ttd_scheduler *s = q->owner;
@@ -174,28 +247,36 @@ static void *executor_main(void *arg) {
   for (;;) {
     while (!q->first && !q->stopping) pthread_cond_wait(&q->wake, &q->lock);
     if (!q->first) break; /* stopping, and nothing left */
+    if (q->at_once > 1 && q->lanes >= 2) { /* sessions to run together */
+      q->closing = false;
+      pthread_mutex_unlock(&q->lock);
+      s->card.run_together(s->card.ctx, q->device, (size_t)q->at_once, run_place, q);
+      pthread_mutex_lock(&q->lock);
+      continue;
+    }
     ttd_job *job = take_next(q);
     pthread_mutex_unlock(&q->lock);
-    job_begin(s, q, job);
-    job->run(job);
-    job_end(s, q);
+    run_at(s, &q->places[0], job, 1);
     pthread_mutex_lock(&q->lock);
   }
   pthread_mutex_unlock(&q->lock);
   return NULL;
 }
 
-ttd_status_t ttd_scheduler_create(int devices, ttd_scheduler **out_scheduler) {
+ttd_status_t ttd_scheduler_create(int devices, const ttd_scheduler_card *card, ttd_scheduler **out_scheduler) {
   *out_scheduler = NULL;
   ttd_scheduler *s = calloc(1, sizeof(*s) + (size_t)devices * sizeof(device_queue));
   if (!s) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
   s->devices = devices;
+  if (card) s->card = *card;
   for (int d = 0; d < devices; d++) {
     device_queue *q = &s->queues[d];
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->wake, NULL);
     q->device = d;
     q->owner = s;
+    int at_once = s->card.at_once && s->card.run_together ? s->card.at_once(s->card.ctx, d) : 1;
+    q->at_once = at_once < 1 ? 1 : at_once > TTD_SCHEDULER_AT_ONCE_MAX ? TTD_SCHEDULER_AT_ONCE_MAX : at_once;
   }
   pthread_mutex_init(&s->watch_lock, NULL);
   pthread_condattr_t attr;
@@ -251,6 +332,7 @@ void ttd_scheduler_submit(ttd_scheduler *scheduler, int device, ttd_job *job) {
   }
   g->weight = job->weight ? job->weight : 1; /* the latest: a reload may change it */
   if (new_lane) { /* behind the group's other lanes */
+    q->lanes++;
     l->key = job->key;
     if (g->last) g->last->next = l;
     else g->first = l;
@@ -260,7 +342,7 @@ void ttd_scheduler_submit(ttd_scheduler *scheduler, int device, ttd_job *job) {
   else l->head = job;
   l->tail = job;
   q->queued++;
-  pthread_cond_signal(&q->wake);
+  pthread_cond_broadcast(&q->wake); /* the executor, or every place of a batch */
   pthread_mutex_unlock(&q->lock);
 }
 

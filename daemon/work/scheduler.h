@@ -13,11 +13,18 @@
  * other session of its own tenant, and one session's jobs still run in the order it sent
  * them.
  *
+ * Jobs of different sessions at once: where the device can run several programs together
+ * (the card's `at_once`, the simulated card's host threads), an executor that finds more than
+ * one job waiting takes up to that many, in turn as above but never two of one session, and
+ * has the card run them together (each on its share of the cores, with no hand-offs between
+ * threads inside a program); it takes the next ones when all have ended. A job alone runs
+ * as before, on the whole device. Ordering and turns are as above either way.
+ *
  * RPC threads only enqueue, so they stay free for transfers and other calls while
  * programs run. Thread-safe.
  *
- * Stopping a running job: each device has a cancellation flag (kernels/thread_pool.h), cleared
- * when a job starts and lent to it as job->cancel; the job hands it to the kernels it runs,
+ * Stopping a running job: each of a device's places for a running job has a cancellation
+ * flag (kernels/thread_pool.h), cleared when a job starts there and lent to it as job->cancel; the job hands it to the kernels it runs,
  * which poll it. A watchdog thread sets it to DEADLINE_EXCEEDED when the running job's
  * deadline passes; anyone else who must stop the job (its session closing) stores its own
  * code in it while the job runs. */
@@ -39,19 +46,36 @@ struct ttd_job {
   void (*run)(ttd_job *job);
   int64_t deadline_ns;    /* CLOCK_MONOTONIC; past it the running job's flag is set; 0: none */
   int device;             /* set by ttd_scheduler_submit */
-  ttd_cancel *cancel;     /* set when the job starts: its device's flag, clear; valid while it runs */
+  ttd_cancel *cancel;     /* set when the job starts: its place's flag, clear; valid while it runs */
+  int sharing;            /* set when the job starts: 1 when it has the whole device, else the n of
+                           * the device's n places for jobs run together, one of which is its */
 };
+
+/* The most jobs one device runs at once. */
+#define TTD_SCHEDULER_AT_ONCE_MAX 64
+
+/* How a device runs jobs of different sessions together, where it can. */
+typedef struct ttd_scheduler_card {
+  /* The most jobs `device` runs at once (<= 1: one at a time). */
+  int (*at_once)(void *ctx, int device);
+  /* Calls run(arg, i) for every i < n, together as the device's cores allow, and returns when
+   * all have returned. Each call's own parallel work stays on the thread it runs on. */
+  void (*run_together)(void *ctx, int device, size_t n, void (*run)(void *arg, size_t i), void *arg);
+  void *ctx;
+} ttd_scheduler_card;
 
 typedef struct ttd_scheduler ttd_scheduler;
 
-/* A scheduler with one queue and one executor thread per device. */
-ttd_status_t ttd_scheduler_create(int devices, ttd_scheduler **out_scheduler);
+/* A scheduler with one queue and one executor thread per device. card: how devices run
+ * jobs together (copied); NULL: one job at a time on every device. */
+ttd_status_t ttd_scheduler_create(int devices, const ttd_scheduler_card *card, ttd_scheduler **out_scheduler);
 
 /* Queues job on device (0 <= device < devices). job->run is called on the device's
- * executor thread; the job's memory must stay valid until then. */
+ * executor thread, or where its card runs jobs together; the job's memory must stay valid
+ * until then. */
 void ttd_scheduler_submit(ttd_scheduler *scheduler, int device, ttd_job *job);
 
-/* Jobs waiting on device, the running one not included. */
+/* Jobs waiting on device, the running ones not included. */
 size_t ttd_scheduler_queued(ttd_scheduler *scheduler, int device);
 
 int ttd_scheduler_devices(const ttd_scheduler *scheduler);

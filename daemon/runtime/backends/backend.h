@@ -13,6 +13,7 @@
 #define TTD_BACKEND_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dtype.h"
@@ -159,6 +160,13 @@ typedef struct ttd_backend_vtable {
   /* A call's turn on `device` has come and its work follows at once: the backend may wake
    * the device's cores now rather than at the first kernel. May be NULL. */
   void (*device_wake)(ttd_backend *backend, int device);
+  /* How many programs of different sessions `device` runs at once, each on a share of its
+   * cores (<= 1 or NULL: one at a time, on all of them). */
+  int (*programs_at_once)(ttd_backend *backend, int device);
+  /* Calls run(arg, i) for every i < n (n <= programs_at_once), together, each with the
+   * device's parallel work inside it kept on its own share of the cores; returns when all
+   * have returned. Needed where programs_at_once says more than one. */
+  void (*run_together)(ttd_backend *backend, int device, size_t n, void (*run)(void *arg, size_t i), void *arg);
 } ttd_backend_vtable;
 
 /* Every backend's state struct starts with this. */

@@ -3,9 +3,11 @@
  * ones spread over the cores). */
 #include <check.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backends/backend.h"
 #include "backends/sim/sim_backend.h"
@@ -519,6 +521,51 @@ START_TEST(test_view_pin_released_first) {
 }
 END_TEST
 
+/* Programs of different sessions at once: one per host thread (--cores), each on a thread
+ * of its own, all running together. */
+typedef struct together_probe {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int arrived;
+  int saw_both[2];
+  pthread_t thread[2];
+} together_probe;
+
+static void together_item(void *arg, size_t i) {
+  together_probe *p = arg;
+  pthread_mutex_lock(&p->mu);
+  p->thread[i] = pthread_self();
+  p->arrived++;
+  pthread_cond_broadcast(&p->cv);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 5;
+  while (p->arrived < 2 && pthread_cond_timedwait(&p->cv, &p->mu, &until) == 0) {
+  }
+  p->saw_both[i] = p->arrived == 2;
+  pthread_mutex_unlock(&p->mu);
+}
+
+START_TEST(test_programs_run_together) {
+  ck_assert_int_eq(backend->vtable->programs_at_once(backend, 0), 1); /* the fixture's one core */
+  ttd_backend *two = NULL;
+  ttd_backend_options options = {.devices = 2, .dram_bytes = DRAM_BYTES, .l1_bytes = L1_BYTES, .cores = 2};
+  ck_assert_ptr_null(ttd_backend_create("sim", &options, &two));
+  ck_assert_int_eq(two->vtable->programs_at_once(two, 0), 1); /* two cards take turns with the pool */
+  ttd_backend_destroy(two);
+  options.devices = 1;
+  ck_assert_ptr_null(ttd_backend_create("sim", &options, &two));
+  ck_assert_int_eq(two->vtable->programs_at_once(two, 0), 2);
+  together_probe p = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  two->vtable->run_together(two, 0, 2, together_item, &p);
+  ck_assert_int_eq(p.arrived, 2);
+  ck_assert_int_eq(p.saw_both[0], 1);
+  ck_assert_int_eq(p.saw_both[1], 1);
+  ck_assert(!pthread_equal(p.thread[0], p.thread[1]));
+  ttd_backend_destroy(two);
+}
+END_TEST
+
 Suite *sim_backend_suite(void) {
   Suite *s = suite_create("sim_backend");
   TCase *tc = tcase_create("create");
@@ -529,6 +576,7 @@ Suite *sim_backend_suite(void) {
   tcase_add_test(tc, test_device_count);
   tcase_add_test(tc, test_device_info);
   tcase_add_test(tc, test_default_capacities);
+  tcase_add_test(tc, test_programs_run_together);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("memory");

@@ -217,6 +217,35 @@ static void sim_device_wake(ttd_backend *backend, int device) {
   ttd_pool_wake(((sim_backend *)backend)->pool);
 }
 
+/* One program per host thread of the pool, on a single card. Several simulated cards share
+ * the pool, which runs one parallel_for at a time: programs run together would hold it for
+ * as long as their card has work, and the other cards' programs would wait for all of it,
+ * where they now take turns with it kernel by kernel. */
+static int sim_programs_at_once(ttd_backend *backend, int device) {
+  (void)device;
+  sim_backend *sim = (sim_backend *)backend;
+  return sim->device_count == 1 ? ttd_pool_threads(sim->pool) : 1;
+}
+
+typedef struct together {
+  void (*run)(void *arg, size_t i);
+  void *arg;
+} together;
+
+static void run_together_chunk(void *ctx, size_t begin, size_t end) {
+  const together *t = ctx;
+  for (size_t i = begin; i < end; i++) t->run(t->arg, i);
+}
+
+/* Each program on a thread of the pool: a parallel_for made inside a pool's chunk runs on
+ * the thread that makes it (thread_pool.h), so a program's kernels stay on its thread. */
+static void sim_run_together(ttd_backend *backend, int device, size_t n, void (*run)(void *arg, size_t i),
+                             void *arg) {
+  (void)device;
+  together t = {.run = run, .arg = arg};
+  ttd_pool_parallel_for(((sim_backend *)backend)->pool, n, 1, run_together_chunk, &t);
+}
+
 static const ttd_backend_vtable sim_vtable = {
     .destroy = sim_destroy,
     .device_count = sim_device_count,
@@ -236,6 +265,8 @@ static const ttd_backend_vtable sim_vtable = {
     .optimizer_step = ttd_sim_optimizer_step,
     .buffer_convert = sim_buffer_convert,
     .device_wake = sim_device_wake,
+    .programs_at_once = sim_programs_at_once,
+    .run_together = sim_run_together,
 };
 
 ttd_status_t ttd_sim_backend_create(const ttd_backend_options *options, ttd_backend **out_backend) {
