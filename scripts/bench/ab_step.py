@@ -15,8 +15,9 @@ ttd._lib._L wrapped in both clients alike).
 
 Each side's client is this tree's ttd package over TTD_LIB unless --client-a/--client-b name
 another client/python folder and --lib-a/--lib-b another libttclient.so: with one ttd binary
-given twice, the comparison is of the Python layers (or client libraries). One ttd binary
-serving both clients (the same path twice) still runs as two daemons."""
+given twice, the comparison is of the Python layers (or client libraries); with --env-a/--env-b,
+of settings read from the environment (TTD_SPIN=0). One ttd binary serving both clients (the
+same path twice) still runs as two daemons."""
 import argparse
 import os
 import statistics
@@ -74,6 +75,9 @@ def main():
     ap.add_argument("--client-b", default=CLIENT, help="B's client/python folder")
     ap.add_argument("--lib-a", default=None, help="A's libttclient.so (default: $TTD_LIB)")
     ap.add_argument("--lib-b", default=None, help="B's libttclient.so")
+    ap.add_argument("--env-a", action="append", default=[], metavar="NAME=VALUE",
+                    help="set in A's client's environment (repeatable), e.g. TTD_SPIN=0")
+    ap.add_argument("--env-b", action="append", default=[], metavar="NAME=VALUE", help="the same for B's client")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="ttd-ab-")
     daemons, clients = [], []
@@ -81,8 +85,9 @@ def main():
         for i, binary in enumerate((a.a, a.b)):
             sock = os.path.join(work, f"{i}.sock")
             daemons.append(start_daemon(binary, sock))
-            client, lib = (a.client_a, a.lib_a) if i == 0 else (a.client_b, a.lib_b)
-            env = dict(os.environ, TTD_LIB=lib) if lib else None
+            client, lib, extra = (a.client_a, a.lib_a, a.env_a) if i == 0 else (a.client_b, a.lib_b, a.env_b)
+            env = dict(os.environ, **({"TTD_LIB": lib} if lib else {}))
+            env.update(kv.split("=", 1) for kv in extra)
             clients.append(subprocess.Popen([sys.executable, "-c", CHILD, "unix:" + sock, os.path.abspath(client), HERE],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
 
