@@ -24,14 +24,17 @@ static ttd_status_t load_tokens(const char *path, ttd_tokens **out_tokens) {
 /* The scheduler's view of the backend: programs of different sessions together where the
  * backend can run them so. */
 static int card_at_once(void *ctx, int device) {
-  ttd_backend *backend = ctx;
-  return backend->vtable->programs_at_once && backend->vtable->run_together
-             ? backend->vtable->programs_at_once(backend, device)
-             : 1;
+  ttd_core *core = ctx;
+  ttd_backend *backend = core->backend;
+  int can = backend->vtable->programs_at_once && backend->vtable->run_together
+                ? backend->vtable->programs_at_once(backend, device)
+                : 1;
+  int asked = core->config->programs_at_once; /* --programs-at-once; 0: what the card can */
+  return asked > 0 && asked < can ? asked : can;
 }
 
 static void card_run_together(void *ctx, int device, size_t n, void (*run)(void *arg, size_t i), void *arg) {
-  ttd_backend *backend = ctx;
+  ttd_backend *backend = ((ttd_core *)ctx)->backend;
   backend->vtable->run_together(backend, device, n, run, arg);
 }
 
@@ -55,7 +58,8 @@ ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
   ttd_auth_init(&core->auth, tokens, config->quota, (uint32_t)config->max_sessions);
   pthread_rwlock_init(&core->reload_lock, NULL);
   pthread_mutex_init(&core->metrics.tenants_lock, NULL);
-  ttd_scheduler_card card = {.at_once = card_at_once, .run_together = card_run_together, .ctx = core->backend};
+  core->config = config;
+  ttd_scheduler_card card = {.at_once = card_at_once, .run_together = card_run_together, .ctx = core};
   status = ttd_scheduler_create(core->backend->vtable->device_count(core->backend), &card, &core->scheduler);
   if (status) {
     ttd_auth_destroy(&core->auth);
@@ -63,7 +67,6 @@ ttd_status_t ttd_core_create(const ttd_config *config, ttd_core **out_core) {
     free(core);
     return status;
   }
-  core->config = config;
   ttd_session_table_init(&core->sessions, config->lease_ms);
   ttd_program_cache_init(&core->programs);
   ttd_cq_spin_init(&core->poll_spin, config->spin_us);

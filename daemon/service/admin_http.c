@@ -215,10 +215,16 @@ char *ttd_admin_render_metrics(ttd_core *core) {
   put(&t, "# HELP ttd_tensors Tensors held by open sessions.\n# TYPE ttd_tensors gauge\nttd_tensors %llu\n",
       (unsigned long long)tensors);
   const ttd_metrics *mt = &core->metrics;
-  put(&t, "# HELP ttd_device_queue_depth Programs waiting for their turn on each device (the running one not counted).\n"
+  put(&t, "# HELP ttd_device_queue_depth Programs waiting for their turn on each device (the running ones not counted).\n"
           "# TYPE ttd_device_queue_depth gauge\n");
   for (int d = 0; d < devices; d++) {
     put(&t, "ttd_device_queue_depth{device=\"tt:%d\"} %zu\n", d, ttd_scheduler_queued(core->scheduler, d));
+  }
+  put(&t, "# HELP ttd_device_programs_together_total Programs each device ran beside programs of other sessions, "
+          "each on a share of its cores (--programs-at-once).\n# TYPE ttd_device_programs_together_total counter\n");
+  for (int d = 0; d < devices; d++) {
+    put(&t, "ttd_device_programs_together_total{device=\"tt:%d\"} %llu\n", d,
+        (unsigned long long)ttd_scheduler_together(core->scheduler, d));
   }
   put_tenants(&t, core);
   put(&t, "# HELP ttd_rpc_in_flight RPCs arrived and not yet answered (the queue depth).\n"

@@ -49,6 +49,7 @@ typedef struct device_queue {
   /* Jobs together (executor_main): places running a job, and the batch's end called. */
   int busy;
   bool closing;
+  uint64_t together; /* jobs run at a place, since the start */
   struct ttd_scheduler *owner;
   place places[TTD_SCHEDULER_AT_ONCE_MAX];
 } device_queue;
@@ -224,6 +225,7 @@ static void run_place(void *arg, size_t i) {
       continue;
     }
     ttd_job *job = take_next(q);
+    q->together++;
     p->running = true;
     p->key = job->key;
     q->busy++;
@@ -350,6 +352,14 @@ size_t ttd_scheduler_queued(ttd_scheduler *scheduler, int device) {
   device_queue *q = &scheduler->queues[device];
   pthread_mutex_lock(&q->lock);
   size_t n = q->queued;
+  pthread_mutex_unlock(&q->lock);
+  return n;
+}
+
+uint64_t ttd_scheduler_together(ttd_scheduler *scheduler, int device) {
+  device_queue *q = &scheduler->queues[device];
+  pthread_mutex_lock(&q->lock);
+  uint64_t n = q->together;
   pthread_mutex_unlock(&q->lock);
   return n;
 }

@@ -78,6 +78,9 @@ void ttd_scheduler_submit(ttd_scheduler *scheduler, int device, ttd_job *job);
 /* Jobs waiting on device, the running ones not included. */
 size_t ttd_scheduler_queued(ttd_scheduler *scheduler, int device);
 
+/* Jobs device has run beside others (at one of its places), since the start. */
+uint64_t ttd_scheduler_together(ttd_scheduler *scheduler, int device);
+
 int ttd_scheduler_devices(const ttd_scheduler *scheduler);
 
 /* Runs every job still queued, stops the executors and frees the scheduler. NULL ok. */

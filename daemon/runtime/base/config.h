@@ -34,6 +34,7 @@ typedef struct ttd_config {
   uint64_t dram;      /* bytes per card */
   uint64_t l1;
   int cores;          /* host threads per card for kernels; 0 = all */
+  int programs_at_once; /* programs of different sessions run together on a card; 0 = as many as it can */
   int64_t lease_ms;
   int64_t drain_timeout_ms;
   int64_t admin_timeout_ms; /* admin HTTP: a connection idle this long is closed */

@@ -1,9 +1,13 @@
 /* Tenants, not sessions, share the card, through a real ttd with a tokens file: tenant alice
  * keeps 16 sessions busy, tenant bob one, every program the same; over a measured window
  * each tenant gets half of the programs run (within 10 %), and bob with weight=3 three
- * quarters; /metrics shows each tenant's sessions and card time. Prints the figures. */
+ * quarters, whether programs of different sessions run together (the default) or one at a time
+ * (--programs-at-once 1); /metrics shows each tenant's sessions and card time, and how many
+ * programs ran beside others. Prints the figures. */
+#define _GNU_SOURCE /* sched_getaffinity */
 #include <check.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +34,8 @@ static ttd_proc proc;
 static int admin_port;
 static char tokens_path[128], alice[64], bob[64], alice_auth[80], bob_auth[80];
 
-static void start(const char *bob_opts) {
+/* ttd with alice and bob (bob_opts: his line's options) and, when given, one more flag. */
+static void start_with(const char *bob_opts, const char *flag, const char *value) {
   snprintf(tokens_path, sizeof(tokens_path), "/tmp/ttd-share-tokens-%d", (int)getpid());
   harness_token(alice, sizeof(alice), alice_auth, sizeof(alice_auth));
   harness_token(bob, sizeof(bob), bob_auth, sizeof(bob_auth));
@@ -39,7 +44,7 @@ static void start(const char *bob_opts) {
   char admin[32];
   admin_port = harness_free_tcp_port();
   snprintf(admin, sizeof(admin), "127.0.0.1:%d", admin_port);
-  const char *args[] = {"--tokens", tokens_path, "--devices", "1", "--admin", admin, NULL};
+  const char *args[] = {"--tokens", tokens_path, "--devices", "1", "--admin", admin, flag, value, NULL};
   ttd_proc_start(&proc, args);
 }
 
@@ -113,8 +118,8 @@ static void open_worker(worker *w, const char *auth, atomic_int *counter) {
 
 /* Bob's share of a window of WINDOW_PROGRAMS programs, alice's 16 sessions and bob's one
  * kept busy all along (bob's by BOB_THREADS callers, so his session always has work queued). */
-static double bob_share(const char *bob_opts) {
-  start(bob_opts);
+static double bob_share_with(const char *bob_opts, const char *flag, const char *value, double *out_together) {
+  start_with(bob_opts, flag, value);
   atomic_int alice_runs = 0, bob_runs = 0;
   worker workers[ALICE_SESSIONS + BOB_THREADS];
   for (int i = 0; i < ALICE_SESSIONS; i++) open_worker(&workers[i], alice_auth, &alice_runs);
@@ -143,6 +148,7 @@ static double bob_share(const char *bob_opts) {
   ck_assert(card_a > 0 && card_b > 0);
   /* Since the start: the window's programs, and those before it when any ended by then. */
   ck_assert_double_ge(harness_metric(metrics, "ttd_tenant_programs_total{tenant=\"bob\"}"), b);
+  *out_together = harness_metric(metrics, "ttd_device_programs_together_total{device=\"tt:0\"}");
   free(metrics);
   atomic_store(&stopping, 1);
   for (int i = 0; i < ALICE_SESSIONS + BOB_THREADS; i++) pthread_join(threads[i], NULL);
@@ -157,6 +163,18 @@ static double bob_share(const char *bob_opts) {
   return share;
 }
 
+/* The default: programs of different sessions run together on the simulated card (two host
+ * threads or more), and the shares hold. */
+static double bob_share(const char *bob_opts) {
+  double together = 0;
+  double share = bob_share_with(bob_opts, NULL, NULL, &together);
+  cpu_set_t cpus; /* ttd's threads for the card, one per CPU it may use */
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) >= 2) {
+    ck_assert_msg(together > 0, "no program ran beside another");
+  }
+  return share;
+}
+
 START_TEST(test_tenants_share_the_card_by_weight) {
   double even = bob_share("");
   ck_assert_msg(even >= 0.45 && even <= 0.55, "bob's share %.3f, want 0.50 within 10 %%", even);
@@ -166,11 +184,22 @@ START_TEST(test_tenants_share_the_card_by_weight) {
 }
 END_TEST
 
+/* --programs-at-once 1: every program alone on the card (none counted together), and the
+ * same shares. */
+START_TEST(test_one_program_at_once) {
+  double together = -1;
+  double even = bob_share_with("", "--programs-at-once", "1", &together);
+  ck_assert_double_eq(together, 0);
+  ck_assert_msg(even >= 0.45 && even <= 0.55, "bob's share %.3f, want 0.50 within 10 %%", even);
+}
+END_TEST
+
 Suite *e2e_tenant_share_suite(void) {
   Suite *s = suite_create("e2e_tenant_share");
   TCase *tc = tcase_create("tenant_share");
   tcase_set_timeout(tc, 180);
   tcase_add_test(tc, test_tenants_share_the_card_by_weight);
+  tcase_add_test(tc, test_one_program_at_once);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -71,6 +71,7 @@ START_TEST(test_defaults) {
   ck_assert_int_eq(cfg.lease_ms, 30000);
   ck_assert_int_eq(cfg.drain_timeout_ms, 10000);
   ck_assert_int_eq(cfg.cores, 0);
+  ck_assert_int_eq(cfg.programs_at_once, 0);
   ck_assert_str_eq(cfg.backend, "sim");
   ck_assert_str_eq(cfg.log_level, "info");
   ck_assert_int_eq(cfg.listen_count, 0);
@@ -182,7 +183,7 @@ START_TEST(test_bounds_edges_ok) {
       {"threads", "1"}, {"threads", "256"}, {"devices", "1"}, {"devices", "64"}, {"cores", "0"},
       {"cores", "1024"}, {"lease", "50ms"}, {"lease", "86400"}, {"drain-timeout", "0"},
       {"drain-timeout", "3600s"}, {"dram", "0"}, {"l1", "8T"}, {"dram", "9223372036854775807"},
-      {"spin-us", "0"}, {"spin-us", "10000"},
+      {"spin-us", "0"}, {"spin-us", "10000"}, {"programs-at-once", "0"}, {"programs-at-once", "64"},
   };
   for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
     ttd_status_t s = ttd_config_set(&cfg, pairs[i][0], pairs[i][1]);
@@ -192,6 +193,7 @@ START_TEST(test_bounds_edges_ok) {
   ck_assert_int_eq(cfg.spin_us, 10000);
   ck_assert_int_eq(cfg.devices, 64);
   ck_assert_int_eq(cfg.cores, 1024);
+  ck_assert_int_eq(cfg.programs_at_once, 64);
   ck_assert_int_eq(cfg.lease_ms, 86400000);
   ck_assert_int_eq(cfg.drain_timeout_ms, 3600000);
   ck_assert_uint_eq(cfg.l1, 8ull << 40);
@@ -207,7 +209,7 @@ START_TEST(test_bounds_errors) {
       {"cores", "1025"}, {"lease", "10ms"},   {"lease", "49ms"},  {"lease", "86401"}, {"lease", "soon"},
       {"drain-timeout", "3601"}, {"dram", "12Q"}, {"dram", "-1"},  {"l1", "9223372036854775808"},
       {"spin-us", "-1"}, {"spin-us", "10001"}, {"spin-us", "50us"}, {"device-spin-us", "-1"},
-      {"device-spin-us", "100001"},
+      {"device-spin-us", "100001"}, {"programs-at-once", "-1"}, {"programs-at-once", "65"},
   };
   for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
     char flag[32];
@@ -219,6 +221,7 @@ START_TEST(test_bounds_errors) {
   ck_assert_int_eq(cfg.device_spin_us, 2000);
   ck_assert_int_eq(cfg.devices, 1);
   ck_assert_int_eq(cfg.cores, 0);
+  ck_assert_int_eq(cfg.programs_at_once, 0);
   ck_assert_int_eq(cfg.lease_ms, 30000);
   ck_assert_int_eq(cfg.drain_timeout_ms, 10000);
   ck_assert_uint_eq(cfg.dram, 12ull << 30);
@@ -379,7 +382,7 @@ START_TEST(test_usage) {
   ttd_config_usage(out);
   fclose(out);
   static const char *const names[] = {"--listen", "--threads", "--spin-us", "--backend", "--devices", "--dram", "--l1",
-                                      "--cores", "--lease", "--drain-timeout", "--log-level", "--config",
+                                      "--cores", "--programs-at-once", "--lease", "--drain-timeout", "--log-level", "--config",
                                       "--help", "12G", "108M"};
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
     ck_assert_msg(strstr(text, names[i]) != NULL, "usage lacks %s", names[i]);
