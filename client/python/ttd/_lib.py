@@ -198,6 +198,21 @@ ctypes.pythonapi.Py_IncRef(ctypes.py_object(_release_borrowed))
 _release_borrowed_ptr = ctypes.cast(_release_borrowed, c_void_p)
 
 
+def _wrap_borrowed(client, owner, data_ptr, dtype, shape):
+    """tt_tensor_wrap_host over owner's memory at data_ptr, owner kept until libttclient
+    releases it: the tt_tensor pointer, one reference for the caller."""
+    key = next(_borrow_keys)
+    _borrowed[key] = owner
+    p = None
+    try:
+        p = _L.tt_tensor_wrap_host(client._p, c_void_p(data_ptr), dtype, _shape_array(shape), len(shape),
+                                   _release_borrowed_ptr, c_void_p(key))
+    finally:
+        if not p:  # refused: libttclient never calls release
+            del _borrowed[key]
+    return client.checked(p)
+
+
 class Tensor:
     """One reference to a tt_tensor (host or device)."""
 
@@ -222,16 +237,17 @@ class Tensor:
         owner, the object whose memory that is (a contiguous CPU torch tensor), stays alive
         until libttclient drops the tensor's last reference, which may outlive this object.
         The memory is read, never written."""
-        key = next(_borrow_keys)
-        _borrowed[key] = owner
-        p = None
+        return cls(client, _wrap_borrowed(client, owner, data_ptr, dtype, shape), shape=shape, dtype=dtype)
+
+    @classmethod
+    def borrowed_to(cls, client, owner, data_ptr, dtype, shape, device):
+        """borrow(...).to(device) with no Python object for the host tensor, which goes at
+        once: the device tensor of the numel * size bytes at data_ptr."""
+        host = _wrap_borrowed(client, owner, data_ptr, dtype, shape)
         try:
-            p = _L.tt_tensor_wrap_host(client._p, c_void_p(data_ptr), dtype, _shape_array(shape), len(shape),
-                                       _release_borrowed_ptr, c_void_p(key))
+            return cls(client, _L.tt_to(host, device.encode()), shape=shape, dtype=dtype)
         finally:
-            if not p:  # refused: libttclient never calls release
-                del _borrowed[key]
-        return cls(client, p, shape=shape, dtype=dtype)
+            _L.tt_tensor_free(host)
 
     def to(self, device, dtype=None):
         """tt_to / tt_to_dtype: the same shape, on `device` (and of `dtype`)."""
@@ -300,11 +316,21 @@ class Tensor:
 
 def backward(outputs, grads, retain_graph):
     """tt_backward_grads: outputs[i] (device or host outputs of training forwards) get the
-    host float32 gradients grads[i]; each run reached runs its Backward once."""
+    gradients grads[i], contiguous float32 CPU torch tensors of their shapes, lent to
+    libttclient (no Python object for their host tensors); each run reached runs its
+    Backward once."""
     n = len(outputs)
-    outs = (_P * n)(*[t._p for t in outputs])
-    gs = (_P * n)(*[g._p for g in grads])
-    outputs[0].client.check(_L.tt_backward_grads(outs, gs, n, 1 if retain_graph else 0))
+    client = outputs[0].client
+    hosts = []
+    try:
+        for g in grads:
+            hosts.append(_wrap_borrowed(client, g, g.data_ptr(), FLOAT32, g.shape))
+        outs = (_P * n)(*[t._p for t in outputs])
+        gs = (_P * n)(*hosts)
+        client.check(_L.tt_backward_grads(outs, gs, n, 1 if retain_graph else 0))
+    finally:
+        for h in hosts:
+            _L.tt_tensor_free(h)
 
 
 def safetensors_save(client, path, named, metadata=None):

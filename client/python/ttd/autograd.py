@@ -4,8 +4,8 @@ Device tensors stay out of torch's graph. One that gradients must reach has an a
 tensor of its shape and dtype in torch's graph, -0.0 expanded (no memory). A tensor uploaded
 from a CPU tensor that requires grad is anchored to it (_Upload passes the gradient through);
 the outputs of a training run are anchored to the run (_Run), whose inputs are the anchors of
-the run's inputs; a download (.to("cpu")) is its values plus the anchor: adding -0.0 changes
-no float, and torch's add hands the download's gradient to the anchor. So torch
+the run's inputs; a download (.to("cpu")) is a copy of the anchor with the values written
+over it, and torch's clone hands the download's gradient to the anchor. So torch
 sums every gradient reaching a device tensor at its anchor, and calls each run's backward
 once with the gradients of all of its outputs. That backward sends them to the card
 (tt_backward_grads) and hands its inputs' gradients, brought to the CPU, to the anchors
@@ -19,7 +19,7 @@ still waiting for the module's next Execute then frees it there, with no call of
 import torch
 
 from . import _lib
-from .convert import _TORCH_DTYPES, _host_from_torch, _torch_from_tt
+from .convert import _TORCH_DTYPES, _read_into, _torch_from_tt
 
 _LEAF = torch.empty(0, requires_grad=True)  # makes every run's anchors require grad; gets no gradient
 # _LEAF's node in every graph: torch.autograd.backward runs it, torch.autograd.grad and
@@ -105,8 +105,7 @@ class _Run(torch.autograd.Function):
                                "supported: its backward always adds into the module's parameters' .grad; call "
                                "loss.backward() and read the input's .grad")
         state = ctx.state
-        pairs = [(o, _host_from_torch(g if g.dtype is torch.float32 else g.float()))
-                 for o, g in zip(state.outputs, grads) if g is not None]
+        pairs = [(o, g.float().resolve_neg().contiguous()) for o, g in zip(state.outputs, grads) if g is not None]
         if state.before_backward is not None:
             state.before_backward([i for i, g in enumerate(grads) if g is not None])
         if pairs:
@@ -137,10 +136,12 @@ def upload_anchor(x):
 
 def download(t, anchor):
     """t's values (a libttclient tensor, on a card or the host) as a CPU torch tensor, in
-    torch's graph below anchor when there is one (and grad is enabled)."""
-    values = _torch_from_tt(t)
+    torch's graph below anchor when there is one (and grad is enabled): a copy of the anchor
+    (its CloneBackward hands the gradient to it, and keeps nothing) whose -0.0s the values
+    then overwrite in memory, one torch op where adding the values to the anchor took two."""
     if anchor is None or not torch.is_grad_enabled():
-        return values
-    if anchor.dtype != values.dtype:  # bfloat16 uploaded from float32: the download stays bfloat16
-        anchor = anchor.to(values.dtype)
-    return values + anchor  # the same values (x + -0.0 == x, bit for bit), the gradient to anchor
+        return _torch_from_tt(t)
+    dtype = _TORCH_DTYPES[t.dtype]
+    if anchor.dtype != dtype:  # bfloat16 uploaded from float32: the download stays bfloat16
+        anchor = anchor.to(dtype)
+    return _read_into(t, anchor.clone(memory_format=torch.contiguous_format))

@@ -98,30 +98,47 @@ class Device:
         return hash(self.name)
 
 
-def _host_from_torch(t):
-    """A libttclient host tensor of a torch tensor's values, over the tensor's own memory when
-    it is a contiguous CPU tensor of a tt dtype (no copy: libttclient keeps the torch tensor
-    alive as long as it holds the host tensor), else over a contiguous CPU copy. torch's int64
+def _host_source(t):
+    """(a torch tensor holding t's values that libttclient can lend, its tt dtype): t itself
+    when it is a contiguous CPU tensor of a tt dtype (no copy: libttclient keeps it alive as
+    long as it holds the host tensor over it), else a contiguous CPU copy. torch's int64
     indices (torch.long, what Embedding takes) become int32 when they fit."""
     dtype = _DTYPES.get(t.dtype)
     if dtype is not None and type(t) is torch.Tensor and not t.requires_grad and t.is_cpu and t.layout is torch.strided \
             and t.is_contiguous() and not t.is_neg():
-        return _lib.Tensor.borrow(_get_client(), t, t.data_ptr(), dtype, t.shape)  # the common case, checked once
+        return t, dtype  # the common case, checked once
     if t.dtype == torch.int64:
         if t.numel() and (t.min() < -2**31 or t.max() >= 2**31):
             raise ValueError("an int64 tensor with values outside int32's range cannot go to a tt device, "
                              "which holds int32 indices")
         t = t.to(torch.int32)
     dtype = _dtype_of(t.dtype)
-    src = t.detach().cpu().resolve_neg().contiguous()  # t itself, or a copy of its values
+    return t.detach().cpu().resolve_neg().contiguous(), dtype  # t itself, or a copy of its values
+
+
+def _host_from_torch(t):
+    """A libttclient host tensor of a torch tensor's values (_host_source's)."""
+    src, dtype = _host_source(t)
     return _lib.Tensor.borrow(_get_client(), src, src.data_ptr(), dtype, src.shape)
+
+
+def _device_from_torch(t, device):
+    """A libttclient tensor on `device` holding a torch tensor's values (_host_source's), with
+    no host tensor object between."""
+    src, dtype = _host_source(t)
+    return _lib.Tensor.borrowed_to(_get_client(), src, src.data_ptr(), dtype, src.shape, device)
 
 
 def _torch_from_tt(t):
     """A CPU torch tensor holding a libttclient tensor's values, host or device (tt_read: a
     device tensor's download lands in the torch tensor's memory)."""
-    out = torch.empty(t.shape, dtype=_TORCH_DTYPES[t.dtype])
-    nbytes = out.numel() * out.element_size()  # the tensor's: the same shape and dtype
+    return _read_into(t, torch.empty(t.shape, dtype=_TORCH_DTYPES[t.dtype]))
+
+
+def _read_into(t, out):
+    """out, a contiguous CPU tensor of t's shape and dtype, with t's values written over its
+    memory (no torch op: autograd sees no write)."""
+    nbytes = out.numel() * out.element_size()
     if nbytes:
         t.read_into(out.data_ptr(), nbytes)
     return out

@@ -3,7 +3,7 @@ answers (shape, dtype, device, repr, .to); any other op raises, naming it."""
 import torch
 
 from .autograd import download, upload_anchor
-from .convert import _TORCH_DTYPES, Device, _device_name, _dtype_of, _host_from_torch, _is_tt
+from .convert import _TORCH_DTYPES, Device, _device_from_torch, _device_name, _dtype_of, _is_tt
 
 
 class Tensor(torch.Tensor):
@@ -74,7 +74,7 @@ def _tensor_to(self, *args, **kwargs):
     if _is_tt(device):
         dtype = kwargs.get("dtype", args[1] if len(args) > 1 else None)
         src = self if dtype is None or dtype == self.dtype else _orig_to(self, dtype)
-        return Tensor(_host_from_torch(src).to(_device_name(device)), upload_anchor(self))
+        return Tensor(_device_from_torch(src, _device_name(device)), upload_anchor(self))
     return _orig_to(self, *args, **kwargs)
 
 
