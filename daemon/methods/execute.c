@@ -128,7 +128,7 @@ static ttd_status_t execute(ttd_call *call, const ProtobufCMessage *request, Pro
   const Ttd__V1__ExecuteRequest *req = (const Ttd__V1__ExecuteRequest *)request;
   Ttd__V1__ExecuteResponse *resp = (Ttd__V1__ExecuteResponse *)response;
   if (req->backward) TTD_RETURN_IF_ERROR(chained_backward(call, request, resp));
-  TTD_RETURN_IF_ERROR(ttd_parameter_work_run(call, req->before, "queued before this Execute", NULL, 0));
+  TTD_RETURN_IF_ERROR(ttd_parameter_work_run(call, req->before, "queued before this Execute", NULL, 0, NULL));
   ttd_program *program = NULL;
   TTD_RETURN_IF_ERROR(ttd_session_program_lookup(call->session, req->program, &program));
   int n_in = program->n_inputs > (int)req->n_inputs ? program->n_inputs : (int)req->n_inputs;

@@ -5,11 +5,50 @@
 
 #include "device/optimizer_options.h"
 
-static ttd_status_t zero_one(ttd_backend *backend, ttd_tensor *param, uint64_t *zeroed) {
+/* Whether g's zeros can go to the Backward of defer, which then holds g's lock. */
+static bool defer_zeros(ttd_zero_defer *defer, ttd_tensor *g) {
+  for (size_t i = 0; i < defer->n_reads; i++) {
+    if (defer->reads[i] == g) return false;
+  }
+  if (defer->n == defer->cap) {
+    size_t cap = defer->cap ? 2 * defer->cap : 8;
+    ttd_tensor **grown = realloc(defer->grads, cap * sizeof(*grown));
+    if (!grown) return false;
+    defer->grads = grown;
+    defer->cap = cap;
+  }
+  if (!ttd_tensor_zero_grad_begin(g)) return false; /* an Upload, a read or another ZeroGrad has it */
+  atomic_store(&g->grad_state, TTD_GRAD_PENDING_ZEROS);
+  defer->grads[defer->n++] = ttd_tensor_retain(g);
+  return true;
+}
+
+ttd_status_t ttd_zero_defer_end(ttd_backend *backend, ttd_zero_defer *defer) {
+  ttd_status_t status = TTD_OK;
+  for (size_t i = 0; i < defer->n; i++) {
+    ttd_tensor *g = defer->grads[i];
+    int pending = TTD_GRAD_PENDING_ZEROS;
+    if (atomic_compare_exchange_strong(&g->grad_state, &pending, TTD_GRAD_UNKNOWN)) { /* not written: zeros */
+      ttd_status_t s = backend->vtable->buffer_zero(backend, g->buffer);
+      ttd_tensor_zero_grad_end(g, true, !s);
+      if (!status) status = s;
+      else ttd_status_free(s);
+    } else {
+      ttd_tensor_write_end(g);
+    }
+    ttd_tensor_release(g);
+  }
+  free(defer->grads);
+  defer->grads = NULL;
+  defer->n = defer->cap = 0;
+  return status;
+}
+
+static ttd_status_t zero_one(ttd_backend *backend, ttd_tensor *param, uint64_t *zeroed, ttd_zero_defer *defer) {
   ttd_status_t status = TTD_OK;
   pthread_mutex_lock(&param->train_lock);
   if (param->grad) {
-    status = ttd_tensor_zero_grad(backend, param->grad);
+    if (!defer || !defer_zeros(defer, param->grad)) status = ttd_tensor_zero_grad(backend, param->grad);
     (*zeroed)++;
   }
   pthread_mutex_unlock(&param->train_lock);
@@ -81,17 +120,22 @@ static ttd_status_t step_one(ttd_backend *backend, ttd_tensor *param, ttd_optimi
   return status;
 }
 
-ttd_status_t ttd_zero_grad_handles(ttd_call *call, const Ttd__V1__ZeroGradRequest *req, uint64_t *out_zeroed) {
+static ttd_status_t zero_handles(ttd_call *call, const Ttd__V1__ZeroGradRequest *req, uint64_t *out_zeroed,
+                                 ttd_zero_defer *defer) {
   *out_zeroed = 0;
   TTD_RETURN_IF_ERROR(ttd_handles_check_distinct(req->parameters, req->n_parameters));
   for (size_t i = 0; i < req->n_parameters; i++) {
     ttd_tensor *param = NULL;
     TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->parameters[i], &param));
-    ttd_status_t status = zero_one(call->core->backend, param, out_zeroed);
+    ttd_status_t status = zero_one(call->core->backend, param, out_zeroed, defer);
     ttd_tensor_release(param);
     TTD_RETURN_IF_ERROR(status);
   }
   return TTD_OK;
+}
+
+ttd_status_t ttd_zero_grad_handles(ttd_call *call, const Ttd__V1__ZeroGradRequest *req, uint64_t *out_zeroed) {
+  return zero_handles(call, req, out_zeroed, NULL);
 }
 
 ttd_status_t ttd_optimizer_step_handles(ttd_call *call, const Ttd__V1__OptimizerStepRequest *req, uint64_t *out_updated) {
@@ -124,7 +168,7 @@ static ttd_status_t step_tensors(ttd_call *call, const Ttd__V1__OptimizerStepReq
 static ttd_status_t zero_tensors(ttd_call *call, ttd_tensor *const *params, size_t n) {
   uint64_t zeroed = 0;
   for (size_t i = 0; i < n; i++) {
-    if (params[i]) TTD_RETURN_IF_ERROR(zero_one(call->core->backend, params[i], &zeroed));
+    if (params[i]) TTD_RETURN_IF_ERROR(zero_one(call->core->backend, params[i], &zeroed, NULL));
   }
   return TTD_OK;
 }
@@ -246,7 +290,7 @@ static bool step_and_zero(ttd_call *call, const Ttd__V1__ParameterWork *work, tt
 }
 
 ttd_status_t ttd_parameter_work_run(ttd_call *call, const Ttd__V1__ParameterWork *work, const char *where,
-                                    ttd_tensor *const *reached, size_t n_reached) {
+                                    ttd_tensor *const *reached, size_t n_reached, ttd_zero_defer *defer) {
   if (!work) return TTD_OK;
   ttd_status_t fused_status;
   if (work->step && work->zero_grad && step_and_zero(call, work, reached, n_reached, &fused_status)) {
@@ -263,7 +307,7 @@ ttd_status_t ttd_parameter_work_run(ttd_call *call, const Ttd__V1__ParameterWork
     ttd_status_t status;
     uint64_t zeroed = 0;
     if (work->zero_grad->n_parameters == 0 && reached) status = zero_tensors(call, reached, n_reached);
-    else status = ttd_zero_grad_handles(call, work->zero_grad, &zeroed);
+    else status = zero_handles(call, work->zero_grad, &zeroed, defer);
     TTD_RETURN_IF_ERROR(explain(status, "ZeroGrad", where));
   }
   return TTD_OK;

@@ -11,6 +11,22 @@
 #include "rpc/call.h"
 #include "ttd/v1/ttd.pb-c.h"
 
+/* The zeros of a ZeroGrad queued before a Backward, left to that Backward: a .grad it writes
+ * whole in place needs none, which spares a pass over it (torch's zero_grad(), backward(),
+ * step()). Each .grad left so is TTD_GRAD_PENDING_ZEROS (device/tensor.h), its Upload lock
+ * held; a .grad whose tensor the call reads (in `reads`: the run's operands, its output
+ * gradients) is zeroed at once, as is one whose lock another call holds. */
+typedef struct ttd_zero_defer {
+  ttd_tensor *const *reads;
+  size_t n_reads;
+  ttd_tensor **grads; /* left to the Backward, one reference each */
+  size_t n, cap;
+} ttd_zero_defer;
+
+/* After the Backward (whatever it returned): zeroes each .grad left to it that it did not
+ * write, lets go of their locks and references. Returns the first failure to zero. */
+ttd_status_t ttd_zero_defer_end(ttd_backend *backend, ttd_zero_defer *defer);
+
 /* ZeroGrad of req's parameters: each .grad (where there is one) set to zero, counted in
  * *out_zeroed. NOT_FOUND for an unknown handle (the ones before it are zeroed). */
 ttd_status_t ttd_zero_grad_handles(ttd_call *call, const Ttd__V1__ZeroGradRequest *req, uint64_t *out_zeroed);
@@ -32,9 +48,10 @@ ttd_status_t ttd_parameter_work_check(const Ttd__V1__ParameterWork *work, const 
 /* Runs work (NULL: nothing): its step, then its zero_grad. where names the moment for
  * messages ("before this Execute"); a failure keeps its code and says which part failed.
  * reached (n_reached tensors, may be NULL) stands for an empty parameter list: Backward's
- * after-work applies to the parameters the backward reached. */
+ * after-work applies to the parameters the backward reached. defer (NULL: none) takes the
+ * zero_grad's zeros, for the Backward that follows (ttd_zero_defer). */
 ttd_status_t ttd_parameter_work_run(ttd_call *call, const Ttd__V1__ParameterWork *work, const char *where,
-                                    ttd_tensor *const *reached, size_t n_reached);
+                                    ttd_tensor *const *reached, size_t n_reached, ttd_zero_defer *defer);
 
 /* The work of a call whose request carries a `free` field (Execute, Backward): fills response. */
 typedef ttd_status_t (*ttd_freeing_work_fn)(ttd_call *call, const ProtobufCMessage *request,

@@ -3,6 +3,7 @@
  * and runs queued parameter work before and after it (parameter_work.h). */
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "methods/methods.h"
 #include "rpc/inline_tensor.h"
@@ -102,6 +103,26 @@ static ttd_status_t gather_output_grads(ttd_call *call, const ttd_run *run, cons
   return status;
 }
 
+/* The tensors a Backward reads besides its gradients' zeros: the run's operands, then (one
+ * reference each) the output gradients given by handle. */
+static ttd_status_t call_reads(ttd_call *call, const ttd_run *run, const Ttd__V1__BackwardRequest *req,
+                               ttd_tensor ***out_reads, size_t *out_n) {
+  size_t n_operands = (size_t)(run->program->n_inputs + run->program->n_params);
+  ttd_tensor **reads = calloc(n_operands + req->n_output_grads + 1, sizeof(*reads));
+  if (!reads) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  memcpy(reads, run->operands, n_operands * sizeof(*reads));
+  size_t n = n_operands;
+  for (size_t i = 0; i < req->n_output_grads; i++) {
+    ttd_status_t missing = req->output_grads[i] ? ttd_session_tensor_lookup(call->session, req->output_grads[i], &reads[n])
+                                                : NULL;
+    if (req->output_grads[i] && !missing) n++;
+    ttd_status_free(missing); /* gather_output_grads names it */
+  }
+  *out_reads = reads;
+  *out_n = n;
+  return TTD_OK;
+}
+
 static ttd_status_t backward(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage *response) {
   const Ttd__V1__BackwardRequest *req = (const Ttd__V1__BackwardRequest *)request;
   Ttd__V1__BackwardResponse *resp = (Ttd__V1__BackwardResponse *)response;
@@ -109,9 +130,16 @@ static ttd_status_t backward(ttd_call *call, const ProtobufCMessage *request, Pr
   TTD_RETURN_IF_ERROR(ttd_session_run_take(call->session, req->run, &run));
   const ttd_program *p = run->program;
   /* Queued work first, the chained work checked before any gradient accumulates; if either
-   * fails the run goes as with any failed Backward. */
+   * fails the run goes as with any failed Backward. A queued zero_grad leaves its zeros to
+   * this Backward where it writes those .grads whole (ttd_zero_defer). */
   ttd_status_t status = ttd_parameter_work_check(req->after, "after this Backward");
-  if (!status) status = ttd_parameter_work_run(call, req->before, "queued before this Backward", NULL, 0);
+  ttd_zero_defer defer = {0};
+  ttd_tensor **reads = NULL;
+  size_t n_reads = 0;
+  if (!status) status = call_reads(call, run, req, &reads, &n_reads);
+  defer.reads = reads;
+  defer.n_reads = n_reads;
+  if (!status) status = ttd_parameter_work_run(call, req->before, "queued before this Backward", NULL, 0, &defer);
   ttd_tensor **out_grads = calloc((size_t)p->n_outputs + 1, sizeof(*out_grads));
   ttd_tensor **param_grads = calloc((size_t)p->n_params + 1, sizeof(*param_grads));
   ttd_tensor **input_grads = calloc((size_t)p->n_inputs + 1, sizeof(*input_grads));
@@ -128,6 +156,11 @@ static ttd_status_t backward(ttd_call *call, const ProtobufCMessage *request, Pr
     run->mode.cancel = NULL;
     ttd_tensors_read_end(run->operands, n_operands);
   }
+  ttd_status_t zeroed = ttd_zero_defer_end(call->core->backend, &defer); /* before any step reads them */
+  if (!status) status = zeroed;
+  else ttd_status_free(zeroed);
+  for (size_t i = (size_t)n_operands; i < n_reads; i++) ttd_tensor_release(reads[i]);
+  free(reads);
   if (!status) {
     resp->n_parameter_grads = (size_t)p->n_params;
     resp->parameter_grads = ttd_call_alloc(call, sizeof(void *) * (size_t)(p->n_params + 1));
@@ -147,7 +180,7 @@ static ttd_status_t backward(ttd_call *call, const ProtobufCMessage *request, Pr
     if (!resp->parameter_grads[i]) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   }
   /* The chained step before input gradients get handles: if it fails, none is left behind. */
-  if (!status) status = ttd_parameter_work_run(call, req->after, "after this Backward", reached, (size_t)p->n_params);
+  if (!status) status = ttd_parameter_work_run(call, req->after, "after this Backward", reached, (size_t)p->n_params, NULL);
   if (!status && req->input_grads) {
     resp->n_input_grads = (size_t)p->n_inputs;
     resp->input_grads = ttd_call_alloc(call, sizeof(void *) * (size_t)(p->n_inputs + 1));

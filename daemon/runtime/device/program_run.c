@@ -198,10 +198,12 @@ static bool grad_in_place(ttd_backend *backend, const ttd_run *run, int i, int k
   for (int o = 0; ok && o < program->n_inputs + program->n_params; o++) {
     ok = run->operands[o] != g; /* a .grad the run also reads keeps its values until the end */
   }
-  /* Claimed from TTD_GRAD_ZEROS: a parameter bound twice (one tensor for two of the
-   * program's parameters) is summed in place once, and at the end for the other. */
-  int zeros = TTD_GRAD_ZEROS;
-  ok = ok && atomic_compare_exchange_strong(&g->grad_state, &zeros, TTD_GRAD_SUMMING);
+  /* Claimed from TTD_GRAD_ZEROS (or zeros a ZeroGrad left to this Backward): a parameter
+   * bound twice (one tensor for two of the program's parameters) is summed in place once,
+   * and at the end for the other. */
+  int zeros = TTD_GRAD_ZEROS, pending = TTD_GRAD_PENDING_ZEROS;
+  ok = ok && (atomic_compare_exchange_strong(&g->grad_state, &zeros, TTD_GRAD_SUMMING) ||
+              atomic_compare_exchange_strong(&g->grad_state, &pending, TTD_GRAD_SUMMING));
   pthread_mutex_unlock(&param->train_lock);
   in_place[p] = ok;
   *first = ok;
@@ -249,12 +251,20 @@ static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd
   return status;
 }
 
-/* Accumulates g into the parameter's .grad, creating it on first use. */
+/* Accumulates g into the parameter's .grad, creating it on first use (zeroing it first where
+ * a ZeroGrad left its zeros to this Backward). */
 static ttd_status_t accumulate_param_grad(ttd_backend *backend, ttd_tensor *param, ttd_tensor *g) {
   ttd_status_t status = TTD_OK;
   pthread_mutex_lock(&param->train_lock);
-  if (!param->grad) param->grad = ttd_tensor_retain(g);
-  else status = backend->vtable->buffer_accumulate(backend, param->grad->buffer, g->buffer);
+  int pending = TTD_GRAD_PENDING_ZEROS;
+  if (!param->grad) {
+    param->grad = ttd_tensor_retain(g);
+  } else {
+    if (atomic_compare_exchange_strong(&param->grad->grad_state, &pending, TTD_GRAD_UNKNOWN)) {
+      status = backend->vtable->buffer_zero(backend, param->grad->buffer);
+    }
+    if (!status) status = backend->vtable->buffer_accumulate(backend, param->grad->buffer, g->buffer);
+  }
   int zeros = TTD_GRAD_ZEROS; /* a tensor summed in place meanwhile keeps TTD_GRAD_SUMMING */
   atomic_compare_exchange_strong(&param->grad->grad_state, &zeros, TTD_GRAD_UNKNOWN);
   pthread_mutex_unlock(&param->train_lock);

@@ -40,6 +40,10 @@ typedef enum ttd_grad_state {
   TTD_GRAD_UNKNOWN, /* anything: the state of every new tensor, and after an Upload began */
   TTD_GRAD_ZEROS,   /* all zeros: ZeroGrad zeroed it while no Upload or Backward wrote it */
   TTD_GRAD_SUMMING, /* a Backward is summing into it in place */
+  /* A ZeroGrad that rides on a Backward left its zeros to that Backward, which writes the
+   * .grad whole in place (as over TTD_GRAD_ZEROS) or zeroes it: its bytes are stale until
+   * then, and the call holds its Upload lock (access -1) all along, so no one reads them. */
+  TTD_GRAD_PENDING_ZEROS,
 } ttd_grad_state;
 
 /* Allocates device memory for spec (already finished and validated), charged to quota

@@ -465,6 +465,75 @@ START_TEST(test_output_used_twice_and_two_modules) {
 }
 END_TEST
 
+/* One step of zero_grad-between-forward-and-backward training on m: forward, the loss of
+ * output 0 (and of output 1 too when both), zero_grad when zero, backward. */
+static void zb_step(tt_module *m, tt_optimizer *o, tt_tensor *x, tt_tensor *ta, tt_tensor *tb, int both, int zero) {
+  tt_tensor *ys[2] = {NULL, NULL};
+  ck_assert_msg(tt_forward(m, &x, 1, ys) == TT_OK, "%s", tt_last_error(client));
+  tt_tensor *ya = tt_to(ys[0], "cpu"), *yb = tt_to(ys[1], "cpu");
+  tt_tensor *la = tt_mse_loss(ya, ta), *lb = tt_mse_loss(yb, tb), *loss = both ? tt_add(la, lb) : NULL;
+  if (zero) ck_assert_int_eq(tt_zero_grad(o), TT_OK);
+  ck_assert_msg(tt_backward(both ? loss : la) == TT_OK, "%s", tt_last_error(client));
+  tt_tensor *done[] = {ys[0], ys[1], ya, yb, la, lb, loss};
+  for (size_t i = 0; i < 7; i++) tt_tensor_free(done[i]);
+}
+
+/* zero_grad() between the forward and backward() (a Backward's queued work): the card leaves
+ * the zeros to the Backward, which writes each .grad it reaches whole; the gradients are
+ * those of the module on "cpu" bit for bit: w's (two matmuls, summed in place), s's (a mul,
+ * summed at the end over the stale bytes' zeros), and zeros for the linear the loss no
+ * longer reaches, all three after a step that gave every .grad other values. */
+START_TEST(test_zero_grad_before_backward) {
+  enum { ZH = 6 };
+  float got[2][IN * ZH + ZH + OUT * IN + OUT];
+  for (int where = 0; where < 2; where++) {
+    tt_graph *g = tt_graph_create(client, 9);
+    int64_t xs[2] = {N, IN}, ws[2] = {IN, ZH}, ss[1] = {ZH};
+    tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
+    tt_value w = tt_graph_param(g, "w", ws, 2, TT_INIT_UNIFORM, 0.5);
+    tt_value sc = tt_graph_param(g, "s", ss, 1, TT_INIT_UNIFORM, 1.0);
+    tt_value h = tt_graph_op(g, "add", (tt_value[]){tt_graph_op(g, "matmul", (tt_value[]){x, w}, 2, NULL),
+                                                    tt_graph_op(g, "matmul", (tt_value[]){tt_relu(g, x), w}, 2, NULL)},
+                             2, NULL);
+    tt_value ya = tt_graph_op(g, "mul", (tt_value[]){h, sc}, 2, NULL);
+    tt_value yb = tt_nn_linear(g, x, OUT, 1);
+    ck_assert_int_ge(ya, 0);
+    ck_assert_int_eq(tt_graph_output(g, ya), 0);
+    ck_assert_int_eq(tt_graph_output(g, yb), 0);
+    tt_module *m = tt_compile(client, g);
+    tt_graph_free(g);
+    ck_assert_msg(m != NULL, "%s", tt_last_error(client));
+    ck_assert_int_eq(tt_module_to(m, where ? "tt" : "cpu"), TT_OK);
+    tt_optimizer *o = tt_sgd(m, 0.1f, 0, 0, 0);
+    float xh[N * IN], tah[N * ZH], tbh[N * OUT];
+    for (int i = 0; i < N * IN; i++) xh[i] = cosf((float)i) - 0.2f;
+    for (int i = 0; i < N * ZH; i++) tah[i] = sinf((float)i);
+    for (int i = 0; i < N * OUT; i++) tbh[i] = cosf((float)i * 2.0f);
+    int64_t tas[2] = {N, ZH}, tbs[2] = {N, OUT};
+    tt_tensor *xt = tt_tensor_from_host(client, xh, TT_FLOAT32, xs, 2), *xd = tt_to(xt, where ? "tt" : "cpu");
+    tt_tensor *ta = tt_tensor_from_host(client, tah, TT_FLOAT32, tas, 2);
+    tt_tensor *tb = tt_tensor_from_host(client, tbh, TT_FLOAT32, tbs, 2);
+    zb_step(m, o, xd, ta, tb, 1, 0); /* every .grad made, and given values */
+    zb_step(m, o, xd, ta, tb, 0, 1); /* zero_grad, then a loss of output 0 alone */
+    float *out = got[where]; /* tt_param_grad sends the queued Backward first */
+    grad_of(m, "w", out, IN * ZH);
+    grad_of(m, "s", out + IN * ZH, ZH);
+    grad_of(m, "linear1.weight", out + IN * ZH + ZH, OUT * IN);
+    grad_of(m, "linear1.bias", out + IN * ZH + ZH + OUT * IN, OUT);
+    tt_tensor *done[] = {xt, xd, ta, tb};
+    for (size_t i = 0; i < 4; i++) tt_tensor_free(done[i]);
+    tt_optimizer_free(o);
+    tt_module_free(m);
+  }
+  float wsum = 0, ssum = 0;
+  for (int i = 0; i < IN * ZH; i++) wsum += fabsf(got[1][i]);
+  for (int i = 0; i < ZH; i++) ssum += fabsf(got[1][IN * ZH + i]);
+  ck_assert(wsum > 1e-3f && ssum > 1e-3f); /* real gradients */
+  for (int i = IN * ZH + ZH; i < IN * ZH + ZH + OUT * IN + OUT; i++) ck_assert_float_eq(got[1][i], 0.0f);
+  ck_assert_mem_eq(got[0], got[1], sizeof(got[0]));
+}
+END_TEST
+
 /* Tensors of a disconnected client: host data stays readable, device calls fail with
  * FAILED_PRECONDITION saying the client was disconnected, the daemon freed the memory, and
  * freeing the tensors afterwards is safe. */
@@ -671,6 +740,7 @@ Suite *e2e_modules_suite(void) {
   tcase_add_test(tc, test_checkpoint_round_trip);
   tcase_add_test(tc, test_three_ways_same_parameters);
   tcase_add_test(tc, test_output_used_twice_and_two_modules);
+  tcase_add_test(tc, test_zero_grad_before_backward);
   tcase_add_test(tc, test_tensor_of_closed_client);
   suite_add_tcase(s, tc);
   TCase *dropout = tcase_create("dropout");

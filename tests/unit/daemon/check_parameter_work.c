@@ -151,7 +151,7 @@ START_TEST(test_step_and_zero_fused) {
     make_work(&w, 0.1f, 0.0f, by_reach ? NULL : h, by_reach ? 0 : 2, by_reach ? NULL : h, by_reach ? 0 : 2);
     ttd_tensor *reached[2] = {a, b};
     zero_passes = fused_steps = plain_steps = 0;
-    ttd_status_t s = ttd_parameter_work_run(&call, &w.work, "before this Execute", by_reach ? reached : NULL, 2);
+    ttd_status_t s = ttd_parameter_work_run(&call, &w.work, "before this Execute", by_reach ? reached : NULL, 2, NULL);
     ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
     ck_assert_int_eq(fused_steps, 2);
     ck_assert_int_eq(plain_steps, 0);
@@ -182,7 +182,7 @@ START_TEST(test_fused_beside_an_upload) {
   ck_assert(ttd_tensor_write_begin(a->grad));
   work_msg w;
   make_work(&w, 0.5f, 0.0f, &h, 1, &h, 1);
-  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0));
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0, NULL));
   ck_assert_int_eq(fused_steps, 1);
   expect_zeros(a->grad, "a.grad");
   ck_assert_int_eq(grad_state(a), TTD_GRAD_UNKNOWN);
@@ -200,19 +200,19 @@ START_TEST(test_two_passes_where_fusing_differs) {
   work_msg w;
 
   make_work(&w, 0.1f, 0.0f, h, 2, h, 1); /* zero_grad of a only */
-  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0));
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0, NULL));
   ck_assert_int_eq(plain_steps, 2);
   ck_assert_int_eq(fused_steps, 0);
   ck_assert_int_eq(zero_passes, 1);
 
   zero_passes = fused_steps = plain_steps = 0;
   make_work(&w, 0.1f, 0.9f, h, 2, h, 2); /* momentum: no buffer yet */
-  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0));
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0, NULL));
   ck_assert_int_eq(plain_steps, 2);
   ck_assert_int_eq(zero_passes, 4); /* two momentum buffers made zeroed, then the two .grads */
   ck_assert_ptr_nonnull(a->opt_state[0]);
   zero_passes = fused_steps = plain_steps = 0;
-  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0));
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0, NULL));
   ck_assert_int_eq(fused_steps, 2); /* the buffers exist now */
   ck_assert_int_eq(zero_passes, 0);
 
@@ -220,7 +220,7 @@ START_TEST(test_two_passes_where_fusing_differs) {
   uint64_t hc = new_param(4, TTD_DTYPE_BFLOAT16, &c);
   zero_passes = fused_steps = plain_steps = 0;
   make_work(&w, 0.1f, 0.0f, &hc, 1, &hc, 1);
-  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0));
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0, NULL));
   ck_assert_int_eq(plain_steps, 1);
   ck_assert_int_eq(zero_passes, 2); /* the float32 copy the step works on, made zeroed; the .grad */
 
@@ -233,7 +233,7 @@ START_TEST(test_two_passes_where_fusing_differs) {
   float *d0 = values(d), *e0 = values(e);
   zero_passes = fused_steps = plain_steps = 0;
   make_work(&w, 0.25f, 0.0f, hd, 2, hd, 2);
-  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0));
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0, NULL));
   ck_assert_int_eq(fused_steps, 0);
   ck_assert_int_eq(zero_passes, 2);
   expect_sgd(d, d0, e0, 0.25f);
@@ -253,10 +253,10 @@ START_TEST(test_param_without_grad_still_fused) {
   float *b0 = values(b);
   work_msg w;
   make_work(&w, 0.1f, 0.9f, h, 2, h, 2);
-  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0)); /* a's buffer made */
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0, NULL)); /* a's buffer made */
   ck_assert_ptr_null(b->opt_state[0]);
   zero_passes = fused_steps = plain_steps = 0;
-  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0));
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0, NULL));
   ck_assert_int_eq(fused_steps, 1);
   ck_assert_int_eq(plain_steps, 0);
   ck_assert_int_eq(zero_passes, 0);
@@ -285,7 +285,7 @@ START_TEST(test_backend_failure_mid_list) {
   steps_before_failure = 1;
   work_msg w;
   make_work(&w, 0.1f, 0.0f, h, 3, h, 3);
-  ttd_status_t s = ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0);
+  ttd_status_t s = ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0, NULL);
   ck_assert_ptr_nonnull(s);
   ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_INTERNAL);
   ck_assert_str_eq(ttd_status_message(s), "OptimizerStep before this Execute failed: the card failed the step");
@@ -308,7 +308,7 @@ START_TEST(test_unknown_handle_as_two_passes) {
   float *a0 = values(a), *ag = values(a->grad);
   work_msg w;
   make_work(&w, 0.1f, 0.0f, h, 2, h, 2);
-  ttd_status_t s = ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0);
+  ttd_status_t s = ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0, NULL);
   ck_assert_ptr_nonnull(s);
   ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_NOT_FOUND);
   ck_assert_msg(strncmp(ttd_status_message(s), "OptimizerStep before this Execute failed: ", 42) == 0, "%s",
