@@ -221,7 +221,7 @@ char *ttd_admin_render_metrics(ttd_core *core) {
     put(&t, "ttd_device_queue_depth{device=\"tt:%d\"} %zu\n", d, ttd_scheduler_queued(core->scheduler, d));
   }
   put(&t, "# HELP ttd_device_programs_together_total Programs each device ran beside programs of other sessions, "
-          "each on a share of its cores (--programs-at-once).\n# TYPE ttd_device_programs_together_total counter\n");
+          "each on one of its threads (--programs-at-once).\n# TYPE ttd_device_programs_together_total counter\n");
   for (int d = 0; d < devices; d++) {
     put(&t, "ttd_device_programs_together_total{device=\"tt:%d\"} %llu\n", d,
         (unsigned long long)ttd_scheduler_together(core->scheduler, d));

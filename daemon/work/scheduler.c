@@ -131,6 +131,14 @@ static void run_at(ttd_scheduler *s, place *p, ttd_job *job, int sharing) {
   job_end(s, p);
 }
 
+/* Runs job on the calling thread, with no queue (no memory left for its lane): a flag of its
+ * own, clear, that nothing but its session's close sets, and no deadline watched. */
+static void run_unqueued(ttd_job *job) {
+  ttd_cancel flag = {0};
+  job->sharing = 1;
+  job->cancel = &flag;
+  job->run(job);
+}
 
 /* Puts the group and lane whose turn it is first, and returns that lane's first job (the
  * next in turn); lock held, at least one group. A group or lane just served, that went and
@@ -208,14 +216,16 @@ static bool key_running(const device_queue *q, uint64_t key) {
 
 /* One place of a batch (the card's run_together calls one per place): takes the next job in
  * turn whenever it is free, unless that job's session has one running (it waits for it);
- * waits while others run. The batch ends, at every place, once nothing runs and fewer than
- * two sessions wait: a job alone is better off with the whole device (executor_main). */
+ * waits while others run. The batch ends, at every place, once nothing runs and fewer
+ * sessions wait than the device has places: each program of a batch runs on its place
+ * alone, so fewer would leave places idle, where a job alone has the whole device
+ * (executor_main). */
 static void run_place(void *arg, size_t i) {
   device_queue *q = arg;
   place *p = &q->places[i];
   pthread_mutex_lock(&q->lock);
   while (!q->closing) {
-    if (q->busy == 0 && q->lanes < 2) {
+    if (q->busy == 0 && q->lanes < (size_t)q->at_once) {
       q->closing = true;
       pthread_cond_broadcast(&q->wake);
       break;
@@ -249,7 +259,7 @@ static void *executor_main(void *arg) {
   for (;;) {
     while (!q->first && !q->stopping) pthread_cond_wait(&q->wake, &q->lock);
     if (!q->first) break; /* stopping, and nothing left */
-    if (q->at_once > 1 && q->lanes >= 2) { /* sessions to run together */
+    if (q->at_once > 1 && q->lanes >= (size_t)q->at_once) { /* a session for every place */
       q->closing = false;
       pthread_mutex_unlock(&q->lock);
       s->card.run_together(s->card.ctx, q->device, (size_t)q->at_once, run_place, q);
@@ -314,7 +324,7 @@ void ttd_scheduler_submit(ttd_scheduler *scheduler, int device, ttd_job *job) {
   bool new_group = !g;
   if (new_group && !(g = calloc(1, sizeof(*g)))) {
     pthread_mutex_unlock(&q->lock);
-    job->run(job); /* out of memory: run it here rather than lose the call */
+    run_unqueued(job); /* out of memory: run it here rather than lose the call */
     return;
   }
   lane *l = g->first;
@@ -323,7 +333,7 @@ void ttd_scheduler_submit(ttd_scheduler *scheduler, int device, ttd_job *job) {
   if (new_lane && !(l = calloc(1, sizeof(*l)))) {
     if (new_group) free(g);
     pthread_mutex_unlock(&q->lock);
-    job->run(job);
+    run_unqueued(job);
     return;
   }
   if (new_group) {

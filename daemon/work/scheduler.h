@@ -13,12 +13,13 @@
  * other session of its own tenant, and one session's jobs still run in the order it sent
  * them.
  *
- * Jobs of different sessions at once: where the device can run several programs together
- * (the card's `at_once`, the simulated card's host threads), an executor that finds more than
- * one job waiting takes up to that many, in turn as above but never two of one session, and
- * has the card run them together (each on its share of the cores, with no hand-offs between
- * threads inside a program); it takes the next ones when all have ended. A job alone runs
- * as before, on the whole device. Ordering and turns are as above either way.
+ * Jobs of different sessions at once: where the device can run n programs together (the
+ * card's `at_once`, the simulated card's host threads), once n sessions have jobs waiting the
+ * device has n places, each running one program on its own share of the card (the simulated
+ * card: one thread, with no hand-offs between threads inside a program). A free place takes
+ * the next job in turn, never a job of a session whose earlier job still runs (it waits for
+ * it instead); once nothing runs and fewer than n sessions wait, jobs run alone on the whole
+ * device again. Ordering and turns are as above either way.
  *
  * RPC threads only enqueue, so they stay free for transfers and other calls while
  * programs run. Thread-safe.

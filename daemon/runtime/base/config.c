@@ -42,7 +42,7 @@ static const option options[] = {
     {"dram", OPT_SIZE, FIELD(dram), 0, INT64_MAX, "12G", "DRAM per simulated card"},
     {"l1", OPT_SIZE, FIELD(l1), 0, INT64_MAX, "108M", "L1 per simulated card (72 cores x 1.5M)"},
     {"cores", OPT_INT, FIELD(cores), 0, 1024, "0", "host threads running the simulated cards' kernels, one pool for all cards (0: one per CPU ttd may use)"},
-    {"programs-at-once", OPT_INT, FIELD(programs_at_once), 0, 64, "0", "programs of different sessions a card runs at once, each on a share of its cores, while several sessions have work (0: as many as the card can: one per --cores thread on a single simulated card; 1: one at a time, each on all of them)"},
+    {"programs-at-once", OPT_INT, FIELD(programs_at_once), 0, 64, "0", "programs of different sessions a card runs at once, each on one of its threads, while at least that many sessions have work (0: as many as the card can: one per --cores thread on a single simulated card; 1: one at a time, each on all of them; a number below the card's leaves its other threads idle meanwhile)"},
     {"lease", OPT_DURATION, FIELD(lease_ms), 50, 86400000, "30", "close a session after this long without a call"},
     {"drain-timeout", OPT_DURATION, FIELD(drain_timeout_ms), 0, 3600000, "10",
      "on SIGTERM, how long in-flight calls may run before they are cancelled"},

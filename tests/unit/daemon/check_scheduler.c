@@ -230,9 +230,18 @@ static void threads_run_together(void *ctx, int device, size_t n, void (*run)(vo
 
 static const ttd_scheduler_card two_card = {.at_once = two_at_once, .run_together = threads_run_together};
 
+static int three_at_once(void *ctx, int device) {
+  (void)ctx;
+  (void)device;
+  return 3;
+}
+
+static const ttd_scheduler_card three_card = {.at_once = three_at_once, .run_together = threads_run_together};
+
 /* Jobs that note how many run at once, overall and per key, each waiting a while for a
  * partner so that two taken together are seen together. */
 static int running, most_running, running_of_key[8], same_key_overlaps;
+static int partners = 2; /* how many running at once a job waits for (200 ms at most) */
 
 static void overlap_job(ttd_job *j) {
   test_job *t = (test_job *)j;
@@ -250,7 +259,7 @@ static void overlap_job(ttd_job *j) {
     until.tv_sec++;
     until.tv_nsec -= 1000000000L;
   }
-  while (!t->hold && running < 2 && pthread_cond_timedwait(&cond, &lock, &until) == 0) {
+  while (running < partners && pthread_cond_timedwait(&cond, &lock, &until) == 0) {
   }
   strcat(order, t->name);
   strcat(order, " ");
@@ -261,15 +270,16 @@ static void overlap_job(ttd_job *j) {
   pthread_mutex_unlock(&lock);
 }
 
-/* A scheduler on the two-at-once card, counters cleared, and n overlap_jobs: spec holds
- * "NAME KEY HOLD" per job. */
-static ttd_scheduler *start_overlap(test_job *j, int n, const char *const *spec) {
+/* A scheduler on card, counters cleared, and n overlap_jobs: spec holds "NAME KEY HOLD" per
+ * job. */
+static ttd_scheduler *start_overlap_on(const ttd_scheduler_card *card, test_job *j, int n, const char *const *spec) {
   reset();
   running = most_running = same_key_overlaps = 0;
   memset(running_of_key, 0, sizeof(running_of_key));
   most_together = 0;
+  partners = card->at_once(NULL, 0);
   ttd_scheduler *s = NULL;
-  ck_assert_ptr_null(ttd_scheduler_create(1, &two_card, &s));
+  ck_assert_ptr_null(ttd_scheduler_create(1, card, &s));
   for (int i = 0; i < n; i++) {
     char name[8];
     unsigned key;
@@ -279,6 +289,10 @@ static ttd_scheduler *start_overlap(test_job *j, int n, const char *const *spec)
     j[i].job.run = overlap_job;
   }
   return s;
+}
+
+static ttd_scheduler *start_overlap(test_job *j, int n, const char *const *spec) {
+  return start_overlap_on(&two_card, j, n, spec);
 }
 
 /* With a card that runs two at once, the jobs waiting behind a held one go two by two in
@@ -325,6 +339,36 @@ START_TEST(test_free_place_takes_next) {
   ck_assert_int_eq(passed, 3);
   ck_assert_int_eq(same_key_overlaps, 0);
   ck_assert_str_eq(order, "H B1 C1 A1 ");
+  ttd_scheduler_destroy(s);
+}
+END_TEST
+
+/* A card of three places runs jobs together only once three sessions wait: two sessions
+ * would leave a place idle, and each job runs alone on the whole card instead. */
+START_TEST(test_together_needs_a_session_per_place) {
+  test_job j[6];
+  ttd_scheduler *s = start_overlap_on(&three_card, j, 6,
+                                      (const char *const[]){"H 7 1", "A1 1 0", "B1 2 0", "H2 7 1", "A2 1 0", "B2 2 0"});
+  ttd_scheduler_submit(s, 0, &j[0].job);
+  wait_started(1);
+  ttd_scheduler_submit(s, 0, &j[1].job); /* two sessions wait behind H: alone, one by one */
+  ttd_scheduler_submit(s, 0, &j[2].job);
+  open_gate_and_wait(3);
+  ck_assert_int_eq(most_running, 1);
+  ck_assert_uint_eq(most_together, 0);
+  ck_assert_int_eq(j[1].job.sharing, 1);
+  pthread_mutex_lock(&lock);
+  gate_open = 0;
+  pthread_mutex_unlock(&lock);
+  ttd_scheduler_submit(s, 0, &j[3].job);
+  wait_started(4);
+  ttd_scheduler_submit(s, 0, &j[4].job); /* H2's session, A and B: three wait */
+  ttd_scheduler_submit(s, 0, &j[5].job);
+  ttd_scheduler_submit(s, 0, &j[0].job);
+  open_gate_and_wait(7);
+  ck_assert_uint_eq(most_together, 3);
+  ck_assert_int_eq(most_running, 3);
+  ck_assert_int_eq(same_key_overlaps, 0);
   ttd_scheduler_destroy(s);
 }
 END_TEST
@@ -408,6 +452,7 @@ Suite *scheduler_suite(void) {
   tcase_add_test(tc, test_sessions_run_together);
   tcase_add_test(tc, test_one_session_never_together);
   tcase_add_test(tc, test_free_place_takes_next);
+  tcase_add_test(tc, test_together_needs_a_session_per_place);
   tcase_add_test(tc, test_together_deadlines_are_per_job);
   suite_add_tcase(s, tc);
   return s;
