@@ -3,6 +3,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernel_internal.h"
+
 size_t ttd_dtype_size(ttd_dtype dtype) {
   switch (dtype) {
     case TTD_DTYPE_FLOAT32: return 4;
@@ -28,11 +30,13 @@ int ttd_dtype_convertible(ttd_dtype from, ttd_dtype to) {
          (from == TTD_DTYPE_BFLOAT16 && to == TTD_DTYPE_FLOAT32);
 }
 
-static void bf16_from_f32_n(uint16_t *restrict dst, const float *restrict src, size_t n) {
+/* Vectorised (TTD_KHOT): a bfloat16 program widens its parameters and narrows their steps
+ * through these at every Execute. */
+TTD_KHOT static void bf16_from_f32_n(uint16_t *restrict dst, const float *restrict src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = ttd_bf16_from_f32(src[i]);
 }
 
-static void f32_from_bf16_n(float *restrict dst, const uint16_t *restrict src, size_t n) {
+TTD_KHOT static void f32_from_bf16_n(float *restrict dst, const uint16_t *restrict src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = ttd_f32_from_bf16(src[i]);
 }
 

@@ -324,6 +324,44 @@ START_TEST(test_convert_misaligned) {
 }
 END_TEST
 
+/* The array conversions (vectorised, picked for the CPU at load time) give, at every length
+ * around their vector widths and from every start in a vector, the bits of the scalar
+ * conversions on random patterns with NaNs, infinities, denormals and exact ties. */
+START_TEST(test_convert_arrays_match_scalar) {
+  enum { N = 4099 + 16 };
+  static const size_t lens[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 511, 513, 4099};
+  static float src[N], back[N];
+  static uint16_t half[N];
+  uint64_t state = 0x5eed0003u;
+  for (int i = 0; i < N; i++) {
+    uint32_t u = (uint32_t)next_random(&state);
+    switch (i % 8) {
+      case 0: u = (u & 0xFFFF0000u) | 0x8000u; break;               /* a tie */
+      case 1: u = (u & 0x807FFFFFu) | 0x7F800000u; break;           /* NaN or infinity */
+      case 2: u &= 0x807FFFFFu; break;                              /* denormal or zero */
+      case 3: u = (u & 0x80000000u) | 0x7F7F8000u | (u & 0x7FFFu); break; /* rounds to infinity */
+      default: break;
+    }
+    memcpy(&src[i], &u, sizeof(u));
+  }
+  for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++) {
+    for (size_t start = 0; start < 16; start += 5) {
+      size_t n = lens[l];
+      memset(half, 0xA5, sizeof(half));
+      ck_assert_int_eq(ttd_dtype_convert(half + start, TTD_DTYPE_BFLOAT16, src + start, TTD_DTYPE_FLOAT32, n), 0);
+      for (size_t i = 0; i < n; i++)
+        ck_assert_msg(half[start + i] == ttd_bf16_from_f32(src[start + i]), "n=%zu start=%zu i=%zu: 0x%04X want 0x%04X",
+                      n, start, i, half[start + i], ttd_bf16_from_f32(src[start + i]));
+      ck_assert_uint_eq(half[start + n], 0xA5A5u); /* no overrun */
+      memset(back, 0xA5, sizeof(back));
+      ck_assert_int_eq(ttd_dtype_convert(back + start, TTD_DTYPE_FLOAT32, half + start, TTD_DTYPE_BFLOAT16, n), 0);
+      for (size_t i = 0; i < n; i++) ck_assert_uint_eq(bits_of_f32(back[start + i]), (uint32_t)half[start + i] << 16);
+      ck_assert_uint_eq(bits_of_f32(back[start + n]), 0xA5A5A5A5u);
+    }
+  }
+}
+END_TEST
+
 Suite *dtype_suite(void) {
   Suite *s = suite_create("dtype");
   TCase *tc = tcase_create("basics");
@@ -353,6 +391,7 @@ Suite *dtype_suite(void) {
   tcase_add_test(tc, test_convert_bf16_to_f32);
   tcase_add_test(tc, test_convert_refused);
   tcase_add_test(tc, test_convert_misaligned);
+  tcase_add_test(tc, test_convert_arrays_match_scalar);
   suite_add_tcase(s, tc);
   return s;
 }
