@@ -204,18 +204,34 @@ static int log_has(const char *needle) {
 
 /* Starts ttd with drain_timeout, queues n heavy programs, sends SIGTERM once they are in
  * flight and returns ttd's exit status; codes[i] gets each call's gRPC code. */
+/* Execute calls that have reached ttd at port's /metrics: answered (all OK before SIGTERM)
+ * or in flight (the test's raw clients make no other call meanwhile). */
+static double executes_arrived(int port) {
+  char *m = harness_http(port, "GET", "/metrics");
+  double answered = harness_metric(m, "ttd_rpc_total{method=\"Execute\",code=\"OK\"}");
+  double in_flight = harness_metric(m, "ttd_rpc_in_flight");
+  free(m);
+  return (answered > 0 ? answered : 0) + (in_flight > 0 ? in_flight : 0);
+}
+
 static int sigterm_with_queue(const char *drain_timeout, int n, int *codes, char (*details)[1024]) {
-  const char *args[] = {"--drain-timeout", drain_timeout, NULL};
+  int port = harness_free_tcp_port();
+  char admin[32];
+  snprintf(admin, sizeof(admin), "127.0.0.1:%d", port);
+  const char *args[] = {"--drain-timeout", drain_timeout, "--admin", admin, NULL};
   ttd_proc_start(&proc, args);
   setenv("TTD_KEEP_LOGS", "1", 1);
   raw_open_session(proc.target, heavy.id, heavy.instance);
   make_heavy(6);
+  double before = executes_arrived(port);
   drain_call calls[8];
   for (int i = 0; i < n; i++) pthread_create(&calls[i].thread, NULL, drain_call_main, &calls[i]);
-  /* Long enough for every call to arrive (a few ms each), far shorter than the n programs
-   * of 6 matmuls each. */
-  struct timespec wait = {0, 60000000};
-  nanosleep(&wait, NULL);
+  /* SIGTERM once every call has reached ttd, however long a sanitizer build takes to send
+   * them (a fixed 60 ms once left one unsent, refused by the stopping daemon), and long
+   * before the n programs of 6 matmuls each can all have run. */
+  struct timespec tick = {0, 1000000};
+  for (int waited = 0; executes_arrived(port) - before < n && waited < 10000; waited++) nanosleep(&tick, NULL);
+  ck_assert_double_ge(executes_arrived(port) - before, n);
   kill(proc.pid, SIGTERM);
   for (int i = 0; i < n; i++) {
     pthread_join(calls[i].thread, NULL);
