@@ -176,8 +176,21 @@ class Client:
         self.close()
 
 
+_SHAPE_TYPES = [c_int64 * max(n, 1) for n in range(MAX_DIMS + 1)]  # made once: a ctypes array type costs
+
+
 def _shape_array(shape):
-    return (c_int64 * max(len(shape), 1))(*shape)
+    n = len(shape)
+    return (_SHAPE_TYPES[n] if n <= MAX_DIMS else c_int64 * n)(*shape)
+
+
+_PTR_TYPES = [_P * max(n, 1) for n in range(9)]
+
+
+def _ptr_array(ptrs):
+    """A C array of the tt_ pointers ptrs (one element at least)."""
+    n = len(ptrs)
+    return (_PTR_TYPES[n] if n < len(_PTR_TYPES) else _P * n)(*ptrs)
 
 
 # Borrowed host memory (Tensor.borrow): the Python object owning it, by the key libttclient
@@ -205,8 +218,8 @@ def _wrap_borrowed(client, owner, data_ptr, dtype, shape):
     _borrowed[key] = owner
     p = None
     try:
-        p = _L.tt_tensor_wrap_host(client._p, c_void_p(data_ptr), dtype, _shape_array(shape), len(shape),
-                                   _release_borrowed_ptr, c_void_p(key))
+        p = _L.tt_tensor_wrap_host(client._p, data_ptr, dtype, _shape_array(shape), len(shape), _release_borrowed_ptr,
+                                   key)
     finally:
         if not p:  # refused: libttclient never calls release
             del _borrowed[key]
@@ -325,9 +338,8 @@ def backward(outputs, grads, retain_graph):
     try:
         for g in grads:
             hosts.append(_wrap_borrowed(client, g, g.data_ptr(), FLOAT32, g.shape))
-        outs = (_P * n)(*[t._p for t in outputs])
-        gs = (_P * n)(*hosts)
-        client.check(_L.tt_backward_grads(outs, gs, n, 1 if retain_graph else 0))
+        client.check(_L.tt_backward_grads(_ptr_array([t._p for t in outputs]), _ptr_array(hosts), n,
+                                          1 if retain_graph else 0))
     finally:
         for h in hosts:
             _L.tt_tensor_free(h)
@@ -431,10 +443,9 @@ class Module:
         """tt_forward: the output tensors. Their shapes and dtypes follow from the inputs' (the
         program is specialised per input shape), so they are asked once per input signature."""
         n_out = self._n_out
-        ins = (_P * max(len(inputs), 1))(*[t._p for t in inputs])
-        outs = (_P * max(n_out, 1))()
-        self.client.check(_L.tt_forward(self._p, ins, len(inputs), outs))
-        key = tuple((t.shape, t.dtype) for t in inputs)
+        outs = (_PTR_TYPES[n_out] if n_out < len(_PTR_TYPES) else _P * n_out)()
+        self.client.check(_L.tt_forward(self._p, _ptr_array([t._p for t in inputs]), len(inputs), outs))
+        key = tuple([(t.shape, t.dtype) for t in inputs])
         specs = self._out_specs.get(key)
         if specs is not None:
             return [Tensor(self.client, outs[i], self, *specs[i]) for i in range(n_out)]
