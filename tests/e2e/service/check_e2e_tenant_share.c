@@ -28,6 +28,16 @@ enum { N = 384 };
 #else
 enum { N = 768 };
 #endif
+
+/* How far a tenant's share of card time may be from its share of programs (equal programs).
+ * Under ASan a program is a few times longer and the test's 22 callers, each polling its
+ * call, take a larger part of the two CPUs the card's threads run on: one run there read
+ * 0.824 of card time for 0.750 of programs, where plain builds read within 0.02. */
+#ifdef __SANITIZE_ADDRESS__
+#define CARD_SHARE_TOLERANCE 0.10
+#else
+#define CARD_SHARE_TOLERANCE 0.05
+#endif
 enum { ALICE_SESSIONS = 16, BOB_THREADS = 6, WINDOW_PROGRAMS = 80 };
 
 static ttd_proc proc;
@@ -168,8 +178,8 @@ static double bob_share_with(const char *bob_opts, const char *flag, const char 
   printf("tenant share: alice (%d sessions) %d programs, bob (1 session%s%s) %d: bob's share %.3f, of card time "
          "%.3f\n",
          ALICE_SESSIONS, a, bob_opts[0] ? ", " : "", bob_opts, b, share, card_share);
-  ck_assert_msg(card_share > share - 0.05 && card_share < share + 0.05, "card time share %.3f, programs %.3f",
-                card_share, share);
+  ck_assert_msg(card_share > share - CARD_SHARE_TOLERANCE && card_share < share + CARD_SHARE_TOLERANCE,
+                "card time share %.3f, programs %.3f", card_share, share);
   ck_assert_int_ge(a + b, WINDOW_PROGRAMS);
   return share;
 }
