@@ -11,8 +11,9 @@
  * accumulators (more than an FMA's latency times its pipes) busy for 2 million steps (5-10 ms);
  * _all runs one thread per online core at once. Each is the best of 25 repetitions back to
  * back (0.15-0.3 s): what else runs (the ttd just started beside it, another guest on the
- * host) only ever lowers a peak, and a median of 5 once read half of both cores' peak.
- * (Pauses between repetitions lower it too: a vCPU that halted runs slower for a while.) */
+ * host) only ever lowers a peak, and a median of a few short runs can fall wholly inside such
+ * a phase and read half of both cores' peak. (Pauses between repetitions lower it too: a vCPU
+ * that halted runs slower for a while.) */
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdio.h>

@@ -227,8 +227,8 @@ static int sigterm_with_queue(const char *drain_timeout, int n, int *codes, char
   drain_call calls[8];
   for (int i = 0; i < n; i++) pthread_create(&calls[i].thread, NULL, drain_call_main, &calls[i]);
   /* SIGTERM once every call has reached ttd, however long a sanitizer build takes to send
-   * them (a fixed 60 ms once left one unsent, refused by the stopping daemon), and long
-   * before the n programs of 6 matmuls each can all have run. */
+   * them (after a fixed wait one may still be unsent, and the stopping daemon refuses it
+   * with another error), and long before the n programs of 6 matmuls each can all have run. */
   struct timespec tick = {0, 1000000};
   for (int waited = 0; executes_arrived(port) - before < n && waited < 10000; waited++) nanosleep(&tick, NULL);
   ck_assert_double_ge(executes_arrived(port) - before, n);
