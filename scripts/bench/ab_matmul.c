@@ -6,7 +6,8 @@
  *
  *   ab_matmul M N K THREADS [PAIRS]   C[M,N] = A[M,K] B[K,N], row-major, on a pool of THREADS
  * With AB_TRANS_B=1 in the environment, B is stored transposed ([N,K]), as a linear's forward
- * multiplies its weight. */
+ * multiplies its weight; with AB_TRANS_A=1, A is ([K,M]), as a linear's weight gradient
+ * multiplies the output's gradient. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,12 +36,12 @@ static int cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static int trans_b; /* AB_TRANS_B=1: B stored [N,K] */
+static int trans_a, trans_b; /* AB_TRANS_A=1: A stored [K,M]; AB_TRANS_B=1: B stored [N,K] */
 
 static double timed(matmul_fn f, ttd_pool *pool, const float *a, const float *b, float *c, int64_t m, int64_t n,
                     int64_t k, int reps) {
   double t0 = now();
-  for (int i = 0; i < reps; i++) f(pool, a, b, c, 1, m, n, k, 0, trans_b, 0, 0);
+  for (int i = 0; i < reps; i++) f(pool, a, b, c, 1, m, n, k, trans_a, trans_b, 0, 0);
   return now() - t0;
 }
 
@@ -51,7 +52,8 @@ int main(int argc, char **argv) {
   }
   int64_t m = atoll(argv[1]), n = atoll(argv[2]), k = atoll(argv[3]);
   int threads = atoi(argv[4]), pairs = argc > 5 ? atoi(argv[5]) : 15;
-  const char *tb = getenv("AB_TRANS_B");
+  const char *ta = getenv("AB_TRANS_A"), *tb = getenv("AB_TRANS_B");
+  trans_a = ta && strcmp(ta, "1") == 0;
   trans_b = tb && strcmp(tb, "1") == 0;
   if (m <= 0 || n <= 0 || k <= 0 || threads <= 0 || pairs <= 0 || pairs > 1000) {
     fprintf(stderr, "ab_matmul: M, N, K, THREADS and PAIRS (at most 1000) must be positive\n");
@@ -85,9 +87,9 @@ int main(int argc, char **argv) {
   qsort(ratio, (size_t)pairs, sizeof(double), cmp);
   qsort(t_new, (size_t)pairs, sizeof(double), cmp);
   qsort(t_old, (size_t)pairs, sizeof(double), cmp);
-  printf("%lld x %lld x %lld%s on %d thread(s): new/old time %.3f (median of %d pairs, first alternating); "
+  printf("%lld x %lld x %lld%s%s on %d thread(s): new/old time %.3f (median of %d pairs, first alternating); "
          "new %.1f, old %.1f GFLOP/s; %s\n",
-         (long long)m, (long long)n, (long long)k, trans_b ? " (B transposed)" : "", threads, ratio[pairs / 2], pairs, flop * reps / t_new[pairs / 2] / 1e9,
+         (long long)m, (long long)n, (long long)k, trans_a ? " (A transposed)" : "", trans_b ? " (B transposed)" : "", threads, ratio[pairs / 2], pairs, flop * reps / t_new[pairs / 2] / 1e9,
          flop * reps / t_old[pairs / 2] / 1e9, same ? "the same bits" : "RESULTS DIFFER");
   free(a), free(b), free(c_new), free(c_old), free(ratio);
   ttd_pool_destroy(pool);
