@@ -89,8 +89,9 @@ int main(int argc, char **argv) {
   qsort(t_old, (size_t)pairs, sizeof(double), cmp);
   printf("%lld x %lld x %lld%s%s on %d thread(s): new/old time %.3f (median of %d pairs, first alternating); "
          "new %.1f, old %.1f GFLOP/s; %s\n",
-         (long long)m, (long long)n, (long long)k, trans_a ? " (A transposed)" : "", trans_b ? " (B transposed)" : "", threads, ratio[pairs / 2], pairs, flop * reps / t_new[pairs / 2] / 1e9,
-         flop * reps / t_old[pairs / 2] / 1e9, same ? "the same bits" : "RESULTS DIFFER");
+         (long long)m, (long long)n, (long long)k, trans_a ? " (A transposed)" : "", trans_b ? " (B transposed)" : "",
+         threads, ratio[pairs / 2], pairs, flop * reps / t_new[pairs / 2] / 1e9, flop * reps / t_old[pairs / 2] / 1e9,
+         same ? "the same bits" : "RESULTS DIFFER");
   free(a), free(b), free(c_new), free(c_old), free(ratio);
   ttd_pool_destroy(pool);
   return same ? 0 : 1;

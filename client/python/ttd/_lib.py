@@ -176,21 +176,23 @@ class Client:
         self.close()
 
 
-_SHAPE_TYPES = [c_int64 * max(n, 1) for n in range(MAX_DIMS + 1)]  # made once: a ctypes array type costs
+# ctypes array types of up to MAX_DIMS elements, made once: making one (c_int64 * n) at
+# every call costs more than the call's other arguments together.
+_ARRAY_TYPES = {t: [t * max(n, 1) for n in range(MAX_DIMS + 1)] for t in (c_int64, _P)}
+
+
+def _array_type(ctype, n):
+    """ctype * n (one element at least)."""
+    return _ARRAY_TYPES[ctype][n] if n <= MAX_DIMS else ctype * n
 
 
 def _shape_array(shape):
-    n = len(shape)
-    return (_SHAPE_TYPES[n] if n <= MAX_DIMS else c_int64 * n)(*shape)
-
-
-_PTR_TYPES = [_P * max(n, 1) for n in range(9)]
+    return _array_type(c_int64, len(shape))(*shape)
 
 
 def _ptr_array(ptrs):
     """A C array of the tt_ pointers ptrs (one element at least)."""
-    n = len(ptrs)
-    return (_PTR_TYPES[n] if n < len(_PTR_TYPES) else _P * n)(*ptrs)
+    return _array_type(_P, len(ptrs))(*ptrs)
 
 
 # Borrowed host memory (Tensor.borrow): the Python object owning it, by the key libttclient
@@ -443,7 +445,7 @@ class Module:
         """tt_forward: the output tensors. Their shapes and dtypes follow from the inputs' (the
         program is specialised per input shape), so they are asked once per input signature."""
         n_out = self._n_out
-        outs = (_PTR_TYPES[n_out] if n_out < len(_PTR_TYPES) else _P * n_out)()
+        outs = _array_type(_P, n_out)()
         self.client.check(_L.tt_forward(self._p, _ptr_array([t._p for t in inputs]), len(inputs), outs))
         key = tuple([(t.shape, t.dtype) for t in inputs])
         specs = self._out_specs.get(key)
