@@ -30,20 +30,24 @@ int ttd_dtype_convertible(ttd_dtype from, ttd_dtype to) {
          (from == TTD_DTYPE_BFLOAT16 && to == TTD_DTYPE_FLOAT32);
 }
 
-/* Vectorised (TTD_KHOT): a bfloat16 program widens its parameters and narrows their steps
- * through these at every Execute. */
+/* Vectorised (TTD_KHOT): a bfloat16 parameter's step is narrowed through these, and the
+ * bfloat16 matmul widens and rounds its operands through them as it packs. */
 TTD_KHOT static void bf16_from_f32_n(uint16_t *restrict dst, const float *restrict src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = ttd_bf16_from_f32(src[i]);
 }
 
-TTD_KHOT static void f32_from_bf16_n(float *restrict dst, const uint16_t *restrict src, size_t n) {
+TTD_KHOT void ttd_f32_from_bf16_n(float *restrict dst, const uint16_t *restrict src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = ttd_f32_from_bf16(src[i]);
+}
+
+TTD_KHOT void ttd_bf16_round_n(float *x, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] = ttd_f32_from_bf16(ttd_bf16_from_f32(x[i]));
 }
 
 /* Converts n elements from src to dst, both aligned for their types. */
 static void convert_aligned(void *dst, ttd_dtype to, const void *src, size_t n) {
   if (to == TTD_DTYPE_BFLOAT16) bf16_from_f32_n(dst, src, n);
-  else f32_from_bf16_n(dst, src, n);
+  else ttd_f32_from_bf16_n(dst, src, n);
 }
 
 int ttd_dtype_convert(void *dst, ttd_dtype to, const void *src, ttd_dtype from, size_t n) {

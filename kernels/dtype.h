@@ -27,6 +27,13 @@ int ttd_dtype_convertible(ttd_dtype from, ttd_dtype to);
  * exact. The buffers must not overlap. Returns 0, or -1 if the pair is not convertible. */
 int ttd_dtype_convert(void *dst, ttd_dtype to, const void *src, ttd_dtype from, size_t n);
 
+/* dst[i] = src[i] widened to float32, i < n (exact; the buffers do not overlap). */
+void ttd_f32_from_bf16_n(float *restrict dst, const uint16_t *restrict src, size_t n);
+
+/* x[i] rounded to bfloat16's precision in place (to nearest even, NaN stays NaN), i < n:
+ * the float32 that widening its bfloat16 gives. */
+void ttd_bf16_round_n(float *x, size_t n);
+
 /* One float32 to bfloat16 bits, round to nearest even. */
 static inline uint16_t ttd_bf16_from_f32(float f) {
   union { float f; uint32_t u; } v = {.f = f};

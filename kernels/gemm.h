@@ -37,14 +37,16 @@ typedef void (*interleave16_fn)(const float *restrict src, int64_t ld_src, int64
 
 /* The widest kernel this CPU runs (the CPU model is read by a libgcc constructor, so this is
  * safe from any thread), or a narrower one named by TTD_KERNEL_ISA ("avx2", "generic"; the
- * tests run every kernel this way); with bf16_pairs, the AVX-512 BF16 kernel, which takes
- * panels packed as bfloat16 pairs. */
+ * tests run every kernel this way); with bf16_pairs, the kernel ttd_gemm_bf16_pairs names,
+ * which takes panels packed as bfloat16 pairs. */
 micro_kernel ttd_gemm_pick_kernel(bool bf16_pairs);
 
-/* Whether bfloat16 operands go to the AVX-512 BF16 micro-kernel, packed as pairs: where the
- * CPU has it and TTD_KERNEL_ISA names no narrower ISA ("avx512", "avx2", "generic" widen to
- * float32 and take that ISA's float32 kernel; the tests run each path this way). */
-bool ttd_gemm_bf16_pairs(void);
+/* The micro-kernel over bfloat16 pairs that bfloat16 products go to, or NULL (widened to
+ * float32, that ISA's float32 kernel): "avx512bf16" where the CPU has AVX-512 BF16 and
+ * TTD_KERNEL_ISA names no narrower ISA ("avx512", "avx2", "generic" widen), or
+ * "generic-pairs", the portable one, when TTD_KERNEL_ISA names it (the tests run each path
+ * this way). Static. */
+const char *ttd_gemm_bf16_pairs(void);
 
 /* The widest transposing packer the CPU has, or a narrower one named by TTD_KERNEL_ISA;
  * NULL: interleave row by row. */
@@ -63,8 +65,15 @@ void ttd_gemm_pack_b(const float *restrict b, int64_t rs, int64_t cs, int64_t kc
 /* Packs rows [0, rows) x steps [0, kc) of the bfloat16 X(i,p) = x[i*s_i + p*s_p] into R-row
  * panels (R = MR for A; for B, R = NR and its columns are the rows), zero past row `rows` and
  * step kc. Widened, panel r holds out[r*kc*R + p*R + i] = X(r*R + i, p); as pairs, out (as
- * uint32_t) [r*kd*R + d*R + i] = X(., 2d) | X(., 2d + 1) << 16, kd = ceil(kc / 2). */
+ * uint32_t) [r*kd*R + d*R + i] = X(., 2d) | X(., 2d + 1) << 16, kd = ceil(kc / 2).
+ * interleave16 (or NULL) as for ttd_gemm_pack_b. */
 void ttd_gemm_pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, int64_t rows, int64_t kc, int64_t R,
-                        int pairs, float *restrict out);
+                        int pairs, float *restrict out, interleave16_fn interleave16);
+
+/* Packs the float32 X(i,p) = x[i*s_i + p*s_p] (rows [0, rows), steps [0, kc)) as
+ * ttd_gemm_pack_bf16 packs pairs, each element rounded to bfloat16 (nearest even) first. R is
+ * at most 32. */
+void ttd_gemm_pack_f32_pairs(const float *restrict x, int64_t s_i, int64_t s_p, int64_t rows, int64_t kc, int64_t R,
+                             float *restrict out);
 
 #endif

@@ -5,7 +5,8 @@
  * 32 elsewhere), one accumulator per element of C held in registers. The dot-product blocks
  * (AVX2) multiply rows of A by columns of B both contiguous along K, 3 by 4 in registers, 8
  * steps of K in the lanes of each, summed across them at the end, with nothing packed. The
- * AVX-512 BF16 kernel takes panels of bfloat16 pairs (vdpbf16ps), two steps of K a step. */
+ * AVX-512 BF16 kernel takes panels of bfloat16 pairs (vdpbf16ps), two steps of K a step, and
+ * a portable kernel does the same arithmetic for the tests. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -180,14 +181,50 @@ __attribute__((target("avx512f,avx512bf16"))) static void micro_kernel_avx512bf1
 }
 #endif
 
-bool ttd_gemm_bf16_pairs(void) {
+/* One half of a bfloat16 pair as float32, a subnormal as zero (vdpbf16ps's DAZ). */
+static inline float pair_half(uint32_t pair, int high) {
+  uint32_t bits = (high ? pair >> 16 : pair & 0xffffu) << 16;
+  if ((bits & 0x7f800000u) == 0) bits &= 0x80000000u;
+  float f;
+  memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+/* Any target: the AVX-512 BF16 kernel's arithmetic in portable C, on 16-column panels of
+ * pairs: per pair, the high product added to C's sum, then the low one (as vdpbf16ps orders
+ * them; each product is exact). Slow; TTD_KERNEL_ISA=generic-pairs picks it, so that the
+ * packing of pairs and its odd-K tail are tested on any CPU. */
+static void micro_kernel_generic_pairs(int64_t kd, const void *restrict ap_, const void *restrict bp_,
+                                       float *restrict c, int64_t ldc, int64_t mr, int64_t nr, int accumulate) {
+  enum { NR = 16 };
+  const uint32_t *restrict ap = ap_, *restrict bp = bp_;
+  float acc[MR][NR] = {{0}};
+  for (int64_t p = 0; p < kd; p++)
+    for (int i = 0; i < MR; i++) {
+      float a_hi = pair_half(ap[p * MR + i], 1), a_lo = pair_half(ap[p * MR + i], 0);
+      for (int j = 0; j < NR; j++) {
+        acc[i][j] += a_hi * pair_half(bp[p * NR + j], 1);
+        acc[i][j] += a_lo * pair_half(bp[p * NR + j], 0);
+      }
+    }
+  for (int64_t i = 0; i < mr; i++)
+    for (int64_t j = 0; j < nr; j++) c[i * ldc + j] = accumulate ? c[i * ldc + j] + acc[i][j] : acc[i][j];
+}
+
+/* Whether TTD_KERNEL_ISA names the portable pairs kernel. */
+static bool generic_pairs(void) {
   const char *isa = getenv("TTD_KERNEL_ISA");
-  if (isa && *isa && strcmp(isa, "avx512bf16") != 0) return false;
+  return isa && strcmp(isa, "generic-pairs") == 0;
+}
+
+const char *ttd_gemm_bf16_pairs(void) {
+  const char *isa = getenv("TTD_KERNEL_ISA");
+  if (generic_pairs()) return "generic-pairs";
+  if (isa && *isa && strcmp(isa, "avx512bf16") != 0) return NULL;
 #if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
-#else
-  return false;
+  if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")) return "avx512bf16";
 #endif
+  return NULL;
 }
 
 /* Chosen at run time, not with target_clones: each ISA needs its own vector width to keep the
@@ -195,6 +232,7 @@ bool ttd_gemm_bf16_pairs(void) {
  * the speed in its AVX2 clone). */
 micro_kernel ttd_gemm_pick_kernel(bool bf16_pairs) {
   const micro_kernel generic = {micro_kernel_generic, 32, NULL};
+  if (bf16_pairs && generic_pairs()) return (micro_kernel){micro_kernel_generic_pairs, 16, NULL};
 #if defined(__x86_64__) && defined(__GNUC__)
   if (bf16_pairs) return (micro_kernel){micro_kernel_avx512bf16, 32, NULL};
 #endif

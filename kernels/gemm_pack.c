@@ -9,6 +9,8 @@
 #include "dtype.h"
 #include "gemm.h"
 
+enum { PACK_KC_MAX = 512 }; /* steps of K the bfloat16 packers stage at once: the matmul's largest K block */
+
 typedef float v4f __attribute__((vector_size(4 * sizeof(float))));
 
 /* Four rows r of 4 floats each (r at src + r*ld_src, contiguous) written transposed: column q
@@ -222,7 +224,7 @@ __attribute__((target("avx512f,avx512bw"))) static void weave_pairs32_avx512(con
 #endif
 
 void ttd_gemm_pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, int64_t rows, int64_t kc, int64_t R,
-                        int pairs, float *restrict out) {
+                        int pairs, float *restrict out, interleave16_fn interleave16) {
   int64_t kd = pairs ? (kc + 1) / 2 : kc, kc2 = kc & ~(int64_t)1;
   for (int64_t r0 = 0; r0 < rows; r0 += R) {
     int64_t n = rows - r0 < R ? rows - r0 : R;
@@ -233,6 +235,11 @@ void ttd_gemm_pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, in
       if (s_i == 1) { /* rows of X contiguous along i (B row-major) */
         for (int64_t p = 0; p < kc; p++)
           for (int64_t i = 0; i < n; i++) panel[p * R + i] = ttd_f32_from_bf16(src[p * s_p + i]);
+      } else if (s_p == 1 && R <= 32 && kc <= PACK_KC_MAX) { /* rows along K (a linear's weight as B) */
+        float rows_f32[32 * PACK_KC_MAX]; /* widened whole rows, then packed as float32 */
+        for (int64_t i = 0; i < n; i++) ttd_f32_from_bf16_n(rows_f32 + i * kc, src + i * s_i, (size_t)kc);
+        if (R == MR) ttd_gemm_pack_a(rows_f32, kc, 1, n, kc, panel);
+        else ttd_gemm_pack_b(rows_f32, 1, kc, kc, n, R, panel, interleave16);
       } else {
         for (int64_t i = 0; i < n; i++)
           for (int64_t p = 0; p < kc; p++) panel[p * R + i] = ttd_f32_from_bf16(src[i * s_i + p * s_p]);
@@ -242,7 +249,7 @@ void ttd_gemm_pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, in
     uint32_t *restrict panel = (uint32_t *)out + (r0 / R) * kd * R;
     if (n < R) memset(panel, 0, (size_t)(kd * R) * sizeof(uint32_t));
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (s_i == 1 && n == 32 && R == 32) /* B row-major, a full 32-column panel */
+    if (s_i == 1 && n == 32 && R == 32 && __builtin_cpu_supports("avx512bw")) /* B row-major, a full 32-column panel */
       weave_pairs32_avx512(src, s_p, kc2 / 2, panel);
     else
 #endif
@@ -265,5 +272,28 @@ void ttd_gemm_pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, in
     }
     if (kc2 < kc) /* an odd K: the last pair's second half is zero */
       for (int64_t i = 0; i < n; i++) panel[(kd - 1) * R + i] = src[i * s_i + kc2 * s_p];
+  }
+}
+
+void ttd_gemm_pack_f32_pairs(const float *restrict x, int64_t s_i, int64_t s_p, int64_t rows, int64_t kc, int64_t R,
+                             float *restrict out) {
+  int64_t kd = (kc + 1) / 2;
+  uint16_t narrowed[32 * PACK_KC_MAX]; /* up to 32 rows of X in bfloat16, laid out as X is read */
+  for (int64_t r0 = 0; r0 < rows; r0 += R) {
+    int64_t n = rows - r0 < R ? rows - r0 : R;
+    const float *src = x + r0 * s_i;
+    float *panel = out + (r0 / R) * kd * R;
+    for (int64_t p0 = 0; p0 < kc; p0 += PACK_KC_MAX) { /* kc > PACK_KC_MAX only for R > 32 */
+      int64_t len = kc - p0 < PACK_KC_MAX ? kc - p0 : PACK_KC_MAX;
+      if (s_i == 1) { /* contiguous along i: bfloat16 rows of R, one per step */
+        for (int64_t p = 0; p < len; p++)
+          for (int64_t i = 0; i < n; i++) narrowed[p * n + i] = ttd_bf16_from_f32(src[(p0 + p) * s_p + i]);
+        ttd_gemm_pack_bf16(narrowed, 1, n, n, len, R, 1, panel + p0 / 2 * R, NULL);
+      } else { /* one row of X after another */
+        for (int64_t i = 0; i < n; i++)
+          for (int64_t p = 0; p < len; p++) narrowed[i * len + p] = ttd_bf16_from_f32(src[i * s_i + (p0 + p) * s_p]);
+        ttd_gemm_pack_bf16(narrowed, len, 1, n, len, R, 1, panel + p0 / 2 * R, NULL);
+      }
+    }
   }
 }

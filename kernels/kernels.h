@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dtype.h"
 #include "thread_pool.h"
 #include "ttd/v1/protocol.h"
 
@@ -125,13 +126,22 @@ const char *ttd_k_matmul_path(int64_t k, int trans_a, int trans_b);
  * matches the float32 matmul of the widened operands to float32 rounding). bias may be NULL.
  * On a CPU with AVX-512 BF16 it runs on vdpbf16ps (subnormal operands and products count as
  * zero there), elsewhere, or with TTD_KERNEL_ISA set to "avx512", "avx2" or "generic", it
- * widens the operands as it packs them and runs that ISA's float32 micro-kernel. Thread-safe
- * as ttd_k_matmul; no allocation failure is reported (a tile falls back to a direct loop). */
+ * widens the operands as it packs them and runs that ISA's float32 micro-kernel; with
+ * TTD_KERNEL_ISA=generic-pairs, vdpbf16ps's arithmetic in portable C. Thread-safe as
+ * ttd_k_matmul; no allocation failure is reported (a tile falls back to a direct loop). */
 void ttd_k_matmul_bf16(ttd_pool *pool, const uint16_t *a, const uint16_t *b, const float *bias, float *c,
                        int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
                        int64_t a_batch_stride, int64_t b_batch_stride);
-/* The path ttd_k_matmul_bf16 takes now: "avx512bf16" or "float32" (widened). Never NULL, static. */
+/* The path bfloat16 products take now: "avx512bf16", "generic-pairs" (the same arithmetic in
+ * portable C, TTD_KERNEL_ISA=generic-pairs) or "float32" (widened). Never NULL, static. */
 const char *ttd_k_matmul_bf16_path(void);
+/* ttd_k_matmul_bias with each operand held as float32 or as bfloat16 bits (a_dtype, b_dtype:
+ * TTD_DTYPE_FLOAT32 or TTD_DTYPE_BFLOAT16). Both float32: ttd_k_matmul_bias. Either
+ * bfloat16: a bfloat16 product, as a card computes one: a float32 operand is rounded to
+ * bfloat16 (nearest even) as it is read, and then as ttd_k_matmul_bf16. */
+void ttd_k_matmul_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, const void *b, ttd_dtype b_dtype,
+                     const float *bias, float *c, int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+                     int trans_b, int64_t a_batch_stride, int64_t b_batch_stride);
 /* da and/or db for the same problem from dc [batch, m, n]; with a zero batch stride the
  * gradient is summed over the batch. */
 void ttd_k_matmul_backward(ttd_pool *pool, const float *a, const float *b, const float *dc, int64_t batch, int64_t m,
@@ -146,6 +156,13 @@ enum { TTD_KGRAD_ADD_A = 1, TTD_KGRAD_ADD_B = 2, TTD_KGRAD_ADD_BIAS = 4 };
 void ttd_k_matmul_backward_add(ttd_pool *pool, const float *a, const float *b, const float *dc, int64_t batch,
                                int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
                                int64_t b_batch_stride, float *da, float *db, unsigned add);
+/* ttd_k_matmul_backward_add of ttd_k_matmul_dt's product: with either operand bfloat16, both
+ * gradients are bfloat16 products too (dc rounded to bfloat16 as it is read), written or
+ * added in float32. */
+void ttd_k_matmul_backward_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, const void *b, ttd_dtype b_dtype,
+                              const float *dc, int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+                              int trans_b, int64_t a_batch_stride, int64_t b_batch_stride, float *da, float *db,
+                              unsigned add);
 
 /* ---- linear: y[n,out] = x[n,in] W[out,in]^T + bias[out] (bias may be NULL) ---- */
 void ttd_k_linear(ttd_pool *pool, const float *x, const float *w, const float *bias, int64_t n, int64_t in, int64_t out,
@@ -156,6 +173,13 @@ void ttd_k_linear_backward(ttd_pool *pool, const float *x, const float *w, const
  * added to rather than written. */
 void ttd_k_linear_backward_add(ttd_pool *pool, const float *x, const float *w, const float *dy, int64_t n, int64_t in,
                                int64_t out, float *dx, float *dw, float *dbias, unsigned add);
+/* The same with x and w each held as float32 or bfloat16 (their products as ttd_k_matmul_dt
+ * and ttd_k_matmul_backward_dt compute them); bias, dy and the gradients are float32. */
+void ttd_k_linear_dt(ttd_pool *pool, const void *x, ttd_dtype x_dtype, const void *w, ttd_dtype w_dtype,
+                     const float *bias, int64_t n, int64_t in, int64_t out, float *y);
+void ttd_k_linear_backward_dt(ttd_pool *pool, const void *x, ttd_dtype x_dtype, const void *w, ttd_dtype w_dtype,
+                              const float *dy, int64_t n, int64_t in, int64_t out, float *dx, float *dw, float *dbias,
+                              unsigned add);
 
 /* ---- convolution and pooling, NCHW ---- */
 typedef struct ttd_conv2d_params {

@@ -29,7 +29,12 @@ static void sum_columns(void *ctx, size_t begin, size_t end) {
 
 void ttd_k_linear(ttd_pool *pool, const float *x, const float *w, const float *bias, int64_t n, int64_t in, int64_t out,
                   float *y) {
-  ttd_k_matmul_bias(pool, x, w, bias, y, 1, n, out, in, 0, 1, 0, 0); /* bias in the epilogue */
+  ttd_k_linear_dt(pool, x, TTD_DTYPE_FLOAT32, w, TTD_DTYPE_FLOAT32, bias, n, in, out, y);
+}
+
+void ttd_k_linear_dt(ttd_pool *pool, const void *x, ttd_dtype x_dtype, const void *w, ttd_dtype w_dtype,
+                     const float *bias, int64_t n, int64_t in, int64_t out, float *y) {
+  ttd_k_matmul_dt(pool, x, x_dtype, w, w_dtype, bias, y, 1, n, out, in, 0, 1, 0, 0); /* bias in the epilogue */
 }
 
 void ttd_k_linear_backward(ttd_pool *pool, const float *x, const float *w, const float *dy, int64_t n, int64_t in,
@@ -39,7 +44,14 @@ void ttd_k_linear_backward(ttd_pool *pool, const float *x, const float *w, const
 
 void ttd_k_linear_backward_add(ttd_pool *pool, const float *x, const float *w, const float *dy, int64_t n, int64_t in,
                                int64_t out, float *dx, float *dw, float *dbias, unsigned add) {
-  ttd_k_matmul_backward_add(pool, x, w, dy, 1, n, out, in, 0, 1, 0, 0, dx, dw, add & (TTD_KGRAD_ADD_A | TTD_KGRAD_ADD_B));
+  ttd_k_linear_backward_dt(pool, x, TTD_DTYPE_FLOAT32, w, TTD_DTYPE_FLOAT32, dy, n, in, out, dx, dw, dbias, add);
+}
+
+void ttd_k_linear_backward_dt(ttd_pool *pool, const void *x, ttd_dtype x_dtype, const void *w, ttd_dtype w_dtype,
+                              const float *dy, int64_t n, int64_t in, int64_t out, float *dx, float *dw, float *dbias,
+                              unsigned add) {
+  ttd_k_matmul_backward_dt(pool, x, x_dtype, w, w_dtype, dy, 1, n, out, in, 0, 1, 0, 0, dx, dw,
+                           add & (TTD_KGRAD_ADD_A | TTD_KGRAD_ADD_B));
   if (dbias && out > 0) {
     bias_job j = {.dy = dy, .dbias = dbias, .rows = n, .cols = out, .add = (add & TTD_KGRAD_ADD_BIAS) != 0};
     ttd_pool_parallel_for(pool, (size_t)((out + BIAS_COLS - 1) / BIAS_COLS), 1, sum_columns, &j);

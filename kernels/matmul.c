@@ -32,11 +32,12 @@
  * problem goes this way depends on K, the layout and the ISA, never on m, so a row's values
  * still do not depend on how many rows A has.
  *
- * A and B may instead hold bfloat16 (ttd_k_matmul_bf16), summed in float32 all the same. On
- * a CPU with AVX-512 BF16 the packs keep them as bfloat16, K pairs side by side in 32 bits
- * (the layout vdpbf16ps multiplies, a zero past an odd K), so one "packed step" of a panel
- * is two steps of K; elsewhere (or with TTD_KERNEL_ISA set) they are widened to float32 as
- * they are packed and the float32 micro-kernels run. */
+ * Either operand may instead hold bfloat16 (ttd_k_matmul_dt). The product is then a bfloat16
+ * one: a float32 operand is rounded to bfloat16 as it is packed, each product of two bfloat16
+ * is exact, and the sums are float32. On a CPU with AVX-512 BF16 the packs hold bfloat16, K
+ * pairs side by side in 32 bits (the layout vdpbf16ps multiplies, a zero past an odd K), so
+ * one "packed step" of a panel is two steps of K; elsewhere (or with TTD_KERNEL_ISA set) they
+ * hold the bfloat16 values widened to float32 and the float32 micro-kernels run. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -57,17 +58,18 @@ enum {
   DOT_A_BYTES = 256 << 10, /* rows of A per dot-product tile: half of a 512 KiB L2 */
 };
 
-/* How A and B are held and packed. */
+/* How the product is computed, and so how A and B are packed. */
 typedef enum gemm_mode {
-  MODE_F32,        /* float32, packed as float32 */
-  MODE_BF16_WIDEN, /* bfloat16, widened to float32 as packed: any float32 micro-kernel */
-  MODE_BF16_PAIRS, /* bfloat16, packed as K pairs: the AVX-512 BF16 micro-kernel */
+  MODE_F32,        /* float32 operands, packed as float32 */
+  MODE_BF16_WIDEN, /* bfloat16 products: operands packed as bfloat16 values widened to float32 */
+  MODE_BF16_PAIRS, /* bfloat16 products: operands packed as K pairs of bfloat16, for a pairs kernel */
 } gemm_mode;
 
 typedef struct gemm_problem {
   int64_t batch, m, n, k;
   gemm_mode mode;
-  const void *a; /* A(q,i,p) = a[q*a_bs + i*a_rs + p*a_cs], float or bfloat16 bits (uint16_t) */
+  bool a_bf16, b_bf16; /* the operand is held as bfloat16 bits (uint16_t), else as float */
+  const void *a; /* A(q,i,p) = a[q*a_bs + i*a_rs + p*a_cs] */
   int64_t a_rs, a_cs, a_bs;
   const void *b; /* B(q,p,j) = b[q*b_bs + p*b_rs + j*b_cs] */
   int64_t b_rs, b_cs, b_bs;
@@ -86,26 +88,45 @@ typedef struct gemm_problem {
 
 /* Packed steps for kc steps of K: one float each, or one per pair of bfloat16. */
 static int64_t depth(const gemm_problem *g, int64_t kc) { return g->mode == MODE_BF16_PAIRS ? (kc + 1) / 2 : kc; }
-/* Element `off` of a float or bfloat16 operand. */
-static const void *elem_at(const gemm_problem *g, const void *base, int64_t off) {
-  return (const char *)base + off * (g->mode == MODE_F32 ? (int64_t)sizeof(float) : (int64_t)sizeof(uint16_t));
+/* Element `off` of an operand held as float (bf16 false) or bfloat16 bits. */
+static const void *elem_at(const void *base, bool bf16, int64_t off) {
+  return (const char *)base + off * (bf16 ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(float));
+}
+
+static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+/* Packs X(i,p) = x[i*s_i + p*s_p], i in [0, rows), p in [0, kc), held as `bf16` says, into
+ * R-row panels for g's micro-kernel: as it is, widened, rounded to bfloat16 or woven into
+ * pairs, as g->mode computes. `b`: X is B, transposed (its columns are the panels' rows). */
+static void pack_any(const gemm_problem *g, const void *x, bool bf16, int64_t s_i, int64_t s_p, int64_t rows, int64_t kc,
+                     int64_t R, bool b, float *out) {
+  bool pairs = g->mode == MODE_BF16_PAIRS;
+  if (bf16) {
+    ttd_gemm_pack_bf16(x, s_i, s_p, rows, kc, R, pairs, out, g->interleave16);
+  } else if (pairs) {
+    ttd_gemm_pack_f32_pairs(x, s_i, s_p, rows, kc, R, out);
+  } else {
+    if (b) ttd_gemm_pack_b(x, s_p, s_i, kc, rows, R, out, g->interleave16);
+    else ttd_gemm_pack_a(x, s_i, s_p, rows, kc, out);
+    if (g->mode == MODE_BF16_WIDEN) ttd_bf16_round_n(out, (size_t)(round_up(rows, R) * kc));
+  }
 }
 
 /* Packs A(i,p), i in [0, mc), p in [0, kc), of the operand at `a` (strides as in g) for g's micro-kernel. */
 static void pack_a_any(const gemm_problem *g, const void *a, int64_t mc, int64_t kc, float *out) {
-  if (g->mode == MODE_F32) ttd_gemm_pack_a(a, g->a_rs, g->a_cs, mc, kc, out);
-  else ttd_gemm_pack_bf16(a, g->a_rs, g->a_cs, mc, kc, MR, g->mode == MODE_BF16_PAIRS, out);
+  pack_any(g, a, g->a_bf16, g->a_rs, g->a_cs, mc, kc, MR, false, out);
 }
 
 /* Packs B(p,j), p in [0, kc), j in [0, nc), likewise. */
 static void pack_b_any(const gemm_problem *g, const void *b, int64_t kc, int64_t nc, float *out) {
-  if (g->mode == MODE_F32) ttd_gemm_pack_b(b, g->b_rs, g->b_cs, kc, nc, g->nr, out, g->interleave16);
-  else ttd_gemm_pack_bf16(b, g->b_cs, g->b_rs, nc, kc, g->nr, g->mode == MODE_BF16_PAIRS, out);
+  pack_any(g, b, g->b_bf16, g->b_cs, g->b_rs, nc, kc, g->nr, true, out);
 }
 
-/* One element of an operand as float. */
-static float elem_f32(const gemm_problem *g, const void *base, int64_t off) {
-  return g->mode == MODE_F32 ? ((const float *)base)[off] : ttd_f32_from_bf16(((const uint16_t *)base)[off]);
+/* One element of an operand held as `bf16` says, as the product reads it. */
+static float elem_f32(const gemm_problem *g, const void *base, bool bf16, int64_t off) {
+  if (bf16) return ttd_f32_from_bf16(((const uint16_t *)base)[off]);
+  float f = ((const float *)base)[off];
+  return g->mode == MODE_F32 ? f : ttd_f32_from_bf16(ttd_bf16_from_f32(f));
 }
 
 /* Without pack buffers (out of memory): the same tile, computed directly. */
@@ -118,13 +139,12 @@ static void tile_unpacked(const gemm_problem *g, int64_t q0, int64_t q1, int64_t
       float s = 0.0f;
       for (int64_t q = q0; q < q1; q++) {
         int64_t a0 = q * g->a_bs + i * g->a_rs, b0 = q * g->b_bs + j * g->b_cs;
-        for (int64_t p = 0; p < g->k; p++) s += elem_f32(g, g->a, a0 + p * g->a_cs) * elem_f32(g, g->b, b0 + p * g->b_rs);
+        for (int64_t p = 0; p < g->k; p++)
+          s += elem_f32(g, g->a, g->a_bf16, a0 + p * g->a_cs) * elem_f32(g, g->b, g->b_bf16, b0 + p * g->b_rs);
       }
       c[i * g->ldc + j] = g->c_accumulate ? c[i * g->ldc + j] + s : s;
     }
 }
-
-static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 /* The epilogue of a finished tile, while it is still in cache: its columns' bias, if any. */
 static void add_col_bias(const gemm_problem *g, float *c, int64_t i0, int64_t mc, int64_t j0, int64_t nc) {
@@ -181,9 +201,9 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
         int64_t kc = g->k - p0 < g->kc ? g->k - p0 : g->kc, kd = depth(g, kc);
         if (ttd_kstop(&check, mc * nc * kc)) goto out; /* a block is at most MC_MAX x NC_MAX x KC */
         float *bp = keep_b ? b_all + depth(g, p0) * nc_panels : b_all; /* p0 is even */
-        if (!kept) pack_b_any(g, elem_at(g, g->b, b0 + p0 * g->b_rs), kc, nc, bp);
+        if (!kept) pack_b_any(g, elem_at(g->b, g->b_bf16, b0 + p0 * g->b_rs), kc, nc, bp);
         if (g->a_packed) ap = g->a_packed + depth(g, p0) * round_up(g->m, MR) + i0 * kd; /* p0 is even */
-        else pack_a_any(g, elem_at(g, g->a, a0 + p0 * g->a_cs), mc, kc, ap);
+        else pack_a_any(g, elem_at(g->a, g->a_bf16, a0 + p0 * g->a_cs), mc, kc, ap);
         for (int64_t jr = 0; jr < nc; jr += g->nr) {
           int64_t nr = nc - jr < g->nr ? nc - jr : g->nr;
           for (int64_t ir = 0; ir < mc; ir += MR) {
@@ -236,7 +256,7 @@ static void pack_a_units(void *ctx, size_t begin, size_t end) {
     int64_t p0 = (int64_t)u / panels * g->kc, r0 = (int64_t)u % panels * MR;
     int64_t kc = g->k - p0 < g->kc ? g->k - p0 : g->kc;
     int64_t rows = g->m - r0 < MR ? g->m - r0 : MR;
-    pack_a_any(g, elem_at(g, g->a, p0 * g->a_cs + r0 * g->a_rs), rows, kc,
+    pack_a_any(g, elem_at(g->a, g->a_bf16, p0 * g->a_cs + r0 * g->a_rs), rows, kc,
                g->a_packed + depth(g, p0) * m_pad + r0 * depth(g, kc));
   }
 }
@@ -330,14 +350,23 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
   g->a_packed = NULL;
 }
 
+/* How the product of operands held as a_dtype and b_dtype is computed: float32, or a
+ * bfloat16 product when either is bfloat16. */
+static gemm_mode mode_of(ttd_dtype a_dtype, ttd_dtype b_dtype) {
+  if (a_dtype != TTD_DTYPE_BFLOAT16 && b_dtype != TTD_DTYPE_BFLOAT16) return MODE_F32;
+  return ttd_gemm_bf16_pairs() ? MODE_BF16_PAIRS : MODE_BF16_WIDEN;
+}
+
 /* C(q) (=, or summed over q when c_bs is 0) A(q) B(q) with the strides as described on
- * gemm_problem; dot_layout as there. */
-static void gemm(ttd_pool *pool, int64_t batch, int64_t m, int64_t n, int64_t k, const float *a, int64_t a_rs,
-                 int64_t a_cs, int64_t a_bs, const float *b, int64_t b_rs, int64_t b_cs, int64_t b_bs, float *c,
-                 int64_t ldc, int64_t c_bs, int accumulate, bool dot_layout) {
-  gemm_problem g = {.batch = batch, .m = m, .n = n, .k = k, .a = a, .a_rs = a_rs, .a_cs = a_cs, .a_bs = a_bs};
+ * gemm_problem, computed as `mode`; dot_layout as there. */
+static void gemm(ttd_pool *pool, gemm_mode mode, int64_t batch, int64_t m, int64_t n, int64_t k, const void *a,
+                 bool a_bf16, int64_t a_rs, int64_t a_cs, int64_t a_bs, const void *b, bool b_bf16, int64_t b_rs,
+                 int64_t b_cs, int64_t b_bs, float *c, int64_t ldc, int64_t c_bs, const float *col_bias, int accumulate,
+                 bool dot_layout) {
+  gemm_problem g = {.batch = batch, .m = m, .n = n, .k = k, .mode = mode, .a_bf16 = a_bf16, .b_bf16 = b_bf16};
+  g.a = a, g.a_rs = a_rs, g.a_cs = a_cs, g.a_bs = a_bs;
   g.b = b, g.b_rs = b_rs, g.b_cs = b_cs, g.b_bs = b_bs;
-  g.c = c, g.ldc = ldc, g.c_bs = c_bs, g.c_accumulate = accumulate, g.dot_layout = dot_layout;
+  g.c = c, g.ldc = ldc, g.c_bs = c_bs, g.col_bias = col_bias, g.c_accumulate = accumulate, g.dot_layout = dot_layout;
   gemm_run(pool, &g);
 }
 
@@ -353,30 +382,28 @@ void ttd_k_matmul(ttd_pool *pool, const float *a, const float *b, float *c, int6
   ttd_k_matmul_bias(pool, a, b, NULL, c, batch, m, n, k, trans_a, trans_b, a_batch_stride, b_batch_stride);
 }
 
-/* ttd_k_matmul_bias over operands held as `mode`. */
-static void matmul_bias(ttd_pool *pool, gemm_mode mode, const void *a, const void *b, const float *bias, float *c,
-                        int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
-                        int64_t a_batch_stride, int64_t b_batch_stride) {
-  int64_t a_rs, a_cs, b_rs, b_cs;
-  op_strides(trans_a, m, k, &a_rs, &a_cs);
-  op_strides(trans_b, k, n, &b_rs, &b_cs);
-  gemm_problem g = {.batch = batch, .m = m, .n = n, .k = k, .a = a, .a_rs = a_rs, .a_cs = a_cs, .a_bs = a_batch_stride};
-  g.mode = mode, g.b = b, g.b_rs = b_rs, g.b_cs = b_cs, g.b_bs = b_batch_stride;
-  g.c = c, g.ldc = n, g.c_bs = m * n, g.col_bias = bias, g.dot_layout = !trans_a && trans_b;
-  gemm_run(pool, &g);
-}
-
 void ttd_k_matmul_bias(ttd_pool *pool, const float *a, const float *b, const float *bias, float *c, int64_t batch,
                        int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
                        int64_t b_batch_stride) {
-  matmul_bias(pool, MODE_F32, a, b, bias, c, batch, m, n, k, trans_a, trans_b, a_batch_stride, b_batch_stride);
+  ttd_k_matmul_dt(pool, a, TTD_DTYPE_FLOAT32, b, TTD_DTYPE_FLOAT32, bias, c, batch, m, n, k, trans_a, trans_b,
+                  a_batch_stride, b_batch_stride);
+}
+
+void ttd_k_matmul_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, const void *b, ttd_dtype b_dtype,
+                     const float *bias, float *c, int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+                     int trans_b, int64_t a_batch_stride, int64_t b_batch_stride) {
+  int64_t a_rs, a_cs, b_rs, b_cs;
+  op_strides(trans_a, m, k, &a_rs, &a_cs);
+  op_strides(trans_b, k, n, &b_rs, &b_cs);
+  gemm(pool, mode_of(a_dtype, b_dtype), batch, m, n, k, a, a_dtype == TTD_DTYPE_BFLOAT16, a_rs, a_cs, a_batch_stride,
+       b, b_dtype == TTD_DTYPE_BFLOAT16, b_rs, b_cs, b_batch_stride, c, n, m * n, bias, 0, !trans_a && trans_b);
 }
 
 void ttd_k_matmul_bf16(ttd_pool *pool, const uint16_t *a, const uint16_t *b, const float *bias, float *c,
                        int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
                        int64_t a_batch_stride, int64_t b_batch_stride) {
-  gemm_mode mode = ttd_gemm_bf16_pairs() ? MODE_BF16_PAIRS : MODE_BF16_WIDEN;
-  matmul_bias(pool, mode, a, b, bias, c, batch, m, n, k, trans_a, trans_b, a_batch_stride, b_batch_stride);
+  ttd_k_matmul_dt(pool, a, TTD_DTYPE_BFLOAT16, b, TTD_DTYPE_BFLOAT16, bias, c, batch, m, n, k, trans_a, trans_b,
+                  a_batch_stride, b_batch_stride);
 }
 
 const char *ttd_k_matmul_path(int64_t k, int trans_a, int trans_b) {
@@ -386,7 +413,10 @@ const char *ttd_k_matmul_path(int64_t k, int trans_a, int trans_b) {
   return dot_applies(&g, ttd_gemm_pick_kernel(false).dot) ? "dot" : "packed";
 }
 
-const char *ttd_k_matmul_bf16_path(void) { return ttd_gemm_bf16_pairs() ? "avx512bf16" : "float32"; }
+const char *ttd_k_matmul_bf16_path(void) {
+  const char *pairs = ttd_gemm_bf16_pairs();
+  return pairs ? pairs : "float32";
+}
 
 /* With A' = op(A) [m,k], B' = op(B) [k,n] and dC [m,n] per problem:
  *   dA' = dC B'^T, stored as is, or transposed (B' dC^T) when trans_a;
@@ -401,17 +431,31 @@ void ttd_k_matmul_backward(ttd_pool *pool, const float *a, const float *b, const
 void ttd_k_matmul_backward_add(ttd_pool *pool, const float *a, const float *b, const float *dc, int64_t batch,
                                int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
                                int64_t b_batch_stride, float *da, float *db, unsigned add) {
+  ttd_k_matmul_backward_dt(pool, a, TTD_DTYPE_FLOAT32, b, TTD_DTYPE_FLOAT32, dc, batch, m, n, k, trans_a, trans_b,
+                           a_batch_stride, b_batch_stride, da, db, add);
+}
+
+void ttd_k_matmul_backward_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, const void *b, ttd_dtype b_dtype,
+                              const float *dc, int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+                              int trans_b, int64_t a_batch_stride, int64_t b_batch_stride, float *da, float *db,
+                              unsigned add) {
   int64_t a_rs, a_cs, b_rs, b_cs, mn = m * n;
   int add_a = (add & TTD_KGRAD_ADD_A) != 0, add_b = (add & TTD_KGRAD_ADD_B) != 0;
+  gemm_mode mode = mode_of(a_dtype, b_dtype);
+  bool a16 = a_dtype == TTD_DTYPE_BFLOAT16, b16 = b_dtype == TTD_DTYPE_BFLOAT16;
   op_strides(trans_a, m, k, &a_rs, &a_cs);
   op_strides(trans_b, k, n, &b_rs, &b_cs);
   /* dA's two forms read rows of dC and, B stored [k,n], rows of B, both along n: the dot layout */
   if (da && !trans_a)
-    gemm(pool, batch, m, k, n, dc, n, 1, mn, b, b_cs, b_rs, b_batch_stride, da, k, a_batch_stride, add_a, !trans_b);
+    gemm(pool, mode, batch, m, k, n, dc, false, n, 1, mn, b, b16, b_cs, b_rs, b_batch_stride, da, k, a_batch_stride, NULL,
+         add_a, !trans_b);
   if (da && trans_a)
-    gemm(pool, batch, k, m, n, b, b_rs, b_cs, b_batch_stride, dc, 1, n, mn, da, m, a_batch_stride, add_a, !trans_b);
+    gemm(pool, mode, batch, k, m, n, b, b16, b_rs, b_cs, b_batch_stride, dc, false, 1, n, mn, da, m, a_batch_stride, NULL,
+         add_a, !trans_b);
   if (db && !trans_b)
-    gemm(pool, batch, k, n, m, a, a_cs, a_rs, a_batch_stride, dc, n, 1, mn, db, n, b_batch_stride, add_b, false);
+    gemm(pool, mode, batch, k, n, m, a, a16, a_cs, a_rs, a_batch_stride, dc, false, n, 1, mn, db, n, b_batch_stride, NULL,
+         add_b, false);
   if (db && trans_b)
-    gemm(pool, batch, n, k, m, dc, 1, n, mn, a, a_rs, a_cs, a_batch_stride, db, k, b_batch_stride, add_b, false);
+    gemm(pool, mode, batch, n, k, m, dc, false, 1, n, mn, a, a16, a_rs, a_cs, a_batch_stride, db, k, b_batch_stride, NULL,
+         add_b, false);
 }

@@ -187,8 +187,10 @@ static ttd_status_t backward(ttd_call *call, const ProtobufCMessage *request, Pr
     if (!resp->input_grads) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
     for (int i = 0; !status && i < p->n_inputs; i++) {
       uint64_t handle = 0;
-      ttd_tensor_spec spec = run->values[i]->spec; /* float32, as the gradient */
-      if (input_grads[i]) status = ttd_session_tensor_add(call->session, input_grads[i], &handle);
+      ttd_tensor_spec spec = run->values[i]->spec;
+      spec.dtype = TTD_DTYPE_FLOAT32; /* the gradient's, whatever the input's */
+      status = ttd_tensor_spec_finish(&spec);
+      if (!status && input_grads[i]) status = ttd_session_tensor_add(call->session, input_grads[i], &handle);
       resp->input_grads[i] = ttd_tensor_info_to_proto(call, handle, &spec);
       if (!resp->input_grads[i]) status = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
     }

@@ -207,14 +207,17 @@ def test_upstream_gradient_through_a_module_on_cpu():
 
 def test_bfloat16_upload_passes_a_float_gradient_back():
     """x.to("tt", dtype=torch.bfloat16) of a float32 x that requires grad: x.grad is float32,
-    and is d sum(x W^T + b) / dx = 1 W, whatever x's rounding."""
+    and is d sum(x W^T + b) / dx = 1 W, whatever x's rounding, with W as the linear's bfloat16
+    product reads it (rounded to bfloat16), not as the float32 parameter holds it."""
     torch.manual_seed(11)
     ref = torch.nn.Linear(4, 2)
     cm = ttd.compile(copy.deepcopy(ref)).to("tt")
     x = torch.randn(2, 4, requires_grad=True)
     cm(x.to("tt", dtype=torch.bfloat16)).to("cpu").sum().backward()
     assert x.grad is not None and x.grad.dtype == torch.float32
-    torch.testing.assert_close(x.grad, torch.ones(2, 2) @ ref.weight.detach(), rtol=1e-5, atol=1e-6)
+    w_read = ref.weight.detach().bfloat16().float()
+    torch.testing.assert_close(x.grad, torch.ones(2, 2) @ w_read, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(w_read, ref.weight.detach())
 
 
 def test_runs_live_as_long_as_torchs_graph():

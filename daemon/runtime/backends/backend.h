@@ -79,6 +79,9 @@ typedef struct ttd_node_call {
   const struct ttd_program_node *node;
   ttd_backend_buffer *inputs[3];
   const struct ttd_kshape *input_shapes[3];
+  /* Each input's element type: float32 (int32 where the op takes indices), or bfloat16 where
+   * takes_bf16 said the node reads it so. */
+  ttd_dtype input_dtypes[3];
   ttd_backend_buffer *output;
   const struct ttd_kshape *output_shape;
   ttd_backend_buffer *saved[2];
@@ -150,6 +153,11 @@ typedef struct ttd_backend_vtable {
    * its buffer rather than write it (ttd_node_call.input_grads_add), so that a parameter's
    * .grad is summed in place, with no gradient buffer and no buffer_accumulate pass. */
   bool (*backward_adds)(ttd_backend *backend, const struct ttd_program_node *node, int input);
+  /* Optional (NULL: never): whether the node reads input `input` as bfloat16 when it is held
+   * so, forward and backward (its products then bfloat16 ones: the other operand rounded,
+   * sums in float32). A bfloat16 operand that every node reading it takes so is read as it
+   * is; any other is widened to float32 once per run. */
+  bool (*takes_bf16)(ttd_backend *backend, const struct ttd_program_node *node, int input);
   /* dst += src, float32 elements, same size, same device. */
   ttd_status_t (*buffer_accumulate)(ttd_backend *backend, ttd_backend_buffer *dst, ttd_backend_buffer *src);
   ttd_status_t (*optimizer_step)(ttd_backend *backend, int device, const ttd_optimizer_call *call);

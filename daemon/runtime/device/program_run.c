@@ -20,6 +20,22 @@ static ttd_status_t check_operand(const ttd_program_value *want, const ttd_tenso
   return TTD_OK;
 }
 
+/* Whether operand value v, held as bfloat16, is read so: it is no output of the program, and
+ * every node input that reads it the backend takes as bfloat16. */
+static bool read_as_bf16(ttd_backend *backend, const ttd_program *program, int v) {
+  if (!backend->vtable->takes_bf16) return false;
+  for (int o = 0; o < program->n_outputs; o++) {
+    if (program->outputs[o] == v) return false;
+  }
+  for (int i = 0; i < program->n_nodes; i++) {
+    const ttd_program_node *node = &program->nodes[i];
+    for (int k = 0; k < node->n_inputs; k++) {
+      if (node->inputs[k] == v && !backend->vtable->takes_bf16(backend, node, k)) return false;
+    }
+  }
+  return true;
+}
+
 /* A tensor of the run: on its device, charged to its quota. */
 static ttd_status_t make_tensor(ttd_backend *backend, const ttd_run *run, ttd_dtype dtype, const ttd_kshape *shape,
                                 ttd_tensor **out) {
@@ -114,10 +130,11 @@ ttd_status_t ttd_run_forward_mode(ttd_backend *backend, ttd_quota *quota, ttd_pr
   for (int i = 0; i < n_inputs; i++) run->operands[i] = ttd_tensor_retain(inputs[i]);
   for (int i = 0; i < n_params; i++) run->operands[n_inputs + i] = ttd_tensor_retain(params[i]);
   ttd_status_t status = TTD_OK;
-  /* Compute is float32: bfloat16 operands are widened on the device first. */
+  /* A bfloat16 operand is read as it is where every node reading it takes it so (its
+   * products are bfloat16 ones); else it is widened to float32 on the device first. */
   for (int i = 0; i < n_inputs + n_params && !status; i++) {
     ttd_tensor *op = run->operands[i];
-    if (op->spec.dtype != TTD_DTYPE_BFLOAT16) {
+    if (op->spec.dtype != TTD_DTYPE_BFLOAT16 || read_as_bf16(backend, program, i)) {
       run->values[i] = ttd_tensor_retain(op);
       continue;
     }
@@ -139,6 +156,7 @@ ttd_status_t ttd_run_forward_mode(ttd_backend *backend, ttd_quota *quota, ttd_pr
     for (int k = 0; k < node->n_inputs; k++) {
       call.inputs[k] = run->values[node->inputs[k]]->buffer;
       call.input_shapes[k] = &program->values[node->inputs[k]].type.shape;
+      call.input_dtypes[k] = run->values[node->inputs[k]]->spec.dtype;
     }
     for (int k = 0; k < 2; k++) call.saved[k] = run->saved[2 * i + k] ? run->saved[2 * i + k]->buffer : NULL;
     status = node_status(run, i, "forward", backend->vtable->run_node(backend, device, &call));
@@ -230,6 +248,7 @@ static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd
     const ttd_program_value *in = &program->values[node->inputs[k]];
     call.inputs[k] = run->values[node->inputs[k]]->buffer;
     call.input_shapes[k] = &in->type.shape;
+    call.input_dtypes[k] = run->values[node->inputs[k]]->spec.dtype;
     if (!grad_needed(in, input_grads)) continue;
     int p = param_index(program, node->inputs[k]);
     bool first;

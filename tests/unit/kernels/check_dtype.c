@@ -324,7 +324,8 @@ START_TEST(test_convert_misaligned) {
 }
 END_TEST
 
-/* The array conversions (vectorised, picked for the CPU at load time) give, at every length
+/* The array conversions and the rounding in place (vectorised, picked for the CPU at load
+ * time) give, at every length
  * around their vector widths and from every start in a vector, the bits of the scalar
  * conversions on random patterns with NaNs, infinities, denormals and exact ties. */
 START_TEST(test_convert_arrays_match_scalar) {
@@ -356,6 +357,14 @@ START_TEST(test_convert_arrays_match_scalar) {
       memset(back, 0xA5, sizeof(back));
       ck_assert_int_eq(ttd_dtype_convert(back + start, TTD_DTYPE_FLOAT32, half + start, TTD_DTYPE_BFLOAT16, n), 0);
       for (size_t i = 0; i < n; i++) ck_assert_uint_eq(bits_of_f32(back[start + i]), (uint32_t)half[start + i] << 16);
+      ck_assert_uint_eq(bits_of_f32(back[start + n]), 0xA5A5A5A5u);
+      /* rounding in place: the widening of the narrowed value, bit for bit, NaN included */
+      memset(back, 0xA5, sizeof(back));
+      memcpy(back + start, src + start, n * sizeof(float));
+      ttd_bf16_round_n(back + start, n);
+      for (size_t i = 0; i < n; i++)
+        ck_assert_msg(bits_of_f32(back[start + i]) == (uint32_t)ttd_bf16_from_f32(src[start + i]) << 16,
+                      "round n=%zu start=%zu i=%zu: 0x%08X", n, start, i, bits_of_f32(back[start + i]));
       ck_assert_uint_eq(bits_of_f32(back[start + n]), 0xA5A5A5A5u);
     }
   }

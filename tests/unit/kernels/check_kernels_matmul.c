@@ -433,9 +433,9 @@ END_TEST
  * broadcast then A broadcast, with a bias: each problem matches double, on every path. */
 START_TEST(test_matmul_bf16_unaligned_batched) {
   const int64_t batch = 3, m = 7, n = 37, k = 19;
-  const char *isas[] = {NULL, "generic"};
+  const char *isas[] = {NULL, "generic", "generic-pairs"};
   uint64_t rng = 13;
-  for (size_t v = 0; v < 2; v++) {
+  for (size_t v = 0; v < 3; v++) {
     if (isas[v]) setenv("TTD_KERNEL_ISA", isas[v], 1);
     for (int t = 0; t < 4; t++)
       for (int which = 0; which < 2; which++) {
@@ -493,6 +493,131 @@ END_TEST
 /* Over several K blocks each thread takes whole columns of tiles and packs their B once (600 x
  * 1100 x 530 on two threads: three columns of three tiles): the same bits as on the caller alone. */
 START_TEST(test_matmul_columns_identical) { check_pool_identical(2, 600, 1100, 530, 9, false); }
+END_TEST
+
+/* The portable pairs kernel (TTD_KERNEL_ISA=generic-pairs: vdpbf16ps's arithmetic in C, on
+ * panels of pairs) says so and matches double at odd sizes and odd K, and a pool of 4 gives
+ * its bits. */
+START_TEST(test_matmul_bf16_generic_pairs) {
+  setenv("TTD_KERNEL_ISA", "generic-pairs", 1);
+  ck_assert_str_eq(ttd_k_matmul_bf16_path(), "generic-pairs");
+  check_bf16_sizes("generic-pairs");
+  check_pool_identical(4, 64, 530, 785, 15, true);
+  unsetenv("TTD_KERNEL_ISA");
+}
+END_TEST
+
+/* Rounds n floats to bfloat16 bits (untracked, free()). */
+static uint16_t *bf16_of(const float *f, int64_t n) {
+  uint16_t *h = malloc((size_t)(n ? n : 1) * sizeof(uint16_t));
+  ck_assert_ptr_nonnull(h);
+  for (int64_t i = 0; i < n; i++) h[i] = ttd_bf16_from_f32(f[i]);
+  return h;
+}
+
+/* The float32 of each rounded to bfloat16 (untracked, free()). */
+static float *rounded_of(const float *f, int64_t n) {
+  float *r = malloc((size_t)(n ? n : 1) * sizeof(float));
+  ck_assert_ptr_nonnull(r);
+  for (int64_t i = 0; i < n; i++) r[i] = ttd_f32_from_bf16(ttd_bf16_from_f32(f[i]));
+  return r;
+}
+
+static const char *const bf16_isas[] = {NULL, "generic", "generic-pairs"};
+
+/* One float32 and one bfloat16 operand (either way round, all four transposes, odd sizes, a
+ * K over several blocks, a bias, batched with either operand broadcast, on 1 and 2 threads):
+ * the product is the bfloat16 one, the same bits as ttd_k_matmul_bf16 of the float32 operand
+ * rounded first, and within float32 accumulation of the double product of the rounded values,
+ * on every path. */
+START_TEST(test_matmul_dt_mixed) {
+  static const int64_t sizes[][4] = {{1, 1, 1, 1},   {3, 17, 1, 1},   {17, 3, 513, 1}, {7, 37, 19, 3},
+                                     {64, 530, 1100, 1}, {13, 5, 17, 2}};
+  ttd_pool *pool = ttd_pool_create(2);
+  ck_assert_ptr_nonnull(pool);
+  uint64_t rng = 21;
+  for (size_t v = 0; v < 3; v++) {
+    if (bf16_isas[v]) setenv("TTD_KERNEL_ISA", bf16_isas[v], 1);
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
+      for (int t = 0; t < 8; t++) {
+        int64_t m = sizes[s][0], n = sizes[s][1], k = sizes[s][2], batch = sizes[s][3];
+        int ta = t & 1, tb = (t >> 1) & 1, a_is_f32 = t >> 2;
+        int64_t as = batch > 1 && s == 3 ? 0 : m * k, bs = batch > 1 && s == 5 ? 0 : k * n; /* broadcast */
+        int64_t a_len = as ? batch * as : m * k, b_len = bs ? batch * bs : k * n;
+        float *af = kt_rand_buf(&rng, a_len, -1, 1), *bf = kt_rand_buf(&rng, b_len, -1, 1);
+        float *bias = kt_rand_buf(&rng, n, -1, 1), *ar = rounded_of(af, a_len), *br = rounded_of(bf, b_len);
+        uint16_t *ah = bf16_of(af, a_len), *bh = bf16_of(bf, b_len);
+        float *c = kt_nan_buf(batch * m * n), *want_bits = kt_nan_buf(batch * m * n);
+        double *want = kt_dzeros(m * n);
+        ttd_pool *p = m * n * k > 100000 ? pool : NULL;
+        if (a_is_f32)
+          ttd_k_matmul_dt(p, af, TTD_DTYPE_FLOAT32, bh, TTD_DTYPE_BFLOAT16, bias, c, batch, m, n, k, ta, tb, as, bs);
+        else
+          ttd_k_matmul_dt(p, ah, TTD_DTYPE_BFLOAT16, bf, TTD_DTYPE_FLOAT32, bias, c, batch, m, n, k, ta, tb, as, bs);
+        ttd_k_matmul_bf16(p, ah, bh, bias, want_bits, batch, m, n, k, ta, tb, as, bs);
+        char what[128];
+        snprintf(what, sizeof(what), "%s (%s): %s, C %lldx%lldx%lld x%lld ta=%d tb=%d", bf16_isas[v] ? bf16_isas[v] : "widest",
+                 ttd_k_matmul_bf16_path(), a_is_f32 ? "A float32" : "B float32", (long long)m, (long long)n,
+                 (long long)k, (long long)batch, ta, tb);
+        ck_assert_msg(memcmp(c, want_bits, sizeof(float) * (size_t)(batch * m * n)) == 0,
+                      "%s: not the bits of the bfloat16 product", what);
+        for (int64_t q = 0; q < batch; q++) {
+          ref_matmul(ar + q * as, br + q * bs, want, m, n, k, ta, tb);
+          for (int64_t i = 0; i < m * n; i++) want[i] += bias[i % n];
+          kt_expect_close(what, c + q * m * n, want, m * n, 1e-5, kt_dot_tol(k + 1));
+        }
+        free(af), free(bf), free(bias), free(ar), free(br), free(ah), free(bh), free(c), free(want_bits), free(want);
+      }
+    unsetenv("TTD_KERNEL_ISA");
+  }
+  ttd_pool_destroy(pool);
+}
+END_TEST
+
+/* The backward of a product with one bfloat16 operand: dA and dB are bfloat16 products of
+ * the rounded dC and the rounded other operand (within float32 accumulation of double), on
+ * every path and all transposes; with TTD_KGRAD_ADD_* they are added to what was there. */
+START_TEST(test_matmul_backward_dt) {
+  static const int64_t sizes[][3] = {{7, 13, 5}, {33, 65, 129}, {1, 17, 513}, {70, 530, 300}};
+  uint64_t rng = 22;
+  for (size_t v = 0; v < 3; v++) {
+    if (bf16_isas[v]) setenv("TTD_KERNEL_ISA", bf16_isas[v], 1);
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
+      for (int t = 0; t < 8; t++) {
+        int64_t m = sizes[s][0], n = sizes[s][1], k = sizes[s][2];
+        int ta = t & 1, tb = (t >> 1) & 1, a_is_f32 = t >> 2;
+        float *af = kt_rand_buf(&rng, m * k, -1, 1), *bf = kt_rand_buf(&rng, k * n, -1, 1);
+        float *dc = kt_rand_buf(&rng, m * n, -1, 1);
+        float *ar = rounded_of(af, m * k), *br = rounded_of(bf, k * n), *dcr = rounded_of(dc, m * n);
+        uint16_t *ah = bf16_of(af, m * k), *bh = bf16_of(bf, k * n);
+        const void *a = a_is_f32 ? (const void *)af : ah, *b = a_is_f32 ? (const void *)bh : bf;
+        ttd_dtype adt = a_is_f32 ? TTD_DTYPE_FLOAT32 : TTD_DTYPE_BFLOAT16;
+        ttd_dtype bdt = a_is_f32 ? TTD_DTYPE_BFLOAT16 : TTD_DTYPE_FLOAT32;
+        float *da = kt_nan_buf(m * k), *db = kt_nan_buf(k * n);
+        ttd_k_matmul_backward_dt(NULL, a, adt, b, bdt, dc, 1, m, n, k, ta, tb, 0, 0, da, db, 0);
+        double *want_a = kt_dzeros(m * k), *want_b = kt_dzeros(k * n);
+        if (!ta) ref_matmul(dcr, br, want_a, m, k, n, 0, !tb); /* dA [m,k] = dC B'^T */
+        else ref_matmul(br, dcr, want_a, k, m, n, tb, 1);       /* dA [k,m] = B' dC^T */
+        if (!tb) ref_matmul(ar, dcr, want_b, k, n, m, !ta, 0); /* dB [k,n] = A'^T dC */
+        else ref_matmul(dcr, ar, want_b, n, k, m, 1, ta);       /* dB [n,k] = dC^T A' */
+        char what[128];
+        snprintf(what, sizeof(what), "%s: %s, %lldx%lldx%lld ta=%d tb=%d", bf16_isas[v] ? bf16_isas[v] : "widest",
+                 a_is_f32 ? "A float32" : "B float32", (long long)m, (long long)n, (long long)k, ta, tb);
+        kt_expect_close(what, da, want_a, m * k, 1e-5, kt_dot_tol(n));
+        kt_expect_close(what, db, want_b, k * n, 1e-5, kt_dot_tol(m));
+        float *ga = kt_rand_buf(&rng, m * k, -1, 1), *gb = kt_rand_buf(&rng, k * n, -1, 1);
+        for (int64_t i = 0; i < m * k; i++) want_a[i] += ga[i];
+        for (int64_t i = 0; i < k * n; i++) want_b[i] += gb[i];
+        ttd_k_matmul_backward_dt(NULL, a, adt, b, bdt, dc, 1, m, n, k, ta, tb, 0, 0, ga, gb,
+                                 TTD_KGRAD_ADD_A | TTD_KGRAD_ADD_B);
+        kt_expect_close(what, ga, want_a, m * k, 1e-5, kt_dot_tol(n + 1));
+        kt_expect_close(what, gb, want_b, k * n, 1e-5, kt_dot_tol(m + 1));
+        free(af), free(bf), free(dc), free(ar), free(br), free(dcr), free(ah), free(bh), free(da), free(db);
+        free(want_a), free(want_b), free(ga), free(gb);
+      }
+    unsetenv("TTD_KERNEL_ISA");
+  }
+}
 END_TEST
 
 /* k = 0 gives C = bias (or zeros); m = 0 writes nothing. */
@@ -654,6 +779,9 @@ Suite *kernels_matmul_suite(void) {
   tcase_add_test(tc, test_matmul_bf16_unaligned_batched);
   tcase_add_test(tc, test_matmul_bf16_pool_identical);
   tcase_add_test(tc, test_matmul_bf16_empty);
+  tcase_add_test(tc, test_matmul_bf16_generic_pairs);
+  tcase_add_test(tc, test_matmul_dt_mixed);
+  tcase_add_test(tc, test_matmul_backward_dt);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("linear");

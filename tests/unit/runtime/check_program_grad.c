@@ -385,8 +385,41 @@ START_TEST(test_scalar_operand_errors) {
 }
 END_TEST
 
-/* bfloat16 storage: a program whose input and parameters are bfloat16 computes in float32
- * exactly as the float32 program on the rounded values, and its gradients (float32) match. */
+/* A bfloat16 operand that another op reads too (w, also in a mul), or that is an output of
+ * the program itself (x), is widened to float32 once for the run: every node reads float32,
+ * the linear computes a float32 product, and the output is float32. */
+START_TEST(test_bfloat16_widened_where_not_every_reader_takes_it) {
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "x", TTD__V1__DTYPE__DTYPE_BFLOAT16, 2, 4, 6, 0, 0);
+  gb_value(&b, 1, "w", TTD__V1__DTYPE__DTYPE_BFLOAT16, 2, 3, 6, 0, 0);
+  gb_node(&b, "y", "linear", "x", "w", NULL);
+  gb_node(&b, "w2", "mul", "w", "w", NULL);
+  b.outputs[b.graph.n_outputs++] = "y";
+  b.outputs[b.graph.n_outputs++] = "w2";
+  b.outputs[b.graph.n_outputs++] = "x";
+  harness h;
+  harness_setup(&h, &b, 0.5f, 1);
+  ttd_run *run = NULL;
+  ck_assert_ptr_null(ttd_run_forward(h.backend, NULL, h.program, h.inputs, 1, h.params, 1, &run));
+  for (int v = 0; v < 2; v++) { /* x, w */
+    ck_assert_ptr_ne(run->values[v], run->operands[v]);
+    ck_assert_int_eq(run->values[v]->spec.dtype, TTD_DTYPE_FLOAT32);
+  }
+  /* y[0][0]: the float32 sum of the widened values' products */
+  float y = read_at(h.backend, run->values[h.program->outputs[0]], 0), want = 0.0f;
+  for (int p = 0; p < 6; p++) want += read_at(h.backend, run->values[0], (uint64_t)p) * read_at(h.backend, run->values[1], (uint64_t)p);
+  ck_assert_float_eq_tol(y, want, 1e-6f);
+  ttd_run_free(run);
+  harness_teardown(&h);
+}
+END_TEST
+
+/* bfloat16 storage: a program whose input and parameters are bfloat16 reads x and w as they
+ * are (the linear's products are bfloat16 ones) and widens the bias (read by the linear's
+ * float32 epilogue). Its loss is the float32 program's on the rounded values (every product
+ * of two bfloat16 is exact); its gradients are float32, those of bfloat16 products (dy
+ * rounded), so within bfloat16's rounding of the float32 program's, and not all equal. */
 START_TEST(test_bfloat16_storage_matches_float32) {
   graph_builder b16, b32;
   for (int pass = 0; pass < 2; pass++) {
@@ -427,6 +460,12 @@ START_TEST(test_bfloat16_storage_matches_float32) {
   for (int k = 0; k < 2; k++) {
     ttd_run *run = NULL;
     ck_assert_ptr_null(ttd_run_forward(hs[k]->backend, NULL, hs[k]->program, hs[k]->inputs, 2, hs[k]->params, 2, &run));
+    if (k == 0) { /* values: x, t, w, c */
+      ck_assert_ptr_eq(run->values[0], hs[k]->inputs[0]);
+      ck_assert_ptr_eq(run->values[2], hs[k]->params[0]);
+      ck_assert_int_eq(run->values[3]->spec.dtype, TTD_DTYPE_FLOAT32);
+      ck_assert_int_eq(hs[k]->params[1]->spec.dtype, TTD_DTYPE_BFLOAT16);
+    }
     ttd_tensor_spec one = {.dtype = TTD_DTYPE_FLOAT32, .ndim = 0};
     ttd_tensor_spec_finish(&one);
     ttd_tensor *dloss = NULL;
@@ -436,14 +475,21 @@ START_TEST(test_bfloat16_storage_matches_float32) {
     ttd_run_free(run);
     ttd_tensor_release(dloss);
   }
+  int differ = 0;
   for (int p = 0; p < 2; p++) {
     ck_assert_int_eq(g16[p]->spec.dtype, TTD_DTYPE_FLOAT32);
+    float largest = 0.0f;
+    for (uint64_t i = 0; i < g32[p]->spec.numel; i++) largest = fmaxf(largest, fabsf(read_at(h32.backend, g32[p], i)));
     for (uint64_t i = 0; i < g16[p]->spec.numel; i++) {
-      ck_assert_float_eq(read_at(h16.backend, g16[p], i), read_at(h32.backend, g32[p], i));
+      float got = read_at(h16.backend, g16[p], i), want = read_at(h32.backend, g32[p], i);
+      ck_assert_msg(fabsf(got - want) <= largest / 128.0f, "grad %d[%llu]: %g against float32's %g", p,
+                    (unsigned long long)i, (double)got, (double)want);
+      differ += got != want;
     }
     ttd_tensor_release(g16[p]);
     ttd_tensor_release(g32[p]);
   }
+  ck_assert_int_gt(differ, 0); /* dW's products read dy rounded */
   harness_teardown(&h16);
   harness_teardown(&h32);
 }
@@ -642,6 +688,7 @@ Suite *program_grad_suite(void) {
   tcase_add_test(tc, test_scalar_operands);
   tcase_add_test(tc, test_scalar_operand_errors);
   tcase_add_test(tc, test_bfloat16_storage_matches_float32);
+  tcase_add_test(tc, test_bfloat16_widened_where_not_every_reader_takes_it);
   tcase_add_test(tc, test_grad_summed_in_place);
   tcase_add_test(tc, test_cost_estimate);
   suite_add_tcase(s, tc);

@@ -20,6 +20,9 @@ _Static_assert(TTD_OP_RELU - TTD_OP_RELU == TTD_UN_RELU && TTD_OP_GELU - TTD_OP_
 static const ttd_kshape scalar_shape = {0};
 
 #define F(i) ((float *)call->inputs[i]->data)
+/* An input that takes_bf16 may let through as bfloat16: its data and its element type. */
+#define RAW(i) ((const void *)call->inputs[i]->data)
+#define DT(i) (call->input_dtypes[i] == TTD_DTYPE_BFLOAT16 ? TTD_DTYPE_BFLOAT16 : TTD_DTYPE_FLOAT32)
 #define I32(i) ((const int32_t *)call->inputs[i]->data)
 #define OUT ((float *)call->output->data)
 
@@ -105,6 +108,11 @@ bool ttd_sim_backward_adds(ttd_backend *backend, const ttd_program_node *node, i
   return (node->op == TTD_OP_LINEAR && input < 3) || (node->op == TTD_OP_MATMUL && input < 2);
 }
 
+bool ttd_sim_takes_bf16(ttd_backend *backend, const ttd_program_node *node, int input) {
+  (void)backend;
+  return (node->op == TTD_OP_LINEAR || node->op == TTD_OP_MATMUL) && input < 2;
+}
+
 ttd_status_t ttd_sim_run_node_backward(ttd_backend *backend, int device, const ttd_node_call *call) {
   (void)device;
   return run_with_cancel(node_backward, backend, call);
@@ -120,12 +128,13 @@ static ttd_status_t node_forward(ttd_backend *backend, const ttd_node_call *call
     case TTD_OP_MATMUL: {
       matmul_dims d = matmul_dims_of(call);
       if (d.batch == 0) return TTD_OK;
-      ttd_k_matmul(pool, F(0), F(1), OUT, d.batch, d.m, d.n, d.k, a->transpose_a, a->transpose_b, d.a_stride, d.b_stride);
+      ttd_k_matmul_dt(pool, RAW(0), DT(0), RAW(1), DT(1), NULL, OUT, d.batch, d.m, d.n, d.k, a->transpose_a, a->transpose_b,
+                      d.a_stride, d.b_stride);
       return TTD_OK;
     }
     case TTD_OP_LINEAR: {
       int64_t in = s0->d[s0->ndim - 1], out = os->d[os->ndim - 1];
-      ttd_k_linear(pool, F(0), F(1), call->inputs[2] ? F(2) : NULL, leading_rows(s0), in, out, OUT);
+      ttd_k_linear_dt(pool, RAW(0), DT(0), RAW(1), DT(1), call->inputs[2] ? F(2) : NULL, leading_rows(s0), in, out, OUT);
       return TTD_OK;
     }
     case TTD_OP_ADD: case TTD_OP_SUB: case TTD_OP_MUL: case TTD_OP_DIV: {
@@ -215,14 +224,14 @@ static ttd_status_t node_backward(ttd_backend *backend, const ttd_node_call *cal
   switch (node->op) {
     case TTD_OP_MATMUL: { /* input_grads_add bits 0 and 1 are TTD_KGRAD_ADD_A and _B */
       matmul_dims d = matmul_dims_of(call);
-      ttd_k_matmul_backward_add(pool, F(0), F(1), DY, d.batch, d.m, d.n, d.k, a->transpose_a, a->transpose_b,
-                                d.a_stride, d.b_stride, DIN(0), DIN(1), call->input_grads_add);
+      ttd_k_matmul_backward_dt(pool, RAW(0), DT(0), RAW(1), DT(1), DY, d.batch, d.m, d.n, d.k, a->transpose_a,
+                               a->transpose_b, d.a_stride, d.b_stride, DIN(0), DIN(1), call->input_grads_add);
       return TTD_OK;
     }
     case TTD_OP_LINEAR: { /* bits 0, 1, 2: x, weight, bias as TTD_KGRAD_ADD_A, _B, _BIAS */
       int64_t in = s0->d[s0->ndim - 1], out = os->d[os->ndim - 1];
-      ttd_k_linear_backward_add(pool, F(0), F(1), DY, leading_rows(s0), in, out, DIN(0), DIN(1), DIN(2),
-                                call->input_grads_add);
+      ttd_k_linear_backward_dt(pool, RAW(0), DT(0), RAW(1), DT(1), DY, leading_rows(s0), in, out, DIN(0), DIN(1), DIN(2),
+                               call->input_grads_add);
       return TTD_OK;
     }
     case TTD_OP_ADD: case TTD_OP_SUB: case TTD_OP_MUL: case TTD_OP_DIV: {

@@ -45,6 +45,8 @@ ttd_status_t ttd_sim_run_node(ttd_backend *backend, int device, const ttd_node_c
 ttd_status_t ttd_sim_run_node_backward(ttd_backend *backend, int device, const ttd_node_call *call);
 /* Whether its backward adds input `input`'s gradient (backend.h: backward_adds): linear and matmul. */
 bool ttd_sim_backward_adds(ttd_backend *backend, const struct ttd_program_node *node, int input);
+/* Whether it reads input `input` as bfloat16 (backend.h: takes_bf16): the operands of linear and matmul. */
+bool ttd_sim_takes_bf16(ttd_backend *backend, const struct ttd_program_node *node, int input);
 ttd_status_t ttd_sim_buffer_accumulate(ttd_backend *backend, ttd_backend_buffer *dst, ttd_backend_buffer *src);
 
 ttd_status_t ttd_sim_optimizer_step(ttd_backend *backend, int device, const ttd_optimizer_call *call);
