@@ -32,7 +32,7 @@ int ttd_dtype_convertible(ttd_dtype from, ttd_dtype to) {
 
 /* Vectorised (TTD_KHOT): a bfloat16 parameter's step is narrowed through these, and the
  * bfloat16 matmul widens and rounds its operands through them as it packs. */
-TTD_KHOT static void bf16_from_f32_n(uint16_t *restrict dst, const float *restrict src, size_t n) {
+TTD_KHOT void ttd_bf16_from_f32_n(uint16_t *restrict dst, const float *restrict src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = ttd_bf16_from_f32(src[i]);
 }
 
@@ -46,7 +46,7 @@ TTD_KHOT void ttd_bf16_round_n(float *x, size_t n) {
 
 /* Converts n elements from src to dst, both aligned for their types. */
 static void convert_aligned(void *dst, ttd_dtype to, const void *src, size_t n) {
-  if (to == TTD_DTYPE_BFLOAT16) bf16_from_f32_n(dst, src, n);
+  if (to == TTD_DTYPE_BFLOAT16) ttd_bf16_from_f32_n(dst, src, n);
   else ttd_f32_from_bf16_n(dst, src, n);
 }
 

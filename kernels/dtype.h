@@ -27,6 +27,9 @@ int ttd_dtype_convertible(ttd_dtype from, ttd_dtype to);
  * exact. The buffers must not overlap. Returns 0, or -1 if the pair is not convertible. */
 int ttd_dtype_convert(void *dst, ttd_dtype to, const void *src, ttd_dtype from, size_t n);
 
+/* dst[i] = src[i] narrowed to bfloat16 bits, i < n (as ttd_bf16_from_f32; no overlap). */
+void ttd_bf16_from_f32_n(uint16_t *restrict dst, const float *restrict src, size_t n);
+
 /* dst[i] = src[i] widened to float32, i < n (exact; the buffers do not overlap). */
 void ttd_f32_from_bf16_n(float *restrict dst, const uint16_t *restrict src, size_t n);
 

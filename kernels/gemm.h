@@ -74,6 +74,6 @@ void ttd_gemm_pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, in
  * ttd_gemm_pack_bf16 packs pairs, each element rounded to bfloat16 (nearest even) first. R is
  * at most 32. */
 void ttd_gemm_pack_f32_pairs(const float *restrict x, int64_t s_i, int64_t s_p, int64_t rows, int64_t kc, int64_t R,
-                             float *restrict out);
+                             float *restrict out, interleave16_fn interleave16);
 
 #endif

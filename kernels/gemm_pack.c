@@ -258,7 +258,14 @@ void ttd_gemm_pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, in
         const uint16_t *lo = src + 2 * d * s_p, *hi = lo + s_p;
         for (int64_t i = 0; i < n; i++) panel[d * R + i] = (uint32_t)lo[i] | (uint32_t)hi[i] << 16;
       }
-    } else if (s_p == 1) { /* a pair is 32 contiguous bits (A row-major, a linear's weight) */
+    } else if (s_p == 1 && s_i % 2 == 0 && (uintptr_t)src % 4 == 0) {
+      /* A pair is a 32-bit word, and each row of X a row of words (A row-major, a linear's
+       * weight): transposed as floats are, bits unchanged, 16 rows at a time in registers. */
+      const float *words = (const float *)(const void *)src;
+      int64_t i = 0, ld = s_i / 2;
+      for (; interleave16 && i + 16 <= n; i += 16) interleave16(words + i * ld, ld, kc2 / 2, (float *)panel + i, R);
+      if (i < n) interleave_rows(words + i * ld, ld, n - i, kc2 / 2, (float *)panel + i, R);
+    } else if (s_p == 1) { /* pairs of 32 contiguous bits, at any alignment */
       for (int64_t i = 0; i < n; i++)
         for (int64_t d = 0; d < kc2 / 2; d++) {
           uint32_t v;
@@ -276,23 +283,26 @@ void ttd_gemm_pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, in
 }
 
 void ttd_gemm_pack_f32_pairs(const float *restrict x, int64_t s_i, int64_t s_p, int64_t rows, int64_t kc, int64_t R,
-                             float *restrict out) {
+                             float *restrict out, interleave16_fn interleave16) {
   int64_t kd = (kc + 1) / 2;
-  uint16_t narrowed[32 * PACK_KC_MAX]; /* up to 32 rows of X in bfloat16, laid out as X is read */
+  _Alignas(64) uint16_t narrowed[32 * PACK_KC_MAX]; /* up to 32 rows of X in bfloat16, laid out as X is read */
   for (int64_t r0 = 0; r0 < rows; r0 += R) {
     int64_t n = rows - r0 < R ? rows - r0 : R;
     const float *src = x + r0 * s_i;
     float *panel = out + (r0 / R) * kd * R;
     for (int64_t p0 = 0; p0 < kc; p0 += PACK_KC_MAX) { /* kc > PACK_KC_MAX only for R > 32 */
       int64_t len = kc - p0 < PACK_KC_MAX ? kc - p0 : PACK_KC_MAX;
-      if (s_i == 1) { /* contiguous along i: bfloat16 rows of R, one per step */
-        for (int64_t p = 0; p < len; p++)
-          for (int64_t i = 0; i < n; i++) narrowed[p * n + i] = ttd_bf16_from_f32(src[(p0 + p) * s_p + i]);
-        ttd_gemm_pack_bf16(narrowed, 1, n, n, len, R, 1, panel + p0 / 2 * R, NULL);
-      } else { /* one row of X after another */
-        for (int64_t i = 0; i < n; i++)
-          for (int64_t p = 0; p < len; p++) narrowed[i * len + p] = ttd_bf16_from_f32(src[i * s_i + (p0 + p) * s_p]);
-        ttd_gemm_pack_bf16(narrowed, len, 1, n, len, R, 1, panel + p0 / 2 * R, NULL);
+      if (s_i == 1) { /* contiguous along i: bfloat16 rows of n, one per step */
+        for (int64_t p = 0; p < len; p++) ttd_bf16_from_f32_n(narrowed + p * n, src + (p0 + p) * s_p, (size_t)n);
+        ttd_gemm_pack_bf16(narrowed, 1, n, n, len, R, 1, panel + p0 / 2 * R, interleave16);
+      } else { /* one row of X after another, each at an even stride: rows of 32-bit pairs */
+        int64_t ld = len + (len & 1);
+        for (int64_t i = 0; i < n; i++) {
+          if (s_p == 1) ttd_bf16_from_f32_n(narrowed + i * ld, src + i * s_i + p0, (size_t)len);
+          else
+            for (int64_t p = 0; p < len; p++) narrowed[i * ld + p] = ttd_bf16_from_f32(src[i * s_i + (p0 + p) * s_p]);
+        }
+        ttd_gemm_pack_bf16(narrowed, ld, 1, n, len, R, 1, panel + p0 / 2 * R, interleave16);
       }
     }
   }

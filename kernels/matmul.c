@@ -104,7 +104,7 @@ static void pack_any(const gemm_problem *g, const void *x, bool bf16, int64_t s_
   if (bf16) {
     ttd_gemm_pack_bf16(x, s_i, s_p, rows, kc, R, pairs, out, g->interleave16);
   } else if (pairs) {
-    ttd_gemm_pack_f32_pairs(x, s_i, s_p, rows, kc, R, out);
+    ttd_gemm_pack_f32_pairs(x, s_i, s_p, rows, kc, R, out, g->interleave16);
   } else {
     if (b) ttd_gemm_pack_b(x, s_p, s_i, kc, rows, R, out, g->interleave16);
     else ttd_gemm_pack_a(x, s_i, s_p, rows, kc, out);

@@ -352,12 +352,15 @@ static uint16_t *bf16_rand_buf(uint64_t *rng, int64_t n, float **out_f) {
   return h;
 }
 
-/* Odd sizes from {1, 3, 17, 511, 513} (odd K: the zero pad of the last pair), all four
- * transposes, under the path TTD_KERNEL_ISA leaves: C matches the double sum of the bfloat16
- * values to float32 accumulation error, and the float32 matmul of the widened operands. */
+/* Odd sizes from {1, 3, 17, 511, 513} (odd K: the zero pad of the last pair), and even K
+ * over 16 and more rows (pairs of a row along K are 32-bit words, transposed 16 rows at a
+ * time), all four transposes, under the path TTD_KERNEL_ISA leaves: C matches the double sum
+ * of the bfloat16 values to float32 accumulation error, and the float32 matmul of the
+ * widened operands. */
 static void check_bf16_sizes(const char *isa) {
   static const int64_t sizes[][3] = {{1, 1, 1},     {3, 17, 1},      {17, 3, 513},   {1, 513, 17},
-                                     {513, 1, 3},   {511, 17, 513},  {17, 513, 511}, {3, 511, 17}};
+                                     {513, 1, 3},   {511, 17, 513},  {17, 513, 511}, {3, 511, 17},
+                                     {35, 50, 514}, {40, 33, 1026}};
   uint64_t rng = 11;
   for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
     for (int t = 0; t < 4; t++) {
