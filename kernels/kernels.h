@@ -261,6 +261,11 @@ typedef struct ttd_sgd_params {
  * zero_grad: grad is also set to zeros, in the same pass (step() then zero_grad()). */
 void ttd_k_sgd_step(ttd_pool *pool, const ttd_sgd_params *p, int64_t step, float *param, float *grad,
                     float *momentum_buf, int64_t n, bool zero_grad);
+/* The same with param held as float32 or bfloat16 (param_dtype): a bfloat16 parameter is
+ * widened, updated in float32 and rounded back to nearest even, in one pass over it (the bits
+ * of widening it whole, ttd_k_sgd_step, and narrowing it back). */
+void ttd_k_sgd_step_dt(ttd_pool *pool, const ttd_sgd_params *p, int64_t step, void *param, ttd_dtype param_dtype,
+                       float *grad, float *momentum_buf, int64_t n, bool zero_grad);
 
 typedef struct ttd_adam_params {
   float lr, beta1, beta2, eps, weight_decay;
@@ -270,5 +275,8 @@ typedef struct ttd_adam_params {
  * zero_grad as for SGD. */
 void ttd_k_adam_step(ttd_pool *pool, const ttd_adam_params *p, int64_t step, float *param, float *grad, float *m,
                      float *v, int64_t n, bool zero_grad);
+/* The same with param float32 or bfloat16, as ttd_k_sgd_step_dt. */
+void ttd_k_adam_step_dt(ttd_pool *pool, const ttd_adam_params *p, int64_t step, void *param, ttd_dtype param_dtype,
+                        float *grad, float *m, float *v, int64_t n, bool zero_grad);
 
 #endif

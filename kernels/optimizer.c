@@ -2,11 +2,34 @@
  * (_single_tensor_* paths) operation by operation. Scalars that torch computes in Python
  * (bias corrections, step size, 1 - lr * wd) are computed in double and rounded once.
  * With zero_grad, each gradient element is set to 0 once read, as torch's step() then
- * zero_grad() leave it, in the one pass over it. */
+ * zero_grad() leave it, in the one pass over it. A bfloat16 parameter is widened a chunk at a
+ * time into float32 on the stack, updated there by the same loops, and rounded back, so its
+ * step is one pass over it too. */
 #include <math.h>
 
 #include "kernel_internal.h"
 #include "kernels.h"
+
+enum { BF16_CHUNK = 1024 }; /* elements of a bfloat16 parameter updated at once */
+
+/* Updates elements [off, off + n) of a job's parameter, held at `param` as float32. */
+typedef void (*update_fn)(void *job, float *param, size_t off, size_t n);
+
+/* Elements [begin, end) of a job: straight on a float32 parameter, or chunk by chunk through
+ * float32 on a bfloat16 one (param16 not NULL). */
+static void update_range(void *job, float *param, uint16_t *param16, size_t begin, size_t end, update_fn update) {
+  if (!param16) {
+    update(job, param + begin, begin, end - begin);
+    return;
+  }
+  float wide[BF16_CHUNK];
+  for (size_t i = begin; i < end; i += BF16_CHUNK) {
+    size_t len = end - i < BF16_CHUNK ? end - i : BF16_CHUNK;
+    ttd_f32_from_bf16_n(wide, param16 + i, len);
+    update(job, wide, i, len);
+    ttd_bf16_from_f32_n(param16 + i, wide, len);
+  }
+}
 
 /* ---- SGD ---- */
 
@@ -15,6 +38,7 @@ typedef struct sgd_job {
   bool first;     /* step 1: the momentum buffer starts as the gradient */
   bool zero_grad; /* grad[i] = 0 once read */
   float *param, *buf, *grad;
+  uint16_t *param16; /* or NULL: the parameter is bfloat16, here */
 } sgd_job;
 
 /* The plain loop takes zero_grad as a constant from its two callers below, so it is
@@ -51,24 +75,35 @@ TTD_KHOT static void sgd_momentum_loop(float lr, float momentum, float dampening
   }
 }
 
-static void sgd_run(void *ctx, size_t begin, size_t end) {
+static void sgd_update(void *ctx, float *param, size_t off, size_t len) {
   sgd_job *job = ctx;
   const ttd_sgd_params *p = job->p;
-  int64_t n = (int64_t)(end - begin);
+  int64_t n = (int64_t)len;
   if (p->momentum == 0.0f) {
-    (job->zero_grad ? sgd_plain_zero_loop : sgd_plain_loop)(p->lr, p->weight_decay, job->param + begin,
-                                                            job->grad + begin, n);
+    (job->zero_grad ? sgd_plain_zero_loop : sgd_plain_loop)(p->lr, p->weight_decay, param, job->grad + off, n);
   } else {
     sgd_momentum_loop(p->lr, p->momentum, p->dampening, p->weight_decay, p->nesterov, job->first, job->zero_grad,
-                      job->param + begin, job->grad + begin, job->buf + begin, n);
+                      param, job->grad + off, job->buf + off, n);
   }
 }
 
-/* With momentum 0 the buffer is neither read nor written (it may be NULL). */
+static void sgd_run(void *ctx, size_t begin, size_t end) {
+  sgd_job *job = ctx;
+  update_range(job, job->param, job->param16, begin, end, sgd_update);
+}
+
 void ttd_k_sgd_step(ttd_pool *pool, const ttd_sgd_params *p, int64_t step, float *param, float *grad,
                     float *momentum_buf, int64_t n, bool zero_grad) {
+  ttd_k_sgd_step_dt(pool, p, step, param, TTD_DTYPE_FLOAT32, grad, momentum_buf, n, zero_grad);
+}
+
+/* With momentum 0 the buffer is neither read nor written (it may be NULL). */
+void ttd_k_sgd_step_dt(ttd_pool *pool, const ttd_sgd_params *p, int64_t step, void *param, ttd_dtype param_dtype,
+                       float *grad, float *momentum_buf, int64_t n, bool zero_grad) {
   if (n <= 0) return;
-  sgd_job job = {p, step <= 1, zero_grad, param, p->momentum != 0.0f ? momentum_buf : NULL, grad};
+  sgd_job job = {p, step <= 1, zero_grad, NULL, p->momentum != 0.0f ? momentum_buf : NULL, grad, NULL};
+  if (param_dtype == TTD_DTYPE_BFLOAT16) job.param16 = param;
+  else job.param = param;
   ttd_pool_parallel_for(pool, (size_t)n, TTD_KGRAIN, sgd_run, &job);
 }
 
@@ -86,6 +121,7 @@ typedef struct adam_job {
   adam_scalars s;
   bool zero_grad;
   float *param, *m, *v, *grad;
+  uint16_t *param16; /* or NULL: the parameter is bfloat16, here */
 } adam_job;
 
 TTD_KHOT static void adam_loop(const adam_scalars *sp, bool zero_grad, float *restrict param, float *restrict grad,
@@ -106,18 +142,29 @@ TTD_KHOT static void adam_loop(const adam_scalars *sp, bool zero_grad, float *re
   }
 }
 
+static void adam_update(void *ctx, float *param, size_t off, size_t n) {
+  adam_job *job = ctx;
+  adam_loop(&job->s, job->zero_grad, param, job->grad + off, job->m + off, job->v + off, (int64_t)n);
+}
+
 static void adam_run(void *ctx, size_t begin, size_t end) {
   adam_job *job = ctx;
-  adam_loop(&job->s, job->zero_grad, job->param + begin, job->grad + begin, job->m + begin, job->v + begin,
-            (int64_t)(end - begin));
+  update_range(job, job->param, job->param16, begin, end, adam_update);
 }
 
 void ttd_k_adam_step(ttd_pool *pool, const ttd_adam_params *p, int64_t step, float *param, float *grad, float *m,
                      float *v, int64_t n, bool zero_grad) {
+  ttd_k_adam_step_dt(pool, p, step, param, TTD_DTYPE_FLOAT32, grad, m, v, n, zero_grad);
+}
+
+void ttd_k_adam_step_dt(ttd_pool *pool, const ttd_adam_params *p, int64_t step, void *param, ttd_dtype param_dtype,
+                        float *grad, float *m, float *v, int64_t n, bool zero_grad) {
   if (n <= 0) return;
   double t = (double)(step < 1 ? 1 : step);
   double bc1 = 1.0 - pow((double)p->beta1, t), bc2 = 1.0 - pow((double)p->beta2, t);
-  adam_job job = {.zero_grad = zero_grad, .param = param, .m = m, .v = v, .grad = grad};
+  adam_job job = {.zero_grad = zero_grad, .m = m, .v = v, .grad = grad};
+  if (param_dtype == TTD_DTYPE_BFLOAT16) job.param16 = param;
+  else job.param = param;
   job.s.beta1 = p->beta1;
   job.s.one_minus_beta1 = (float)(1.0 - (double)p->beta1);
   job.s.beta2 = p->beta2;

@@ -81,19 +81,12 @@ static ttd_status_t step_locked(ttd_backend *backend, ttd_tensor *param, ttd_opt
                                 bool zero_grad) {
   TTD_RETURN_IF_ERROR(ttd_optimizer_check_dtype(param->spec.dtype));
   ttd_status_t status = TTD_OK;
-  ttd_tensor *wide = NULL; /* a bfloat16 parameter is updated in float32, then rounded back */
   if (param->grad) {
     for (int k = 0; k < state_buffers(oc) && !status; k++) status = zeroed_like(backend, param, &param->opt_state[k]);
-    if (!status && param->spec.dtype == TTD_DTYPE_BFLOAT16) {
-      status = zeroed_like(backend, param, &wide);
-      if (!status) {
-        status = backend->vtable->buffer_convert(backend, param->buffer, TTD_DTYPE_BFLOAT16, wide->buffer,
-                                                 TTD_DTYPE_FLOAT32, param->spec.numel);
-      }
-    }
     if (!status) {
       oc->step = ++param->opt_step;
-      oc->param = wide ? wide->buffer : param->buffer;
+      oc->param = param->buffer;
+      oc->param_dtype = param->spec.dtype; /* a bfloat16 one is updated in float32 and rounded back */
       oc->grad = param->grad->buffer;
       oc->state[0] = param->opt_state[0] ? param->opt_state[0]->buffer : NULL;
       oc->state[1] = param->opt_state[1] ? param->opt_state[1]->buffer : NULL;
@@ -102,14 +95,9 @@ static ttd_status_t step_locked(ttd_backend *backend, ttd_tensor *param, ttd_opt
       bool marked = zero_grad && ttd_tensor_zero_grad_begin(param->grad);
       status = backend->vtable->optimizer_step(backend, param->spec.device, oc);
       if (zero_grad) ttd_tensor_zero_grad_end(param->grad, marked, !status);
-      if (!status && wide) {
-        status = backend->vtable->buffer_convert(backend, wide->buffer, TTD_DTYPE_FLOAT32, param->buffer,
-                                                 TTD_DTYPE_BFLOAT16, param->spec.numel);
-      }
       (*updated)++;
     }
   }
-  ttd_tensor_release(wide);
   return status;
 }
 
@@ -204,7 +192,8 @@ static int compare_pointers(const void *a, const void *b) {
 
 /* Whether a step then a zero_grad over params (n, NULL entries skipped; their train_locks
  * held, so no .grad appears meanwhile) may run as one pass per parameter and leave what the
- * two passes leave: each parameter float32 with the optimizer state its step needs already
+ * two passes leave: each parameter float32 or bfloat16 (stepped in place, with no float32
+ * copy to make) and with the optimizer state its step needs already
  * made (so no check or allocation fails half way through the list), and no tensor both a
  * parameter and a .grad, nor a .grad shared (a step must not read a .grad another step has
  * zeroed). One difference stays: should the backend's optimizer_step itself fail (the sim
@@ -219,7 +208,7 @@ static bool fusable(ttd_tensor *const *params, size_t n, const ttd_optimizer_cal
   for (size_t i = 0; i < n && ok; i++) {
     ttd_tensor *p = params[i];
     if (!p) continue;
-    ok = p->spec.dtype == TTD_DTYPE_FLOAT32;
+    ok = p->spec.dtype == TTD_DTYPE_FLOAT32 || p->spec.dtype == TTD_DTYPE_BFLOAT16;
     for (int s = 0; s < need_state && ok && p->grad; s++) ok = p->opt_state[s] != NULL; /* no .grad: no step */
     seen[k++] = p;
     if (p->grad) seen[k++] = p->grad;

@@ -103,7 +103,9 @@ typedef struct ttd_optimizer_call {
   ttd_adam_params adam_params;
   int64_t step;             /* counts from 1 */
   ttd_backend_buffer *param, *grad, *state[2]; /* state: momentum, or Adam's m and v */
-  int64_t n;                /* float32 elements */
+  ttd_dtype param_dtype;    /* float32, or bfloat16: updated in float32 and rounded back to
+                             * nearest even; grad and state are float32 */
+  int64_t n;                /* elements of each */
   bool zero_grad;           /* grad is also set to zeros, in the pass that reads it (a step that
                              * fails may leave it zeroed or not) */
 } ttd_optimizer_call;

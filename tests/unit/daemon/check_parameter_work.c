@@ -192,8 +192,9 @@ END_TEST
 
 /* Where one pass each could leave something else, the step and then the zeroing run: a
  * zero_grad of other parameters; momentum before its buffer exists (made by the first step;
- * the second is fused); a bfloat16 parameter; a .grad that is also a listed parameter (the
- * two passes zero it after its own step, which one pass each would not). */
+ * the second is fused); a .grad that is also a listed parameter (the two passes zero it
+ * after its own step, which one pass each would not). A bfloat16 parameter, stepped in place
+ * with no float32 copy, is fused. */
 START_TEST(test_two_passes_where_fusing_differs) {
   ttd_tensor *a, *b;
   uint64_t h[2] = {new_param(6, TTD_DTYPE_FLOAT32, &a), new_param(6, TTD_DTYPE_FLOAT32, &b)};
@@ -219,10 +220,17 @@ START_TEST(test_two_passes_where_fusing_differs) {
   ttd_tensor *c;
   uint64_t hc = new_param(4, TTD_DTYPE_BFLOAT16, &c);
   zero_passes = fused_steps = plain_steps = 0;
+  float *cg = values(c->grad);
   make_work(&w, 0.1f, 0.0f, &hc, 1, &hc, 1);
   ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0, NULL));
-  ck_assert_int_eq(plain_steps, 1);
-  ck_assert_int_eq(zero_passes, 2); /* the float32 copy the step works on, made zeroed; the .grad */
+  ck_assert_int_eq(fused_steps, 1);
+  ck_assert_int_eq(plain_steps, 0);
+  ck_assert_int_eq(zero_passes, 0);
+  expect_zeros(c->grad, "c.grad");
+  uint16_t *c16 = (uint16_t *)values(c); /* 0 - lr g, rounded to bfloat16 */
+  for (int i = 0; i < 4; i++) ck_assert_uint_eq(c16[i], ttd_bf16_from_f32(0.0f - 0.1f * cg[i]));
+  free(cg);
+  free(c16);
 
   /* d's .grad is e, itself a parameter with a .grad. Two passes: d -= lr e, e -= lr e.grad,
    * then both .grads (e and e.grad) zeroed, so e ends all zeros. */

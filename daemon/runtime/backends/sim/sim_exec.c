@@ -322,13 +322,15 @@ ttd_status_t ttd_sim_buffer_accumulate(ttd_backend *backend, ttd_backend_buffer 
 ttd_status_t ttd_sim_optimizer_step(ttd_backend *backend, int device, const ttd_optimizer_call *call) {
   (void)device;
   ttd_pool *pool = ((sim_backend *)backend)->pool;
-  float *param = (float *)call->param->data, *grad = (float *)call->grad->data;
+  void *param = call->param->data;
+  float *grad = (float *)call->grad->data;
+  ttd_dtype dtype = call->param_dtype == TTD_DTYPE_BFLOAT16 ? TTD_DTYPE_BFLOAT16 : TTD_DTYPE_FLOAT32;
   if (call->kind == TTD_OPTIMIZER_ADAM) {
-    ttd_k_adam_step(pool, &call->adam_params, call->step, param, grad, (float *)call->state[0]->data,
-                    (float *)call->state[1]->data, call->n, call->zero_grad);
+    ttd_k_adam_step_dt(pool, &call->adam_params, call->step, param, dtype, grad, (float *)call->state[0]->data,
+                       (float *)call->state[1]->data, call->n, call->zero_grad);
   } else {
-    ttd_k_sgd_step(pool, &call->sgd, call->step, param, grad, call->state[0] ? (float *)call->state[0]->data : NULL,
-                   call->n, call->zero_grad);
+    ttd_k_sgd_step_dt(pool, &call->sgd, call->step, param, dtype, grad,
+                      call->state[0] ? (float *)call->state[0]->data : NULL, call->n, call->zero_grad);
   }
   return TTD_OK;
 }
