@@ -28,6 +28,7 @@ typedef struct micro_kernel {
   micro_kernel_fn fn;
   int64_t nr;
   dot_block_fn dot; /* or NULL: this ISA has no dot-product blocks */
+  bool pairs;       /* it takes panels of bfloat16 pairs (MODE_BF16_PAIRS), not of floats */
 } micro_kernel;
 
 /* Sixteen rows contiguous along p (row j at src + j*ld_src), p in [0, len), interleaved into
@@ -38,7 +39,8 @@ typedef void (*interleave16_fn)(const float *restrict src, int64_t ld_src, int64
 /* The widest kernel this CPU runs (the CPU model is read by a libgcc constructor, so this is
  * safe from any thread), or a narrower one named by TTD_KERNEL_ISA ("avx2", "generic"; the
  * tests run every kernel this way); with bf16_pairs, the kernel ttd_gemm_bf16_pairs names,
- * which takes panels packed as bfloat16 pairs. */
+ * which takes panels packed as bfloat16 pairs, where it names one (else a float kernel:
+ * check .pairs). */
 micro_kernel ttd_gemm_pick_kernel(bool bf16_pairs);
 
 /* The micro-kernel over bfloat16 pairs that bfloat16 products go to, or NULL (widened to

@@ -192,8 +192,9 @@ static inline float pair_half(uint32_t pair, int high) {
 
 /* Any target: the AVX-512 BF16 kernel's arithmetic in portable C, on 16-column panels of
  * pairs: per pair, the high product added to C's sum, then the low one (as vdpbf16ps orders
- * them; each product is exact). Slow; TTD_KERNEL_ISA=generic-pairs picks it, so that the
- * packing of pairs and its odd-K tail are tested on any CPU. */
+ * them; each product is exact), subnormal operands read as zero; unlike the instruction it
+ * keeps subnormal sums. Slow; TTD_KERNEL_ISA=generic-pairs picks it, so that the packing of
+ * pairs and its odd-K tail are tested on any CPU. */
 static void micro_kernel_generic_pairs(int64_t kd, const void *restrict ap_, const void *restrict bp_,
                                        float *restrict c, int64_t ldc, int64_t mr, int64_t nr, int accumulate) {
   enum { NR = 16 };
@@ -231,18 +232,19 @@ const char *ttd_gemm_bf16_pairs(void) {
  * accumulators in registers (one 64-byte-vector source under target_clones runs at a tenth of
  * the speed in its AVX2 clone). */
 micro_kernel ttd_gemm_pick_kernel(bool bf16_pairs) {
-  const micro_kernel generic = {micro_kernel_generic, 32, NULL};
-  if (bf16_pairs && generic_pairs()) return (micro_kernel){micro_kernel_generic_pairs, 16, NULL};
+  const micro_kernel generic = {micro_kernel_generic, 32, NULL, false};
+  const char *pairs = bf16_pairs ? ttd_gemm_bf16_pairs() : NULL;
+  if (pairs && strcmp(pairs, "generic-pairs") == 0) return (micro_kernel){micro_kernel_generic_pairs, 16, NULL, true};
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (bf16_pairs) return (micro_kernel){micro_kernel_avx512bf16, 32, NULL};
+  if (pairs) return (micro_kernel){micro_kernel_avx512bf16, 32, NULL, true};
 #endif
   const char *isa = getenv("TTD_KERNEL_ISA");
   if (isa && strcmp(isa, "generic") == 0) return generic;
 #if defined(__x86_64__) && defined(__GNUC__)
   if (__builtin_cpu_supports("avx512f") && !(isa && strcmp(isa, "avx2") == 0))
-    return (micro_kernel){micro_kernel_avx512, 32, NULL};
+    return (micro_kernel){micro_kernel_avx512, 32, NULL, false};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return (micro_kernel){micro_kernel_avx2, 16, dot_block_avx2};
+    return (micro_kernel){micro_kernel_avx2, 16, dot_block_avx2, false};
 #endif
   return generic;
 }

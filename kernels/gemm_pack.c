@@ -40,20 +40,24 @@ static inline void transpose2(const float *src, int64_t ld_src, float *dst, int6
   memcpy(dst + 3 * ld_dst, (float *)&hi + 2, 2 * sizeof(float));
 }
 
+/* A float that may alias other types: the packers also move 32-bit pairs of bfloat16 as
+ * floats (bits copied, never computed). */
+typedef float word32 __attribute__((may_alias));
+
 /* dst[p*ld_dst + i] = src[i*ld_src + p] for i < rows, p < len: rows contiguous along p are
  * interleaved into a panel, four (then two) rows and four steps at a time where they fit. */
-static void interleave_rows(const float *restrict src, int64_t ld_src, int64_t rows, int64_t len, float *restrict dst,
-                            int64_t ld_dst) {
+static void interleave_rows(const word32 *restrict src, int64_t ld_src, int64_t rows, int64_t len,
+                            word32 *restrict dst, int64_t ld_dst) {
   int64_t rows4 = rows & ~(int64_t)3, len4 = len & ~(int64_t)3;
   for (int64_t i = 0; i < rows4; i += 4) {
-    const float *s = src + i * ld_src;
+    const word32 *s = src + i * ld_src;
     for (int64_t p = 0; p < len4; p += 4) transpose4(s + p, ld_src, dst + p * ld_dst + i, ld_dst);
     for (int64_t q = 0; q < 4; q++)
       for (int64_t p = len4; p < len; p++) dst[p * ld_dst + i + q] = s[q * ld_src + p];
   }
   int64_t i = rows4;
   if (rows - i >= 2) {
-    const float *s = src + i * ld_src;
+    const word32 *s = src + i * ld_src;
     for (int64_t p = 0; p < len4; p += 4) transpose2(s + p, ld_src, dst + p * ld_dst + i, ld_dst);
     for (int64_t p = len4; p < len; p++) {
       dst[p * ld_dst + i] = s[p];
@@ -62,7 +66,7 @@ static void interleave_rows(const float *restrict src, int64_t ld_src, int64_t r
     i += 2;
   }
   for (; i < rows; i++) {
-    const float *s = src + i * ld_src;
+    const word32 *s = src + i * ld_src;
     for (int64_t p = 0; p < len; p++) dst[p * ld_dst + i] = s[p];
   }
 }
@@ -223,6 +227,17 @@ __attribute__((target("avx512f,avx512bw"))) static void weave_pairs32_avx512(con
 }
 #endif
 
+/* One R-row panel (n <= R <= 32 rows along K, kc <= PACK_KC_MAX) of bfloat16 widened: whole
+ * rows widened on the stack, then packed as float32 rows are. Its own frame, so that the
+ * other packers do not reserve the buffer. */
+static __attribute__((noinline)) void pack_widened_rows(const uint16_t *src, int64_t s_i, int64_t n, int64_t kc,
+                                                        int64_t R, float *panel, interleave16_fn interleave16) {
+  float rows_f32[32 * PACK_KC_MAX];
+  for (int64_t i = 0; i < n; i++) ttd_f32_from_bf16_n(rows_f32 + i * kc, src + i * s_i, (size_t)kc);
+  if (R == MR) ttd_gemm_pack_a(rows_f32, kc, 1, n, kc, panel);
+  else ttd_gemm_pack_b(rows_f32, 1, kc, kc, n, R, panel, interleave16);
+}
+
 void ttd_gemm_pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, int64_t rows, int64_t kc, int64_t R,
                         int pairs, float *restrict out, interleave16_fn interleave16) {
   int64_t kd = pairs ? (kc + 1) / 2 : kc, kc2 = kc & ~(int64_t)1;
@@ -236,10 +251,7 @@ void ttd_gemm_pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, in
         for (int64_t p = 0; p < kc; p++)
           for (int64_t i = 0; i < n; i++) panel[p * R + i] = ttd_f32_from_bf16(src[p * s_p + i]);
       } else if (s_p == 1 && R <= 32 && kc <= PACK_KC_MAX) { /* rows along K (a linear's weight as B) */
-        float rows_f32[32 * PACK_KC_MAX]; /* widened whole rows, then packed as float32 */
-        for (int64_t i = 0; i < n; i++) ttd_f32_from_bf16_n(rows_f32 + i * kc, src + i * s_i, (size_t)kc);
-        if (R == MR) ttd_gemm_pack_a(rows_f32, kc, 1, n, kc, panel);
-        else ttd_gemm_pack_b(rows_f32, 1, kc, kc, n, R, panel, interleave16);
+        pack_widened_rows(src, s_i, n, kc, R, panel, interleave16);
       } else {
         for (int64_t i = 0; i < n; i++)
           for (int64_t p = 0; p < kc; p++) panel[p * R + i] = ttd_f32_from_bf16(src[i * s_i + p * s_p]);
@@ -261,10 +273,11 @@ void ttd_gemm_pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, in
     } else if (s_p == 1 && s_i % 2 == 0 && (uintptr_t)src % 4 == 0) {
       /* A pair is a 32-bit word, and each row of X a row of words (A row-major, a linear's
        * weight): transposed as floats are, bits unchanged, 16 rows at a time in registers. */
-      const float *words = (const float *)(const void *)src;
+      const word32 *words = (const word32 *)(const void *)src;
       int64_t i = 0, ld = s_i / 2;
-      for (; interleave16 && i + 16 <= n; i += 16) interleave16(words + i * ld, ld, kc2 / 2, (float *)panel + i, R);
-      if (i < n) interleave_rows(words + i * ld, ld, n - i, kc2 / 2, (float *)panel + i, R);
+      for (; interleave16 && i + 16 <= n; i += 16)
+        interleave16((const float *)(words + i * ld), ld, kc2 / 2, (float *)panel + i, R); /* moves by memcpy */
+      if (i < n) interleave_rows(words + i * ld, ld, n - i, kc2 / 2, (word32 *)panel + i, R);
     } else if (s_p == 1) { /* pairs of 32 contiguous bits, at any alignment */
       for (int64_t i = 0; i < n; i++)
         for (int64_t d = 0; d < kc2 / 2; d++) {
@@ -284,13 +297,14 @@ void ttd_gemm_pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, in
 
 void ttd_gemm_pack_f32_pairs(const float *restrict x, int64_t s_i, int64_t s_p, int64_t rows, int64_t kc, int64_t R,
                              float *restrict out, interleave16_fn interleave16) {
+  if (R > 32) abort(); /* the staging buffer holds 32 rows; the matmul's panels have at most 32 */
   int64_t kd = (kc + 1) / 2;
   _Alignas(64) uint16_t narrowed[32 * PACK_KC_MAX]; /* up to 32 rows of X in bfloat16, laid out as X is read */
   for (int64_t r0 = 0; r0 < rows; r0 += R) {
     int64_t n = rows - r0 < R ? rows - r0 : R;
     const float *src = x + r0 * s_i;
     float *panel = out + (r0 / R) * kd * R;
-    for (int64_t p0 = 0; p0 < kc; p0 += PACK_KC_MAX) { /* kc > PACK_KC_MAX only for R > 32 */
+    for (int64_t p0 = 0; p0 < kc; p0 += PACK_KC_MAX) { /* one block unless kc > PACK_KC_MAX */
       int64_t len = kc - p0 < PACK_KC_MAX ? kc - p0 : PACK_KC_MAX;
       if (s_i == 1) { /* contiguous along i: bfloat16 rows of n, one per step */
         for (int64_t p = 0; p < len; p++) ttd_bf16_from_f32_n(narrowed + p * n, src + (p0 + p) * s_p, (size_t)n);

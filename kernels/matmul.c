@@ -313,6 +313,7 @@ static void gemm_run(ttd_pool *pool, gemm_problem *g) {
   }
   g->outputs = g->c_bs ? g->batch : 1;
   micro_kernel kernel = ttd_gemm_pick_kernel(g->mode == MODE_BF16_PAIRS);
+  if (g->mode == MODE_BF16_PAIRS && !kernel.pairs) g->mode = MODE_BF16_WIDEN; /* TTD_KERNEL_ISA changed since */
   g->kernel = kernel.fn;
   g->nr = kernel.nr;
   if (dot_applies(g, kernel.dot)) {

@@ -20,8 +20,8 @@ static ttd_status_t check_operand(const ttd_program_value *want, const ttd_tenso
   return TTD_OK;
 }
 
-/* Whether operand value v, held as bfloat16, is read so: it is no output of the program, and
- * every node input that reads it the backend takes as bfloat16. */
+/* Whether operand value v, held as bfloat16, needs no float32 copy: it is no output of the
+ * program, and every node input that reads it the backend takes as bfloat16. */
 static bool read_as_bf16(ttd_backend *backend, const ttd_program *program, int v) {
   if (!backend->vtable->takes_bf16) return false;
   for (int o = 0; o < program->n_outputs; o++) {
@@ -34,6 +34,20 @@ static bool read_as_bf16(ttd_backend *backend, const ttd_program *program, int v
     }
   }
   return true;
+}
+
+/* The tensor node input k reads: a bfloat16 input or parameter as it is where the backend
+ * takes it so (also when other readers have it widened: the node's products are bfloat16
+ * ones either way), else the run's value. */
+static const ttd_tensor *input_of(ttd_backend *backend, const ttd_run *run, const ttd_program_node *node, int k) {
+  int v = node->inputs[k];
+  if (v < run->program->n_inputs + run->program->n_params) {
+    const ttd_tensor *op = run->operands[v];
+    if (op->spec.dtype == TTD_DTYPE_BFLOAT16 && backend->vtable->takes_bf16 && backend->vtable->takes_bf16(backend, node, k)) {
+      return op;
+    }
+  }
+  return run->values[v];
 }
 
 /* A tensor of the run: on its device, charged to its quota. */
@@ -130,8 +144,8 @@ ttd_status_t ttd_run_forward_mode(ttd_backend *backend, ttd_quota *quota, ttd_pr
   for (int i = 0; i < n_inputs; i++) run->operands[i] = ttd_tensor_retain(inputs[i]);
   for (int i = 0; i < n_params; i++) run->operands[n_inputs + i] = ttd_tensor_retain(params[i]);
   ttd_status_t status = TTD_OK;
-  /* A bfloat16 operand is read as it is where every node reading it takes it so (its
-   * products are bfloat16 ones); else it is widened to float32 on the device first. */
+  /* A bfloat16 operand is read as it is by the nodes that take it so (input_of); a float32
+   * copy is made for the others, and for an output, once per run. */
   for (int i = 0; i < n_inputs + n_params && !status; i++) {
     ttd_tensor *op = run->operands[i];
     if (op->spec.dtype != TTD_DTYPE_BFLOAT16 || read_as_bf16(backend, program, i)) {
@@ -154,9 +168,10 @@ ttd_status_t ttd_run_forward_mode(ttd_backend *backend, ttd_quota *quota, ttd_pr
     ttd_node_call call = {
         .node = node, .output = run->values[node->value]->buffer, .output_shape = out_shape, .mode = run->mode};
     for (int k = 0; k < node->n_inputs; k++) {
-      call.inputs[k] = run->values[node->inputs[k]]->buffer;
+      const ttd_tensor *in = input_of(backend, run, node, k);
+      call.inputs[k] = in->buffer;
       call.input_shapes[k] = &program->values[node->inputs[k]].type.shape;
-      call.input_dtypes[k] = run->values[node->inputs[k]]->spec.dtype;
+      call.input_dtypes[k] = in->spec.dtype;
     }
     for (int k = 0; k < 2; k++) call.saved[k] = run->saved[2 * i + k] ? run->saved[2 * i + k]->buffer : NULL;
     status = node_status(run, i, "forward", backend->vtable->run_node(backend, device, &call));
@@ -246,9 +261,10 @@ static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd
   ttd_status_t status = TTD_OK;
   for (int k = 0; k < node->n_inputs && !status; k++) {
     const ttd_program_value *in = &program->values[node->inputs[k]];
-    call.inputs[k] = run->values[node->inputs[k]]->buffer;
+    const ttd_tensor *held = input_of(backend, run, node, k);
+    call.inputs[k] = held->buffer;
     call.input_shapes[k] = &in->type.shape;
-    call.input_dtypes[k] = run->values[node->inputs[k]]->spec.dtype;
+    call.input_dtypes[k] = held->spec.dtype;
     if (!grad_needed(in, input_grads)) continue;
     int p = param_index(program, node->inputs[k]);
     bool first;

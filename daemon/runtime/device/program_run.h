@@ -13,8 +13,9 @@ typedef struct ttd_run {
   int device;
   ttd_quota *quota;      /* one reference: every tensor the run makes is charged here */
   ttd_tensor **values;   /* per program value, one reference each (NULL where not made);
-                          * a bfloat16 input or parameter appears as itself where the backend
-                          * reads it so (takes_bf16), else as a float32 copy */
+                          * a bfloat16 input or parameter appears as itself where every node
+                          * reading it takes it so (takes_bf16) and it is no output, else as a
+                          * float32 copy (nodes that take it read the operand all the same) */
   ttd_tensor **operands; /* the caller's inputs then parameters, one reference each */
   ttd_tensor **saved;    /* per node, 2 slots: what the op keeps for its backward */
   ttd_run_mode mode;     /* the forward's; its backward runs in the same mode. mode.cancel is

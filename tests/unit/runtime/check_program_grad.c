@@ -386,30 +386,46 @@ START_TEST(test_scalar_operand_errors) {
 END_TEST
 
 /* A bfloat16 operand that another op reads too (w, also in a mul), or that is an output of
- * the program itself (x), is widened to float32 once for the run: every node reads float32,
- * the linear computes a float32 product, and the output is float32. */
+ * the program itself (z), gets a float32 copy for the run (the mul reads it, the output is
+ * float32); the linear and the matmul read the operands themselves all the same, so their
+ * products stay bfloat16 ones: x (float32) rounded to bfloat16. */
 START_TEST(test_bfloat16_widened_where_not_every_reader_takes_it) {
   graph_builder b;
   gb_init(&b);
-  gb_value(&b, 0, "x", TTD__V1__DTYPE__DTYPE_BFLOAT16, 2, 4, 6, 0, 0);
+  gb_value(&b, 0, "x", F32, 2, 4, 6, 0, 0);
+  gb_value(&b, 0, "z", TTD__V1__DTYPE__DTYPE_BFLOAT16, 2, 6, 3, 0, 0);
   gb_value(&b, 1, "w", TTD__V1__DTYPE__DTYPE_BFLOAT16, 2, 3, 6, 0, 0);
   gb_node(&b, "y", "linear", "x", "w", NULL);
   gb_node(&b, "w2", "mul", "w", "w", NULL);
+  gb_node(&b, "q", "matmul", "x", "z", NULL);
   b.outputs[b.graph.n_outputs++] = "y";
   b.outputs[b.graph.n_outputs++] = "w2";
-  b.outputs[b.graph.n_outputs++] = "x";
+  b.outputs[b.graph.n_outputs++] = "z";
+  b.outputs[b.graph.n_outputs++] = "q";
   harness h;
   harness_setup(&h, &b, 0.5f, 1);
   ttd_run *run = NULL;
-  ck_assert_ptr_null(ttd_run_forward(h.backend, NULL, h.program, h.inputs, 1, h.params, 1, &run));
-  for (int v = 0; v < 2; v++) { /* x, w */
+  ck_assert_ptr_null(ttd_run_forward(h.backend, NULL, h.program, h.inputs, 2, h.params, 1, &run));
+  for (int v = 1; v < 3; v++) { /* z, w: float32 copies */
     ck_assert_ptr_ne(run->values[v], run->operands[v]);
     ck_assert_int_eq(run->values[v]->spec.dtype, TTD_DTYPE_FLOAT32);
   }
-  /* y[0][0]: the float32 sum of the widened values' products */
-  float y = read_at(h.backend, run->values[h.program->outputs[0]], 0), want = 0.0f;
-  for (int p = 0; p < 6; p++) want += read_at(h.backend, run->values[0], (uint64_t)p) * read_at(h.backend, run->values[1], (uint64_t)p);
-  ck_assert_float_eq_tol(y, want, 1e-6f);
+  ck_assert_int_eq(run->values[h.program->outputs[2]]->spec.dtype, TTD_DTYPE_FLOAT32);
+  /* y[0][0] = sum_p bf16(x[0][p]) w[0][p] and q[0][0] = sum_p bf16(x[0][p]) z[p][0]: the
+   * products of x rounded, not of x */
+  float y = read_at(h.backend, run->values[h.program->outputs[0]], 0);
+  float q = read_at(h.backend, run->values[h.program->outputs[3]], 0);
+  double want_y = 0, want_q = 0, unrounded = 0;
+  for (int p = 0; p < 6; p++) {
+    float x = read_at(h.backend, run->values[0], (uint64_t)p), xr = ttd_f32_from_bf16(ttd_bf16_from_f32(x));
+    float w = read_at(h.backend, run->values[2], (uint64_t)p), z = read_at(h.backend, run->values[1], (uint64_t)(3 * p));
+    want_y += (double)xr * w;
+    want_q += (double)xr * z;
+    unrounded += (double)x * w;
+  }
+  ck_assert_double_eq_tol(y, want_y, 1e-6);
+  ck_assert_double_eq_tol(q, want_q, 1e-6);
+  ck_assert(fabs(unrounded - want_y) > 1e-5); /* the test tells the two apart */
   ttd_run_free(run);
   harness_teardown(&h);
 }
