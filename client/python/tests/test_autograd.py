@@ -220,6 +220,37 @@ def test_bfloat16_upload_passes_a_float_gradient_back():
     assert not torch.equal(w_read, ref.weight.detach())
 
 
+def test_bfloat16_module_trains_on_the_card():
+    """A module made bfloat16 (.to(torch.bfloat16)) compiles with bfloat16 parameters: its
+    linears compute bfloat16 products on the card, its output and gradients are float32, SGD
+    keeps the parameters bfloat16 (state_dict), and 10 steps follow float32 training from the
+    same start within bfloat16's rounding."""
+    torch.manual_seed(5)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(torch.bfloat16)
+    ref = copy.deepcopy(m).float()
+    cm = ttd.compile(m).to("tt")
+    opt, ref_opt = ttd.optim.SGD(cm.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    x, t = torch.randn(32, 8), torch.randint(0, 4, (32,))
+    for step in range(10):
+        out = cm(x.to("tt")).to("cpu")
+        assert out.dtype == torch.float32
+        loss = F.cross_entropy(out, t)
+        loss.backward()
+        if step == 0:
+            assert all(p.grad.dtype == torch.float32 for p in cm.parameters())
+        opt.step()
+        opt.zero_grad()
+        ref_loss = F.cross_entropy(ref(x), t)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert abs(loss.item() - ref_loss.item()) <= 1e-3 * ref_loss.item(), (step, loss.item(), ref_loss.item())
+    state = cm.state_dict()
+    assert {v.dtype for v in state.values()} == {torch.bfloat16}
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(state[name].float(), p.detach(), rtol=2e-2, atol=2e-2)
+
+
 def test_runs_live_as_long_as_torchs_graph():
     """A run's activations go when torch frees its graph: after a backward without
     retain_graph the module can move even with every loss still referenced; a retained graph
