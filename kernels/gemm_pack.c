@@ -8,6 +8,7 @@
 
 #include "dtype.h"
 #include "gemm.h"
+#include "kernel_internal.h"
 
 enum { PACK_KC_MAX = 512 }; /* steps of K the bfloat16 packers stage at once: the matmul's largest K block */
 
@@ -295,6 +296,26 @@ void ttd_gemm_pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, in
   }
 }
 
+/* ttd_bf16_from_f32 without a branch, so that a loop of it vectorizes: the same bits. */
+static inline uint32_t narrow_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof(u));
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet_nan = (u >> 16) | 0x0040u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
+}
+
+/* panel[d*R + i] = X(i, 2d) | X(i, 2d + 1) << 16 for d < kd, i < n, each narrowed, of a float32
+ * X contiguous along i (X(i,p) = src[p*s_p + i]); a zero high half past step kc (odd kc). */
+TTD_KHOT static void weave_narrow(const float *restrict src, int64_t s_p, int64_t kc, int64_t n, int64_t R,
+                                  uint32_t *restrict panel) {
+  for (int64_t d = 0; d < kc / 2; d++) {
+    const float *lo = src + 2 * d * s_p, *hi = lo + s_p;
+    for (int64_t i = 0; i < n; i++) panel[d * R + i] = narrow_bits(lo[i]) | narrow_bits(hi[i]) << 16;
+  }
+  if (kc & 1)
+    for (int64_t i = 0; i < n; i++) panel[kc / 2 * R + i] = narrow_bits(src[(kc - 1) * s_p + i]);
+}
+
 void ttd_gemm_pack_f32_pairs(const float *restrict x, int64_t s_i, int64_t s_p, int64_t rows, int64_t kc, int64_t R,
                              float *restrict out, interleave16_fn interleave16) {
   if (R > 32) abort(); /* the staging buffer holds 32 rows; the matmul's panels have at most 32 */
@@ -304,20 +325,21 @@ void ttd_gemm_pack_f32_pairs(const float *restrict x, int64_t s_i, int64_t s_p, 
     int64_t n = rows - r0 < R ? rows - r0 : R;
     const float *src = x + r0 * s_i;
     float *panel = out + (r0 / R) * kd * R;
+    if (s_i == 1) { /* contiguous along i: narrowed and woven in one pass */
+      if (n < R) memset(panel, 0, (size_t)(kd * R) * sizeof(uint32_t));
+      weave_narrow(src, s_p, kc, n, R, (uint32_t *)panel);
+      continue;
+    }
     for (int64_t p0 = 0; p0 < kc; p0 += PACK_KC_MAX) { /* one block unless kc > PACK_KC_MAX */
       int64_t len = kc - p0 < PACK_KC_MAX ? kc - p0 : PACK_KC_MAX;
-      if (s_i == 1) { /* contiguous along i: bfloat16 rows of n, one per step */
-        for (int64_t p = 0; p < len; p++) ttd_bf16_from_f32_n(narrowed + p * n, src + (p0 + p) * s_p, (size_t)n);
-        ttd_gemm_pack_bf16(narrowed, 1, n, n, len, R, 1, panel + p0 / 2 * R, interleave16);
-      } else { /* one row of X after another, each at an even stride: rows of 32-bit pairs */
-        int64_t ld = len + (len & 1);
-        for (int64_t i = 0; i < n; i++) {
-          if (s_p == 1) ttd_bf16_from_f32_n(narrowed + i * ld, src + i * s_i + p0, (size_t)len);
-          else
-            for (int64_t p = 0; p < len; p++) narrowed[i * ld + p] = ttd_bf16_from_f32(src[i * s_i + (p0 + p) * s_p]);
-        }
-        ttd_gemm_pack_bf16(narrowed, ld, 1, n, len, R, 1, panel + p0 / 2 * R, interleave16);
+      /* one row of X after another, each at an even stride: rows of 32-bit pairs */
+      int64_t ld = len + (len & 1);
+      for (int64_t i = 0; i < n; i++) {
+        if (s_p == 1) ttd_bf16_from_f32_n(narrowed + i * ld, src + i * s_i + p0, (size_t)len);
+        else
+          for (int64_t p = 0; p < len; p++) narrowed[i * ld + p] = ttd_bf16_from_f32(src[i * s_i + (p0 + p) * s_p]);
       }
+      ttd_gemm_pack_bf16(narrowed, ld, 1, n, len, R, 1, panel + p0 / 2 * R, interleave16);
     }
   }
 }

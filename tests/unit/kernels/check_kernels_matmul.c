@@ -577,6 +577,46 @@ START_TEST(test_matmul_dt_mixed) {
 }
 END_TEST
 
+/* A float32 operand is rounded exactly as ttd_bf16_from_f32 rounds: ties to even, values that
+ * round to infinity, infinities and NaNs, read along either layout of A (rows along K, or
+ * along M), on every path: with B a column of bfloat16 ones (and a zero), C is the rounded A. */
+START_TEST(test_matmul_dt_rounds_as_bf16) {
+  enum { M = 67 };
+  float a[2 * M];
+  uint64_t st = 0x5eed0004u;
+  for (int i = 0; i < M; i++) {
+    uint32_t u = (uint32_t)(kt_next_random(&st) >> 32) & 0xbfffffffu; /* finite, below 2^64 */
+    switch (i % 6) {
+      case 0: u = (u & 0xffff0000u) | 0x8000u; break;                 /* a tie */
+      case 1: u = (u & 0x80000000u) | 0x7f7f8000u | (u & 0x7fffu); break; /* rounds to infinity */
+      case 2: u = (u & 0x80000000u) | 0x7f800000u; break;             /* infinity */
+      case 3: u = (u & 0x8000ffffu) | 0x7f800001u; break; /* NaN whose payload rounding alone makes infinity */
+      default: u = (u & 0x807fffffu) | 0x3f000000u; break;            /* in [0.5, 1) */
+    }
+    memcpy(&a[i], &u, sizeof(u));
+  }
+  uint16_t b[2] = {0x3f80, 0}; /* B [2,1]: 1 then 0 */
+  for (size_t v = 0; v < 3; v++) {
+    if (bf16_isas[v]) setenv("TTD_KERNEL_ISA", bf16_isas[v], 1);
+    for (int ta = 0; ta < 2; ta++) {
+      float at[2 * M], c[M];
+      for (int i = 0; i < M; i++) { /* A [M,2] = (a, 0), stored as is or transposed */
+        at[ta ? i : 2 * i] = a[i];
+        at[ta ? M + i : 2 * i + 1] = 0.0f;
+      }
+      ttd_k_matmul_dt(NULL, at, TTD_DTYPE_FLOAT32, b, TTD_DTYPE_BFLOAT16, NULL, c, 1, M, 1, 2, ta, 0, 0, 0);
+      for (int i = 0; i < M; i++) {
+        float want = ttd_f32_from_bf16(ttd_bf16_from_f32(a[i]));
+        KT_CHECK_EACH(isnan(want) ? isnan(c[i]) : memcmp(&c[i], &want, sizeof(want)) == 0,
+                      "%s ta=%d: A[%d] = %a gave %a, want %a", bf16_isas[v] ? bf16_isas[v] : "widest", ta, i,
+                      (double)a[i], (double)c[i], (double)want);
+      }
+    }
+    unsetenv("TTD_KERNEL_ISA");
+  }
+}
+END_TEST
+
 /* The backward of a product with one bfloat16 operand: dA and dB are bfloat16 products of
  * the rounded dC and the rounded other operand (within float32 accumulation of double), on
  * every path and all transposes; with TTD_KGRAD_ADD_* they are added to what was there. */
@@ -785,6 +825,7 @@ Suite *kernels_matmul_suite(void) {
   tcase_add_test(tc, test_matmul_bf16_generic_pairs);
   tcase_add_test(tc, test_matmul_dt_mixed);
   tcase_add_test(tc, test_matmul_backward_dt);
+  tcase_add_test(tc, test_matmul_dt_rounds_as_bf16);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("linear");
