@@ -233,7 +233,7 @@ demo: deps
 # and writes $(BUILD)/bench/results.json. The programs are not part of `all`: they link
 # OpenBLAS (the sgemm reference, bench only), which `make test` must not need. $(LIB_A)
 # holds the kernels (ttd_k_matmul, ttd_pool) bench_matmul measures.
-BENCH_BIN := $(patsubst %,$(BUILD)/bin/bench_%,peak transfer rpc matmul train sessions restart dp)
+BENCH_BIN := $(patsubst %,$(BUILD)/bin/bench_%,peak transfer rpc matmul train sessions restart dp step_ab)
 BENCH_LIB_SRC := scripts/bench/bench_common.c scripts/bench/bench_bare_grpc.c scripts/bench/bench_mlp.c
 BENCH_CFLAGS = $(TOOL_CFLAGS) -I. $(shell pkg-config --cflags openblas 2>/dev/null)
 BENCH_LIBS = $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
