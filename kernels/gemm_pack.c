@@ -296,24 +296,17 @@ void ttd_gemm_pack_bf16(const uint16_t *restrict x, int64_t s_i, int64_t s_p, in
   }
 }
 
-/* ttd_bf16_from_f32 without a branch, so that a loop of it vectorizes: the same bits. */
-static inline uint32_t narrow_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof(u));
-  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet_nan = (u >> 16) | 0x0040u;
-  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
-}
-
 /* panel[d*R + i] = X(i, 2d) | X(i, 2d + 1) << 16 for d < kd, i < n, each narrowed, of a float32
  * X contiguous along i (X(i,p) = src[p*s_p + i]); a zero high half past step kc (odd kc). */
 TTD_KHOT static void weave_narrow(const float *restrict src, int64_t s_p, int64_t kc, int64_t n, int64_t R,
                                   uint32_t *restrict panel) {
   for (int64_t d = 0; d < kc / 2; d++) {
     const float *lo = src + 2 * d * s_p, *hi = lo + s_p;
-    for (int64_t i = 0; i < n; i++) panel[d * R + i] = narrow_bits(lo[i]) | narrow_bits(hi[i]) << 16;
+    for (int64_t i = 0; i < n; i++)
+      panel[d * R + i] = (uint32_t)ttd_bf16_from_f32(lo[i]) | (uint32_t)ttd_bf16_from_f32(hi[i]) << 16;
   }
   if (kc & 1)
-    for (int64_t i = 0; i < n; i++) panel[kc / 2 * R + i] = narrow_bits(src[(kc - 1) * s_p + i]);
+    for (int64_t i = 0; i < n; i++) panel[kc / 2 * R + i] = ttd_bf16_from_f32(src[(kc - 1) * s_p + i]);
 }
 
 void ttd_gemm_pack_f32_pairs(const float *restrict x, int64_t s_i, int64_t s_p, int64_t rows, int64_t kc, int64_t R,

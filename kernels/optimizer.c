@@ -38,7 +38,7 @@ typedef struct sgd_job {
   bool first;     /* step 1: the momentum buffer starts as the gradient */
   bool zero_grad; /* grad[i] = 0 once read */
   float *param, *buf, *grad;
-  uint16_t *param16; /* or NULL: the parameter is bfloat16, here */
+  uint16_t *param16; /* a bfloat16 parameter (param NULL), or NULL */
 } sgd_job;
 
 /* The plain loop takes zero_grad as a constant from its two callers below, so it is
@@ -121,7 +121,7 @@ typedef struct adam_job {
   adam_scalars s;
   bool zero_grad;
   float *param, *m, *v, *grad;
-  uint16_t *param16; /* or NULL: the parameter is bfloat16, here */
+  uint16_t *param16; /* a bfloat16 parameter (param NULL), or NULL */
 } adam_job;
 
 TTD_KHOT static void adam_loop(const adam_scalars *sp, bool zero_grad, float *restrict param, float *restrict grad,

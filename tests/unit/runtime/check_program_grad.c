@@ -398,10 +398,10 @@ START_TEST(test_bfloat16_widened_where_not_every_reader_takes_it) {
   gb_node(&b, "y", "linear", "x", "w", NULL);
   gb_node(&b, "w2", "mul", "w", "w", NULL);
   gb_node(&b, "q", "matmul", "x", "z", NULL);
-  b.outputs[b.graph.n_outputs++] = "y";
-  b.outputs[b.graph.n_outputs++] = "w2";
-  b.outputs[b.graph.n_outputs++] = "z";
-  b.outputs[b.graph.n_outputs++] = "q";
+  gb_output(&b, "y");
+  gb_output(&b, "w2");
+  gb_output(&b, "z");
+  gb_output(&b, "q");
   harness h;
   harness_setup(&h, &b, 0.5f, 1);
   ttd_run *run = NULL;
