@@ -3,7 +3,8 @@
  * - TTD_KGRAIN: elements per parallel_for chunk for simple streaming loops.
  * - TTD_KHOT: marks a hot inner loop: it is compiled for AVX-512, AVX2 and baseline x86-64
  *   and picked at load time (target_clones), with the loop vectorizer (and unswitching of
- *   loop-invariant branches) on at the build's -O2.
+ *   loop-invariant branches) on at the build's -O2, and no a * b + c contracted into an FMA
+ *   (which only the AVX-512 clone has), so every clone computes the same bits.
  * - ttd_ksum_f32 / ttd_ksum_blocks: sums whose rounding depends only on the data and its
  *   length, never on the pool's thread count, so results are identical on 1 or N threads.
  * - ttd_kexpf, ttd_kmax_f32, ttd_kexp_sum: row primitives that vectorize once inlined into
@@ -46,7 +47,7 @@ static inline int ttd_kstop(ttd_kcheck *check, int64_t ops) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define TTD_KHOT                                              \
   __attribute__((target_clones("avx512f", "avx2", "default"), \
-                 optimize("tree-vectorize", "vect-cost-model=dynamic", "unswitch-loops")))
+                 optimize("tree-vectorize", "vect-cost-model=dynamic", "unswitch-loops", "fp-contract=off")))
 #else
 #define TTD_KHOT
 #endif
