@@ -44,11 +44,21 @@ typedef void (*interleave16_fn)(const float *restrict src, int64_t ld_src, int64
 micro_kernel ttd_gemm_pick_kernel(bool bf16_pairs);
 
 /* The micro-kernel over bfloat16 pairs that bfloat16 products go to, or NULL (widened to
- * float32, that ISA's float32 kernel): "avx512bf16" where the CPU has AVX-512 BF16 and
- * TTD_KERNEL_ISA names no narrower ISA ("avx512", "avx2", "generic" widen), or
- * "generic-pairs", the portable one, when TTD_KERNEL_ISA names it (the tests run each path
- * this way). Static. */
+ * float32, that ISA's float32 kernel): "avx512bf16" where the CPU has AVX-512 BF16, it pays
+ * (ttd_gemm_bf16_dot_gain() >= BF16_DOT_GAIN_MIN) and TTD_KERNEL_ISA names no other ISA, or
+ * where TTD_KERNEL_ISA=avx512bf16 and the CPU has it, paying or not; "generic-pairs", the
+ * portable one, when TTD_KERNEL_ISA names it (the tests run each path this way). Static. */
 const char *ttd_gemm_bf16_pairs(void);
+
+/* The FLOP rate of vdpbf16ps over that of float32 FMAs on this CPU, measured once (16
+ * independent accumulators each, about 0.3 ms, on the first call); 0 where the CPU lacks
+ * AVX-512 BF16. About 2 where it issues as often as an FMA; 0.49 on an Emerald Rapids guest
+ * (family 6 model 207), where a 512 x 512 bfloat16 matmul then ran at 0.58x float32's speed
+ * on it and at 1.01x widened. Thread-safe. */
+double ttd_gemm_bf16_dot_gain(void);
+
+/* Below this gain bfloat16 products widen to float32 rather than take vdpbf16ps. */
+#define BF16_DOT_GAIN_MIN 1.25
 
 /* The widest transposing packer the CPU has, or a narrower one named by TTD_KERNEL_ISA;
  * NULL: interleave row by row. */

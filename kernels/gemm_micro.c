@@ -7,10 +7,12 @@
  * steps of K in the lanes of each, summed across them at the end, with nothing packed. The
  * AVX-512 BF16 kernel takes panels of bfloat16 pairs (vdpbf16ps), two steps of K a step, and
  * a portable kernel does the same arithmetic for the tests. */
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gemm.h"
 
@@ -218,12 +220,73 @@ static bool generic_pairs(void) {
   return isa && strcmp(isa, "generic-pairs") == 0;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+enum { PROBE_STEPS = 2048, PROBE_ROUNDS = 7 };
+
+static double probe_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Defines name(): the seconds for PROBE_STEPS steps of 16 independent zmm instructions,
+ * acc[i] = STEP(acc[i]), the accumulators opaque to the compiler so that it keeps 16 chains. */
+#define TTD_DEFINE_PROBE(name, target_isa, STEP)                                                               \
+  __attribute__((target(target_isa), noinline)) static double name(void) {                                     \
+    __m512 acc[16];                                                                                            \
+    _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) {                                                    \
+      acc[i] = _mm512_set1_ps((float)i);                                                                       \
+      __asm__ volatile("" : "+v"(acc[i]));                                                                     \
+    }                                                                                                          \
+    double t0 = probe_now();                                                                                   \
+    for (int n = 0; n < PROBE_STEPS; n++) {                                                                    \
+      _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) acc[i] = STEP(acc[i]);                             \
+    }                                                                                                          \
+    double t = probe_now() - t0;                                                                               \
+    _Pragma("GCC unroll 16") for (int i = 1; i < 16; i++) acc[0] = _mm512_add_ps(acc[0], acc[i]);              \
+    __asm__ volatile("" ::"v"(acc[0]));                                                                        \
+    return t;                                                                                                  \
+  }
+#define PROBE_FMA(acc) _mm512_fmadd_ps(acc, _mm512_set1_ps(1.0000001f), _mm512_set1_ps(0.9999999f))
+#define PROBE_DOT(acc) \
+  _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi16(0x3f80), (__m512bh)_mm512_set1_epi16(0x3f80)) /* 1.0 */
+TTD_DEFINE_PROBE(probe_fma, "avx512f", PROBE_FMA)        /* 32 FLOP an instruction */
+TTD_DEFINE_PROBE(probe_dot, "avx512f,avx512bf16", PROBE_DOT) /* 64 FLOP an instruction */
+
+static double dot_gain;
+static pthread_once_t dot_gain_once = PTHREAD_ONCE_INIT;
+
+/* The best of PROBE_ROUNDS turns each (about 0.3 ms in all): a pause or another guest only
+ * ever slows a turn, and the first turns also wait for the clock to rise. */
+static void measure_dot_gain(void) {
+  if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw")) return;
+  double fma = 1e30, dot = 1e30;
+  for (int r = 0; r < PROBE_ROUNDS; r++) {
+    double f = probe_fma(), d = probe_dot();
+    fma = f < fma ? f : fma;
+    dot = d < dot ? d : dot;
+  }
+  dot_gain = dot > 0 ? 2.0 * fma / dot : 0.0;
+}
+#endif
+
+double ttd_gemm_bf16_dot_gain(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  pthread_once(&dot_gain_once, measure_dot_gain);
+  return dot_gain;
+#else
+  return 0.0;
+#endif
+}
+
 const char *ttd_gemm_bf16_pairs(void) {
   const char *isa = getenv("TTD_KERNEL_ISA");
   if (generic_pairs()) return "generic-pairs";
-  if (isa && *isa && strcmp(isa, "avx512bf16") != 0) return NULL;
+  bool forced = isa && strcmp(isa, "avx512bf16") == 0;
+  if (isa && *isa && !forced) return NULL;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")) return "avx512bf16";
+  if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw")) return NULL;
+  if (forced || ttd_gemm_bf16_dot_gain() >= BF16_DOT_GAIN_MIN) return "avx512bf16";
 #endif
   return NULL;
 }

@@ -124,10 +124,12 @@ const char *ttd_k_matmul_path(int64_t k, int trans_a, int trans_b);
 /* The same with A and B in bfloat16 (bits as uint16_t, as the project stores them; the
  * strides count elements), C in float32, each product exact and summed in float32 (so C
  * matches the float32 matmul of the widened operands to float32 rounding). bias may be NULL.
- * On a CPU with AVX-512 BF16 it runs on vdpbf16ps (subnormal operands and products count as
- * zero there), elsewhere, or with TTD_KERNEL_ISA set to "avx512", "avx2" or "generic", it
- * widens the operands as it packs them and runs that ISA's float32 micro-kernel; with
- * TTD_KERNEL_ISA=generic-pairs, vdpbf16ps's arithmetic in portable C. Thread-safe as
+ * On a CPU whose AVX-512 BF16 does more FLOPs than its float32 FMAs (ttd_k_bf16_dot_gain),
+ * or with TTD_KERNEL_ISA=avx512bf16 on one that has it, it runs on vdpbf16ps (subnormal
+ * operands and products count as zero there); elsewhere, or with TTD_KERNEL_ISA set to
+ * "avx512", "avx2" or "generic", it widens the operands as it packs them and runs that ISA's
+ * float32 micro-kernel; with TTD_KERNEL_ISA=generic-pairs, vdpbf16ps's arithmetic in
+ * portable C. Thread-safe as
  * ttd_k_matmul; no allocation failure is reported (a tile falls back to a direct loop). */
 void ttd_k_matmul_bf16(ttd_pool *pool, const uint16_t *a, const uint16_t *b, const float *bias, float *c,
                        int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
@@ -135,6 +137,9 @@ void ttd_k_matmul_bf16(ttd_pool *pool, const uint16_t *a, const uint16_t *b, con
 /* The path bfloat16 products take now: "avx512bf16", "generic-pairs" (the same arithmetic in
  * portable C, TTD_KERNEL_ISA=generic-pairs) or "float32" (widened). Never NULL, static. */
 const char *ttd_k_matmul_bf16_path(void);
+/* vdpbf16ps's FLOP rate over float32 FMAs' on this CPU, measured once (about 0.3 ms); 0
+ * without AVX-512 BF16. bfloat16 products take it where this is at least 1.25. */
+double ttd_k_bf16_dot_gain(void);
 /* ttd_k_matmul_bias with each operand held as float32 or as bfloat16 bits (a_dtype, b_dtype:
  * TTD_DTYPE_FLOAT32 or TTD_DTYPE_BFLOAT16). Both float32: ttd_k_matmul_bias. Either
  * bfloat16: a bfloat16 product, as a card computes one: a float32 operand is rounded to

@@ -34,10 +34,11 @@
  *
  * Either operand may instead hold bfloat16 (ttd_k_matmul_dt). The product is then a bfloat16
  * one: a float32 operand is rounded to bfloat16 as it is packed, each product of two bfloat16
- * is exact, and the sums are float32. On a CPU with AVX-512 BF16 the packs hold bfloat16, K
- * pairs side by side in 32 bits (the layout vdpbf16ps multiplies, a zero past an odd K), so
- * one "packed step" of a panel is two steps of K; elsewhere (or with TTD_KERNEL_ISA set) they
- * hold the bfloat16 values widened to float32 and the float32 micro-kernels run. */
+ * is exact, and the sums are float32. On a CPU whose AVX-512 BF16 does more FLOPs than its
+ * float32 FMAs (measured once: ttd_gemm_bf16_dot_gain) the packs hold bfloat16, K pairs side
+ * by side in 32 bits (the layout vdpbf16ps multiplies, a zero past an odd K), so one "packed
+ * step" of a panel is two steps of K; elsewhere (or with TTD_KERNEL_ISA set) they hold the
+ * bfloat16 values widened to float32 and the float32 micro-kernels run. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -418,6 +419,8 @@ const char *ttd_k_matmul_bf16_path(void) {
   const char *pairs = ttd_gemm_bf16_pairs();
   return pairs ? pairs : "float32";
 }
+
+double ttd_k_bf16_dot_gain(void) { return ttd_gemm_bf16_dot_gain(); }
 
 /* With A' = op(A) [m,k], B' = op(B) [k,n] and dC [m,n] per problem:
  *   dA' = dC B'^T, stored as is, or transposed (B' dC^T) when trans_a;

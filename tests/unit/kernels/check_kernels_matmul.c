@@ -5,6 +5,7 @@
  * result. */
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -383,13 +384,26 @@ static void check_bf16_sizes(const char *isa) {
     }
 }
 
-/* The widest path this CPU has (AVX-512 BF16 where it exists, and then taken) matches double at odd sizes. */
+/* The path this CPU takes by default matches double at odd sizes: AVX-512 BF16 where the CPU
+ * has it and it does at least 1.25x the FLOPs of float32 FMAs there (the probe's figure lies
+ * in (0, 4], and is 0 without the instruction), else float32. TTD_KERNEL_ISA=avx512bf16
+ * takes the instruction wherever the CPU has it, and matches too. */
 START_TEST(test_matmul_bf16_forward) {
+  double gain = ttd_k_bf16_dot_gain();
+  bool has = false;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw"))
-    ck_assert_str_eq(ttd_k_matmul_bf16_path(), "avx512bf16");
+  has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
 #endif
+  if (has)
+    ck_assert_msg(gain > 0.0 && gain <= 4.0, "vdpbf16ps measured at %g x the FLOPs of FMA", gain);
+  else
+    ck_assert(gain == 0.0);
+  ck_assert_str_eq(ttd_k_matmul_bf16_path(), has && gain >= 1.25 ? "avx512bf16" : "float32");
   check_bf16_sizes("widest");
+  setenv("TTD_KERNEL_ISA", "avx512bf16", 1);
+  ck_assert_str_eq(ttd_k_matmul_bf16_path(), has ? "avx512bf16" : "float32");
+  check_bf16_sizes("avx512bf16");
+  unsetenv("TTD_KERNEL_ISA");
 }
 END_TEST
 
@@ -436,9 +450,9 @@ END_TEST
  * broadcast then A broadcast, with a bias: each problem matches double, on every path. */
 START_TEST(test_matmul_bf16_unaligned_batched) {
   const int64_t batch = 3, m = 7, n = 37, k = 19;
-  const char *isas[] = {NULL, "generic", "generic-pairs"};
+  const char *isas[] = {NULL, "generic", "generic-pairs", "avx512bf16"};
   uint64_t rng = 13;
-  for (size_t v = 0; v < 3; v++) {
+  for (size_t v = 0; v < 4; v++) {
     if (isas[v]) setenv("TTD_KERNEL_ISA", isas[v], 1);
     for (int t = 0; t < 4; t++)
       for (int which = 0; which < 2; which++) {
@@ -526,7 +540,10 @@ static float *rounded_of(const float *f, int64_t n) {
   return r;
 }
 
-static const char *const bf16_isas[] = {NULL, "generic", "generic-pairs"};
+/* Every path of bfloat16 products: the default, widened, portable pairs, AVX-512 BF16 (where
+ * the CPU has it; widest float32 elsewhere). */
+static const char *const bf16_isas[] = {NULL, "generic", "generic-pairs", "avx512bf16"};
+enum { BF16_ISAS = sizeof(bf16_isas) / sizeof(bf16_isas[0]) };
 
 /* One float32 and one bfloat16 operand (either way round, all four transposes, odd sizes, a
  * K over several blocks, a bias, batched with either operand broadcast, on 1 and 2 threads):
@@ -539,7 +556,7 @@ START_TEST(test_matmul_dt_mixed) {
   ttd_pool *pool = ttd_pool_create(2);
   ck_assert_ptr_nonnull(pool);
   uint64_t rng = 21;
-  for (size_t v = 0; v < 3; v++) {
+  for (size_t v = 0; v < BF16_ISAS; v++) {
     if (bf16_isas[v]) setenv("TTD_KERNEL_ISA", bf16_isas[v], 1);
     for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
       for (int t = 0; t < 8; t++) {
@@ -596,7 +613,7 @@ START_TEST(test_matmul_dt_rounds_as_bf16) {
     memcpy(&a[i], &u, sizeof(u));
   }
   uint16_t b[2] = {0x3f80, 0}; /* B [2,1]: 1 then 0 */
-  for (size_t v = 0; v < 3; v++) {
+  for (size_t v = 0; v < BF16_ISAS; v++) {
     if (bf16_isas[v]) setenv("TTD_KERNEL_ISA", bf16_isas[v], 1);
     for (int ta = 0; ta < 2; ta++) {
       float at[2 * M], c[M];
@@ -623,7 +640,7 @@ END_TEST
 START_TEST(test_matmul_backward_dt) {
   static const int64_t sizes[][3] = {{7, 13, 5}, {33, 65, 129}, {1, 17, 513}, {70, 530, 300}};
   uint64_t rng = 22;
-  for (size_t v = 0; v < 3; v++) {
+  for (size_t v = 0; v < BF16_ISAS; v++) {
     if (bf16_isas[v]) setenv("TTD_KERNEL_ISA", bf16_isas[v], 1);
     for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
       for (int t = 0; t < 8; t++) {
