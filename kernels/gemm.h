@@ -23,12 +23,21 @@ typedef void (*dot_block_fn)(int64_t k, const float *a, int64_t lda, const float
 
 enum { DOT_ROWS = 3, DOT_COLS = 4 };
 
+/* The product of a linear's forward turned round, C^T = W X^T, with W [n,k] read where it
+ * lies (no packing): for i < mr <= MR rows of W (row i at w + i*ldw) and j < nr <= NR rows of
+ * X packed as one NR-column B micro-panel over kc steps (xp[p*NR + j] = X(j, p)),
+ * c[i*ldc + j] = the sum over p of W(i,p) X(j,p), or c[i*ldc + j] + it when accumulate:
+ * the packed micro-kernel of the same ISA, bit for bit, with A's panel replaced by W's rows. */
+typedef void (*rows_kernel_fn)(int64_t kc, const float *w, int64_t ldw, const float *restrict xp, float *c,
+                               int64_t ldc, int64_t mr, int64_t nr, int accumulate);
+
 /* A micro-kernel and the NR its B panels are packed for. */
 typedef struct micro_kernel {
   micro_kernel_fn fn;
   int64_t nr;
   dot_block_fn dot; /* or NULL: this ISA has no dot-product blocks */
   bool pairs;       /* it takes panels of bfloat16 pairs (MODE_BF16_PAIRS), not of floats */
+  rows_kernel_fn rows; /* or NULL: this ISA packs the weight of X W^T as any B */
 } micro_kernel;
 
 /* Sixteen rows contiguous along p (row j at src + j*ld_src), p in [0, len), interleaved into

@@ -116,11 +116,13 @@ void ttd_k_matmul(ttd_pool *pool, const float *a, const float *b, float *c, int6
 void ttd_k_matmul_bias(ttd_pool *pool, const float *a, const float *b, const float *bias, float *c, int64_t batch,
                        int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, int64_t a_batch_stride,
                        int64_t b_batch_stride);
-/* The path ttd_k_matmul and ttd_k_matmul_bias take now for a problem of this K and these
- * transposes, whatever m and n: "dot" (dot products of A's rows and B's columns, nothing
- * packed: A [m,k] against a transposed B, K up to 1024, on AVX2, as a linear's forward) or
- * "packed" (the blocked GEMM). Never NULL, static. */
-const char *ttd_k_matmul_path(int64_t k, int trans_a, int trans_b);
+/* The path ttd_k_matmul and ttd_k_matmul_bias take now for a problem of these m and K and
+ * these transposes, whatever n: "dot" (dot products of A's rows and B's columns, nothing
+ * packed: A [m,k] against a transposed B, K up to 1024, on AVX2, as a linear's forward),
+ * "rows" (the same layout on AVX-512 up to 192 rows of A: the product turned round, B's
+ * rows read where they lie; the bits of "packed") or "packed" (the blocked GEMM). Never
+ * NULL, static. */
+const char *ttd_k_matmul_path(int64_t m, int64_t k, int trans_a, int trans_b);
 /* The same with A and B in bfloat16 (bits as uint16_t, as the project stores them; the
  * strides count elements), C in float32, each product exact and summed in float32 (so C
  * matches the float32 matmul of the widened operands to float32 rounding). bias may be NULL.

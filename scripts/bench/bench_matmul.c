@@ -146,7 +146,7 @@ int main(void) {
       if (all) bench_log("%s_all: waited a median %.0f ms for the threads to go idle", s->name, waited / (2 * reps));
       char name[64];
       snprintf(name, sizeof(name), "%s_%s", s->name, all ? "all" : "1t");
-      if (!all) bench_log("%s takes the %s path", s->name, ttd_k_matmul_path(s->k, 0, s->trans_b));
+      if (!all) bench_log("%s takes the %s path", s->name, ttd_k_matmul_path(s->m, s->k, 0, s->trans_b));
       bench_record(name, bench_median(g, reps), bench_median(gr, reps), "GFLOP/s", "higher");
       free(g), free(gr);
       ttd_pool_destroy(pool);

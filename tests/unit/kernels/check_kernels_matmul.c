@@ -259,22 +259,86 @@ START_TEST(test_matmul_few_rows_transposed) {
 }
 END_TEST
 
-/* Which problems take the dot-product path (kernels/matmul.c): A [m,k] against a transposed
- * B up to K 1024 under AVX2, nothing else, and nothing under the generic kernel. */
-START_TEST(test_matmul_dot_path) {
-  setenv("TTD_KERNEL_ISA", "avx2", 1);
+/* Which problems take which path (kernels/matmul.c). Dot products: A [m,k] against a
+ * transposed B up to K 1024 under AVX2, whatever m. Rows: the same layout at any K up to 192
+ * rows of A under AVX-512 (the default ISA where the CPU has it). Nothing else, and neither
+ * under the generic kernel. */
+START_TEST(test_matmul_paths) {
   int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const char *dot = avx2 ? "dot" : "packed";
-  ck_assert_str_eq(ttd_k_matmul_path(784, 0, 1), dot);
-  ck_assert_str_eq(ttd_k_matmul_path(1, 0, 1), dot);
-  ck_assert_str_eq(ttd_k_matmul_path(1024, 0, 1), dot);
-  ck_assert_str_eq(ttd_k_matmul_path(1025, 0, 1), "packed");
-  ck_assert_str_eq(ttd_k_matmul_path(784, 0, 0), "packed");
-  ck_assert_str_eq(ttd_k_matmul_path(784, 1, 1), "packed");
-  ck_assert_str_eq(ttd_k_matmul_path(784, 1, 0), "packed");
-  setenv("TTD_KERNEL_ISA", "generic", 1);
-  ck_assert_str_eq(ttd_k_matmul_path(784, 0, 1), "packed");
+  int avx512 = __builtin_cpu_supports("avx512f");
+  static const struct {
+    const char *isa; /* TTD_KERNEL_ISA, or NULL: the CPU's widest */
+    int64_t m, k;
+    int ta, tb;
+    int dot, rows; /* 1: this path where the ISA has it */
+  } cases[] = {
+      {"avx2", 64, 784, 0, 1, 1, 0},  {"avx2", 64, 1, 0, 1, 1, 0},   {"avx2", 4096, 1024, 0, 1, 1, 0},
+      {"avx2", 64, 1025, 0, 1, 0, 0}, {"avx2", 64, 784, 0, 0, 0, 0}, {"avx2", 64, 784, 1, 1, 0, 0},
+      {"avx2", 64, 784, 1, 0, 0, 0},  {NULL, 64, 784, 0, 1, 0, 1},   {NULL, 1, 1, 0, 1, 0, 1},
+      {NULL, 192, 4096, 0, 1, 0, 1},  {NULL, 193, 784, 0, 1, 0, 0},  {NULL, 64, 784, 0, 0, 0, 0},
+      {NULL, 64, 784, 1, 1, 0, 0},    {NULL, 64, 784, 1, 0, 0, 0},   {"generic", 64, 784, 0, 1, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    if (cases[i].isa) setenv("TTD_KERNEL_ISA", cases[i].isa, 1);
+    else unsetenv("TTD_KERNEL_ISA");
+    bool wide = cases[i].isa == NULL && avx512;
+    bool dot = cases[i].isa ? cases[i].dot && avx2 : !avx512 && avx2 && cases[i].ta == 0 && cases[i].tb == 1 &&
+                                                        cases[i].k <= 1024;
+    const char *want = dot ? "dot" : cases[i].rows && wide ? "rows" : "packed";
+    const char *got = ttd_k_matmul_path(cases[i].m, cases[i].k, cases[i].ta, cases[i].tb);
+    ck_assert_msg(strcmp(got, want) == 0, "case %zu (%s, m %lld, k %lld, ta %d, tb %d): the %s path, want %s", i,
+                  cases[i].isa ? cases[i].isa : "widest", (long long)cases[i].m, (long long)cases[i].k, cases[i].ta,
+                  cases[i].tb, got, want);
+  }
   unsetenv("TTD_KERNEL_ISA");
+}
+END_TEST
+
+/* X W^T on the rows path gives the bits of the packed path (X times W^T stored as [k,n]):
+ * odd sizes, K over several blocks, 3 problems at odd strides and one past alignment, a
+ * bias, on 1 and 3 threads; and the backward's dA = dC B^T, which goes this way, added to
+ * what was there (TTD_KGRAD_ADD_A) matches old + the double sum. */
+START_TEST(test_matmul_rows_bits) {
+  static const int64_t shapes[][3] = {{1, 1, 1},    {3, 17, 513}, {17, 3, 1},    {64, 512, 784},
+                                      {192, 37, 511}, {5, 70, 1030}, {33, 65, 257}, {40, 6, 16}};
+  const int64_t batch = 3;
+  ttd_pool *pool = ttd_pool_create(3);
+  ck_assert_ptr_nonnull(pool);
+  uint64_t rng = 71;
+  for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+    int64_t m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
+    if (strcmp(ttd_k_matmul_path(m, k, 0, 1), "rows") != 0) continue; /* no AVX-512: nothing goes this way */
+    int64_t xs = m * k + 3, ws = n * k + 5;
+    float *x_buf = kt_rand_buf(&rng, 1 + batch * xs, -1, 1), *w_buf = kt_rand_buf(&rng, 1 + batch * ws, -1, 1);
+    float *x = x_buf + 1, *w = w_buf + 1, *bias = kt_rand_buf(&rng, n, -1, 1);
+    float *wt = malloc(sizeof(float) * (size_t)(batch * k * n));
+    for (int64_t q = 0; q < batch; q++)
+      for (int64_t j = 0; j < n; j++)
+        for (int64_t p = 0; p < k; p++) wt[q * k * n + p * n + j] = w[q * ws + j * k + p];
+    float *c_rows = kt_nan_buf(batch * m * n), *c_packed = kt_nan_buf(batch * m * n);
+    ttd_k_matmul_bias(NULL, x, wt, bias, c_packed, batch, m, n, k, 0, 0, xs, k * n);
+    for (int th = 0; th < 2; th++) {
+      ttd_k_matmul_bias(th ? pool : NULL, x, w, bias, c_rows, batch, m, n, k, 0, 1, xs, ws);
+      for (int64_t i = 0; i < batch * m * n; i++)
+        KT_CHECK_EACH(memcmp(&c_rows[i], &c_packed[i], sizeof(float)) == 0,
+                      "%lldx%lldx%lld on %d thread(s): C[%lld] is %a on the rows path, %a packed", (long long)m,
+                      (long long)n, (long long)k, th ? 3 : 1, (long long)i, (double)c_rows[i], (double)c_packed[i]);
+    }
+    /* C' = X W' with W' [k,n] = wt: dX = dC' W'^T, rows path, added to dX's old values. */
+    float *dc = kt_rand_buf(&rng, m * n, -1, 1), *dx = kt_rand_buf(&rng, m * k, -1, 1);
+    float *old = malloc(sizeof(float) * (size_t)(m * k));
+    memcpy(old, dx, sizeof(float) * (size_t)(m * k));
+    ttd_k_matmul_backward_add(pool, x, wt, dc, 1, m, n, k, 0, 0, m * k, k * n, dx, NULL, TTD_KGRAD_ADD_A);
+    double *want = kt_dzeros(m * k);
+    ref_matmul(dc, wt, want, m, k, n, 0, 1);
+    for (int64_t i = 0; i < m * k; i++) want[i] += old[i];
+    char what[96];
+    snprintf(what, sizeof(what), "dX added, %lldx%lldx%lld", (long long)m, (long long)n, (long long)k);
+    kt_expect_close(what, dx, want, m * k, 1e-5, kt_dot_tol(n));
+    free(x_buf), free(w_buf), free(bias), free(wt), free(c_rows), free(c_packed), free(dc), free(dx), free(old);
+    free(want);
+  }
+  ttd_pool_destroy(pool);
 }
 END_TEST
 
@@ -826,7 +890,8 @@ Suite *kernels_matmul_suite(void) {
   tcase_add_test(tc, test_matmul_pool_identical);
   tcase_add_test(tc, test_matmul_columns_identical);
   tcase_add_test(tc, test_matmul_few_rows_transposed);
-  tcase_add_test(tc, test_matmul_dot_path);
+  tcase_add_test(tc, test_matmul_paths);
+  tcase_add_test(tc, test_matmul_rows_bits);
   tcase_add_test(tc, test_matmul_dot_unaligned_batched);
   tcase_add_test(tc, test_backward_add);
   suite_add_tcase(s, tc);
