@@ -277,7 +277,7 @@ static void dot_tasks(void *ctx, size_t begin, size_t end) {
 static void rows_tasks(void *ctx, size_t begin, size_t end) {
   const gemm_problem *g = ctx;
   int64_t kc_max = g->k < g->kc ? g->k : g->kc, ldt = round_up(g->mc, g->nr);
-  size_t x_len = (size_t)(ldt * kc_max), t_len = (size_t)(round_up(g->nc, 16) * ldt);
+  size_t x_len = g->a_packed ? 0 : (size_t)(ldt * kc_max), t_len = (size_t)(round_up(g->nc, 16) * ldt);
   float *xp = aligned_alloc(64, (size_t)round_up((int64_t)((x_len + t_len) * sizeof(float)), 64));
   float *ct = xp ? xp + x_len : NULL; /* C^T of the tile: ct[i*ldt + j] = C(i0 + j, j0 + i) */
   ttd_kcheck check = TTD_KCHECK_INIT;
@@ -298,12 +298,13 @@ static void rows_tasks(void *ctx, size_t begin, size_t end) {
     for (int64_t p0 = 0; p0 < g->k; p0 += g->kc) {
       int64_t kc = g->k - p0 < g->kc ? g->k - p0 : g->kc;
       if (ttd_kstop(&check, mc * nc * kc)) goto out;
-      ttd_gemm_pack_b(x + p0, 1, g->a_rs, kc, mc, g->nr, xp, g->interleave16); /* B(p,j) = X(j,p) */
+      const float *xb = g->a_packed ? g->a_packed + p0 * round_up(g->m, g->nr) + i0 * kc : xp;
+      if (!g->a_packed) ttd_gemm_pack_b(x + p0, 1, g->a_rs, kc, mc, g->nr, xp, g->interleave16); /* B(p,j) = X(j,p) */
       for (int64_t jr = 0; jr < mc; jr += g->nr) {
         int64_t nr = mc - jr < g->nr ? mc - jr : g->nr;
         for (int64_t ir = 0; ir < nc; ir += MR) {
           int64_t mr = nc - ir < MR ? nc - ir : MR;
-          g->rows(kc, w + ir * g->b_cs + p0, g->b_cs, xp + jr * kc, ct + ir * ldt + jr, ldt, mr, nr,
+          g->rows(kc, w + ir * g->b_cs + p0, g->b_cs, xb + jr * kc, ct + ir * ldt + jr, ldt, mr, nr,
                   g->c_accumulate || p0 > 0);
         }
       }
@@ -359,6 +360,21 @@ static void split_tiles(ttd_pool *pool, gemm_problem *g, int64_t mr, int64_t nr,
   }
 }
 
+/* Units [begin, end) of packing X for every rows_tasks task: unit u is K block u / panels,
+ * NR-row panel u % panels, packed as rows_tasks packs it, K block p0 at a_packed + p0 *
+ * round_up(m, nr). */
+static void pack_x_units(void *ctx, size_t begin, size_t end) {
+  const gemm_problem *g = ctx;
+  int64_t m_pad = round_up(g->m, g->nr), panels = m_pad / g->nr;
+  for (size_t u = begin; u < end; u++) {
+    int64_t p0 = (int64_t)u / panels * g->kc, r0 = (int64_t)u % panels * g->nr;
+    int64_t kc = g->k - p0 < g->kc ? g->k - p0 : g->kc;
+    int64_t rows = g->m - r0 < g->nr ? g->m - r0 : g->nr;
+    ttd_gemm_pack_b((const float *)g->a + r0 * g->a_rs + p0, 1, g->a_rs, kc, rows, g->nr,
+                    g->a_packed + p0 * m_pad + r0 * kc, g->interleave16);
+  }
+}
+
 /* Whether C = A B goes as X W^T with W read where it lies (rows_tasks) rather than packed:
  * where the ISA has a rows kernel, in the layout and cases dot products take, at any K, for
  * up to ROWS_M_MAX rows of X. Packing W costs the same whatever m; the rows path instead
@@ -379,7 +395,16 @@ static void rows_run(ttd_pool *pool, gemm_problem *g, rows_kernel_fn rows) {
   g->mc = round_up((g->m + g->m_tiles - 1) / g->m_tiles, g->nr);
   g->nc = round_up((g->n + g->n_tiles - 1) / g->n_tiles, MR);
   split_tiles(pool, g, g->nr, MR, 4 * MR, true);
+  /* X packed once for every task (one problem; its tiles all along W's rows pack the same X) */
+  int64_t m_pad = round_up(g->m, g->nr);
+  if (g->outputs == 1 && g->batch == 1 && g->n_tiles > 1 && m_pad * g->k <= SHARED_A_MAX) {
+    g->a_packed = aligned_alloc(64, (size_t)round_up(m_pad * g->k * (int64_t)sizeof(float), 64));
+    if (g->a_packed)
+      ttd_pool_parallel_for(pool, (size_t)(m_pad / g->nr * ((g->k + g->kc - 1) / g->kc)), 1, pack_x_units, g);
+  }
   ttd_pool_parallel_for(pool, (size_t)(g->outputs * g->m_tiles * g->n_tiles), 1, rows_tasks, g);
+  free(g->a_packed);
+  g->a_packed = NULL;
 }
 
 /* Tiles a dot-product problem (rows of A per tile within DOT_A_BYTES, then more tiles, along N

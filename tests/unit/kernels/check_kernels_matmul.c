@@ -317,12 +317,14 @@ START_TEST(test_matmul_rows_bits) {
         for (int64_t p = 0; p < k; p++) wt[q * k * n + p * n + j] = w[q * ws + j * k + p];
     float *c_rows = kt_nan_buf(batch * m * n), *c_packed = kt_nan_buf(batch * m * n);
     ttd_k_matmul_bias(NULL, x, wt, bias, c_packed, batch, m, n, k, 0, 0, xs, k * n);
-    for (int th = 0; th < 2; th++) {
-      ttd_k_matmul_bias(th ? pool : NULL, x, w, bias, c_rows, batch, m, n, k, 0, 1, xs, ws);
-      for (int64_t i = 0; i < batch * m * n; i++)
+    for (int th = 0; th < 4; th++) { /* 1 and 3 threads, 3 problems; then the first alone (X packed once) */
+      int64_t problems = th < 2 ? batch : 1;
+      ttd_k_matmul_bias(th % 2 ? pool : NULL, x, w, bias, c_rows, problems, m, n, k, 0, 1, xs, ws);
+      for (int64_t i = 0; i < problems * m * n; i++)
         KT_CHECK_EACH(memcmp(&c_rows[i], &c_packed[i], sizeof(float)) == 0,
-                      "%lldx%lldx%lld on %d thread(s): C[%lld] is %a on the rows path, %a packed", (long long)m,
-                      (long long)n, (long long)k, th ? 3 : 1, (long long)i, (double)c_rows[i], (double)c_packed[i]);
+                      "%lldx%lldx%lld x%lld on %d thread(s): C[%lld] is %a on the rows path, %a packed", (long long)m,
+                      (long long)n, (long long)k, (long long)problems, th % 2 ? 3 : 1, (long long)i, (double)c_rows[i],
+                      (double)c_packed[i]);
     }
     /* C' = X W' with W' [k,n] = wt: dX = dC' W'^T, rows path, added to dX's old values. */
     float *dc = kt_rand_buf(&rng, m * n, -1, 1), *dx = kt_rand_buf(&rng, m * k, -1, 1);
