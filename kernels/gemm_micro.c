@@ -88,7 +88,8 @@ TTD_DEFINE_MICRO_KERNEL(micro_kernel_avx512, __attribute__((target("avx512f"))),
 
 /* rows_kernel_fn with AVX-512: micro_kernel_avx512's 6 x 32 tile, its A elements broadcast
  * from six rows of W where they lie (a row past mr repeats row 0, its sums unused): the same
- * FMAs in the same order. */
+ * FMAs in the same order. Its X panels are 32 wide: it is listed only beside
+ * micro_kernel_avx512, whose NR (32) rows_tasks packs them for. */
 __attribute__((target("avx512f"))) static void rows_kernel_avx512(int64_t kc, const float *w, int64_t ldw,
                                                                   const float *restrict xp, float *c, int64_t ldc,
                                                                   int64_t mr, int64_t nr, int accumulate) {
@@ -274,7 +275,8 @@ static double probe_now(void) {
  * acc[i] = STEP(acc[i]), the accumulators opaque to the compiler so that it keeps 16 chains. */
 #define TTD_DEFINE_PROBE(name, target_isa, STEP)                                                               \
   __attribute__((target(target_isa), noinline)) static double name(void) {                                     \
-    __m512 acc[16];                                                                                            \
+    __m512 acc[16], x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(0.5f); /* bfloat16 pairs too: nonzero */   \
+    __asm__ volatile("" : "+v"(x), "+v"(y)); /* operands the compiler cannot fold the steps with */              \
     _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) {                                                    \
       acc[i] = _mm512_set1_ps((float)i);                                                                       \
       __asm__ volatile("" : "+v"(acc[i]));                                                                     \
@@ -288,9 +290,8 @@ static double probe_now(void) {
     __asm__ volatile("" ::"v"(acc[0]));                                                                        \
     return t;                                                                                                  \
   }
-#define PROBE_FMA(acc) _mm512_fmadd_ps(acc, _mm512_set1_ps(1.0000001f), _mm512_set1_ps(0.9999999f))
-#define PROBE_DOT(acc) \
-  _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi16(0x3f80), (__m512bh)_mm512_set1_epi16(0x3f80)) /* 1.0 */
+#define PROBE_FMA(acc) _mm512_fmadd_ps(acc, x, y)
+#define PROBE_DOT(acc) _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)y)
 TTD_DEFINE_PROBE(probe_fma, "avx512f", PROBE_FMA)        /* 32 FLOP an instruction */
 TTD_DEFINE_PROBE(probe_dot, "avx512f,avx512bf16", PROBE_DOT) /* 64 FLOP an instruction */
 

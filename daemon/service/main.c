@@ -21,6 +21,7 @@
 #include "base/absl_deadlock.h"
 #include "base/config.h"
 #include "core/core.h"
+#include "kernels.h"
 #include "service/admin_http.h"
 #include "service/idle_trim.h"
 #include "telemetry/log.h"
@@ -278,8 +279,9 @@ static ttd_status_t service_start(service *svc) {
     snprintf(serving + used, sizeof(serving) - used, "%s%s", i ? ", " : "", config->listen[i]);
   }
   TTD_LOG(TTD_LOG_INFO, "event=ready instance=%s backend=%s devices=%d dram=%llu l1=%llu lease_ms=%lld threads=%d "
-          "admin=%s", svc->core->instance_id, config->backend, config->devices, (unsigned long long)config->dram,
-          (unsigned long long)config->l1, (long long)config->lease_ms, config->threads, config->admin);
+          "admin=%s host_bf16_products=%s host_bf16_dot_gain=%.2f", svc->core->instance_id, config->backend,
+          config->devices, (unsigned long long)config->dram, (unsigned long long)config->l1,
+          (long long)config->lease_ms, config->threads, config->admin, ttd_k_matmul_bf16_path(), ttd_k_bf16_dot_gain());
   ttd_admin_set_ready(svc->admin, true);
   ttd_notify_ready("serving %d device%s on %s", config->devices, config->devices == 1 ? "" : "s", serving);
   svc->watchdog = ttd_notify_watchdog_timer_create(svc->base); /* WATCHDOG=1 pings follow READY=1 */

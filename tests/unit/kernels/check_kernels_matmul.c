@@ -295,12 +295,14 @@ START_TEST(test_matmul_paths) {
 END_TEST
 
 /* X W^T on the rows path gives the bits of the packed path (X times W^T stored as [k,n]):
- * odd sizes, K over several blocks, 3 problems at odd strides and one past alignment, a
- * bias, on 1 and 3 threads; and the backward's dA = dC B^T, which goes this way, added to
- * what was there (TTD_KGRAD_ADD_A) matches old + the double sum. */
+ * odd sizes, K over several blocks, 3 problems at odd strides and one past alignment with
+ * both operands their own, X broadcast, W broadcast, and one problem alone (X packed once for
+ * every task), each with a bias on 1 and 3 threads. The backward's dA = dC B^T, which goes
+ * this way, added to what was there (TTD_KGRAD_ADD_A), has the bits of the same sum on the
+ * packed path (B stored transposed) and matches old + the double sum. */
 START_TEST(test_matmul_rows_bits) {
-  static const int64_t shapes[][3] = {{1, 1, 1},    {3, 17, 513}, {17, 3, 1},    {64, 512, 784},
-                                      {192, 37, 511}, {5, 70, 1030}, {33, 65, 257}, {40, 6, 16}};
+  static const int64_t shapes[][3] = {{1, 1, 1},      {3, 17, 513},   {17, 3, 1},     {64, 512, 784},   {192, 37, 511},
+                                      {5, 70, 1030}, {33, 65, 257}, {40, 6, 16},  {17, 1030, 40}};
   const int64_t batch = 3;
   ttd_pool *pool = ttd_pool_create(3);
   ck_assert_ptr_nonnull(pool);
@@ -308,29 +310,41 @@ START_TEST(test_matmul_rows_bits) {
   for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
     int64_t m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
     if (strcmp(ttd_k_matmul_path(m, k, 0, 1), "rows") != 0) continue; /* no AVX-512: nothing goes this way */
-    int64_t xs = m * k + 3, ws = n * k + 5;
-    float *x_buf = kt_rand_buf(&rng, 1 + batch * xs, -1, 1), *w_buf = kt_rand_buf(&rng, 1 + batch * ws, -1, 1);
+    float *x_buf = kt_rand_buf(&rng, 1 + batch * (m * k + 3), -1, 1);
+    float *w_buf = kt_rand_buf(&rng, 1 + batch * (n * k + 5), -1, 1);
     float *x = x_buf + 1, *w = w_buf + 1, *bias = kt_rand_buf(&rng, n, -1, 1);
-    float *wt = malloc(sizeof(float) * (size_t)(batch * k * n));
+    float *wt = malloc(sizeof(float) * (size_t)(batch * k * n)); /* problem q's W^T, [k,n] */
     for (int64_t q = 0; q < batch; q++)
       for (int64_t j = 0; j < n; j++)
-        for (int64_t p = 0; p < k; p++) wt[q * k * n + p * n + j] = w[q * ws + j * k + p];
+        for (int64_t p = 0; p < k; p++) wt[q * k * n + p * n + j] = w[q * (n * k + 5) + j * k + p];
     float *c_rows = kt_nan_buf(batch * m * n), *c_packed = kt_nan_buf(batch * m * n);
-    ttd_k_matmul_bias(NULL, x, wt, bias, c_packed, batch, m, n, k, 0, 0, xs, k * n);
-    for (int th = 0; th < 4; th++) { /* 1 and 3 threads, 3 problems; then the first alone (X packed once) */
-      int64_t problems = th < 2 ? batch : 1;
-      ttd_k_matmul_bias(th % 2 ? pool : NULL, x, w, bias, c_rows, problems, m, n, k, 0, 1, xs, ws);
+    /* run: 0 both own, 1 X broadcast, 2 W broadcast, 3 one problem */
+    for (int run = 0; run < 8; run++) {
+      int kind = run / 2, threads = run % 2 ? 3 : 1;
+      int64_t problems = kind == 3 ? 1 : batch;
+      int64_t xs = kind == 1 ? 0 : m * k + 3, ws = kind == 2 ? 0 : n * k + 5, wts = kind == 2 ? 0 : k * n;
+      for (int64_t i = 0; i < batch * m * n; i++) c_rows[i] = c_packed[i] = NAN;
+      ttd_k_matmul_bias(NULL, x, wt, bias, c_packed, problems, m, n, k, 0, 0, xs, wts);
+      ttd_k_matmul_bias(threads > 1 ? pool : NULL, x, w, bias, c_rows, problems, m, n, k, 0, 1, xs, ws);
       for (int64_t i = 0; i < problems * m * n; i++)
         KT_CHECK_EACH(memcmp(&c_rows[i], &c_packed[i], sizeof(float)) == 0,
-                      "%lldx%lldx%lld x%lld on %d thread(s): C[%lld] is %a on the rows path, %a packed", (long long)m,
-                      (long long)n, (long long)k, (long long)problems, th % 2 ? 3 : 1, (long long)i, (double)c_rows[i],
-                      (double)c_packed[i]);
+                      "%lldx%lldx%lld run %d (%lld problems) on %d thread(s): C[%lld] is %a on the rows path, %a "
+                      "packed",
+                      (long long)m, (long long)n, (long long)k, run, (long long)problems, threads, (long long)i,
+                      (double)c_rows[i], (double)c_packed[i]);
     }
-    /* C' = X W' with W' [k,n] = wt: dX = dC' W'^T, rows path, added to dX's old values. */
+    /* C' = X W' with W' [k,n] = wt: dX = dC' W'^T on the rows path; the same product with W
+     * stored [n,k] (trans_b) is dC' W, packed. Both added to the same old dX. */
     float *dc = kt_rand_buf(&rng, m * n, -1, 1), *dx = kt_rand_buf(&rng, m * k, -1, 1);
-    float *old = malloc(sizeof(float) * (size_t)(m * k));
+    float *dx_packed = malloc(sizeof(float) * (size_t)(m * k)), *old = malloc(sizeof(float) * (size_t)(m * k));
     memcpy(old, dx, sizeof(float) * (size_t)(m * k));
+    memcpy(dx_packed, dx, sizeof(float) * (size_t)(m * k));
     ttd_k_matmul_backward_add(pool, x, wt, dc, 1, m, n, k, 0, 0, m * k, k * n, dx, NULL, TTD_KGRAD_ADD_A);
+    ttd_k_matmul_backward_add(pool, x, w, dc, 1, m, n, k, 0, 1, m * k, k * n, dx_packed, NULL, TTD_KGRAD_ADD_A);
+    for (int64_t i = 0; i < m * k; i++)
+      KT_CHECK_EACH(memcmp(&dx[i], &dx_packed[i], sizeof(float)) == 0,
+                    "%lldx%lldx%lld: dX[%lld] added on the rows path is %a, packed %a", (long long)m, (long long)n,
+                    (long long)k, (long long)i, (double)dx[i], (double)dx_packed[i]);
     double *want = kt_dzeros(m * k);
     ref_matmul(dc, wt, want, m, k, n, 0, 1);
     for (int64_t i = 0; i < m * k; i++) want[i] += old[i];
@@ -338,7 +352,7 @@ START_TEST(test_matmul_rows_bits) {
     snprintf(what, sizeof(what), "dX added, %lldx%lldx%lld", (long long)m, (long long)n, (long long)k);
     kt_expect_close(what, dx, want, m * k, 1e-5, kt_dot_tol(n));
     free(x_buf), free(w_buf), free(bias), free(wt), free(c_rows), free(c_packed), free(dc), free(dx), free(old);
-    free(want);
+    free(dx_packed), free(want);
   }
   ttd_pool_destroy(pool);
 }
