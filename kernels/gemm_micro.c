@@ -256,12 +256,6 @@ static void micro_kernel_generic_pairs(int64_t kd, const void *restrict ap_, con
     for (int64_t j = 0; j < nr; j++) c[i * ldc + j] = accumulate ? c[i * ldc + j] + acc[i][j] : acc[i][j];
 }
 
-/* Whether TTD_KERNEL_ISA names the portable pairs kernel. */
-static bool generic_pairs(void) {
-  const char *isa = getenv("TTD_KERNEL_ISA");
-  return isa && strcmp(isa, "generic-pairs") == 0;
-}
-
 #if defined(__x86_64__) && defined(__GNUC__)
 enum { PROBE_STEPS = 2048, PROBE_ROUNDS = 7 };
 
@@ -323,7 +317,7 @@ double ttd_gemm_bf16_dot_gain(void) {
 
 const char *ttd_gemm_bf16_pairs(void) {
   const char *isa = getenv("TTD_KERNEL_ISA");
-  if (generic_pairs()) return "generic-pairs";
+  if (isa && strcmp(isa, "generic-pairs") == 0) return "generic-pairs";
   bool forced = isa && strcmp(isa, "avx512bf16") == 0;
   if (isa && *isa && !forced) return NULL;
 #if defined(__x86_64__) && defined(__GNUC__)
