@@ -43,6 +43,7 @@ static const struct {
     {"kernels_loss", kernels_loss_suite},
     {"kernels_optimizer", kernels_optimizer_suite},
     {"kernels_matmul", kernels_matmul_suite},
+    {"kernels_matmul_bf16", kernels_matmul_bf16_suite},
     {"kernels_conv", kernels_conv_suite},
     {"kernels_pool2d", kernels_pool2d_suite},
     {"kernels_layer_norm", kernels_layer_norm_suite},

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
+
 /* ---- fixture ---- */
 
 ttd_pool *kt_pool;
@@ -236,4 +238,55 @@ void kt_flipper_stop(kt_flipper *f) {
   atomic_store(&f->stop, 1);
   pthread_join(f->thread, NULL);
   free(f);
+}
+
+/* ---- matmul references ---- */
+
+void kt_ref_matmul(const float *a, const float *b, double *c, int64_t m, int64_t n, int64_t k, int ta, int tb) {
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      double s = 0.0;
+      for (int64_t p = 0; p < k; p++) {
+        double av = ta ? a[p * m + i] : a[i * k + p];
+        double bv = tb ? b[j * k + p] : b[p * n + j];
+        s += av * bv;
+      }
+      c[i * n + j] = s;
+    }
+}
+
+uint16_t *kt_bf16_rand_buf(uint64_t *rng, int64_t n, float **out_f) {
+  float *f = kt_rand_buf(rng, n, -1, 1);
+  uint16_t *h = malloc((size_t)(n ? n : 1) * sizeof(uint16_t));
+  ck_assert_ptr_nonnull(h);
+  for (int64_t i = 0; i < n; i++) {
+    h[i] = ttd_bf16_from_f32(f[i]);
+    f[i] = ttd_f32_from_bf16(h[i]);
+  }
+  *out_f = f;
+  return h;
+}
+
+void kt_check_matmul_pool_identical(int threads, int64_t m, int64_t n, int64_t k, uint64_t rng, bool bf16) {
+  ttd_pool *pool = ttd_pool_create(threads);
+  ck_assert_ptr_nonnull(pool);
+  for (int t = 0; t < 4; t++) {
+    int ta = t & 1, tb = t >> 1;
+    float *c1 = kt_nan_buf(m * n), *c2 = kt_nan_buf(m * n), *af = NULL, *bf = NULL;
+    void *a, *b;
+    if (bf16) {
+      a = kt_bf16_rand_buf(&rng, m * k, &af), b = kt_bf16_rand_buf(&rng, k * n, &bf);
+      ttd_k_matmul_bf16(NULL, a, b, NULL, c1, 1, m, n, k, ta, tb, 0, 0);
+      ttd_k_matmul_bf16(pool, a, b, NULL, c2, 1, m, n, k, ta, tb, 0, 0);
+    } else {
+      a = kt_rand_buf(&rng, m * k, -1, 1), b = kt_rand_buf(&rng, k * n, -1, 1);
+      ttd_k_matmul(NULL, a, b, c1, 1, m, n, k, ta, tb, 0, 0);
+      ttd_k_matmul(pool, a, b, c2, 1, m, n, k, ta, tb, 0, 0);
+    }
+    ck_assert(memcmp(c1, c2, (size_t)(m * n) * sizeof(float)) == 0);
+    for (int64_t i = 0; i < m * n; i += 997) ck_assert(!isnan(c2[i]));
+    ck_assert(!isnan(c2[m * n - 1]));
+    free(a), free(b), free(af), free(bf), free(c1), free(c2);
+  }
+  ttd_pool_destroy(pool);
 }

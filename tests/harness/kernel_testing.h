@@ -6,6 +6,7 @@
 #define TTD_TESTS_KERNEL_TESTING_H
 
 #include <check.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -75,6 +76,18 @@ typedef void (*kt_ref_fn)(const void *ctx, double *const *in, double *out);
 
 /* d/d in[which][i] of sum(dy * f(in)) by central differences, for every i < nin (tracked). */
 double *kt_fd_grad(kt_ref_fn f, const void *ctx, double **in, int which, int64_t nin, const double *dy, int64_t nout);
+
+/* ---- matmul references ---- */
+
+/* C = op(A) op(B) for one problem in double: A stored [m,k] (or [k,m] when ta), B [k,n] (or [n,k]). */
+void kt_ref_matmul(const float *a, const float *b, double *c, int64_t m, int64_t n, int64_t k, int ta, int tb);
+
+/* n random bfloat16 in [-1, 1] (untracked, free()), and their float32 widening in *out_f. */
+uint16_t *kt_bf16_rand_buf(uint64_t *rng, int64_t n, float **out_f);
+
+/* C of an m x n x k product (float32, or bfloat16 operands) on the caller alone and on a pool
+ * of `threads`, all four transpose combinations: the same bits, and written. */
+void kt_check_matmul_pool_identical(int threads, int64_t m, int64_t n, int64_t k, uint64_t rng, bool bf16);
 
 /* ---- central differences through the float forward ---- */
 

@@ -36,6 +36,7 @@ Suite *kernels_softmax_suite(void);
 Suite *kernels_loss_suite(void);
 Suite *kernels_optimizer_suite(void);
 Suite *kernels_matmul_suite(void);
+Suite *kernels_matmul_bf16_suite(void);
 Suite *kernels_conv_suite(void);
 Suite *kernels_pool2d_suite(void);
 Suite *kernels_layer_norm_suite(void);
