@@ -29,15 +29,21 @@ enum { N = 384 };
 enum { N = 768 };
 #endif
 
-/* How far a tenant's share of card time may be from its share of programs (equal programs).
- * Under ASan a program is a few times longer and the test's 22 callers, each polling its
- * call, take a larger part of the two CPUs the card's threads run on: there the card-time
- * share reads up to 0.074 from the programs' (0.824 for 0.750), plain builds within 0.02. */
+/* How far a tenant's share of card time may be from its share of programs (equal programs),
+ * in the median of WINDOWS windows. A program run beside others counts its thread's CPU time
+ * over the card's places, and one beside an idle place (bob's next program waits for his
+ * running one) takes less CPU than one beside a busy place: with bob at weight 3 his share of
+ * card time reads 0.01-0.05 below his share of programs. The host's load adds noise: one
+ * window in 30 reads 0.05 or more from the programs' share and one in 120 0.09 (a stall of the
+ * host inside a program), hence the median of three. Time counted to the wrong tenant moves
+ * the weighted case's share by 0.25 or more. Under ASan a program is a few times longer and
+ * the test's 22 callers take a larger part of the two CPUs the card's threads run on. */
 #ifdef __SANITIZE_ADDRESS__
 #define CARD_SHARE_TOLERANCE 0.10
 #else
-#define CARD_SHARE_TOLERANCE 0.05
+#define CARD_SHARE_TOLERANCE 0.08
 #endif
+enum { WINDOWS = 3 };
 enum { ALICE_SESSIONS = 16, BOB_THREADS = 6, WINDOW_PROGRAMS = 80 };
 
 static ttd_proc proc;
@@ -134,7 +140,34 @@ static void card_seconds(double out[2]) {
   free(metrics);
 }
 
-/* Bob's share of a window of WINDOW_PROGRAMS programs, alice's 16 sessions and bob's one
+/* Card time of each tenant (alice's, bob's) over a window of WINDOW_PROGRAMS programs,
+ * counted into runs[2]. */
+static void window(atomic_int *alice_runs, atomic_int *bob_runs, int runs[2], double card[2]) {
+  double before[2], after[2];
+  int a0 = atomic_load(alice_runs), b0 = atomic_load(bob_runs);
+  card_seconds(before);
+  atomic_store(&counting, 1);
+  /* seconds here, longer under a sanitizer, 60 s at most */
+  for (int tick = 0; tick < 6000 && atomic_load(alice_runs) + atomic_load(bob_runs) - a0 - b0 < WINDOW_PROGRAMS;
+       tick++) {
+    usleep(10 * 1000);
+  }
+  atomic_store(&counting, 0);
+  runs[0] = atomic_load(alice_runs) - a0;
+  runs[1] = atomic_load(bob_runs) - b0;
+  card_seconds(after);
+  card[0] = after[0] - before[0];
+  card[1] = after[1] - before[1];
+  ck_assert(card[0] > 0 && card[1] > 0);
+  ck_assert_int_ge(runs[0] + runs[1], WINDOW_PROGRAMS);
+}
+
+static int cmp_double(const void *x, const void *y) {
+  double a = *(const double *)x, b = *(const double *)y;
+  return (a > b) - (a < b);
+}
+
+/* Bob's share of WINDOWS windows of WINDOW_PROGRAMS programs, alice's 16 sessions and bob's one
  * kept busy all along (bob's by BOB_THREADS callers, so his session always has work queued). */
 static double bob_share_with(const char *bob_opts, const char *flag, const char *value, double *out_together) {
   start_with(bob_opts, flag, value);
@@ -150,37 +183,38 @@ static double bob_share_with(const char *bob_opts, const char *flag, const char 
     ck_assert_int_eq(pthread_create(&threads[i], NULL, work, &workers[i]), 0);
   }
   usleep(500 * 1000); /* every caller running */
-  double card_before[2];
-  card_seconds(card_before);
-  atomic_store(&counting, 1);
-  /* A window of WINDOW_PROGRAMS programs (seconds here, longer under a sanitizer), 60 s at most. */
-  for (int tick = 0; tick < 6000 && atomic_load(&alice_runs) + atomic_load(&bob_runs) < WINDOW_PROGRAMS; tick++) {
-    usleep(10 * 1000);
+  int a = 0, b = 0;
+  double shares[WINDOWS], gaps[WINDOWS];
+  for (int w = 0; w < WINDOWS; w++) {
+    int runs[2];
+    double card[2];
+    window(&alice_runs, &bob_runs, runs, card);
+    a += runs[0];
+    b += runs[1];
+    shares[w] = card[1] / (card[0] + card[1]);
+    gaps[w] = shares[w] - (double)runs[1] / (double)(runs[0] + runs[1]);
   }
-  atomic_store(&counting, 0);
-  int a = atomic_load(&alice_runs), b = atomic_load(&bob_runs);
-  /* /metrics: each tenant's sessions now, and its card time over the window */
+  /* /metrics: each tenant's sessions now */
   char *metrics = harness_http(admin_port, "GET", "/metrics");
   ck_assert_double_eq(harness_metric(metrics, "ttd_tenant_sessions{tenant=\"alice\"}"), ALICE_SESSIONS);
   ck_assert_double_eq(harness_metric(metrics, "ttd_tenant_sessions{tenant=\"bob\"}"), 1);
-  double card[2];
-  card_seconds(card);
-  double card_a = card[0] - card_before[0], card_b = card[1] - card_before[1]; /* over the window, as a and b */
-  ck_assert(card_a > 0 && card_b > 0);
-  /* Since the start: the window's programs, and those before it when any ended by then. */
+  /* Since the start: the windows' programs, and those before them when any ended by then. */
   ck_assert_double_ge(harness_metric(metrics, "ttd_tenant_programs_total{tenant=\"bob\"}"), b);
   *out_together = harness_metric(metrics, "ttd_device_programs_together_total{device=\"tt:0\"}");
   free(metrics);
   atomic_store(&stopping, 1);
   for (int i = 0; i < ALICE_SESSIONS + BOB_THREADS; i++) pthread_join(threads[i], NULL);
   stop();
-  double share = (double)b / (double)(a + b), card_share = card_b / (card_a + card_b);
+  double share = (double)b / (double)(a + b);
   printf("tenant share: alice (%d sessions) %d programs, bob (1 session%s%s) %d: bob's share %.3f, of card time "
-         "%.3f\n",
-         ALICE_SESSIONS, a, bob_opts[0] ? ", " : "", bob_opts, b, share, card_share);
-  ck_assert_msg(card_share > share - CARD_SHARE_TOLERANCE && card_share < share + CARD_SHARE_TOLERANCE,
-                "card time share %.3f, programs %.3f", card_share, share);
-  ck_assert_int_ge(a + b, WINDOW_PROGRAMS);
+         "%.3f %.3f %.3f in %d windows\n",
+         ALICE_SESSIONS, a, bob_opts[0] ? ", " : "", bob_opts, b, share, shares[0], shares[1], shares[2], WINDOWS);
+  fflush(stdout); /* a failed check ends the test's process before stdio flushes */
+  qsort(gaps, WINDOWS, sizeof(gaps[0]), cmp_double);
+  double gap = gaps[WINDOWS / 2];
+  ck_assert_msg(gap > -CARD_SHARE_TOLERANCE && gap < CARD_SHARE_TOLERANCE,
+                "bob's card time share is %.3f from his share of programs (median of %d windows), more than %.2f",
+                gap, WINDOWS, CARD_SHARE_TOLERANCE);
   return share;
 }
 
