@@ -9,7 +9,10 @@
  * alternate; results are medians. OpenBLAS is linked into this bench only.
  * Also matmul_512_bf16_1t: ttd_k_matmul_bf16 (bfloat16 inputs, float32 accumulate) against
  * ttd_k_matmul on the same values in float32, one thread, its result checked against the
- * float32 one within bfloat16's tolerance. */
+ * float32 one within bfloat16's tolerance.
+ *   bench_matmul --openblas-core
+ * prints the core OpenBLAS chose its kernels for (OPENBLAS_CORETYPE, or its own detection),
+ * for scripts/bench/bench, which corrects a detection older than the CPU. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -106,7 +109,12 @@ static void bench_bf16(int reps, unsigned long long *rng) {
   free(a), free(b), free(c16), free(c32), free(a16), free(b16);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc == 2 && strcmp(argv[1], "--openblas-core") == 0) {
+    printf("%s\n", openblas_get_corename());
+    return 0;
+  }
+  if (argc != 1) bench_die("usage", "bench_matmul [--openblas-core]");
   static const shape shapes[] = {
       {"matmul_512", 512, 512, 512, 0},
       {"matmul_64x784x512", 64, 512, 784, 0},
