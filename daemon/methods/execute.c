@@ -147,7 +147,11 @@ static ttd_status_t execute(ttd_call *call, const ProtobufCMessage *request, Pro
   }
   int n_inputs = req->n_inline_inputs ? program->n_inputs : (int)req->n_inputs;
   /* The call's flag (set when its deadline passes or its session closes) stops the run. */
-  ttd_run_mode run_mode = {.eval = req->eval, .dropout_step = req->dropout_step, .cancel = call->job.cancel};
+  ttd_run_mode run_mode = {.eval = req->eval,
+                           .dropout_step = req->dropout_step,
+                           .cancel = call->job.cancel,
+                           .node_timed = ttd_metrics_record_node, /* its backward's nodes too: the run keeps it */
+                           .node_timed_ctx = &call->core->metrics};
   /* No Upload rewrites an operand while the forward reads it, nor starts meanwhile. */
   if (!status && !(status = ttd_tensors_read_begin(inputs, n_inputs, "input"))) {
     status = ttd_tensors_read_begin(params, (int)req->n_parameters, "parameter");

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "device/optimizer_options.h"
 
 /* Whether g's zeros can go to the Backward of defer, which then holds g's lock. */
@@ -77,9 +78,10 @@ static int state_buffers(const ttd_optimizer_call *oc) {
 /* One parameter's step, its train_lock held: its state is made on first use and lives with
  * the parameter. With zero_grad the step also zeroes the .grad as it reads it, as ZeroGrad
  * would after it. */
-static ttd_status_t step_locked(ttd_backend *backend, ttd_tensor *param, ttd_optimizer_call *oc, uint64_t *updated,
+static ttd_status_t step_locked(ttd_core *core, ttd_tensor *param, ttd_optimizer_call *oc, uint64_t *updated,
                                 bool zero_grad) {
   TTD_RETURN_IF_ERROR(ttd_optimizer_check_dtype(param->spec.dtype));
+  ttd_backend *backend = core->backend;
   ttd_status_t status = TTD_OK;
   if (param->grad) {
     for (int k = 0; k < state_buffers(oc) && !status; k++) status = zeroed_like(backend, param, &param->opt_state[k]);
@@ -93,7 +95,9 @@ static ttd_status_t step_locked(ttd_backend *backend, ttd_tensor *param, ttd_opt
       oc->n = (int64_t)param->spec.numel;
       oc->zero_grad = zero_grad;
       bool marked = zero_grad && ttd_tensor_zero_grad_begin(param->grad);
+      int64_t began = ttd_now_ns();
       status = backend->vtable->optimizer_step(backend, param->spec.device, oc);
+      ttd_metrics_record_optimizer(&core->metrics, ttd_now_ns() - began);
       if (zero_grad) ttd_tensor_zero_grad_end(param->grad, marked, !status);
       (*updated)++;
     }
@@ -101,9 +105,9 @@ static ttd_status_t step_locked(ttd_backend *backend, ttd_tensor *param, ttd_opt
   return status;
 }
 
-static ttd_status_t step_one(ttd_backend *backend, ttd_tensor *param, ttd_optimizer_call *oc, uint64_t *updated) {
+static ttd_status_t step_one(ttd_core *core, ttd_tensor *param, ttd_optimizer_call *oc, uint64_t *updated) {
   pthread_mutex_lock(&param->train_lock);
-  ttd_status_t status = step_locked(backend, param, oc, updated, false);
+  ttd_status_t status = step_locked(core, param, oc, updated, false);
   pthread_mutex_unlock(&param->train_lock);
   return status;
 }
@@ -134,7 +138,7 @@ ttd_status_t ttd_optimizer_step_handles(ttd_call *call, const Ttd__V1__Optimizer
   for (size_t i = 0; i < req->n_parameters; i++) {
     ttd_tensor *param = NULL;
     TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->parameters[i], &param));
-    ttd_status_t status = step_one(call->core->backend, param, &oc, out_updated);
+    ttd_status_t status = step_one(call->core, param, &oc, out_updated);
     ttd_tensor_release(param);
     TTD_RETURN_IF_ERROR(status);
   }
@@ -148,7 +152,7 @@ static ttd_status_t step_tensors(ttd_call *call, const Ttd__V1__OptimizerStepReq
   uint64_t updated = 0;
   TTD_RETURN_IF_ERROR(ttd_optimizer_options_from_proto(req, &oc));
   for (size_t i = 0; i < n; i++) {
-    if (params[i]) TTD_RETURN_IF_ERROR(step_one(call->core->backend, params[i], &oc, &updated));
+    if (params[i]) TTD_RETURN_IF_ERROR(step_one(call->core, params[i], &oc, &updated));
   }
   return TTD_OK;
 }
@@ -265,7 +269,7 @@ static bool step_and_zero(ttd_call *call, const Ttd__V1__ParameterWork *work, tt
   bool fused = found && !status && fusable(params, n, &oc); /* else the two passes tell any error */
   uint64_t updated = 0;
   for (size_t i = 0; i < n && fused && !status; i++) {
-    if (params[i]) status = step_locked(call->core->backend, params[i], &oc, &updated, true);
+    if (params[i]) status = step_locked(call->core, params[i], &oc, &updated, true);
   }
   for (size_t i = n_locked; i-- > 0;) pthread_mutex_unlock(&locked[i]->train_lock);
   for (size_t i = 0; i < n; i++) ttd_tensor_release(params[i]);

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "telemetry/log.h"
 #include "rpc/conn_gate.h"
 #include "rpc/dispatch.h"
@@ -163,16 +164,10 @@ static size_t add_status(ttd_call *c, grpc_op *ops, ttd_status_t status) {
   return 2;
 }
 
-static int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Sends an optional last message and the status; takes ownership of status. */
 static void finish(ttd_call *c, grpc_byte_buffer *message, ttd_status_t status) {
   int index = c->method == &unknown_method ? (int)ttd_method_count : (int)(c->method - ttd_methods);
-  ttd_metrics_record(&c->core->metrics, index, ttd_status_code(status), now_ns() - c->started_ns);
+  ttd_metrics_record(&c->core->metrics, index, ttd_status_code(status), ttd_now_ns() - c->started_ns);
   atomic_fetch_sub_explicit(&c->core->metrics.in_flight, 1, memory_order_relaxed);
   grpc_op ops[4];
   size_t n = add_initial_metadata(c, ops);
@@ -188,7 +183,7 @@ static void finish(ttd_call *c, grpc_byte_buffer *message, ttd_status_t status) 
     ttd_log_set_call(c->request_id, c->session ? c->session->id : 0);
     TTD_LOG(TTD_LOG_DEBUG, "event=call method=%s tenant=%s code=%s us=%" PRId64 "%s%s%s",
             c->method->path, c->principal.tenant[0] ? c->principal.tenant : "-",
-            ttd_code_name(ttd_status_code(status)), (now_ns() - c->started_ns) / 1000,
+            ttd_code_name(ttd_status_code(status)), (ttd_now_ns() - c->started_ns) / 1000,
             status ? " message=\"" : "", status ? ttd_status_message(status) : "", status ? "\"" : "");
   }
   n += add_status(c, &ops[n], status);
@@ -255,13 +250,13 @@ static void queue_leave(ttd_call *c) {
   atomic_fetch_sub(&c->session->queued_calls, 1);
 }
 
-/* The call's deadline on the monotonic clock of now_ns, or 0 when it has none. */
+/* The call's deadline on the monotonic clock of ttd_now_ns, or 0 when it has none. */
 static int64_t monotonic_deadline(gpr_timespec deadline) {
   if (gpr_time_cmp(deadline, gpr_inf_future(deadline.clock_type)) == 0) return 0;
   gpr_timespec left = gpr_time_sub(deadline, gpr_now(deadline.clock_type));
   if (left.tv_sec > 1000000000) return 0; /* decades away: none */
   int64_t left_ns = left.tv_sec < 0 ? 0 : left.tv_sec * 1000000000 + left.tv_nsec;
-  return now_ns() + left_ns;
+  return ttd_now_ns() + left_ns;
 }
 
 /* The call's session closes (by its client, an admin or its lease) while its program runs:
@@ -341,20 +336,24 @@ static void run_scheduled(ttd_job *job) {
     ttd_log_set_call(0, 0);
     return;
   }
-  int64_t began = now_ns(), began_cpu = job->sharing > 1 ? thread_cpu_ns() : 0;
+  int64_t began = ttd_now_ns(), began_cpu = job->sharing > 1 ? thread_cpu_ns() : 0;
   int sharing = job->sharing;
   ttd_core *core = c->core; /* c may be gone once answered */
   ttd_session *session = c->session ? ttd_session_retain(c->session) : NULL;
   ProtobufCMessage *response = NULL;
   ttd_status_t status = c->method->unary(c, c->request, &response);
+  int64_t ran = ttd_now_ns();
+  int64_t phases[TTD_PHASE_COUNT] = {[TTD_PHASE_WAITING] = began - c->started_ns, [TTD_PHASE_RUNNING] = ran - began};
   if (session) ttd_session_stream_remove(session, &c->session_stream); /* before the flag goes to the next job */
-  status = explain_stop(c, status, now_ns() - began);
+  status = explain_stop(c, status, ran - began);
   grpc_byte_buffer *out = NULL;
   if (!status) status = pack_message(response, &out);
   finish(c, out, status);
+  phases[TTD_PHASE_ANSWERING] = ttd_now_ns() - ran;
+  ttd_metrics_record_phases(&core->metrics, phases);
   if (session) { /* the card's time, for the tenant's share (/metrics) */
     ttd_metrics_record_card(&core->metrics, session->tenant,
-                            sharing > 1 ? (thread_cpu_ns() - began_cpu) / sharing : now_ns() - began);
+                            sharing > 1 ? (thread_cpu_ns() - began_cpu) / sharing : ttd_now_ns() - began);
     ttd_session_release(session);
   }
   ttd_log_set_call(0, 0);
@@ -536,7 +535,7 @@ static void on_call_event(ttd_call *c, bool ok) {
         call_destroy(c);
         return;
       }
-      c->started_ns = now_ns();
+      c->started_ns = ttd_now_ns();
       active_add(c);
       c->gate_fd = call_gate_fd(c);
       c->request_id = atomic_fetch_add(&server->next_request_id, 1) + 1;

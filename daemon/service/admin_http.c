@@ -194,6 +194,45 @@ static void put_tenants(text *t, ttd_core *core) {
   }
 }
 
+/* One series of the nodes' counters by op and pass (ops that ran only): their seconds, or
+ * their runs. */
+static void put_nodes(text *t, const ttd_metrics *mt, const char *name, const char *help, bool seconds) {
+  static const char *const passes[2] = {"forward", "backward"};
+  put(t, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+  for (int op = 0; op < TTD_OP_COUNT; op++) {
+    for (int p = 0; p < 2; p++) {
+      unsigned long long runs = atomic_load(&mt->ops[op].runs[p]);
+      if (!runs) continue;
+      put(t, "%s{op=\"%s\",pass=\"%s\"} ", name, ttd_op_name((ttd_op)op), passes[p]);
+      if (seconds) put(t, "%.9f\n", (double)atomic_load(&mt->ops[op].ns[p]) / 1e9);
+      else put(t, "%llu\n", runs);
+    }
+  }
+}
+
+/* Where the cards' time goes: by op and pass, optimizer updates, and the phases of device
+ * calls. */
+static void put_card_time(text *t, const ttd_metrics *mt) {
+  put_nodes(t, mt, "ttd_node_seconds_total",
+            "Wall time of program nodes on the cards' threads (their kernels' threads with them), by op and pass.",
+            true);
+  put_nodes(t, mt, "ttd_node_runs_total", "Program nodes run on the cards, by op and pass.", false);
+  put(t, "# HELP ttd_optimizer_seconds_total Time of optimizer updates on the cards, one parameter each.\n"
+         "# TYPE ttd_optimizer_seconds_total counter\nttd_optimizer_seconds_total %.9f\n"
+         "# HELP ttd_optimizer_updates_total Optimizer updates on the cards, one parameter each.\n"
+         "# TYPE ttd_optimizer_updates_total counter\nttd_optimizer_updates_total %llu\n",
+      (double)atomic_load(&mt->optimizer_ns) / 1e9, (unsigned long long)atomic_load(&mt->optimizer_steps));
+  static const char *const phases[TTD_PHASE_COUNT] = {"waiting", "running", "answering"};
+  put(t, "# HELP ttd_device_call_seconds_total Device calls' time by phase: waiting (arrival to the turn on the "
+         "card), running (the method on the card's thread), answering (packing and handing the answer to gRPC on "
+         "the card's thread).\n# TYPE ttd_device_call_seconds_total counter\n");
+  for (int p = 0; p < TTD_PHASE_COUNT; p++)
+    put(t, "ttd_device_call_seconds_total{phase=\"%s\"} %.9f\n", phases[p], (double)atomic_load(&mt->phase_ns[p]) / 1e9);
+  put(t, "# HELP ttd_device_calls_total Device calls that had their turn on a card.\n"
+         "# TYPE ttd_device_calls_total counter\nttd_device_calls_total %llu\n",
+      (unsigned long long)atomic_load(&mt->device_calls));
+}
+
 char *ttd_admin_render_metrics(ttd_core *core) {
   text t = {0};
   ttd_backend *b = core->backend;
@@ -227,6 +266,7 @@ char *ttd_admin_render_metrics(ttd_core *core) {
         (unsigned long long)ttd_scheduler_together(core->scheduler, d));
   }
   put_tenants(&t, core);
+  put_card_time(&t, mt);
   put(&t, "# HELP ttd_rpc_in_flight RPCs arrived and not yet answered (the queue depth).\n"
           "# TYPE ttd_rpc_in_flight gauge\nttd_rpc_in_flight %lld\n",
       (long long)atomic_load(&mt->in_flight));

@@ -49,6 +49,27 @@ void ttd_metrics_record_card(ttd_metrics *metrics, const char *tenant, int64_t d
   atomic_fetch_add_explicit(&slot->programs, 1, memory_order_relaxed);
 }
 
+static void add_ns(atomic_ullong *to, int64_t ns) {
+  atomic_fetch_add_explicit(to, (unsigned long long)(ns > 0 ? ns : 0), memory_order_relaxed);
+}
+
+void ttd_metrics_record_node(void *metrics, int op, bool backward, int64_t ns) {
+  if (op < 0 || op >= TTD_OP_COUNT) return;
+  ttd_op_metrics *om = &((ttd_metrics *)metrics)->ops[op];
+  add_ns(&om->ns[backward], ns);
+  atomic_fetch_add_explicit(&om->runs[backward], 1, memory_order_relaxed);
+}
+
+void ttd_metrics_record_optimizer(ttd_metrics *metrics, int64_t ns) {
+  add_ns(&metrics->optimizer_ns, ns);
+  atomic_fetch_add_explicit(&metrics->optimizer_steps, 1, memory_order_relaxed);
+}
+
+void ttd_metrics_record_phases(ttd_metrics *metrics, const int64_t ns[TTD_PHASE_COUNT]) {
+  for (int p = 0; p < TTD_PHASE_COUNT; p++) add_ns(&metrics->phase_ns[p], ns[p]);
+  atomic_fetch_add_explicit(&metrics->device_calls, 1, memory_order_relaxed);
+}
+
 int ttd_metrics_tenant_count(ttd_metrics *metrics) {
   return atomic_load_explicit(&metrics->n_tenants, memory_order_acquire);
 }

@@ -8,8 +8,11 @@
 #include <grpc/status.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "graph/ops.h"
 
 #define TTD_METRICS_MAX_METHODS 32
 #define TTD_METRICS_CODES 17
@@ -32,6 +35,18 @@ typedef struct ttd_tenant_metrics {
   atomic_ullong programs;             /* device jobs run */
 } ttd_tenant_metrics;
 
+/* Where a card's time goes: each op's nodes, forward and backward (wall time on the card's
+ * thread, its kernels' threads included), and each device call's phases. */
+typedef struct ttd_op_metrics {
+  atomic_ullong ns[2], runs[2]; /* [0] forward, [1] backward */
+} ttd_op_metrics;
+typedef enum ttd_call_phase {
+  TTD_PHASE_WAITING,   /* from its arrival to its turn on the card */
+  TTD_PHASE_RUNNING,   /* the method on the card's thread: nodes, optimizer steps, copies */
+  TTD_PHASE_ANSWERING, /* packing the answer and handing it to gRPC, on the card's thread */
+  TTD_PHASE_COUNT
+} ttd_call_phase;
+
 typedef struct ttd_metrics {
   ttd_method_metrics methods[TTD_METRICS_MAX_METHODS];
   ttd_tenant_metrics tenants[TTD_METRICS_MAX_TENANTS];
@@ -49,6 +64,9 @@ typedef struct ttd_metrics {
   /* Connections of the admin HTTP listener (service/admin_http.h). */
   atomic_llong admin_connections;         /* open now */
   atomic_ullong admin_connections_refused; /* closed at once, past --admin-max-connections */
+  ttd_op_metrics ops[TTD_OP_COUNT];
+  atomic_ullong optimizer_ns, optimizer_steps; /* one parameter's update each */
+  atomic_ullong phase_ns[TTD_PHASE_COUNT], device_calls;
 } ttd_metrics;
 
 /* Upper bounds of the latency buckets, in seconds. */
@@ -61,6 +79,13 @@ void ttd_metrics_record(ttd_metrics *metrics, int m, grpc_status_code code, int6
 /* One device job of tenant ran for duration_ns on a card. */
 void ttd_metrics_record_card(ttd_metrics *metrics, const char *tenant, int64_t duration_ns);
 
+/* A node of op ran for ns, forward or backward: a ttd_run_mode's node_timed, its ctx the
+ * ttd_metrics. */
+void ttd_metrics_record_node(void *metrics, int op, bool backward, int64_t ns);
+/* One parameter's optimizer update took ns. */
+void ttd_metrics_record_optimizer(ttd_metrics *metrics, int64_t ns);
+/* A device call's phases, in nanoseconds (ttd_call_phase's order). */
+void ttd_metrics_record_phases(ttd_metrics *metrics, const int64_t ns[TTD_PHASE_COUNT]);
 /* The number of tenant slots in use (read the first that many of metrics->tenants). */
 int ttd_metrics_tenant_count(ttd_metrics *metrics);
 

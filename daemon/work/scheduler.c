@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "base/clock.h"
+
 /* The jobs of one key (a session) on one device, in arrival order. */
 typedef struct lane {
   struct lane *next; /* the next lane of its group in turn */
@@ -66,18 +68,12 @@ struct ttd_scheduler {
   device_queue queues[];
 };
 
-static int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static void *watchdog_main(void *arg) {
   ttd_scheduler *s = arg;
   pthread_setname_np(pthread_self(), "ttd-deadlines");
   pthread_mutex_lock(&s->watch_lock);
   while (!s->watchdog_stopping) {
-    int64_t now = now_ns(), next = INT64_MAX;
+    int64_t now = ttd_now_ns(), next = INT64_MAX;
     for (int d = 0; d < s->devices; d++) {
       for (int i = 0; i < s->queues[d].at_once; i++) {
         place *p = &s->queues[d].places[i];

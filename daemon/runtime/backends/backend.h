@@ -70,6 +70,10 @@ typedef struct ttd_run_mode {
    * least at chunk boundaries while a node runs, and returns soon after it is set (the
    * node's outputs then hold garbage); the caller checks it after each node. */
   const ttd_cancel *cancel;
+  /* Where each node's wall time goes, or NULL: called after every node the run runs, forward
+   * (backward false) and backward, with the node's op (a ttd_op) and its nanoseconds. */
+  void (*node_timed)(void *ctx, int op, bool backward, int64_t ns);
+  void *node_timed_ctx;
 } ttd_run_mode;
 
 /* One node of a program, forward, as the backend sees it: the node (op and attributes),

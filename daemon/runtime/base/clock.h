@@ -6,5 +6,7 @@
 
 /* Milliseconds of CLOCK_MONOTONIC. */
 int64_t ttd_now_ms(void);
+/* Nanoseconds of CLOCK_MONOTONIC. */
+int64_t ttd_now_ns(void);
 
 #endif

@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
+
 static ttd_status_t check_operand(const ttd_program_value *want, const ttd_tensor *got, const char *what, int device) {
   char b1[128], b2[128];
   ttd_kshape have = {.ndim = got->spec.ndim};
@@ -174,7 +176,9 @@ ttd_status_t ttd_run_forward_mode(ttd_backend *backend, ttd_quota *quota, ttd_pr
       call.input_dtypes[k] = in->spec.dtype;
     }
     for (int k = 0; k < 2; k++) call.saved[k] = run->saved[2 * i + k] ? run->saved[2 * i + k]->buffer : NULL;
+    int64_t began = run->mode.node_timed ? ttd_now_ns() : 0;
     status = node_status(run, i, "forward", backend->vtable->run_node(backend, device, &call));
+    if (run->mode.node_timed) run->mode.node_timed(run->mode.node_timed_ctx, (int)node->op, false, ttd_now_ns() - began);
   }
   if (!status) status = stopped(run, program->n_nodes, "forward");
   run->mode.cancel = NULL; /* the caller's flag is for this call only */
@@ -277,7 +281,11 @@ static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd
     if (!status) call.input_grads[k] = contrib[k]->buffer;
   }
   for (int k = 0; k < 2; k++) call.saved[k] = run->saved[2 * i + k] ? run->saved[2 * i + k]->buffer : NULL;
-  if (!status) status = node_status(run, i, "backward", backend->vtable->run_node_backward(backend, run->device, &call));
+  if (!status) {
+    int64_t began = run->mode.node_timed ? ttd_now_ns() : 0;
+    status = node_status(run, i, "backward", backend->vtable->run_node_backward(backend, run->device, &call));
+    if (run->mode.node_timed) run->mode.node_timed(run->mode.node_timed_ctx, (int)node->op, true, ttd_now_ns() - began);
+  }
   for (int k = 0; k < node->n_inputs; k++) {
     if (!contrib[k]) continue;
     if (status) ttd_tensor_release(contrib[k]);

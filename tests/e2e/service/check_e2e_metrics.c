@@ -190,6 +190,76 @@ static void device_calls(tt_client *c, int n) {
   tt_module_free(m);
 }
 
+/* Where the card's time goes: TRAIN_STEPS training steps of linear then relu (its loss on the
+ * CPU, its backward and SGD step riding on the next Execute) and one forward that carries the
+ * last: /metrics counts every node by op and pass, two updates a step, one device call a
+ * forward; the nodes' and updates' time lies inside the calls' running phase, and every phase
+ * took time. */
+enum { TRAIN_STEPS = 5 };
+START_TEST(test_card_time) {
+  tt_client *c = harness_connect(&proc, 0);
+  tt_graph *g = tt_graph_create(c, 7);
+  int64_t xs[2] = {4, 3}, ys[2] = {4, 2};
+  tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
+  ck_assert_int_eq(tt_graph_output(g, tt_relu(g, tt_nn_linear(g, x, 2, 1))), 0);
+  tt_module *m = tt_compile(c, g);
+  tt_graph_free(g);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_int_eq(tt_module_to(m, "tt"), TT_OK);
+  tt_optimizer *opt = tt_sgd(m, 0.1f, 0, 0, 0);
+  ck_assert_ptr_nonnull(opt);
+  tt_tensor *h = tt_tensor_from_host(c, NULL, TT_FLOAT32, xs, 2);
+  tt_tensor *target = tt_tensor_from_host(c, NULL, TT_FLOAT32, ys, 2);
+  for (int i = 0; i < 12; i++) ((float *)tt_tensor_data(h))[i] = (float)(i % 5) - 1.5f;
+  for (int i = 0; i < 8; i++) ((float *)tt_tensor_data(target))[i] = 1.0f;
+  tt_tensor *in = tt_to(h, "tt");
+  for (int i = 0; i <= TRAIN_STEPS; i++) {
+    tt_tensor *out = NULL;
+    ck_assert_msg(tt_forward(m, &in, 1, &out) == TT_OK, "%s", tt_last_error(c));
+    if (i < TRAIN_STEPS) {
+      tt_tensor *y = tt_to(out, "cpu"), *loss = tt_l1_loss(y, target);
+      ck_assert_ptr_nonnull(loss);
+      ck_assert_int_eq(tt_zero_grad(opt), TT_OK);
+      ck_assert_int_eq(tt_backward(loss), TT_OK);
+      ck_assert_int_eq(tt_step(opt), TT_OK);
+      tt_tensor_free(loss);
+      tt_tensor_free(y);
+    }
+    tt_tensor_free(out);
+  }
+  char *r = http("GET", "/metrics");
+  ck_assert_double_eq(harness_metric(r, "ttd_node_runs_total{op=\"linear\",pass=\"forward\"}"), TRAIN_STEPS + 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_node_runs_total{op=\"relu\",pass=\"forward\"}"), TRAIN_STEPS + 1);
+  ck_assert_double_eq(harness_metric(r, "ttd_node_runs_total{op=\"linear\",pass=\"backward\"}"), TRAIN_STEPS);
+  ck_assert_double_eq(harness_metric(r, "ttd_node_runs_total{op=\"relu\",pass=\"backward\"}"), TRAIN_STEPS);
+  ck_assert_ptr_null(strstr(r, "op=\"matmul\"")); /* ops that never ran are not listed */
+  ck_assert_double_eq(harness_metric(r, "ttd_optimizer_updates_total"), 2 * TRAIN_STEPS);
+  ck_assert_double_eq(harness_metric(r, "ttd_device_calls_total"), TRAIN_STEPS + 1);
+  double nodes = 0;
+  const char *keys[] = {"ttd_node_seconds_total{op=\"linear\",pass=\"forward\"}",
+                        "ttd_node_seconds_total{op=\"linear\",pass=\"backward\"}",
+                        "ttd_node_seconds_total{op=\"relu\",pass=\"forward\"}",
+                        "ttd_node_seconds_total{op=\"relu\",pass=\"backward\"}", "ttd_optimizer_seconds_total"};
+  for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+    double s = harness_metric(r, keys[k]);
+    ck_assert_msg(s > 0 && s < 10, "%s is %g", keys[k], s);
+    nodes += s;
+  }
+  double waiting = harness_metric(r, "ttd_device_call_seconds_total{phase=\"waiting\"}");
+  double running = harness_metric(r, "ttd_device_call_seconds_total{phase=\"running\"}");
+  double answering = harness_metric(r, "ttd_device_call_seconds_total{phase=\"answering\"}");
+  ck_assert_msg(waiting > 0 && answering > 0, "waiting %g s, answering %g s", waiting, answering);
+  ck_assert_msg(running >= nodes && running < 10, "running %g s, the nodes and updates in it %g s", running, nodes);
+  free(r);
+  tt_tensor_free(in);
+  tt_tensor_free(h);
+  tt_tensor_free(target);
+  tt_optimizer_free(opt);
+  tt_module_free(m);
+  tt_disconnect(c);
+}
+END_TEST
+
 /* Device work: the client polls for its answer with a window of its own (up to 10 ms), the
  * poller for the next call after answering it (ttd_device_spin_*, --device-spin-us); the
  * client's disable_spin turns both of its windows off. */
@@ -250,6 +320,7 @@ Suite *e2e_metrics_suite(void) {
   tcase_add_test(tc, test_metrics_follow_work);
   tcase_add_test(tc, test_poll_spin);
   tcase_add_test(tc, test_device_spin);
+  tcase_add_test(tc, test_card_time);
   tcase_add_test(tc, test_spin_off);
   suite_add_tcase(s, tc);
   return s;
