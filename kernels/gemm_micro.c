@@ -12,9 +12,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gemm.h"
+#include "kernel_internal.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -259,12 +259,6 @@ static void micro_kernel_generic_pairs(int64_t kd, const void *restrict ap_, con
 #if defined(__x86_64__) && defined(__GNUC__)
 enum { PROBE_STEPS = 2048, PROBE_ROUNDS = 7 };
 
-static double probe_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Defines name(): the seconds for PROBE_STEPS steps of 16 independent zmm instructions,
  * acc[i] = STEP(acc[i]), the accumulators opaque to the compiler so that it keeps 16 chains. */
 #define TTD_DEFINE_PROBE(name, target_isa, STEP)                                                               \
@@ -275,11 +269,11 @@ static double probe_now(void) {
       acc[i] = _mm512_set1_ps((float)i);                                                                       \
       __asm__ volatile("" : "+v"(acc[i]));                                                                     \
     }                                                                                                          \
-    double t0 = probe_now();                                                                                   \
+    double t0 = (double)ttd_know_ns() * 1e-9;                                                                                   \
     for (int n = 0; n < PROBE_STEPS; n++) {                                                                    \
       _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) acc[i] = STEP(acc[i]);                             \
     }                                                                                                          \
-    double t = probe_now() - t0;                                                                               \
+    double t = (double)ttd_know_ns() * 1e-9 - t0;                                                                               \
     _Pragma("GCC unroll 16") for (int i = 1; i < 16; i++) acc[0] = _mm512_add_ps(acc[0], acc[i]);              \
     __asm__ volatile("" ::"v"(acc[0]));                                                                        \
     return t;                                                                                                  \

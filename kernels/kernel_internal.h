@@ -9,16 +9,25 @@
  *   length, never on the pool's thread count, so results are identical on 1 or N threads.
  * - ttd_kexpf, ttd_kmax_f32, ttd_kexp_sum: row primitives that vectorize once inlined into
  *   a TTD_KHOT loop (libm's expf is a call the vectorizer cannot use).
- * - ttd_kcheck: how a long serial loop inside one chunk polls its run's cancellation flag. */
+ * - ttd_kcheck: how a long serial loop inside one chunk polls its run's cancellation flag.
+ * - ttd_know_ns: the monotonic clock the pool's spins and the kernels' probes count in. */
 #ifndef TTD_KERNELS_KERNEL_INTERNAL_H
 #define TTD_KERNELS_KERNEL_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "thread_pool.h"
 
 #define TTD_KGRAIN 16384
+
+/* Nanoseconds of CLOCK_MONOTONIC. */
+static inline int64_t ttd_know_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 /* A chunk can hold seconds of work (a pool's huge window, a matmul tile's long K, one
  * enormous row), so loops inside it poll the cancellation flag too, about every

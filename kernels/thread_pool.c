@@ -34,6 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernel_internal.h"
+
 #define CHUNKS_PER_THREAD 4
 #define SPIN_NS 40000
 
@@ -105,20 +107,14 @@ static void run_chunks(void (*fn)(void *, size_t, size_t), void *ctx, const ttd_
   tls_in_job = 0;
 }
 
-static int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Spins (without the lock) until done(pool, arg) or SPIN_NS pass. */
 static void spin(ttd_pool *pool, int (*done)(ttd_pool *, uint64_t), uint64_t arg) {
-  int64_t until = now_ns() + SPIN_NS;
+  int64_t until = ttd_know_ns() + SPIN_NS;
   while (!done(pool, arg)) {
 #if defined(__x86_64__) || defined(__i386__)
     for (int i = 0; i < 32; i++) __builtin_ia32_pause();
 #endif
-    if (now_ns() > until) return;
+    if (ttd_know_ns() > until) return;
   }
 }
 

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "rpc/conn_relay.h"
 #include "rpc/h2_read_guard.h"
 #include "rpc/listener_probe.h"
@@ -119,15 +120,9 @@ struct ttd_conn_gate {
   uint64_t relay_log_left_out;
 };
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* At most one line a second for refusals and failed accepts, then the count left out. */
 static bool log_allowed(ttd_conn_gate *g, uint64_t *out_left_out) {
-  int64_t second = now_ms() / 1000;
+  int64_t second = ttd_now_ms() / 1000;
   if (second == g->log_second) {
     g->log_left_out++;
     return false;
@@ -421,7 +416,7 @@ static void admit(ttd_conn_gate *g, gate_listener *l, int fd) {
     return;
   }
   *c = (gate_conn){.tag = TAG_CONN, .fd = fd, .watch = -1, .peer = peer, .who = who,
-                   .deadline = now_ms() + g->config->handshake_timeout_ms,
+                   .deadline = ttd_now_ms() + g->config->handshake_timeout_ms,
                    .tcp = l->kind == TTD_CONN_PEER_TCP, .ssl = ssl, .events = EPOLLIN | EPOLLRDHUP};
   if (c->tcp) {
     int one = 1;
@@ -477,7 +472,7 @@ static void check_preface(ttd_conn_gate *g, gate_conn *c) {
     return;
   }
   c->handed = true;
-  c->deadline = now_ms() + g->config->handshake_timeout_ms; /* its first call, by then */
+  c->deadline = ttd_now_ms() + g->config->handshake_timeout_ms; /* its first call, by then */
   g->by_fd[c->fd] = (gate_slot){.conn = c, .who = c->who};
   /* gRPC shuts the socket down before it closes it: the duplicate then reads the end. */
   struct epoll_event ev = {.events = EPOLLRDHUP, .data.ptr = c};
@@ -541,7 +536,7 @@ static void closed_for_frames(ttd_conn_gate *g, const gate_who *who, int fd, ttd
   bool reset = why == TTD_H2_RESET_FLOOD;
   atomic_fetch_add(reset ? &g->core->metrics.connections_reset_closed : &g->core->metrics.connections_protocol_closed,
                    1);
-  int64_t second = now_ms() / 1000;
+  int64_t second = ttd_now_ms() / 1000;
   if (second == g->relay_log_second) {
     g->relay_log_left_out++;
     return;
@@ -672,7 +667,7 @@ static void advance_tls(ttd_conn_gate *g, gate_conn *c) {
 
 static void pause_listener(ttd_conn_gate *g, gate_listener *l) {
   epoll_ctl(g->epoll_fd, EPOLL_CTL_DEL, l->fd, NULL);
-  l->paused_until = now_ms() + GATE_ACCEPT_RETRY_MS;
+  l->paused_until = ttd_now_ms() + GATE_ACCEPT_RETRY_MS;
 }
 
 static void accept_all(ttd_conn_gate *g, gate_listener *l) {
@@ -725,7 +720,7 @@ static void first_call_due(ttd_conn_gate *g, gate_conn *c) {
  * that made no call by theirs); resumes paused listeners; returns the epoll timeout until the
  * next of those. */
 static int timers(ttd_conn_gate *g) {
-  int64_t now = now_ms(), next = now + 1000;
+  int64_t now = ttd_now_ms(), next = now + 1000;
   pthread_mutex_lock(&g->lock);
   for (gate_conn *c = g->conns, *after; c; c = after) {
     after = c->next;

@@ -17,6 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+
 /* Reads one side may take in a turn before the relay looks at other connections. */
 #define RELAY_READS_PER_TURN 4
 /* How often a worker with connections looks for those past their first call's deadline. */
@@ -77,12 +79,6 @@ struct ttd_conn_relay {
   ttd_conn_relay_end_fn end;
   void *end_arg;
 };
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- the two sides' I/O: IO_OK with *out_n > 0, or why not ---- */
 
@@ -205,7 +201,7 @@ static int pump_up(relay_worker *w, relay_conn *c) {
       c->up.eof = true;
       break;
     }
-    if (ttd_h2_frames_feed(&c->frames, w->scratch, n, now_ms()) != TTD_H2_PASS) return -1;
+    if (ttd_h2_frames_feed(&c->frames, w->scratch, n, ttd_now_ms()) != TTD_H2_PASS) return -1;
     if (pass(c, &c->up, false, w->scratch, n) != 0) return -1;
     if (c->up.held) return 0;
   }
@@ -335,7 +331,7 @@ static void take_incoming(relay_worker *w) {
 
 /* Ends the connections that opened no stream by their deadline. */
 static void sweep_first_calls(relay_worker *w) {
-  int64_t now = now_ms();
+  int64_t now = ttd_now_ms();
   for (relay_conn *c = w->conns, *next; c; c = next) {
     next = c->next;
     if (!c->first_call_by || c->dead) continue;
@@ -356,9 +352,9 @@ static void *worker_main(void *arg) {
   bool sweeps = w->relay->first_call_ms > 0;
   while (!atomic_load(&w->relay->stopping)) {
     int n = epoll_wait(w->epoll_fd, events, 64, w->again ? 0 : sweeps && w->conns ? RELAY_SWEEP_MS : -1);
-    if (sweeps && now_ms() >= next_sweep) {
+    if (sweeps && ttd_now_ms() >= next_sweep) {
       sweep_first_calls(w);
-      next_sweep = now_ms() + RELAY_SWEEP_MS;
+      next_sweep = ttd_now_ms() + RELAY_SWEEP_MS;
     }
     for (int i = 0; i < n; i++) {
       relay_tag *tag = events[i].data.ptr;
@@ -440,11 +436,11 @@ ttd_status_t ttd_conn_relay_add(ttd_conn_relay *r, int peer_fd, SSL *ssl, int lo
   }
   *c = (relay_conn){.peer_tag = {SIDE_PEER, c}, .local_tag = {SIDE_LOCAL, c}, .peer_fd = peer_fd, .ssl = ssl,
                     .local_fd = local_fd, .cookie = cookie,
-                    .first_call_by = r->first_call_ms > 0 ? now_ms() + r->first_call_ms : 0};
-  ttd_h2_frames_init(&c->frames, r->max_resets, 1, now_ms());
+                    .first_call_by = r->first_call_ms > 0 ? ttd_now_ms() + r->first_call_ms : 0};
+  ttd_h2_frames_init(&c->frames, r->max_resets, 1, ttd_now_ms());
   if (first_len) {
     /* Checked by the gate already, and short: gRPC's end of a fresh socketpair takes it. */
-    ttd_h2_frames_feed(&c->frames, first, first_len, now_ms());
+    ttd_h2_frames_feed(&c->frames, first, first_len, ttd_now_ms());
     size_t n = 0;
     if (c->frames.verdict != TTD_H2_PASS || local_write(c, first, first_len, &n) != IO_OK || n != first_len) {
       conn_close(c, false);

@@ -11,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+
 /* Descriptors in chunks of GUARD_CHUNK slots, made at the first watch in their range and kept
  * until the process ends (a reader never sees a slot go away). */
 #define GUARD_CHUNK 1024
@@ -28,12 +30,6 @@ static _Atomic(guard_slot *) chunks[GUARD_CHUNKS];
 static pthread_mutex_t chunks_lock = PTHREAD_MUTEX_INITIALIZER;
 static ttd_h2_guard_fn guard_fn;
 static void *guard_arg;
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* fd's slot if its chunk exists (make: create it), else NULL. */
 static guard_slot *slot_of(int fd, bool make) {
@@ -61,7 +57,7 @@ int ttd_h2_read_guard_watch(int fd, int max_resets) {
   guard_slot *s = slot_of(fd, true);
   if (!s) return -1;
   pthread_mutex_lock(&s->lock);
-  ttd_h2_frames_init(&s->frames, max_resets, 1, now_ms());
+  ttd_h2_frames_init(&s->frames, max_resets, 1, ttd_now_ms());
   s->reported = false;
   atomic_store_explicit(&s->spoke, false, memory_order_relaxed);
   atomic_store_explicit(&s->watched, true, memory_order_release);
@@ -98,7 +94,7 @@ static ssize_t guard_read(guard_slot *s, int fd, const struct msghdr *msg, ssize
     return n;
   }
   uint64_t before = s->frames.good;
-  int64_t now = now_ms();
+  int64_t now = ttd_now_ms();
   size_t left = (size_t)n;
   for (size_t i = 0; i < (size_t)msg->msg_iovlen && left > 0; i++) {
     size_t len = msg->msg_iov[i].iov_len < left ? msg->msg_iov[i].iov_len : left;
