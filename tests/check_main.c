@@ -79,6 +79,7 @@ static const struct {
     {"e2e_cancel", e2e_cancel_suite},
     {"e2e_tls", e2e_tls_suite},
     {"e2e_shm", e2e_shm_suite},
+    {"e2e_lane", e2e_lane_suite},
     {"e2e_service", e2e_service_suite},
     {"e2e_ttctl", e2e_ttctl_suite},
     {"e2e_round_trips", e2e_round_trips_suite},

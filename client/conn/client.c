@@ -203,6 +203,8 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   pthread_mutex_init(&c->error_lock, NULL);
   pthread_mutex_init(&c->keepalive_lock, NULL);
   pthread_mutex_init(&c->shm_lock, NULL);
+  pthread_mutex_init(&c->lane_lock, NULL);
+  c->lane_ring_fd = c->lane_answer_fd = c->lane_watch_fd = -1;
   pthread_mutex_init(&c->cq_lock, NULL);
   pthread_mutex_init(&c->resume_lock, NULL);
   ttd_block_cache_init(&c->blocks);
@@ -304,6 +306,7 @@ void tt_client_release(tt_client *client) {
   tt_shm_destroy(client);
   ttd_block_cache_destroy(&client->blocks);
   pthread_mutex_destroy(&client->shm_lock);
+  pthread_mutex_destroy(&client->lane_lock);
   explicit_bzero(client->authorization, sizeof(client->authorization));
   free(client);
 }

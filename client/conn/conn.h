@@ -12,7 +12,9 @@
 
 #include "base/block_cache.h"
 #include "base/status.h"
+#include "wire/call_lane.h"
 #include "wire/cq_spin.h"
+#include "wire/shm_protocol.h"
 #include "ttclient.h"
 #include "ttd/v1/protocol.h"
 #include "ttd/v1/ttd.pb-c.h"
@@ -105,6 +107,12 @@ struct tt_client {
   pthread_mutex_t shm_lock; /* guards the segments */
   tt_shm_segment *segments;
   size_t n_segments, cap_segments;
+  /* The session's call lane (call_lane.c): its device calls without gRPC, one at a time. */
+  pthread_mutex_t lane_lock;  /* held by the call on the lane; a call that finds it held uses gRPC */
+  ttd_lane_header *lane;      /* mapped, or NULL: no lane (none registered, or broken) */
+  int lane_ring_fd, lane_answer_fd;
+  int lane_watch_fd;          /* the side socket as the lane was registered on it: its hang-up ends a wait */
+  uint64_t lane_seq;
 
   /* Pluck queues of finished calls, reused by the next ones (rpc.c). */
   pthread_mutex_t cq_lock;
@@ -204,5 +212,21 @@ void tt_shm_destroy(tt_client *client);
 /* After a resume: the side socket at path again, and every segment registered under its
  * id. On failure the fast path is off for new tensors. */
 void tt_shm_reattach(tt_client *client, const char *path);
+/* One request on the side socket (under shm_lock, or before any other thread has the
+ * client): 0 when the daemon answered OK (with two descriptors into out_fds, when not NULL,
+ * which a reply without them fails). */
+int tt_shm_request(tt_client *client, const ttd_shm_request *req, int fd, ttd_shm_reply *reply, int out_fds[2]);
+
+/* ---- the call lane (call_lane.c) ---- */
+/* Registers the session's call lane on the side socket (none without one, with TTD_LANE=0,
+ * or when the daemon refuses it: calls then go over gRPC); after a resume, a new one. */
+void tt_lane_open(tt_client *client);
+void tt_lane_close(tt_client *client);
+/* A unary device call on the lane: -1 when the lane cannot take it (none, busy with another
+ * thread's call, a request too large), the caller then makes it over gRPC; else its status,
+ * *out_response set on TT_OK, err filled otherwise, as tt_rpc_unary does. */
+int tt_lane_call(tt_client *client, const char *path, const ProtobufCMessage *request,
+                 const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **out_response,
+                 int64_t timeout_ms, char *err, size_t err_len);
 
 #endif

@@ -207,6 +207,11 @@ static tt_status unary_once(tt_client *client, tt_rpc_method method, const Proto
     snprintf(err, err_len, CLOSED_MESSAGE);
     return TT_FAILED_PRECONDITION;
   }
+  if (daemon_uses_deadline(method)) { /* device work: the call lane's, where the client has one */
+    int lane = tt_lane_call(client, rpc_paths[method], request, response_type, out_response, client->call_timeout_ms,
+                            err, err_len);
+    if (lane >= 0) return (tt_status)lane;
+  }
   rpc r;
   rpc_start(&r, client, method, client->call_timeout_ms);
   /* Other calls are answered in tens of microseconds; device work in milliseconds, polled

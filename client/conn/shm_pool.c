@@ -9,35 +9,32 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "wire/fd_passing.h"
 #include "wire/shm_protocol.h"
 #include "conn/conn.h"
 
 #define SEGMENT_ALIGN (1u << 20)
 #define POOL_KEEP_FREE_BYTES (512ull << 20) /* free segments kept for reuse, at most */
 
-static int request(tt_client *c, const ttd_shm_request *req, int fd, ttd_shm_reply *reply) {
-  struct iovec iov = {(void *)req, sizeof(*req)};
-  char control[CMSG_SPACE(sizeof(int))];
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (fd >= 0) {
-    memset(control, 0, sizeof(control));
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+int tt_shm_request(tt_client *c, const ttd_shm_request *req, int fd, ttd_shm_reply *reply, int out_fds[2]) {
+  if (ttd_send_fds(c->shm_fd, req, sizeof(*req), &fd, fd >= 0 ? 1 : 0) != (ssize_t)sizeof(*req)) return -1;
+  int got[2], count = 0;
+  bool truncated;
+  ssize_t n = ttd_recv_fds(c->shm_fd, reply, sizeof(*reply), 0, got, 2, &count, &truncated);
+  bool ok = n == (ssize_t)sizeof(*reply) && reply->code == 0 && (!out_fds || count == 2);
+  for (int i = 0; i < count; i++) {
+    if (ok && out_fds) out_fds[i] = got[i];
+    else close(got[i]);
   }
-  if (sendmsg(c->shm_fd, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof(*req)) return -1;
-  if (recv(c->shm_fd, reply, sizeof(*reply), 0) != (ssize_t)sizeof(*reply)) return -1;
-  return reply->code == 0 ? 0 : -1;
+  if (n != (ssize_t)sizeof(*reply)) return -1;
+  return ok ? 0 : -1;
 }
 
 /* Connects the side socket at path; the fast path stays off (shm_fd -1) if it cannot. */
@@ -61,6 +58,7 @@ void tt_shm_connect(tt_client *c, const char *path, const tt_connect_options *op
   const char *env = getenv("TTD_SHM");
   c->shm_wanted = !options->disable_shm && !(env && strcmp(env, "0") == 0);
   connect_side_socket(c, path);
+  tt_lane_open(c);
 }
 
 static void unmap(tt_shm_segment *s) {
@@ -74,7 +72,7 @@ static void release_segment(tt_client *c, size_t i) {
   ttd_shm_request req = {.magic = TTD_SHM_MAGIC, .op = TTD_SHM_RELEASE, .session_id = c->session_id, .segment_id = s->id,
                          .key = {c->shm_key[0], c->shm_key[1]}};
   ttd_shm_reply reply;
-  request(c, &req, -1, &reply); /* a closed session has dropped it already */
+  tt_shm_request(c, &req, -1, &reply, NULL); /* a closed session has dropped it already */
   unmap(s);
   c->segments[i] = c->segments[--c->n_segments];
 }
@@ -98,7 +96,7 @@ static tt_shm_segment *new_segment(tt_client *c, uint64_t size) {
   ttd_shm_reply reply;
   ttd_shm_request req = {.magic = TTD_SHM_MAGIC, .op = TTD_SHM_REGISTER, .session_id = c->session_id, .size = size,
                          .key = {c->shm_key[0], c->shm_key[1]}};
-  int ok = addr != MAP_FAILED && request(c, &req, fd, &reply) == 0;
+  int ok = addr != MAP_FAILED && tt_shm_request(c, &req, fd, &reply, NULL) == 0;
   if (!ok) {
     if (addr != MAP_FAILED) munmap(addr, (size_t)size);
     close(fd);
@@ -153,6 +151,7 @@ void tt_shm_free(tt_client *c, void *addr) {
 }
 
 void tt_shm_destroy(tt_client *c) {
+  tt_lane_close(c);
   for (size_t i = 0; i < c->n_segments; i++) unmap(&c->segments[i]);
   free(c->segments);
   c->segments = NULL;
@@ -170,10 +169,11 @@ void tt_shm_reattach(tt_client *c, const char *path) {
     ttd_shm_request req = {.magic = TTD_SHM_MAGIC, .op = TTD_SHM_REGISTER, .session_id = c->session_id,
                            .segment_id = s->id, .size = s->size, .key = {c->shm_key[0], c->shm_key[1]}};
     ttd_shm_reply reply;
-    if (request(c, &req, s->fd, &reply) != 0 || reply.segment_id != s->id) {
+    if (tt_shm_request(c, &req, s->fd, &reply, NULL) != 0 || reply.segment_id != s->id) {
       close(c->shm_fd); /* tensors in segments the daemon lacks fail to move; new ones use gRPC */
       c->shm_fd = -1;
     }
   }
   pthread_mutex_unlock(&c->shm_lock);
+  tt_lane_open(c);
 }

@@ -68,6 +68,10 @@ typedef struct ttd_call {
    * work-queue thread, two thread wake-ups fewer per message. */
   bool light_events;
   atomic_bool on_device; /* handed to the scheduler: queued for or running on a card */
+  /* A call taken off a same-host call lane (rpc/call_lane.h) rather than gRPC: no grpc_call;
+   * its answer goes to the lane, under the number the client gave it. One reference. */
+  struct ttd_lane *lane;
+  uint64_t lane_seq;
   /* The server's list of calls a client has started (rpc/server.c). */
   struct ttd_call *active_prev, *active_next;
   bool active_listed;

@@ -81,10 +81,10 @@ static ttd_status_t attach_session(ttd_call *c) {
 
 /* Without tokens, whether the caller may call admin methods: only ttd's own user and root,
  * over a Unix socket file, whose credentials the gate read at accept (rpc/conn_gate.h); a
- * call run in process (no gRPC call) is one too. Else PERMISSION_DENIED naming the caller
+ * call run in process (neither a gRPC call nor a call lane's) is one too. Else PERMISSION_DENIED naming the caller
  * and what to do. Every other caller is the tenant "local" without admin rights. */
 static ttd_status_t admin_without_token(ttd_call *c) {
-  if (!c->call) return TTD_OK;
+  if (!c->call && !c->lane) return TTD_OK;
   ttd_conn_peer peer;
   ttd_call_peer(c, &peer);
   unsigned self = (unsigned)geteuid();

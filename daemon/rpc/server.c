@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <sys/socket.h>
+#include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
@@ -17,6 +18,7 @@
 
 #include "base/clock.h"
 #include "telemetry/log.h"
+#include "rpc/call_lane.h"
 #include "rpc/conn_gate.h"
 #include "rpc/dispatch.h"
 #include "rpc/listener_credentials.h"
@@ -47,6 +49,7 @@ struct ttd_server {
   ttd_call *active;       /* calls a client started, not yet destroyed; under lock */
   ttd_conn_gate *gate;    /* accepts for every listener (ends TLS, relays TCP); probes them */
   grpc_server_credentials *fd_creds; /* insecure: for the connections the gate hands over */
+  ttd_lanes *lanes;       /* the same-host call lanes, whose calls run here as gRPC ones do */
 };
 
 /* The calls a client has started are listed so that a stop past its drain timeout can end
@@ -119,6 +122,13 @@ static ttd_status_t request_call(ttd_server *server, const ttd_method *method, v
 
 static void call_destroy(ttd_call *c) {
   active_remove(c);
+  if (c->lane) { /* the metadata lane_run made: the slices are its own, not gRPC's */
+    for (size_t i = 0; i < c->request_metadata.count; i++) {
+      grpc_slice_unref(c->request_metadata.metadata[i].key);
+      grpc_slice_unref(c->request_metadata.metadata[i].value);
+    }
+    ttd_lane_release(c->lane);
+  }
   if (c->session) ttd_session_stream_remove(c->session, &c->session_stream);
   if (c->holds_lease) ttd_session_device_call_end(c->session, ttd_now_ms());
   ttd_call_deinit(c);
@@ -164,11 +174,31 @@ static size_t add_status(ttd_call *c, grpc_op *ops, ttd_status_t status) {
   return 2;
 }
 
+/* A lane call's answer: written to its lane, and the call goes. */
+static void finish_on_lane(ttd_call *c, grpc_byte_buffer *message, ttd_status_t status) {
+  grpc_slice flat = grpc_empty_slice();
+  grpc_byte_buffer_reader reader;
+  if (message && grpc_byte_buffer_reader_init(&reader, message)) {
+    flat = grpc_byte_buffer_reader_readall(&reader);
+    grpc_byte_buffer_reader_destroy(&reader);
+  }
+  ttd_lane_answer(c->lane, c->lane_seq, (int)ttd_status_code(status), status ? ttd_status_message(status) : "",
+                  GRPC_SLICE_START_PTR(flat), GRPC_SLICE_LENGTH(flat));
+  grpc_slice_unref(flat);
+  if (message) grpc_byte_buffer_destroy(message);
+  ttd_status_free(status);
+  call_destroy(c);
+}
+
 /* Sends an optional last message and the status; takes ownership of status. */
 static void finish(ttd_call *c, grpc_byte_buffer *message, ttd_status_t status) {
   int index = c->method == &unknown_method ? (int)ttd_method_count : (int)(c->method - ttd_methods);
   ttd_metrics_record(&c->core->metrics, index, ttd_status_code(status), ttd_now_ns() - c->started_ns);
   atomic_fetch_sub_explicit(&c->core->metrics.in_flight, 1, memory_order_relaxed);
+  if (c->lane) {
+    finish_on_lane(c, message, status);
+    return;
+  }
   grpc_op ops[4];
   size_t n = add_initial_metadata(c, ops);
   if (message) {
@@ -311,6 +341,17 @@ static int64_t thread_cpu_ns(void) {
 
 /* A device call's turn has come (on the device's executor thread, or at one of its places
  * for programs run together). */
+/* Whether device's queue is empty: a lingering executor (ttd_lane_linger) stops when not. */
+typedef struct idle_device {
+  ttd_scheduler *scheduler;
+  int device;
+} idle_device;
+
+static bool device_idle(void *arg) {
+  const idle_device *d = arg;
+  return ttd_scheduler_queued(d->scheduler, d->device) == 0;
+}
+
 static void run_scheduled(ttd_job *job) {
   ttd_call *c = (ttd_call *)((char *)job - offsetof(ttd_call, job));
   ttd_backend *backend = c->core->backend;
@@ -339,6 +380,11 @@ static void run_scheduled(ttd_job *job) {
   int64_t began = ttd_now_ns(), began_cpu = job->sharing > 1 ? thread_cpu_ns() : 0;
   int sharing = job->sharing;
   ttd_core *core = c->core; /* c may be gone once answered */
+  /* A lane's client likely posts its next call soon (a training loop's next step, once its
+   * loss has run): this thread watches for it, unless the card has other work or runs
+   * programs together. */
+  ttd_lane *lane = c->lane && sharing <= 1 ? ttd_lane_retain(c->lane) : NULL;
+  idle_device idle = {c->server->core->scheduler, job->device};
   ttd_session *session = c->session ? ttd_session_retain(c->session) : NULL;
   ProtobufCMessage *response = NULL;
   ttd_status_t status = c->method->unary(c, c->request, &response);
@@ -357,6 +403,10 @@ static void run_scheduled(ttd_job *job) {
     ttd_session_release(session);
   }
   ttd_log_set_call(0, 0);
+  if (lane) {
+    ttd_lane_linger(lane, device_idle, &idle);
+    ttd_lane_release(lane);
+  }
 }
 
 /* Closing a session ends its streams: one stalled on its client would hold its tensor. */
@@ -514,7 +564,10 @@ static int call_gate_fd(ttd_call *c) {
 
 void ttd_call_peer(ttd_call *c, ttd_conn_peer *out) {
   memset(out, 0, sizeof(*out));
-  if (!c->call) return; /* run in process */
+  if (!c->call) { /* run in process, or taken off a call lane */
+    if (c->lane) snprintf(out->name, sizeof(out->name), "call lane");
+    return;
+  }
   if (c->gate_fd >= 0) {
     ttd_conn_gate_peer(c->server->gate, c->gate_fd, out);
     return;
@@ -524,6 +577,53 @@ void ttd_call_peer(ttd_call *c, ttd_conn_peer *out) {
   snprintf(out->name, sizeof(out->name), "%s", peer ? peer : "?");
   gpr_free(peer);
 }
+
+/* A call taken off a call lane: made as the poller makes a gRPC call when it arrives, with
+ * the metadata its client would have sent (its token, and the lane's session), and run
+ * from there as one. */
+static void lane_run(void *arg, ttd_lane *lane, ttd_lane_call *cl) {
+  ttd_server *server = arg;
+  ttd_call *c = calloc(1, sizeof(*c));
+  grpc_metadata *md = gpr_zalloc(2 * sizeof(*md));
+  if (!c || !md) {
+    free(c);
+    gpr_free(md);
+    grpc_slice_unref(cl->request);
+    ttd_lane_answer(lane, cl->seq, GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory", NULL, 0);
+    return;
+  }
+  atomic_fetch_add(&server->live_calls, 1);
+  ttd_call_init(c, server->core, cl->method);
+  c->server = server;
+  c->gate_fd = -1;
+  c->lane = ttd_lane_retain(lane);
+  c->lane_seq = cl->seq;
+  c->deadline = cl->timeout_ms ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                              gpr_time_from_millis(cl->timeout_ms, GPR_TIMESPAN))
+                               : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+  size_t n = 0;
+  md[n].key = grpc_slice_from_static_string("ttd-session");
+  md[n++].value = grpc_slice_from_copied_string(cl->session_hex);
+  if (cl->authorization_len) {
+    md[n].key = grpc_slice_from_static_string("authorization");
+    md[n++].value = grpc_slice_from_copied_buffer(cl->authorization, cl->authorization_len);
+  }
+  grpc_metadata_array_destroy(&c->request_metadata);
+  c->request_metadata.metadata = md;
+  c->request_metadata.count = n;
+  c->request_metadata.capacity = 2;
+  c->received = grpc_raw_byte_buffer_create(&cl->request, 1);
+  grpc_slice_unref(cl->request);
+  c->started_ns = ttd_now_ns();
+  c->request_id = atomic_fetch_add(&server->next_request_id, 1) + 1;
+  snprintf(c->request_id_text, sizeof(c->request_id_text), "%" PRIu64, c->request_id);
+  ttd_log_set_call(c->request_id, 0);
+  atomic_fetch_add_explicit(&c->core->metrics.in_flight, 1, memory_order_relaxed);
+  on_call_arrived(c);
+  ttd_log_set_call(0, 0);
+}
+
+ttd_lanes *ttd_server_lanes(ttd_server *server) { return server->lanes; }
 
 /* The one switch that drives a call. */
 static void on_call_event(ttd_call *c, bool ok) {
@@ -713,6 +813,7 @@ ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int 
     }
   }
   if (!status) status = request_call(server, &unknown_method, NULL);
+  if (!status) status = ttd_lanes_start(core, lane_run, server, &server->lanes);
   if (!status) status = ttd_conn_gate_start(server->gate);
   /* The poller, then threads-1 for heavy calls (none: the poller runs them too). */
   if (!status && threads > 1) status = ttd_work_queue_start(threads - 1, &server->heavy);
@@ -764,6 +865,9 @@ void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
   if (!server) return;
   ttd_conn_gate_stop(server->gate); /* no more connections handed over; freed with the server */
   grpc_server_shutdown_and_notify(server->server, server->cq, &server->shutdown_tag);
+  /* Lane calls are refused from now on, as gRPC ones are; only now: a client told so at
+   * once resumes its session over gRPC, which must not reach this ttd any more. */
+  ttd_lanes_stop(server->lanes);
   if (server->thread_count == 0) {
     grpc_server_cancel_all_calls(server->server);
     pump_until_shutdown(server);
@@ -799,6 +903,7 @@ void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
     }
   }
   grpc_completion_queue_destroy(server->cq);
+  ttd_lanes_destroy(server->lanes); /* no lane call is left */
   long leaked = atomic_load(&server->live_calls);
   if (leaked) TTD_LOG(TTD_LOG_ERROR, "event=calls-leaked count=%ld", leaked);
   server_free(server);

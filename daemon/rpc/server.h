@@ -6,6 +6,7 @@
 
 #include "core/core.h"
 #include "rpc/call.h"
+#include "rpc/call_lane.h"
 #include "rpc/conn_gate.h"
 
 typedef struct ttd_server ttd_server;
@@ -19,6 +20,9 @@ ttd_status_t ttd_server_start(ttd_core *core, const char *const *addresses, int 
 /* Stops accepting, lets in-flight calls finish for up to drain_ms, cancels the rest,
  * joins the threads and frees the server. The core is left to the caller. NULL ok. */
 void ttd_server_stop(ttd_server *server, int64_t drain_ms);
+
+/* The server's call lanes, where the shared-memory side socket registers a session's. */
+ttd_lanes *ttd_server_lanes(ttd_server *server);
 
 /* Who made call: the peer the connection gate recorded for its connection (a Unix peer's
  * uid and pid, a TCP address), a TLS listener's peer as gRPC names it (kind TCP), or kind

@@ -231,6 +231,11 @@ static void put_card_time(text *t, const ttd_metrics *mt) {
   put(t, "# HELP ttd_device_calls_total Device calls that had their turn on a card.\n"
          "# TYPE ttd_device_calls_total counter\nttd_device_calls_total %llu\n",
       (unsigned long long)atomic_load(&mt->device_calls));
+  put(t, "# HELP ttd_lanes Same-host call lanes registered now (one per session at most).\n"
+         "# TYPE ttd_lanes gauge\nttd_lanes %lld\n"
+         "# HELP ttd_lane_calls_total Calls answered on a call lane rather than over gRPC, refused ones included.\n"
+         "# TYPE ttd_lane_calls_total counter\nttd_lane_calls_total %llu\n",
+      (long long)atomic_load(&mt->lanes_open), (unsigned long long)atomic_load(&mt->lane_calls));
 }
 
 char *ttd_admin_render_metrics(ttd_core *core) {

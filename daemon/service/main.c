@@ -256,6 +256,7 @@ static ttd_status_t service_start(service *svc) {
   svc->bound = true;
   TTD_RETURN_IF_ERROR(ttd_server_start(svc->core, (const char *const *)config->listen, config->listen_count,
                                        config->threads, &svc->server));
+  ttd_shm_listener_set_lanes(svc->shm, ttd_server_lanes(svc->server));
   if (strcmp(config->admin, "off") != 0) {
     TTD_RETURN_IF_ERROR(ttd_admin_start(svc->base, svc->core, config->admin, config->admin_timeout_ms,
                                         config->admin_max_connections, &svc->admin));
@@ -297,7 +298,7 @@ static void service_run(service *svc) {
 }
 
 /* The one stop path, after a run or a failed start alike: it stops whatever was started,
- * in order (admin and side socket, then the server drains its calls, then the sessions are
+ * in order (admin, then the server drains its calls, then the side socket, then the sessions are
  * saved (--state-dir), then sessions and tensors go with the core, then the loop), and
  * removes the socket files ttd bound. */
 static void service_stop(service *svc) {
@@ -308,8 +309,11 @@ static void service_stop(service *svc) {
   }
   ttd_admin_set_ready(svc->admin, false);
   ttd_admin_stop(svc->admin);
-  ttd_shm_listener_stop(svc->shm);
+  /* The side socket stays open while the server drains: a client waiting on its call lane
+   * takes the socket's hang-up for ttd gone, and its call may still be answered. The loop
+   * has stopped, so no registration comes meanwhile. */
   ttd_server_stop(svc->server, svc->config.drain_timeout_ms);
+  ttd_shm_listener_stop(svc->shm);
   /* No call runs now: what the sessions hold is what their clients last saw. */
   if (svc->state && svc->serving) {
     ttd_notify_status("saving sessions to %s", svc->config.state_dir);

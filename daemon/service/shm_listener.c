@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "telemetry/log.h"
+#include "wire/fd_passing.h"
 #include "wire/shm_protocol.h"
 
 typedef struct connection {
@@ -25,6 +26,7 @@ typedef struct connection {
 
 struct ttd_shm_listener {
   ttd_core *core;
+  ttd_lanes *lanes; /* NULL until the server runs */
   struct event_base *base;
   int fd;
   struct event *accept_event;
@@ -45,8 +47,10 @@ static void close_connection(connection *c) {
   free(c);
 }
 
-/* Answers one request; fd is the attached descriptor or -1 (closed here either way). */
-static void handle_request(connection *c, const ttd_shm_request *req, int fd, ttd_shm_reply *reply) {
+/* Answers one request; fd is the attached descriptor or -1 (closed here either way).
+ * out_fds: descriptors the reply carries (a lane's eventfds), -1 when none. */
+static void handle_request(connection *c, const ttd_shm_request *req, int fd, ttd_shm_reply *reply,
+                           int out_fds[2]) {
   ttd_status_t status = TTD_OK;
   ttd_session *session = NULL;
   if (req->magic != TTD_SHM_MAGIC) {
@@ -76,6 +80,18 @@ static void handle_request(connection *c, const ttd_shm_request *req, int fd, tt
       TTD_LOG(TTD_LOG_DEBUG, "session=%016" PRIx64 " event=shm-register segment=%016" PRIx64 " bytes=%" PRIu64
               " uid=%u pid=%d", session->id, reply->segment_id, req->size, (unsigned)c->peer.uid, (int)c->peer.pid);
     }
+  } else if (!status && req->op == TTD_SHM_LANE) {
+    if (fd < 0) {
+      status = ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "LANE needs the lane's memfd attached (SCM_RIGHTS)");
+    } else if (!c->owner->lanes) {
+      status = ttd_make_status(GRPC_STATUS_UNAVAILABLE, "ttd serves no call lanes yet; make calls over gRPC");
+    } else {
+      status = ttd_lanes_add(c->owner->lanes, session, fd, out_fds);
+    }
+    if (!status) {
+      TTD_LOG(TTD_LOG_DEBUG, "session=%016" PRIx64 " event=lane-register uid=%u pid=%d", session->id,
+              (unsigned)c->peer.uid, (int)c->peer.pid);
+    }
   } else if (!status && req->op == TTD_SHM_RELEASE) {
     status = ttd_session_segment_remove(session, req->segment_id, c->peer.uid);
   } else if (!status) {
@@ -88,52 +104,40 @@ static void handle_request(connection *c, const ttd_shm_request *req, int fd, tt
   ttd_status_free(status);
 }
 
-/* The first descriptor a received message carried, or -1; the others are closed (one
- * descriptor per request). */
-static int take_passed_fd(struct msghdr *msg) {
-  int passed = -1;
-  for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm; cm = CMSG_NXTHDR(msg, cm)) {
-    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-    int count = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-    int fds[4];
-    memcpy(fds, CMSG_DATA(cm), (size_t)count * sizeof(int));
-    for (int i = 0; i < count; i++) {
-      if (passed < 0) passed = fds[i];
-      else close(fds[i]);
-    }
-  }
-  return passed;
-}
-
 static void on_readable(evutil_socket_t fd, short what, void *arg) {
   (void)what;
   connection *c = arg;
   ttd_shm_request req;
-  char control[CMSG_SPACE(sizeof(int) * 4)];
-  struct iovec iov = {&req, sizeof(req)};
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof(control)};
-  ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_TRUNC); /* n: the message's whole length */
+  int passed = -1, count = 0;
+  bool truncated = false;
+  /* n: the message's whole length; the first descriptor is the request's, others are closed */
+  ssize_t n = ttd_recv_fds(fd, &req, sizeof(req), MSG_TRUNC, &passed, 1, &count, &truncated);
   if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return;
-  /* An empty message carries descriptors as well as a full one does. */
-  int passed = n >= 0 ? take_passed_fd(&msg) : -1;
+  if (count == 0) passed = -1;
   if (n <= 0) { /* the client went away, or sent an empty message, which reads the same */
     if (passed >= 0) close(passed);
     close_connection(c);
     return;
   }
   ttd_shm_reply reply = {0};
-  if (n != (ssize_t)sizeof(req) || (msg.msg_flags & MSG_CTRUNC)) {
+  int out_fds[2] = {-1, -1};
+  if (n != (ssize_t)sizeof(req) || truncated) {
     if (passed >= 0) close(passed);
     reply.code = GRPC_STATUS_INVALID_ARGUMENT;
     if (n != (ssize_t)sizeof(req)) {
       snprintf(reply.message, sizeof(reply.message), "a request is exactly %zu bytes, got %zd", sizeof(req), n);
     } else {
-      snprintf(reply.message, sizeof(reply.message), "a request carries one descriptor (SCM_RIGHTS), this one more than 4");
+      snprintf(reply.message, sizeof(reply.message), "a request carries one descriptor (SCM_RIGHTS), this one more "
+               "than %d", TTD_FD_PASSING_MAX);
     }
   } else {
-    handle_request(c, &req, passed, &reply);
+    handle_request(c, &req, passed, &reply, out_fds);
   }
-  if (send(fd, &reply, sizeof(reply), MSG_NOSIGNAL) != (ssize_t)sizeof(reply)) close_connection(c);
+  ssize_t sent = ttd_send_fds(fd, &reply, sizeof(reply), out_fds, out_fds[0] >= 0 ? 2 : 0);
+  for (int i = 0; i < 2; i++) {
+    if (out_fds[i] >= 0) close(out_fds[i]); /* the client has its own now */
+  }
+  if (sent != (ssize_t)sizeof(reply)) close_connection(c);
 }
 
 static void on_accept(evutil_socket_t fd, short what, void *arg) {
@@ -198,6 +202,10 @@ ttd_status_t ttd_shm_listener_start(struct event_base *base, ttd_core *core, con
   TTD_LOG(TTD_LOG_INFO, "event=listening address=unix:%s purpose=shared-memory", path);
   *out_listener = l;
   return TTD_OK;
+}
+
+void ttd_shm_listener_set_lanes(ttd_shm_listener *listener, ttd_lanes *lanes) {
+  if (listener) listener->lanes = lanes;
 }
 
 void ttd_shm_listener_stop(ttd_shm_listener *listener) {

@@ -8,6 +8,7 @@
 #include <event2/event.h>
 
 #include "core/core.h"
+#include "rpc/call_lane.h"
 
 typedef struct ttd_shm_listener ttd_shm_listener;
 
@@ -15,6 +16,10 @@ typedef struct ttd_shm_listener ttd_shm_listener;
  * the daemon's). */
 ttd_status_t ttd_shm_listener_start(struct event_base *base, ttd_core *core, const char *path, const char *group,
                                     ttd_shm_listener **out_listener);
+
+/* Where TTD_SHM_LANE registers a session's call lane (the server's); until set, lanes are
+ * refused UNAVAILABLE. NULL listener ok. */
+void ttd_shm_listener_set_lanes(ttd_shm_listener *listener, ttd_lanes *lanes);
 
 /* Closes the socket and every connection, removes the file. NULL ok. */
 void ttd_shm_listener_stop(ttd_shm_listener *listener);

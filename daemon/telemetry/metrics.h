@@ -67,6 +67,9 @@ typedef struct ttd_metrics {
   ttd_op_metrics ops[TTD_OP_COUNT];
   atomic_ullong optimizer_ns, optimizer_steps; /* one parameter's update each */
   atomic_ullong phase_ns[TTD_PHASE_COUNT], device_calls;
+  /* Same-host call lanes (rpc/call_lane.h). */
+  atomic_llong lanes_open;   /* registered now */
+  atomic_ullong lane_calls;  /* calls answered on a lane, refused ones included */
 } ttd_metrics;
 
 /* Upper bounds of the latency buckets, in seconds. */

@@ -74,6 +74,7 @@ Suite *e2e_fairness_suite(void);
 Suite *e2e_cancel_suite(void);
 Suite *e2e_tls_suite(void);
 Suite *e2e_shm_suite(void);
+Suite *e2e_lane_suite(void);
 Suite *e2e_service_suite(void);
 Suite *e2e_ttctl_suite(void);
 Suite *e2e_round_trips_suite(void);

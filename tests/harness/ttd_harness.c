@@ -248,6 +248,30 @@ tt_client *harness_connect(const ttd_proc *proc, int keepalive) {
   return c;
 }
 
+void harness_tiny_net_make(tt_client *c, harness_tiny_net *net) {
+  tt_graph *g = tt_graph_create(c, 7);
+  int64_t xs[2] = {4, 3}, ys[2] = {4, 2};
+  tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
+  ck_assert_int_eq(tt_graph_output(g, tt_relu(g, tt_nn_linear(g, x, 2, 1))), 0);
+  net->m = tt_compile(c, g);
+  tt_graph_free(g);
+  ck_assert_ptr_nonnull(net->m);
+  ck_assert_int_eq(tt_module_to(net->m, "tt"), TT_OK);
+  net->h = tt_tensor_from_host(c, NULL, TT_FLOAT32, xs, 2);
+  net->target = tt_tensor_from_host(c, NULL, TT_FLOAT32, ys, 2);
+  for (int i = 0; i < 12; i++) ((float *)tt_tensor_data(net->h))[i] = (float)(i % 5) - 1.5f;
+  for (int i = 0; i < 8; i++) ((float *)tt_tensor_data(net->target))[i] = 1.0f;
+  net->in = tt_to(net->h, "tt");
+  ck_assert_ptr_nonnull(net->in);
+}
+
+void harness_tiny_net_free(harness_tiny_net *net) {
+  tt_tensor_free(net->in);
+  tt_tensor_free(net->h);
+  tt_tensor_free(net->target);
+  tt_module_free(net->m);
+}
+
 uint64_t harness_used_bytes(const ttd_proc *proc, int device, int l1) {
   tt_client *c = harness_connect(proc, 0);
   tt_device_info *devs = NULL;

@@ -62,6 +62,16 @@ int ttd_proc_pause(ttd_proc *proc);
 /* A connected client with keep-alive as asked; fails the test if it cannot connect. */
 tt_client *harness_connect(const ttd_proc *proc, int keepalive);
 
+/* A small training problem: m = relu(linear(x)), x [4,3] -> [4,2] (graph seed 7), on "tt";
+ * h its input on the host (fixed values), in the same on the card, target ones [4,2] on
+ * the host (an L1 loss's). */
+typedef struct harness_tiny_net {
+  tt_module *m;
+  tt_tensor *h, *in, *target;
+} harness_tiny_net;
+void harness_tiny_net_make(tt_client *c, harness_tiny_net *net);
+void harness_tiny_net_free(harness_tiny_net *net);
+
 /* Bytes in use on a device's DRAM or L1, read through a fresh session. */
 uint64_t harness_used_bytes(const ttd_proc *proc, int device, int l1);
 

@@ -34,9 +34,9 @@ static const option options[] = {
      "after answering a light call the poller polls for the next call, yielding the CPU, for up to this many "
      "microseconds before it sleeps (adaptive; 0: sleep at once)"},
     {"device-spin-us", OPT_INT, FIELD(device_spin_us), 0, 100000, "2000",
-     "after answering device work (an Execute, a Backward, an optimizer step) the poller polls for the client's "
-     "next call, yielding the CPU, for up to this many microseconds before it sleeps (adaptive: it stops while "
-     "calls come further apart; 0: sleep at once)"},
+     "after answering device work (an Execute, a Backward, an optimizer step) the poller (or, for a call lane's, "
+     "the card's thread) polls for the client's next call, yielding the CPU, for up to this many microseconds "
+     "before it sleeps (adaptive: it stops while calls come further apart; 0: sleep at once)"},
     {"backend", OPT_STRING, FIELD(backend), 0, 0, "sim", "device backend"},
     {"devices", OPT_INT, FIELD(devices), 1, 64, "1", "number of simulated cards"},
     {"dram", OPT_SIZE, FIELD(dram), 0, INT64_MAX, "12G", "DRAM per simulated card"},

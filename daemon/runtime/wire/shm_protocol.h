@@ -2,7 +2,10 @@
  * per message). A local client creates memfd segments, maps them, and hands each to the
  * daemon once with TTD_SHM_REGISTER and the fd attached (SCM_RIGHTS); the daemon maps it
  * into the session and replies with the segment's id. Upload and Download then name
- * (segment, offset, length) instead of carrying bytes. Shared by ttd and libttclient. */
+ * (segment, offset, length) instead of carrying bytes. With TTD_SHM_LANE and a memfd of
+ * TTD_LANE_BYTES attached, the client registers its session's call lane (call_lane.h); the
+ * reply then carries the lane's two eventfds (ring, answer; SCM_RIGHTS). Shared by ttd and
+ * libttclient. */
 #ifndef TTD_SHM_PROTOCOL_H
 #define TTD_SHM_PROTOCOL_H
 
@@ -13,7 +16,7 @@
 #define TTD_SHM_MAX_SESSION_BYTES (64ull << 30) /* mapped per session, at most */
 #define TTD_SHM_MAX_CONNECTIONS 1024
 
-enum { TTD_SHM_REGISTER = 1, TTD_SHM_RELEASE = 2 };
+enum { TTD_SHM_REGISTER = 1, TTD_SHM_RELEASE = 2, TTD_SHM_LANE = 3 };
 
 typedef struct ttd_shm_request {
   uint32_t magic;

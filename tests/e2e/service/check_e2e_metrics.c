@@ -198,21 +198,12 @@ static void device_calls(tt_client *c, int n) {
 enum { TRAIN_STEPS = 5 };
 START_TEST(test_card_time) {
   tt_client *c = harness_connect(&proc, 0);
-  tt_graph *g = tt_graph_create(c, 7);
-  int64_t xs[2] = {4, 3}, ys[2] = {4, 2};
-  tt_value x = tt_graph_input(g, "x", TT_FLOAT32, xs, 2);
-  ck_assert_int_eq(tt_graph_output(g, tt_relu(g, tt_nn_linear(g, x, 2, 1))), 0);
-  tt_module *m = tt_compile(c, g);
-  tt_graph_free(g);
-  ck_assert_ptr_nonnull(m);
-  ck_assert_int_eq(tt_module_to(m, "tt"), TT_OK);
+  harness_tiny_net net;
+  harness_tiny_net_make(c, &net);
+  tt_module *m = net.m;
+  tt_tensor *in = net.in, *target = net.target;
   tt_optimizer *opt = tt_sgd(m, 0.1f, 0, 0, 0);
   ck_assert_ptr_nonnull(opt);
-  tt_tensor *h = tt_tensor_from_host(c, NULL, TT_FLOAT32, xs, 2);
-  tt_tensor *target = tt_tensor_from_host(c, NULL, TT_FLOAT32, ys, 2);
-  for (int i = 0; i < 12; i++) ((float *)tt_tensor_data(h))[i] = (float)(i % 5) - 1.5f;
-  for (int i = 0; i < 8; i++) ((float *)tt_tensor_data(target))[i] = 1.0f;
-  tt_tensor *in = tt_to(h, "tt");
   for (int i = 0; i <= TRAIN_STEPS; i++) {
     tt_tensor *out = NULL;
     ck_assert_msg(tt_forward(m, &in, 1, &out) == TT_OK, "%s", tt_last_error(c));
@@ -251,11 +242,8 @@ START_TEST(test_card_time) {
   ck_assert_msg(waiting > 0 && answering > 0, "waiting %g s, answering %g s", waiting, answering);
   ck_assert_msg(running >= nodes && running < 10, "running %g s, the nodes and updates in it %g s", running, nodes);
   free(r);
-  tt_tensor_free(in);
-  tt_tensor_free(h);
-  tt_tensor_free(target);
   tt_optimizer_free(opt);
-  tt_module_free(m);
+  harness_tiny_net_free(&net);
   tt_disconnect(c);
 }
 END_TEST

@@ -16,6 +16,7 @@
 #include "wire/shm_protocol.h"
 #include "graph_builder.h"
 #include "raw_rpc.h"
+#include "side_socket.h"
 #include "suites.h"
 #include "ttd/v1/ttd.pb-c.h"
 #include "ttd_harness.h"
@@ -79,65 +80,17 @@ START_TEST(test_same_bytes_as_grpc) {
 }
 END_TEST
 
-static int side_socket(void) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  char path[sizeof(proc.target) + 8];
-  snprintf(path, sizeof(path), "%.90s.shm", proc.target + 5);
-  ck_assert_uint_lt(strlen(path), sizeof(sa.sun_path));
-  memcpy(sa.sun_path, path, strlen(path) + 1);
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
-  ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  return fd;
-}
-
-static ttd_shm_reply side_request(int sock, ttd_shm_request req, int fd) {
-  struct iovec iov = {&req, sizeof(req)};
-  char control[CMSG_SPACE(sizeof(int))];
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (fd >= 0) {
-    memset(control, 0, sizeof(control));
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-  }
-  ck_assert_int_eq(sendmsg(sock, &msg, 0), sizeof(req));
-  ttd_shm_reply reply;
-  ck_assert_int_eq(recv(sock, &reply, sizeof(reply), 0), sizeof(reply));
-  return reply;
-}
-
-/* Opens a session with raw calls and returns its id and side-socket key. */
-static void open_session_with_key(char session[17], uint64_t key[2]) {
-  Ttd__V1__OpenSessionRequest req = TTD__V1__OPEN_SESSION_REQUEST__INIT;
-  req.protocol_version = 1;
-  uint8_t buf[64];
-  raw_result r;
-  raw_call(proc.target, "/ttd.v1.Device/OpenSession", (raw_md){0}, buf, ttd__v1__open_session_request__pack(&req, buf), &r);
-  ck_assert_int_eq(r.code, 0);
-  Ttd__V1__OpenSessionResponse *resp = ttd__v1__open_session_response__unpack(NULL, r.body_len, r.body);
-  snprintf(session, 17, "%016llx", (unsigned long long)resp->session_id);
-  key[0] = resp->shm_key_hi;
-  key[1] = resp->shm_key_lo;
-  ck_assert(key[0] || key[1]);
-  ttd__v1__open_session_response__free_unpacked(resp, NULL);
-  raw_result_free(&r);
-}
-
 /* The side socket and the shm fields refuse what is wrong, precisely, and keep serving. */
 START_TEST(test_bad_segments_and_ranges) {
   char session[17];
   uint64_t key[2];
-  open_session_with_key(session, key);
+  harness_open_session_with_key(&proc, session, key);
   uint64_t sid = strtoull(session, NULL, 16);
-  int sock = side_socket();
+  int sock = harness_side_socket(&proc);
   /* A memfd that could shrink under the daemon's mapping is refused; a sealed one cannot. */
   int loose = memfd_create("t", MFD_CLOEXEC);
   ck_assert_int_eq(ftruncate(loose, 1 << 20), 0);
-  ttd_shm_reply r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 4096, {key[0], key[1]}}, loose);
+  ttd_shm_reply r = harness_side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 4096, {key[0], key[1]}}, loose, NULL);
   ck_assert_int_eq(r.code, 3);
   ck_assert_ptr_nonnull(strstr(r.message, "sealed against shrinking"));
   close(loose);
@@ -146,24 +99,24 @@ START_TEST(test_bad_segments_and_ranges) {
   ck_assert_int_eq(fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
   ck_assert_int_eq(ftruncate(memfd, 0), -1);
   /* The session id alone is not enough: the key from OpenSession must come with it. */
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 4096, {key[0], key[1] ^ 1}}, memfd);
+  r = harness_side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 4096, {key[0], key[1] ^ 1}}, memfd, NULL);
   ck_assert_int_eq(r.code, 5);
   ck_assert_ptr_nonnull(strstr(r.message, "shm_key"));
 
-  r = side_request(sock, (ttd_shm_request){.magic = 0x1234, .op = TTD_SHM_REGISTER, .key = {key[0], key[1]}}, -1);
+  r = harness_side_request(sock, (ttd_shm_request){.magic = 0x1234, .op = TTD_SHM_REGISTER, .key = {key[0], key[1]}}, -1, NULL);
   ck_assert_int_eq(r.code, 3);
   ck_assert_ptr_nonnull(strstr(r.message, "bad magic"));
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, 0x1234, 0, 4096, {key[0], key[1]}}, memfd);
+  r = harness_side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, 0x1234, 0, 4096, {key[0], key[1]}}, memfd, NULL);
   ck_assert_int_eq(r.code, 5); /* no such session */
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 4096, {key[0], key[1]}}, -1);
+  r = harness_side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 4096, {key[0], key[1]}}, -1, NULL);
   ck_assert_int_eq(r.code, 3);
   ck_assert_ptr_nonnull(strstr(r.message, "needs the memfd attached"));
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 2 << 20, {key[0], key[1]}}, memfd);
+  r = harness_side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 2 << 20, {key[0], key[1]}}, memfd, NULL);
   ck_assert_int_eq(r.code, 3);
   ck_assert_ptr_nonnull(strstr(r.message, "ftruncate"));
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, 9, sid, 0, 0, {key[0], key[1]}}, -1);
+  r = harness_side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, 9, sid, 0, 0, {key[0], key[1]}}, -1, NULL);
   ck_assert_int_eq(r.code, 3);
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 1 << 20, {key[0], key[1]}}, memfd);
+  r = harness_side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 1 << 20, {key[0], key[1]}}, memfd, NULL);
   ck_assert_int_eq(r.code, 0);
   uint64_t segment = r.segment_id;
   ck_assert_uint_ne(segment, 0);
@@ -266,14 +219,14 @@ START_TEST(test_bad_segments_and_ranges) {
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), used); /* nothing left behind */
 
   /* Released: gone for later calls; releasing twice is NOT_FOUND. */
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_RELEASE, sid, segment, 0, {key[0], key[1]}}, -1);
+  r = harness_side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_RELEASE, sid, segment, 0, {key[0], key[1]}}, -1, NULL);
   ck_assert_int_eq(r.code, 0);
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_RELEASE, sid, segment, 0, {key[0], key[1]}}, -1);
+  r = harness_side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_RELEASE, sid, segment, 0, {key[0], key[1]}}, -1, NULL);
   ck_assert_int_eq(r.code, 5);
   range.offset = 0;
   raw_expect(proc.target, "/ttd.v1.Device/Download", &dl.base, (raw_md){.session = session}, 5, "not registered");
   /* Another session cannot use a segment of this one. */
-  r = side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 1 << 20, {key[0], key[1]}}, memfd);
+  r = harness_side_request(sock, (ttd_shm_request){TTD_SHM_MAGIC, TTD_SHM_REGISTER, sid, 0, 1 << 20, {key[0], key[1]}}, memfd, NULL);
   ck_assert_int_eq(r.code, 0);
   char other[17], other_instance[40];
   raw_open_session(proc.target, other, other_instance);
@@ -298,17 +251,17 @@ START_TEST(test_wrong_key_renews_no_lease) {
   ttd_proc_start(&proc, short_lease);
   char stranger[17], holder[17];
   uint64_t stranger_key[2], holder_key[2];
-  open_session_with_key(stranger, stranger_key);
-  open_session_with_key(holder, holder_key);
-  int sock = side_socket();
+  harness_open_session_with_key(&proc, stranger, stranger_key);
+  harness_open_session_with_key(&proc, holder, holder_key);
+  int sock = harness_side_socket(&proc);
   for (int i = 0; i < 10; i++) {
     ttd_shm_request req = {.magic = TTD_SHM_MAGIC, .op = TTD_SHM_RELEASE, .segment_id = 1};
     req.session_id = strtoull(stranger, NULL, 16);
     req.key[0] = stranger_key[0] ^ 1, req.key[1] = stranger_key[1];
-    ck_assert_int_eq(side_request(sock, req, -1).code, 5 /* NOT_FOUND */);
+    ck_assert_int_eq(harness_side_request(sock, req, -1, NULL).code, 5 /* NOT_FOUND */);
     req.session_id = strtoull(holder, NULL, 16);
     req.key[0] = holder_key[0], req.key[1] = holder_key[1];
-    ck_assert_int_eq(side_request(sock, req, -1).code, 5 /* no such segment, the session found */);
+    ck_assert_int_eq(harness_side_request(sock, req, -1, NULL).code, 5 /* no such segment, the session found */);
     usleep(200 * 1000);
   }
   close(sock);
