@@ -36,12 +36,14 @@ ttd_shm_reply harness_side_request(int sock, ttd_shm_request req, int fd, int ou
   return reply;
 }
 
-void harness_open_session_with_key(const ttd_proc *proc, char session[17], uint64_t key[2]) {
+void harness_open_session_with_key_as(const ttd_proc *proc, const char *authorization, char session[17],
+                                      uint64_t key[2]) {
   Ttd__V1__OpenSessionRequest req = TTD__V1__OPEN_SESSION_REQUEST__INIT;
   req.protocol_version = 1;
   uint8_t buf[64];
   raw_result r;
-  raw_call(proc->target, "/ttd.v1.Device/OpenSession", (raw_md){0}, buf, ttd__v1__open_session_request__pack(&req, buf), &r);
+  raw_call(proc->target, "/ttd.v1.Device/OpenSession", (raw_md){.authorization = authorization}, buf,
+           ttd__v1__open_session_request__pack(&req, buf), &r);
   ck_assert_int_eq(r.code, 0);
   Ttd__V1__OpenSessionResponse *resp = ttd__v1__open_session_response__unpack(NULL, r.body_len, r.body);
   snprintf(session, 17, "%016llx", (unsigned long long)resp->session_id);
@@ -50,4 +52,8 @@ void harness_open_session_with_key(const ttd_proc *proc, char session[17], uint6
   ck_assert(key[0] || key[1]);
   ttd__v1__open_session_response__free_unpacked(resp, NULL);
   raw_result_free(&r);
+}
+
+void harness_open_session_with_key(const ttd_proc *proc, char session[17], uint64_t key[2]) {
+  harness_open_session_with_key_as(proc, NULL, session, key);
 }

@@ -19,4 +19,8 @@ ttd_shm_reply harness_side_request(int sock, ttd_shm_request req, int fd, int ou
 /* Opens a session with raw gRPC calls: its id (16 hex digits) and side-socket key. */
 void harness_open_session_with_key(const ttd_proc *proc, char session[17], uint64_t key[2]);
 
+/* The same for the tenant of "authorization" metadata (NULL: none). */
+void harness_open_session_with_key_as(const ttd_proc *proc, const char *authorization, char session[17],
+                                      uint64_t key[2]);
+
 #endif

@@ -125,10 +125,12 @@ static ttd_shm_reply register_lane(int sock, uint64_t sid, const uint64_t key[2]
 
 /* Posts a call as a client would (fields, then the state, then the ring) and waits up to
  * wait_ms for its answer: the answer's code, or -1 when none came. claimed_len is the
- * request_len posted (len bytes are written); timeout_ms and auth_len go as they are. */
+ * request_len posted (len bytes are written); timeout_ms goes as it is; auth (or none:
+ * NULL) is the authorization written, auth_len the length posted for it. */
 static int post_as(lane *l, const char *method, const void *bytes, uint32_t len, uint32_t claimed_len,
-                   int64_t timeout_ms, uint32_t auth_len, int wait_ms) {
+                   int64_t timeout_ms, const char *auth, uint32_t auth_len, int wait_ms) {
   ttd_lane_header *h = l->h;
+  if (auth) memcpy(h->authorization, auth, strlen(auth));
   memcpy((char *)h + TTD_LANE_REQUEST_OFFSET, bytes, len);
   h->request_len = claimed_len;
   h->seq = ++l->seq;
@@ -158,7 +160,7 @@ static int post_as(lane *l, const char *method, const void *bytes, uint32_t len,
 }
 
 static int post(lane *l, const char *method, const void *bytes, uint32_t len, uint32_t claimed_len, int wait_ms) {
-  return post_as(l, method, bytes, len, claimed_len, 10000, 0, wait_ms);
+  return post_as(l, method, bytes, len, claimed_len, 10000, NULL, 0, wait_ms);
 }
 
 /* Registration refuses what is wrong, precisely; every bad post gets its own answer and the
@@ -206,10 +208,10 @@ START_TEST(test_bad_lanes_and_posts) {
   size_t n = ttd__v1__execute_request__pack(&ex, buf);
   ck_assert_int_eq(post(&l, "/ttd.v1.Device/Execute", buf, (uint32_t)n, (uint32_t)n, 5000), 5 /* NOT_FOUND */);
   ck_assert_ptr_nonnull(strstr(l.h->message, "1234"));
-  ck_assert_int_eq(post_as(&l, "/ttd.v1.Device/Execute", buf, (uint32_t)n, (uint32_t)n, 10000,
+  ck_assert_int_eq(post_as(&l, "/ttd.v1.Device/Execute", buf, (uint32_t)n, (uint32_t)n, 10000, NULL,
                            TTD_LANE_AUTHORIZATION_BYTES + 1, 5000), 3);
   ck_assert_ptr_nonnull(strstr(l.h->message, "authorization_len"));
-  ck_assert_int_eq(post_as(&l, "/ttd.v1.Device/Execute", buf, (uint32_t)n, (uint32_t)n, -5, 0, 5000), 3);
+  ck_assert_int_eq(post_as(&l, "/ttd.v1.Device/Execute", buf, (uint32_t)n, (uint32_t)n, -5, NULL, 0, 5000), 3);
   ck_assert_ptr_nonnull(strstr(l.h->message, "timeout_ms"));
   uint64_t one = 1;
   /* a ring with nothing posted, and a state scribbled to TAKEN, take nothing */
@@ -238,6 +240,48 @@ START_TEST(test_bad_lanes_and_posts) {
   close(loose);
   close(good);
   close(sock);
+}
+END_TEST
+
+/* A lane call is authenticated as a gRPC one is, by the token it carries: the session's
+ * tenant's token runs it; none, a made-up one, or another tenant's (for whom the lane's
+ * session does not exist) do not. */
+START_TEST(test_lane_tokens) {
+  char tokens_path[128], alice[64], alice_auth[80], bob[64], bob_auth[80];
+  snprintf(tokens_path, sizeof(tokens_path), "/tmp/ttd-lane-tokens-%d", (int)getpid());
+  harness_token(alice, sizeof(alice), alice_auth, sizeof(alice_auth));
+  harness_token(bob, sizeof(bob), bob_auth, sizeof(bob_auth));
+  const char *names[] = {"alice", "bob"}, *toks[] = {alice, bob}, *opts[] = {"", ""};
+  harness_write_tokens(tokens_path, names, toks, opts, 2);
+  ttd_proc tp;
+  const char *args[] = {"--tokens", tokens_path, NULL};
+  ttd_proc_start(&tp, args);
+  char session[17];
+  uint64_t key[2];
+  harness_open_session_with_key_as(&tp, alice_auth, session, key);
+  int sock = harness_side_socket(&tp), fd = lane_memfd(TTD_LANE_BYTES, 1);
+  lane l = {0};
+  ttd_shm_reply r = register_lane(sock, strtoull(session, NULL, 16), key, fd, &l);
+  ck_assert_msg(r.code == 0, "%s", r.message);
+  Ttd__V1__ExecuteRequest ex = TTD__V1__EXECUTE_REQUEST__INIT;
+  ex.program = 0x1234;
+  uint8_t buf[64];
+  uint32_t n = (uint32_t)ttd__v1__execute_request__pack(&ex, buf);
+  const char *method = "/ttd.v1.Device/Execute";
+  ck_assert_int_eq(post_as(&l, method, buf, n, n, 10000, alice_auth, (uint32_t)strlen(alice_auth), 5000), 5);
+  ck_assert_ptr_nonnull(strstr(l.h->message, "1234")); /* the method ran: its program is not found */
+  ck_assert_int_eq(post_as(&l, method, buf, n, n, 10000, NULL, 0, 5000), 16 /* UNAUTHENTICATED */);
+  const char *made_up = "Bearer ttd_0000000000000000000000000000000000000000000000";
+  ck_assert_int_eq(post_as(&l, method, buf, n, n, 10000, made_up, (uint32_t)strlen(made_up), 5000), 16);
+  ck_assert_int_eq(post_as(&l, method, buf, n, n, 10000, bob_auth, (uint32_t)strlen(bob_auth), 5000), 5);
+  ck_assert_ptr_nonnull(strstr(l.h->message, session)); /* bob has no such session */
+  munmap(l.h, TTD_LANE_BYTES);
+  close(l.ring);
+  close(l.answer);
+  close(fd);
+  close(sock);
+  ck_assert_int_eq(ttd_proc_stop(&tp), 0);
+  unlink(tokens_path);
 }
 END_TEST
 
@@ -272,6 +316,7 @@ Suite *e2e_lane_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_same_bits_as_grpc);
   tcase_add_test(tc, test_bad_lanes_and_posts);
+  tcase_add_test(tc, test_lane_tokens);
   tcase_add_test(tc, test_ttd_gone);
   suite_add_tcase(s, tc);
   return s;
