@@ -86,7 +86,7 @@ CHECK := $(BUILD)/bin/check_ttd
 # Fuzz harnesses (tests/fuzz/fuzz_NAME.c, each an LLVMFuzzerTestOneInput) and their seed
 # corpora (tests/fuzz/corpus/NAME/). They link the daemon with tests/fuzz/fuzz_random.c in
 # place of daemon/runtime/base/random.c: deterministic handles, so that every input replays exactly.
-FUZZ_HARNESSES := rpc upload compile config tokens admin_http shm_socket h2_frames
+FUZZ_HARNESSES := rpc upload compile config tokens admin_http shm_socket h2_frames call_lane
 FUZZ_SUPPORT_OBJ := $(call obj,tests/fuzz/fuzz_core.c tests/fuzz/fuzz_random.c tests/fuzz/fuzz_proto_mutate.c)
 FUZZ_DAEMON_OBJ := $(SERVER_OBJ) $(filter-out $(BUILD)/obj/daemon/runtime/base/random.o,$(RUNTIME_OBJ))
 FUZZ_REPLAY := $(patsubst %,$(BUILD)/bin/fuzz_replay_%,$(FUZZ_HARNESSES))

@@ -482,11 +482,48 @@ def shm_socket_seeds():
     return s
 
 
+# ---- call_lane: records written over a session's call lane (see the top of fuzz_call_lane.c) ----
+LANE_IDLE, LANE_POSTED, LANE_TAKEN, LANE_ANSWERED = 0, 1, 2, 3
+RING, SET_METHOD, FIT = 4, 8, 0x80
+EXECUTE, LIST_DEVICES, UNKNOWN = 0, 5, 7
+
+
+def lane_header(request_len=0, seq=1, timeout_ms=10000, method=b"", auth=b"", auth_len=None):
+    head = struct.pack("<IIIIQq64sI1024s", 0, 0, 0, request_len, seq, timeout_ms, method,
+                       len(auth) if auth_len is None else auth_len, auth)
+    return head + b"\0" * (2168 - len(head))  # sizeof(ttd_lane_header): the answer fields zero
+
+
+def lane_record(flags, header, request=b"", method=EXECUTE):
+    body = header + request
+    return bytes([flags | (method << 4)]) + struct.pack("<H", len(body)) + body
+
+
+def call_lane_seeds():
+    execute = b"\x09\x34\x12\0\0\0\0\0\0"  # ExecuteRequest{program: 0x1234}
+    post = LANE_POSTED | RING | SET_METHOD | FIT
+    s = {"execute": lane_record(post, lane_header(seq=1), execute)}
+    s["execute-twice"] = lane_record(post, lane_header(seq=1), execute) + lane_record(post, lane_header(seq=2), execute)
+    s["not-device-work"] = lane_record(post, lane_header(), b"", LIST_DEVICES) + \
+        lane_record(post, lane_header(seq=2), b"", UNKNOWN)
+    s["request-len-past-room"] = lane_record(LANE_POSTED | RING | SET_METHOD, lane_header(request_len=0xFFFFFFFF))
+    s["authorization-past-room"] = lane_record(LANE_POSTED | RING | SET_METHOD, lane_header(auth_len=5000), execute)
+    s["negative-timeout"] = lane_record(post, lane_header(timeout_ms=-1), execute)
+    s["authorization"] = lane_record(post, lane_header(auth=b"Bearer ttd_abc"), execute)
+    s["taken-rung"] = lane_record(LANE_TAKEN | RING | SET_METHOD | FIT, lane_header(), execute) + \
+        lane_record(LANE_ANSWERED | RING, lane_header()) + lane_record(post, lane_header(seq=3), execute)
+    s["posted-unrung-then-rung"] = lane_record(LANE_POSTED | SET_METHOD | FIT, lane_header(seq=7), execute) + \
+        lane_record(post, lane_header(seq=8), execute)
+    s["method-unterminated"] = lane_record(LANE_POSTED | RING | FIT, lane_header(method=b"A" * 64), execute)
+    s["short-header"] = lane_record(LANE_POSTED | RING | SET_METHOD, lane_header()[:40])
+    return s
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "corpus")
     sets = {"rpc": rpc_seeds(), "upload": upload_seeds(), "compile": compile_seeds(), "config": config_seeds(),
             "tokens": tokens_seeds(), "admin_http": admin_http_seeds(), "shm_socket": shm_socket_seeds(),
-            "h2_frames": h2_frames_seeds()}
+            "h2_frames": h2_frames_seeds(), "call_lane": call_lane_seeds()}
     for harness, seeds in sets.items():
         folder = os.path.join(out, harness)
         os.makedirs(folder, exist_ok=True)
