@@ -36,10 +36,14 @@ struct ttd_lane {
 };
 
 struct ttd_lanes {
+  /* The registry's own reference and one per lane alive: a card's thread lingering over a
+   * lane (ttd_lane_linger) may outlast ttd_lanes_destroy, and reads this struct meanwhile. */
+  atomic_int refs;
   ttd_core *core;
   ttd_lane_run_fn run;
   void *arg;
-  int epoll_fd, control_fd; /* control: wakes the thread to sweep closed lanes, or to stop */
+  int epoll_fd;
+  atomic_int control_fd; /* wakes the thread to sweep closed lanes, or to stop; -1 once closed */
   pthread_t thread;
   atomic_bool stopping; /* calls are answered UNAVAILABLE */
   atomic_bool ended;    /* the thread returns */
@@ -49,6 +53,7 @@ struct ttd_lanes {
 };
 
 static void poke(int fd) {
+  if (fd < 0) return;
   uint64_t one = 1;
   ssize_t n = write(fd, &one, sizeof(one)); /* nonblocking: a full counter already wakes */
   (void)n;
@@ -65,21 +70,29 @@ ttd_lane *ttd_lane_retain(ttd_lane *lane) {
   return lane;
 }
 
+static void lanes_unref(ttd_lanes *lanes) {
+  if (atomic_fetch_sub(&lanes->refs, 1) != 1) return;
+  pthread_mutex_destroy(&lanes->lock);
+  free(lanes);
+}
+
 void ttd_lane_release(ttd_lane *lane) {
   if (!lane || atomic_fetch_sub(&lane->refs, 1) != 1) return;
+  ttd_lanes *owner = lane->owner;
   ttd_session_stream_remove(lane->session, &lane->stream);
   ttd_session_release(lane->session);
   ttd_shm_segment_release(lane->segment);
   if (lane->ring_fd >= 0) close(lane->ring_fd);
   if (lane->answer_fd >= 0) close(lane->answer_fd);
   free(lane);
+  lanes_unref(owner);
 }
 
 /* The session closes (under its lock): the lane takes nothing more, and the thread drops it. */
 static void on_session_closed(ttd_session_stream *stream) {
   ttd_lane *lane = (ttd_lane *)((char *)stream - offsetof(ttd_lane, stream));
   atomic_store(&lane->closed, true);
-  poke(lane->owner->control_fd);
+  poke(atomic_load(&lane->owner->control_fd));
 }
 
 /* Unlists and drops the registry's reference of every closed lane (all of them when
@@ -245,7 +258,7 @@ static void *lanes_main(void *arg) {
     for (int i = 0; i < n; i++) {
       ttd_lane *lane = events[i].data.ptr;
       if (!lane) {
-        drain(lanes->control_fd);
+        drain(atomic_load(&lanes->control_fd));
         sweep_wanted = true;
         continue;
       }
@@ -262,19 +275,20 @@ ttd_status_t ttd_lanes_start(ttd_core *core, ttd_lane_run_fn run, void *arg, ttd
   *out_lanes = NULL;
   ttd_lanes *lanes = calloc(1, sizeof(*lanes));
   if (!lanes) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  atomic_init(&lanes->refs, 1);
   lanes->core = core;
   lanes->run = run;
   lanes->arg = arg;
   pthread_mutex_init(&lanes->lock, NULL);
   lanes->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-  lanes->control_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  int control_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  atomic_init(&lanes->control_fd, control_fd);
   struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
-  if (lanes->epoll_fd < 0 || lanes->control_fd < 0 ||
-      epoll_ctl(lanes->epoll_fd, EPOLL_CTL_ADD, lanes->control_fd, &ev) != 0 ||
+  if (lanes->epoll_fd < 0 || control_fd < 0 || epoll_ctl(lanes->epoll_fd, EPOLL_CTL_ADD, control_fd, &ev) != 0 ||
       pthread_create(&lanes->thread, NULL, lanes_main, lanes) != 0) {
     ttd_status_t s = ttd_make_status(GRPC_STATUS_UNAVAILABLE, "cannot start the call lanes' thread: %s", strerror(errno));
     if (lanes->epoll_fd >= 0) close(lanes->epoll_fd);
-    if (lanes->control_fd >= 0) close(lanes->control_fd);
+    if (control_fd >= 0) close(control_fd);
     pthread_mutex_destroy(&lanes->lock);
     free(lanes);
     return s;
@@ -291,13 +305,12 @@ void ttd_lanes_destroy(ttd_lanes *lanes) {
   if (!lanes) return;
   atomic_store(&lanes->stopping, true);
   atomic_store(&lanes->ended, true);
-  poke(lanes->control_fd);
+  poke(atomic_load(&lanes->control_fd));
   pthread_join(lanes->thread, NULL);
-  sweep(lanes, true);
+  sweep(lanes, true); /* every lane closed: one a card's thread still lingers over goes with it */
   close(lanes->epoll_fd);
-  close(lanes->control_fd);
-  pthread_mutex_destroy(&lanes->lock);
-  free(lanes);
+  close(atomic_exchange(&lanes->control_fd, -1));
+  lanes_unref(lanes);
 }
 
 int ttd_lanes_open(ttd_lanes *lanes) {
@@ -318,6 +331,7 @@ ttd_status_t ttd_lanes_add(ttd_lanes *lanes, ttd_session *session, int memfd, in
   }
   atomic_init(&lane->refs, 1);
   lane->owner = lanes;
+  atomic_fetch_add(&lanes->refs, 1);
   lane->spin = &lanes->core->device_spin;
   atomic_init(&lane->window_ns, lane->spin->max_ns); /* the window starts full, as ttd_cq_spin's */
   lane->segment = segment;

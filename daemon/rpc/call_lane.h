@@ -43,8 +43,8 @@ ttd_status_t ttd_lanes_start(ttd_core *core, ttd_lane_run_fn run, void *arg, ttd
 /* ttd stops: calls posted from now on are answered UNAVAILABLE. NULL ok. */
 void ttd_lanes_stop(ttd_lanes *lanes);
 
-/* Once no call of any lane is in flight: joins the thread, closes every lane and frees the
- * registry. NULL ok. */
+/* Once no call of any lane is in flight: joins the thread and closes every lane; the
+ * registry goes with the last lane (a card's thread may still linger over one). NULL ok. */
 void ttd_lanes_destroy(ttd_lanes *lanes);
 
 /* Registers the lane of session over memfd (mapped here; the fd stays the caller's) and
