@@ -91,27 +91,43 @@ static void signal_fd(int fd) {
   (void)n;
 }
 
-/* Waits for the answer of the call posted; 0 once it is there, else a status with err
- * filled (the lane is then broken). */
-static tt_status await_answer(tt_client *c, ttd_lane_header *h, int64_t timeout_ms, char *err, size_t err_len) {
+/* Whether the lane's session has closed and the call posted was still untaken: then it is
+ * taken back here (the daemon's take would have made it TAKEN), to go over gRPC. */
+static bool taken_back(ttd_lane_header *h) {
+  uint32_t posted = TTD_LANE_POSTED;
+  return atomic_load(&h->lane_closed) && atomic_compare_exchange_strong(&h->state, &posted, TTD_LANE_IDLE);
+}
+
+#define TAKEN_BACK (-1)
+#define TIMEOUT_MS_MAX (30LL * 24 * 3600 * 1000) /* longer: as good as none */
+
+/* Waits for the answer of the call posted; 0 once it is there, TAKEN_BACK when the session
+ * closed before the daemon took it, else a status with err filled (the lane is then broken). */
+static int await_answer(tt_client *c, ttd_lane_header *h, int64_t timeout_ms, char *err, size_t err_len) {
   int64_t start = now_ns();
-  int64_t give_up = timeout_ms > 0 ? start + (timeout_ms + TTD_LANE_GRACE_MS) * 1000000 : INT64_MAX;
+  int64_t give_up = timeout_ms > 0 && timeout_ms <= TIMEOUT_MS_MAX
+                        ? start + (timeout_ms + TTD_LANE_GRACE_MS) * 1000000
+                        : INT64_MAX;
   ttd_cq_spin *spin = &c->device_spin; /* polled as ttd_cq_spin_wait polls a queue */
   int64_t window = spin->max_ns > 0 ? atomic_load_explicit(&spin->window_ns, memory_order_relaxed) : 0;
   if (window > 0) {
     bool hit = false;
     for (;;) {
       if ((hit = atomic_load_explicit(&h->state, memory_order_acquire) == TTD_LANE_ANSWERED)) break;
-      if (now_ns() - start >= window) break;
+      if (now_ns() - start >= window || atomic_load(&h->lane_closed)) break;
       sched_yield(); /* the daemon, on this same CPU, gets to answer */
     }
     atomic_fetch_add_explicit(hit ? &spin->hits : &spin->misses, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&spin->spin_ns, (unsigned long long)(now_ns() - start), memory_order_relaxed);
   }
-  tt_status st = TT_OK;
+  int st = TT_OK;
   if (atomic_load(&h->state) != TTD_LANE_ANSWERED) {
     atomic_store(&h->client_waiting, 1);
     while (atomic_load(&h->state) != TTD_LANE_ANSWERED) {
+      if (taken_back(h)) {
+        st = TAKEN_BACK;
+        break;
+      }
       int64_t left_ns = give_up - now_ns();
       if (left_ns <= 0) {
         snprintf(err, err_len, "ttd did not answer this call on its call lane within its timeout (%" PRId64 " ms) "
@@ -120,7 +136,8 @@ static tt_status await_answer(tt_client *c, ttd_lane_header *h, int64_t timeout_
         break;
       }
       struct pollfd p[2] = {{.fd = c->lane_answer_fd, .events = POLLIN}, {.fd = c->lane_watch_fd, .events = POLLRDHUP}};
-      int r = poll(p, 2, give_up == INT64_MAX ? -1 : (int)(left_ns / 1000000 + 1));
+      int64_t ms = left_ns / 1000000 + 1;
+      int r = poll(p, 2, give_up == INT64_MAX ? -1 : (int)(ms < 3600000 ? ms : 3600000));
       if (r > 0 && (p[0].revents & POLLIN)) {
         uint64_t count;
         ssize_t n = read(c->lane_answer_fd, &count, sizeof(count));
@@ -152,7 +169,8 @@ int tt_lane_call(tt_client *c, const char *path, const ProtobufCMessage *request
   size_t len = h ? protobuf_c_message_get_packed_size(request) : 0;
   size_t auth_len = strlen(c->authorization);
   if (!h || len > TTD_LANE_REQUEST_BYTES || strlen(path) >= TTD_LANE_METHOD_BYTES ||
-      auth_len > TTD_LANE_AUTHORIZATION_BYTES) {
+      auth_len > TTD_LANE_AUTHORIZATION_BYTES || atomic_load(&h->lane_closed)) {
+    if (h && atomic_load(&h->lane_closed)) discard(c); /* the session closed: calls over gRPC say so */
     pthread_mutex_unlock(&c->lane_lock);
     return -1;
   }
@@ -161,13 +179,19 @@ int tt_lane_call(tt_client *c, const char *path, const ProtobufCMessage *request
   uint64_t seq = ++c->lane_seq;
   h->request_len = (uint32_t)len;
   h->seq = seq;
-  h->timeout_ms = timeout_ms > 0 ? timeout_ms : 0;
+  h->timeout_ms = timeout_ms > 0 && timeout_ms <= TIMEOUT_MS_MAX ? timeout_ms : 0;
   snprintf(h->method, sizeof(h->method), "%s", path);
   memcpy(h->authorization, c->authorization, auth_len);
   h->authorization_len = (uint32_t)auth_len;
   atomic_store(&h->state, TTD_LANE_POSTED);
   if (!atomic_load(&h->daemon_watching)) signal_fd(c->lane_ring_fd);
-  tt_status st = await_answer(c, h, timeout_ms, err, err_len);
+  int waited = await_answer(c, h, timeout_ms, err, err_len);
+  if (waited == TAKEN_BACK) { /* its session closed: gRPC says what that call gets */
+    discard(c);
+    pthread_mutex_unlock(&c->lane_lock);
+    return -1;
+  }
+  tt_status st = (tt_status)waited;
   bool broken = st != TT_OK;
   if (st == TT_OK) {
     uint64_t answer_seq = h->answer_seq;

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -46,6 +47,7 @@ struct ttd_lanes {
   atomic_int control_fd; /* wakes the thread to sweep closed lanes, or to stop; -1 once closed */
   pthread_t thread;
   atomic_bool stopping; /* calls are answered UNAVAILABLE */
+  atomic_int taking;    /* threads inside take() with a call of their own */
   atomic_bool ended;    /* the thread returns */
   pthread_mutex_t lock;
   ttd_lane *list;
@@ -92,6 +94,10 @@ void ttd_lane_release(ttd_lane *lane) {
 static void on_session_closed(ttd_session_stream *stream) {
   ttd_lane *lane = (ttd_lane *)((char *)stream - offsetof(ttd_lane, stream));
   atomic_store(&lane->closed, true);
+  /* The client takes back a call it posted and no one took, and makes it over gRPC, which
+   * answers what a closed session's call gets; one it sleeps on wakes for that. */
+  atomic_store(&lane->header->lane_closed, 1);
+  poke(lane->answer_fd);
   poke(atomic_load(&lane->owner->control_fd));
 }
 
@@ -173,17 +179,28 @@ static bool read_request(ttd_lane *lane, ttd_lane_call *cl) {
   return true;
 }
 
-/* Takes the lane's posted call, if there is one and none is in flight, and runs it; once ttd
- * stops, answers it UNAVAILABLE, as gRPC refuses calls then. */
+static void take_posted(ttd_lane *lane);
+
+/* Takes the lane's posted call, if there is one, and runs it; once ttd stops, answers it
+ * UNAVAILABLE, as gRPC refuses calls then. The compare-and-swap alone decides who takes a
+ * post; a post made while the lane's call runs (a client scribbling) is dropped, so that
+ * one call at a time runs whatever the state word says. Counted in lanes->taking, which
+ * ttd_lanes_stop waits out: a call taken before the stop is handed to the server before
+ * the server counts what it has left. */
 static void take(ttd_lane *lane) {
   ttd_lanes *lanes = lane->owner;
-  if (atomic_load(&lane->closed)) return;
-  if (atomic_exchange(&lane->busy, true)) return; /* one call at a time, whatever the state says */
+  if (atomic_load(&lane->closed)) return; /* the client takes its post back (lane_closed) */
   uint32_t posted = TTD_LANE_POSTED;
-  if (!atomic_compare_exchange_strong(&lane->header->state, &posted, TTD_LANE_TAKEN)) {
-    atomic_store(&lane->busy, false);
-    return;
-  }
+  if (!atomic_compare_exchange_strong(&lane->header->state, &posted, TTD_LANE_TAKEN)) return;
+  if (atomic_exchange(&lane->busy, true)) return;
+  atomic_fetch_add(&lanes->taking, 1);
+  take_posted(lane);
+  atomic_fetch_sub(&lanes->taking, 1);
+}
+
+/* take's call, once it is this thread's. */
+static void take_posted(ttd_lane *lane) {
+  ttd_lanes *lanes = lane->owner;
   int64_t answered = atomic_load_explicit(&lane->answered_ns, memory_order_relaxed);
   if (answered) { /* how soon the client came back: the next linger's window */
     int64_t window = atomic_load_explicit(&lane->window_ns, memory_order_relaxed);
@@ -298,7 +315,13 @@ ttd_status_t ttd_lanes_start(ttd_core *core, ttd_lane_run_fn run, void *arg, ttd
 }
 
 void ttd_lanes_stop(ttd_lanes *lanes) {
-  if (lanes) atomic_store(&lanes->stopping, true);
+  if (!lanes) return;
+  atomic_store(&lanes->stopping, true);
+  /* A thread that took a call before it saw the flag hands it to the server first */
+  while (atomic_load(&lanes->taking) > 0) {
+    struct timespec pause = {0, 100000};
+    nanosleep(&pause, NULL);
+  }
 }
 
 void ttd_lanes_destroy(ttd_lanes *lanes) {

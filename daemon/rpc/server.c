@@ -863,6 +863,7 @@ static bool wait_shutdown_done(ttd_server *server, int64_t ms) {
 
 void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
   if (!server) return;
+  int64_t stop_began_ms = ttd_now_ms();
   ttd_conn_gate_stop(server->gate); /* no more connections handed over; freed with the server */
   grpc_server_shutdown_and_notify(server->server, server->cq, &server->shutdown_tag);
   /* Lane calls are refused from now on, as gRPC ones are; only now: a client told so at
@@ -887,6 +888,11 @@ void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
   /* Device work still queued in the scheduler holds its calls: the executors run it and the
    * poller completes its batches, so wait until every call context is gone. */
   for (int waited_ms = 0; atomic_load(&server->live_calls) > 0 && server->thread_count > 0; waited_ms++) {
+    /* Lane calls are not gRPC's to drain: the same timeout applies to them here */
+    if (!atomic_load(&server->cancelling) && drain_ms >= 0 && ttd_now_ms() - stop_began_ms >= drain_ms) {
+      TTD_LOG(TTD_LOG_WARN, "event=drain-timeout drain_ms=%" PRId64 " action=refuse-queued-lane-calls", drain_ms);
+      atomic_store(&server->cancelling, true);
+    }
     if (waited_ms % 1000 == 999) {
       TTD_LOG(TTD_LOG_INFO, "event=drain-wait calls=%ld", atomic_load(&server->live_calls));
     }

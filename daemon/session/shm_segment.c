@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
+#include <linux/magic.h>
 
 static atomic_uint_fast64_t mapped, limit;
 
@@ -46,6 +48,13 @@ ttd_status_t ttd_shm_segment_map(int fd, uint64_t size, ttd_shm_segment **out_se
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "the segment's fd is not a memfd or regular file");
+  }
+  /* A huge-page memfd's pages can be taken back from under a mapping (a hole punched, the
+   * pool used up elsewhere) and fault (SIGBUS) the daemon's copy: only ordinary ones. */
+  struct statfs fs;
+  if (fstatfs(fd, &fs) != 0 || fs.f_type == HUGETLBFS_MAGIC) {
+    return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
+                           "the segment must be an ordinary memfd: one of huge pages (MFD_HUGETLB) is refused");
   }
   /* A segment that could shrink under a mapping would fault (SIGBUS) the daemon's copy: only
    * memfds sealed against shrinking are taken (files on disk or FUSE cannot be sealed). */

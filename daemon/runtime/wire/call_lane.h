@@ -16,6 +16,9 @@
  *   POSTED -> TAKEN  the daemon copied it out (once, checked, into its own memory)
  *   TAKEN -> ANSWERED the daemon wrote the answer (code, message, bytes, the seq echoed)
  *   ANSWERED -> IDLE the client read it
+ * When the session closes, the daemon sets lane_closed and writes `answer`: a client takes
+ * back a call still POSTED (POSTED -> IDLE, a compare-and-swap against the daemon's take)
+ * and makes it over gRPC, which answers it as a closed session's call.
  * Each side polls the state while it expects a change soon, and says so in its flag
  * (daemon_watching, client_waiting), so that the other writes the eventfd only when it
  * sleeps. Both sides store their state change, then load the other's flag, sequentially
@@ -48,6 +51,7 @@ typedef struct ttd_lane_header {
   char method[TTD_LANE_METHOD_BYTES]; /* client: "/ttd.v1.Device/Execute", NUL-terminated */
   uint32_t authorization_len;         /* client: the "authorization" metadata it would send */
   char authorization[TTD_LANE_AUTHORIZATION_BYTES];
+  _Atomic uint32_t lane_closed;       /* daemon: the session closed; nothing posted is taken any more */
   uint64_t answer_seq;                /* daemon: the seq of the call answered */
   int32_t code;                       /* daemon: the gRPC status code */
   uint32_t answer_len;                /* daemon: the response's bytes at TTD_LANE_ANSWER_OFFSET (code 0) */
@@ -65,6 +69,7 @@ typedef struct ttd_lane_header {
 #define TTD_LANE_BYTES (TTD_LANE_ANSWER_OFFSET + TTD_LANE_ANSWER_BYTES)
 
 _Static_assert(sizeof(ttd_lane_header) <= TTD_LANE_HEADER_BYTES, "the lane header fits its page");
+_Static_assert(sizeof(ttd_lane_header) == 2168, "the layout make_corpus.py writes (tests/fuzz)");
 
 /* A client's call that waits past its timeout by this much more is given up: the lane is
  * broken for it (its state unknown), and it makes its calls over gRPC. */

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "conn/conn.h"
 #include "raw_rpc.h"
 #include "side_socket.h"
 #include "suites.h"
@@ -174,6 +175,13 @@ START_TEST(test_bad_lanes_and_posts) {
   lane l = {0}, other = {0};
 
   int small = lane_memfd(4096, 1), loose = lane_memfd(TTD_LANE_BYTES, 0), good = lane_memfd(TTD_LANE_BYTES, 1);
+  int huge = memfd_create("huge", MFD_CLOEXEC | MFD_HUGETLB); /* where the kernel has huge pages */
+  if (huge >= 0) {
+    ttd_shm_reply hr = register_lane(sock, sid, key, huge, &other);
+    ck_assert_int_eq(hr.code, 3);
+    ck_assert_ptr_nonnull(strstr(hr.message, "huge pages"));
+    close(huge);
+  }
   ttd_shm_reply r = register_lane(sock, sid, key, small, &other);
   ck_assert_int_eq(r.code, 3 /* INVALID_ARGUMENT */);
   ck_assert_ptr_nonnull(strstr(r.message, "ftruncate"));
@@ -228,6 +236,7 @@ START_TEST(test_bad_lanes_and_posts) {
   raw_unary(proc.target, "/ttd.v1.Device/CloseSession", &close_req.base, (raw_md){.session = session}, NULL, 0, NULL);
   for (int i = 0; i < 200 && metric("ttd_lanes") != 0; i++) usleep(10000);
   ck_assert_double_eq(metric("ttd_lanes"), 0);
+  ck_assert_int_eq(atomic_load(&l.h->lane_closed), 1);
   ck_assert_int_eq(post(&l, "/ttd.v1.Device/Execute", buf, (uint32_t)n, (uint32_t)n, 300), -1); /* not taken */
   ck_assert_int_eq(atomic_load(&l.h->state), TTD_LANE_POSTED);
   ck_assert_double_eq(metric("ttd_lane_calls_total"), answered);
@@ -285,6 +294,36 @@ START_TEST(test_lane_tokens) {
 }
 END_TEST
 
+/* A client whose session an admin kills learns it from its next call at once, as over
+ * gRPC: its lane says the session closed, the call goes over gRPC, and the lane goes. */
+START_TEST(test_session_killed) {
+  tt_client *c = harness_connect(&proc, 0);
+  harness_tiny_net net;
+  harness_tiny_net_make(c, &net);
+  tt_module_train(net.m, 0);
+  tt_tensor *out = NULL;
+  ck_assert_int_eq(tt_forward(net.m, &net.in, 1, &out), TT_OK);
+  tt_tensor_free(out);
+  double lane_calls = metric("ttd_lane_calls_total");
+  ck_assert_double_ge(lane_calls, 1);
+  ck_assert_double_eq(metric("ttd_lanes"), 1);
+  Ttd__V1__KillSessionRequest ks = TTD__V1__KILL_SESSION_REQUEST__INIT;
+  ks.session_id = c->session_id;
+  raw_expect(proc.target, "/ttd.v1.Device/KillSession", &ks.base, (raw_md){0}, 0, NULL);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  tt_status st = tt_forward(net.m, &net.in, 1, &out);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  ck_assert_msg(st != TT_OK && st != TT_DEADLINE_EXCEEDED, "%s: %s", tt_status_name(st), tt_last_error(c));
+  ck_assert_msg(s < 5, "the call took %.1f s to fail", s);
+  ck_assert_double_eq(metric("ttd_lane_calls_total"), lane_calls); /* not answered on the lane */
+  ck_assert_double_eq(metric("ttd_lanes"), 0);
+  harness_tiny_net_free(&net);
+  tt_disconnect(c);
+}
+END_TEST
+
 /* A client whose ttd is killed gets UNAVAILABLE from its next lane call at once (the side
  * socket's hang-up), not after the call's timeout. */
 START_TEST(test_ttd_gone) {
@@ -317,6 +356,7 @@ Suite *e2e_lane_suite(void) {
   tcase_add_test(tc, test_same_bits_as_grpc);
   tcase_add_test(tc, test_bad_lanes_and_posts);
   tcase_add_test(tc, test_lane_tokens);
+  tcase_add_test(tc, test_session_killed);
   tcase_add_test(tc, test_ttd_gone);
   suite_add_tcase(s, tc);
   return s;
