@@ -110,6 +110,7 @@ static tt_status open_session(tt_client *c, const tt_connect_options *options) {
   Ttd__V1__OpenSessionResponse *resp = (Ttd__V1__OpenSessionResponse *)out;
   tt_session_adopt(c, resp);
   tt_shm_connect(c, resp->shm_socket, options);
+  tt_lane_open(c); /* on the side socket: device calls in shared memory */
   protobuf_c_message_free_unpacked(out, NULL);
   return TT_OK;
 }
@@ -303,6 +304,7 @@ void tt_client_release(tt_client *client) {
   pthread_mutex_destroy(&client->resume_lock);
   explicit_bzero(client->resume_secret, sizeof(client->resume_secret));
   pthread_cond_destroy(&client->keepalive_cond);
+  tt_lane_close(client);
   tt_shm_destroy(client);
   ttd_block_cache_destroy(&client->blocks);
   pthread_mutex_destroy(&client->shm_lock);

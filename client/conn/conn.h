@@ -219,7 +219,8 @@ int tt_shm_request(tt_client *client, const ttd_shm_request *req, int fd, ttd_sh
 
 /* ---- the call lane (call_lane.c) ---- */
 /* Registers the session's call lane on the side socket (none without one, with TTD_LANE=0,
- * or when the daemon refuses it: calls then go over gRPC); after a resume, a new one. */
+ * or when the daemon refuses it: calls then go over gRPC), after tt_shm_connect, and a new
+ * one after tt_shm_reattach; tt_lane_close before tt_shm_destroy. */
 void tt_lane_open(tt_client *client);
 void tt_lane_close(tt_client *client);
 /* A unary device call on the lane: -1 when the lane cannot take it (none, busy with another

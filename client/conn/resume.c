@@ -100,6 +100,7 @@ tt_status tt_resume(tt_client *c, tt_rpc_method method, unsigned generation, cha
       const Ttd__V1__OpenSessionResponse *resp = (const Ttd__V1__OpenSessionResponse *)out;
       tt_session_adopt(c, resp);
       tt_shm_reattach(c, resp->shm_socket);
+      tt_lane_open(c); /* a new lane for the resumed session */
       protobuf_c_message_free_unpacked(out, NULL);
       atomic_fetch_add(&c->resume_generation, 1);
       break;

@@ -58,7 +58,6 @@ void tt_shm_connect(tt_client *c, const char *path, const tt_connect_options *op
   const char *env = getenv("TTD_SHM");
   c->shm_wanted = !options->disable_shm && !(env && strcmp(env, "0") == 0);
   connect_side_socket(c, path);
-  tt_lane_open(c);
 }
 
 static void unmap(tt_shm_segment *s) {
@@ -151,7 +150,6 @@ void tt_shm_free(tt_client *c, void *addr) {
 }
 
 void tt_shm_destroy(tt_client *c) {
-  tt_lane_close(c);
   for (size_t i = 0; i < c->n_segments; i++) unmap(&c->segments[i]);
   free(c->segments);
   c->segments = NULL;
@@ -175,5 +173,4 @@ void tt_shm_reattach(tt_client *c, const char *path) {
     }
   }
   pthread_mutex_unlock(&c->shm_lock);
-  tt_lane_open(c);
 }
