@@ -113,6 +113,18 @@ static void job_begin(ttd_scheduler *s, place *p, ttd_job *job) {
   job->cancel = &p->cancel;
 }
 
+void ttd_scheduler_stop_running(ttd_scheduler *s, int code) {
+  if (!s) return;
+  pthread_mutex_lock(&s->watch_lock); /* job_begin clears a flag under it: no set is lost */
+  for (int d = 0; d < s->devices; d++) {
+    for (int i = 0; i < s->queues[d].at_once; i++) {
+      int clear = 0;
+      atomic_compare_exchange_strong(&s->queues[d].places[i].cancel.code, &clear, code);
+    }
+  }
+  pthread_mutex_unlock(&s->watch_lock);
+}
+
 /* The job at p has ended (its memory may be gone): its deadline no longer matters. */
 static void job_end(ttd_scheduler *s, place *p) {
   pthread_mutex_lock(&s->watch_lock);

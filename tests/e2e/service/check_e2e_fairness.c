@@ -214,7 +214,7 @@ static double executes_arrived(int port) {
   return (answered > 0 ? answered : 0) + (in_flight > 0 ? in_flight : 0);
 }
 
-static int sigterm_with_queue(const char *drain_timeout, int n, int *codes, char (*details)[1024]) {
+static int sigterm_with_queue(const char *drain_timeout, int depth, int n, int *codes, char (*details)[1024]) {
   int port = harness_free_tcp_port();
   char admin[32];
   snprintf(admin, sizeof(admin), "127.0.0.1:%d", port);
@@ -222,7 +222,7 @@ static int sigterm_with_queue(const char *drain_timeout, int n, int *codes, char
   ttd_proc_start(&proc, args);
   setenv("TTD_KEEP_LOGS", "1", 1);
   raw_open_session(proc.target, heavy.id, heavy.instance);
-  make_heavy(6);
+  make_heavy(depth);
   double before = executes_arrived(port);
   drain_call calls[8];
   for (int i = 0; i < n; i++) pthread_create(&calls[i].thread, NULL, drain_call_main, &calls[i]);
@@ -253,7 +253,7 @@ static void remove_proc_dir(void) {
 
 START_TEST(test_sigterm_lets_queued_programs_finish) {
   int codes[6];
-  ck_assert_int_eq(sigterm_with_queue("30", 6, codes, NULL), 0);
+  ck_assert_int_eq(sigterm_with_queue("30", 6, 6, codes, NULL), 0);
   /* Every call in flight at SIGTERM was answered with its result. */
   for (int i = 0; i < 6; i++) ck_assert_msg(codes[i] == 0, "call %d: code %d", i, codes[i]);
   ck_assert(log_has("event=stopping"));
@@ -266,7 +266,7 @@ END_TEST
 START_TEST(test_sigterm_past_drain_timeout_cancels) {
   int codes[8];
   char details[8][1024];
-  ck_assert_int_eq(sigterm_with_queue("1ms", 8, codes, details), 0);
+  ck_assert_int_eq(sigterm_with_queue("1ms", 6, 8, codes, details), 0);
   ck_assert(log_has("event=drain-timeout"));
   ck_assert(!log_has("event=calls-leaked"));
   /* Programs still queued were dropped, not run after their callers were told so. */
@@ -283,6 +283,22 @@ START_TEST(test_sigterm_past_drain_timeout_cancels) {
 }
 END_TEST
 
+START_TEST(test_sigterm_past_drain_timeout_stops_running_program) {
+  /* One program of 8 matmuls of 1024 x 1024 (17 GFLOP), running when the drain timeout
+   * passes: it stops at its kernels' next check and its caller is answered, not cut off. */
+  int code;
+  char details[1][1024];
+  ck_assert_int_eq(sigterm_with_queue("1ms", 8, 1, &code, details), 0);
+  ck_assert_msg(code == 14 /* UNAVAILABLE */, "code %d (%s)", code, details[0]);
+  ck_assert_msg(strstr(details[0], "ttd is shutting down: its drain timeout passed while /ttd.v1.Device/Execute ran "
+                                   "on the device, which was stopped after"),
+                "'%s'", details[0]);
+  ck_assert(log_has("event=drain-timeout"));
+  ck_assert(!log_has("event=calls-leaked"));
+  remove_proc_dir();
+}
+END_TEST
+
 Suite *e2e_fairness_suite(void) {
   Suite *s = suite_create("e2e_fairness");
   TCase *tc = tcase_create("fairness");
@@ -290,6 +306,7 @@ Suite *e2e_fairness_suite(void) {
   tcase_add_test(tc, test_light_session_waits_one_program);
   tcase_add_test(tc, test_sigterm_lets_queued_programs_finish);
   tcase_add_test(tc, test_sigterm_past_drain_timeout_cancels);
+  tcase_add_test(tc, test_sigterm_past_drain_timeout_stops_running_program);
   suite_add_tcase(s, tc);
   return s;
 }
