@@ -105,9 +105,9 @@ class _Run(torch.autograd.Function):
                                "supported: its backward always adds into the module's parameters' .grad; call "
                                "loss.backward() and read the input's .grad")
         state = ctx.state
-        pairs = [(o, g.float().resolve_neg().contiguous()) for o, g in zip(state.outputs, grads) if g is not None]
+        pairs = [(o, _wire_grad(g)) for o, g in zip(state.outputs, grads) if g is not None]
         if state.before_backward is not None:
-            state.before_backward([i for i, g in enumerate(grads) if g is not None])
+            state.before_backward(tuple([i for i, g in enumerate(grads) if g is not None]))
         if pairs:
             _lib.backward([o for o, _ in pairs], [g for _, g in pairs], retain_graph=True)
         if state.after_backward is not None:
@@ -119,11 +119,19 @@ class _Run(torch.autograd.Function):
         return (None, None, *input_grads)
 
 
+def _wire_grad(g):
+    """g as libttclient takes a gradient: a contiguous float32 tensor whose memory holds its
+    values (g itself in the common case, checked without a torch op)."""
+    if g.dtype is torch.float32 and g.is_contiguous() and not g.is_neg():
+        return g
+    return g.float().resolve_neg().contiguous()
+
+
 def run(outputs, inputs, input_anchors, before_backward=None, after_backward=None):
     """The anchors of a training run's outputs (libttclient tensors), in torch's graph after
     the anchors of the inputs that take a gradient (inputs: their libttclient tensors).
     before_backward: None, or called inside torch's backward, before the run's gradients go
-    to the card, with the indices of the outputs that got one. after_backward: None, or
+    to the card, with the indices of the outputs that got one (a tuple). after_backward: None, or
     called with no arguments inside torch's backward each time this run's backward has sent
     its gradients to the card (ttd.parallel queues its all-reduce)."""
     return _Run.apply(_RunState(outputs, inputs, before_backward, after_backward), _LEAF, *input_anchors)

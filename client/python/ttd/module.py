@@ -125,6 +125,7 @@ class CompiledModule:
         self._lowering = Lowering(self._gm, set(self._params),
                                   {n: c for n, c in self._state_names.items() if n != c})
         self._output_params = self._lowering.output_params()
+        self._reached = {}  # outputs given a gradient (indices) -> the parameters they reach
         self._after_backward = None  # ttd.parallel's hook: called in each run's backward
 
     def _build(self, example):
@@ -208,17 +209,25 @@ class CompiledModule:
 
     def _on_backward(self, outputs):
         """A run's backward, before its gradients go to the card, outputs: the indices of the
-        outputs that got one. The parameters it reaches get a .grad as torch's do: a frozen
-        one none (its card .grad, which still sums, is stale); one that had none starts at 0."""
-        for name in set().union(*(self._output_params[i] for i in outputs)):
-            p = self._params[name]
+        outputs that got one (a tuple). The parameters it reaches get a .grad as torch's do: a
+        frozen one none (its card .grad, which still sums, is stale); one that had none starts
+        at 0."""
+        reached = self._reached.get(outputs)
+        if reached is None:
+            if len(self._reached) >= 256:  # subsets of many outputs: the cache stays bounded
+                self._reached.clear()
+            reached = self._reached[outputs] = tuple(self._params[n] for n in sorted(
+                set().union(*(self._output_params[i] for i in outputs))))
+        with_grad = self._with_grad
+        for p in reached:
+            name = p.name
             if not p.requires_grad:
                 self._stale.add(name)
-            elif name not in self._with_grad:
+            elif name not in with_grad:
                 if name in self._stale:
                     self._module.param_grad(name).copy_(_host_from_torch(torch.zeros(p.shape)))
                     self._stale.discard(name)
-                self._with_grad.add(name)
+                with_grad.add(name)
 
     def state_dict(self):
         """torch's state_dict: CPU copies of the parameters, under torch's names (a tied
