@@ -149,6 +149,11 @@ double ttd_k_bf16_dot_gain(void);
 void ttd_k_matmul_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, const void *b, ttd_dtype b_dtype,
                      const float *bias, float *c, int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
                      int trans_b, int64_t a_batch_stride, int64_t b_batch_stride);
+/* The same, then C = relu(C) where relu is non-zero: in each tile's epilogue, after the bias,
+ * the bits of ttd_k_unary(TTD_UN_RELU) run after it (NaN and -0.0 kept). */
+void ttd_k_matmul_act_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, const void *b, ttd_dtype b_dtype,
+                         const float *bias, int relu, float *c, int64_t batch, int64_t m, int64_t n, int64_t k,
+                         int trans_a, int trans_b, int64_t a_batch_stride, int64_t b_batch_stride);
 /* da and/or db for the same problem from dc [batch, m, n]; with a zero batch stride the
  * gradient is summed over the batch. */
 void ttd_k_matmul_backward(ttd_pool *pool, const float *a, const float *b, const float *dc, int64_t batch, int64_t m,
@@ -184,6 +189,10 @@ void ttd_k_linear_backward_add(ttd_pool *pool, const float *x, const float *w, c
  * and ttd_k_matmul_backward_dt compute them); bias, dy and the gradients are float32. */
 void ttd_k_linear_dt(ttd_pool *pool, const void *x, ttd_dtype x_dtype, const void *w, ttd_dtype w_dtype,
                      const float *bias, int64_t n, int64_t in, int64_t out, float *y);
+/* ttd_k_linear_dt, then y = relu(y) where relu is non-zero (ttd_k_matmul_act_dt's epilogue):
+ * a linear and the relu after it in one pass over y. */
+void ttd_k_linear_act_dt(ttd_pool *pool, const void *x, ttd_dtype x_dtype, const void *w, ttd_dtype w_dtype,
+                         const float *bias, int relu, int64_t n, int64_t in, int64_t out, float *y);
 void ttd_k_linear_backward_dt(ttd_pool *pool, const void *x, ttd_dtype x_dtype, const void *w, ttd_dtype w_dtype,
                               const float *dy, int64_t n, int64_t in, int64_t out, float *dx, float *dw, float *dbias,
                               unsigned add);

@@ -34,7 +34,12 @@ void ttd_k_linear(ttd_pool *pool, const float *x, const float *w, const float *b
 
 void ttd_k_linear_dt(ttd_pool *pool, const void *x, ttd_dtype x_dtype, const void *w, ttd_dtype w_dtype,
                      const float *bias, int64_t n, int64_t in, int64_t out, float *y) {
-  ttd_k_matmul_dt(pool, x, x_dtype, w, w_dtype, bias, y, 1, n, out, in, 0, 1, 0, 0); /* bias in the epilogue */
+  ttd_k_linear_act_dt(pool, x, x_dtype, w, w_dtype, bias, 0, n, in, out, y);
+}
+
+void ttd_k_linear_act_dt(ttd_pool *pool, const void *x, ttd_dtype x_dtype, const void *w, ttd_dtype w_dtype,
+                         const float *bias, int relu, int64_t n, int64_t in, int64_t out, float *y) {
+  ttd_k_matmul_act_dt(pool, x, x_dtype, w, w_dtype, bias, relu, y, 1, n, out, in, 0, 1, 0, 0); /* in the epilogue */
 }
 
 void ttd_k_linear_backward(ttd_pool *pool, const float *x, const float *w, const float *dy, int64_t n, int64_t in,

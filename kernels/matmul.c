@@ -86,6 +86,7 @@ typedef struct gemm_problem {
   int64_t ldc, c_bs;
   int c_accumulate; /* C += the product instead of C = it */
   const float *col_bias; /* or NULL: C(q,i,j) += col_bias[j] once the sum is complete */
+  bool col_relu;         /* then C(q,i,j) = max(C(q,i,j), 0), NaN kept (ttd_k_unary's relu) */
   int64_t kc, mc, nc, m_tiles, n_tiles, outputs; /* blocking and tiling, filled by gemm_run */
   float *a_packed; /* or NULL: A packed for all tasks, K block p0 at a_packed + depth(p0) * round_up(m, MR) */
   micro_kernel_fn kernel;
@@ -156,14 +157,26 @@ static void tile_unpacked(const gemm_problem *g, int64_t q0, int64_t q1, int64_t
     }
 }
 
-/* The epilogue of a finished tile, while it is still in cache: its columns' bias, if any. */
-static void add_col_bias(const gemm_problem *g, float *c, int64_t i0, int64_t mc, int64_t j0, int64_t nc) {
-  if (!g->col_bias) return;
+/* The relu of a finished tile's sums (col_relu), the bits of ttd_k_unary's. */
+TTD_KHOT static void relu_tile(const gemm_problem *g, float *c, int64_t i0, int64_t mc, int64_t j0, int64_t nc) {
+  if (!g->col_relu) return;
   for (int64_t i = i0; i < i0 + mc; i++) {
     float *restrict row = c + i * g->ldc + j0;
-    const float *restrict bias = g->col_bias + j0;
-    for (int64_t j = 0; j < nc; j++) row[j] += bias[j];
+    for (int64_t j = 0; j < nc; j++) row[j] = row[j] < 0.0f ? 0.0f : row[j];
   }
+}
+
+/* The epilogue of a finished tile, while it is still in cache: its columns' bias, if any,
+ * then the relu, if asked for. */
+TTD_KHOT static void finish_tile(const gemm_problem *g, float *c, int64_t i0, int64_t mc, int64_t j0, int64_t nc) {
+  if (g->col_bias) {
+    for (int64_t i = i0; i < i0 + mc; i++) {
+      float *restrict row = c + i * g->ldc + j0;
+      const float *restrict bias = g->col_bias + j0;
+      for (int64_t j = 0; j < nc; j++) row[j] += bias[j];
+    }
+  }
+  relu_tile(g, c, i0, mc, j0, nc);
 }
 
 /* Task t of gemm_tasks or rows_tasks: output o and the C tile at (i0, j0), mc x nc, the
@@ -205,12 +218,12 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
 
     if (g->k == 0) {
       for (int64_t i = i0; !g->c_accumulate && i < i0 + mc; i++) memset(c + i * g->ldc + j0, 0, (size_t)nc * sizeof(float));
-      add_col_bias(g, c, i0, mc, j0, nc);
+      finish_tile(g, c, i0, mc, j0, nc);
       continue;
     }
     if (!buf) {
       tile_unpacked(g, q0, q1, i0, i0 + mc, j0, j0 + nc, c);
-      add_col_bias(g, c, i0, mc, j0, nc);
+      finish_tile(g, c, i0, mc, j0, nc);
       continue;
     }
     int first = !g->c_accumulate;
@@ -236,7 +249,7 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
       }
       if (keep_b) kept_q = q, kept_j0 = j0;
     }
-    add_col_bias(g, c, i0, mc, j0, nc);
+    finish_tile(g, c, i0, mc, j0, nc);
   }
 out:
   free(buf);
@@ -265,6 +278,7 @@ static void dot_tasks(void *ctx, size_t begin, size_t end) {
               g->c_accumulate);
       }
     }
+    relu_tile(g, c, i0, i1 - i0, j0, j1 - j0); /* the dot blocks added the bias */
   }
 }
 
@@ -287,7 +301,7 @@ static void rows_tasks(void *ctx, size_t begin, size_t end) {
     float *c = g->c + o * g->c_bs + i0 * g->ldc + j0;
     if (!xp) {
       tile_unpacked(g, o, o + 1, i0, i0 + mc, j0, j0 + nc, g->c + o * g->c_bs);
-      add_col_bias(g, g->c + o * g->c_bs, i0, mc, j0, nc);
+      finish_tile(g, g->c + o * g->c_bs, i0, mc, j0, nc);
       continue;
     }
     if (g->c_accumulate)
@@ -313,7 +327,7 @@ static void rows_tasks(void *ctx, size_t begin, size_t end) {
     for (int64_t i = 0; i < nc16; i += 16) g->interleave16(ct + i * ldt, ldt, mc, c + i, g->ldc);
     for (int64_t i = nc16; i < nc; i++)
       for (int64_t j = 0; j < mc; j++) c[j * g->ldc + i] = ct[i * ldt + j];
-    add_col_bias(g, g->c + o * g->c_bs, i0, mc, j0, nc);
+    finish_tile(g, g->c + o * g->c_bs, i0, mc, j0, nc);
   }
 out:
   free(xp);
@@ -485,12 +499,13 @@ static gemm_mode mode_of(ttd_dtype a_dtype, ttd_dtype b_dtype) {
  * gemm_problem, computed as `mode`; dot_layout as there. */
 static void gemm(ttd_pool *pool, gemm_mode mode, int64_t batch, int64_t m, int64_t n, int64_t k, const void *a,
                  bool a_bf16, int64_t a_rs, int64_t a_cs, int64_t a_bs, const void *b, bool b_bf16, int64_t b_rs,
-                 int64_t b_cs, int64_t b_bs, float *c, int64_t ldc, int64_t c_bs, const float *col_bias, int accumulate,
-                 bool dot_layout) {
+                 int64_t b_cs, int64_t b_bs, float *c, int64_t ldc, int64_t c_bs, const float *col_bias, bool col_relu,
+                 int accumulate, bool dot_layout) {
   gemm_problem g = {.batch = batch, .m = m, .n = n, .k = k, .mode = mode, .a_bf16 = a_bf16, .b_bf16 = b_bf16};
   g.a = a, g.a_rs = a_rs, g.a_cs = a_cs, g.a_bs = a_bs;
   g.b = b, g.b_rs = b_rs, g.b_cs = b_cs, g.b_bs = b_bs;
-  g.c = c, g.ldc = ldc, g.c_bs = c_bs, g.col_bias = col_bias, g.c_accumulate = accumulate, g.dot_layout = dot_layout;
+  g.c = c, g.ldc = ldc, g.c_bs = c_bs, g.col_bias = col_bias, g.col_relu = col_relu, g.c_accumulate = accumulate;
+  g.dot_layout = dot_layout;
   gemm_run(pool, &g);
 }
 
@@ -516,11 +531,19 @@ void ttd_k_matmul_bias(ttd_pool *pool, const float *a, const float *b, const flo
 void ttd_k_matmul_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, const void *b, ttd_dtype b_dtype,
                      const float *bias, float *c, int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
                      int trans_b, int64_t a_batch_stride, int64_t b_batch_stride) {
+  ttd_k_matmul_act_dt(pool, a, a_dtype, b, b_dtype, bias, 0, c, batch, m, n, k, trans_a, trans_b, a_batch_stride,
+                      b_batch_stride);
+}
+
+void ttd_k_matmul_act_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, const void *b, ttd_dtype b_dtype,
+                         const float *bias, int relu, float *c, int64_t batch, int64_t m, int64_t n, int64_t k,
+                         int trans_a, int trans_b, int64_t a_batch_stride, int64_t b_batch_stride) {
   int64_t a_rs, a_cs, b_rs, b_cs;
   op_strides(trans_a, m, k, &a_rs, &a_cs);
   op_strides(trans_b, k, n, &b_rs, &b_cs);
   gemm(pool, mode_of(a_dtype, b_dtype), batch, m, n, k, a, a_dtype == TTD_DTYPE_BFLOAT16, a_rs, a_cs, a_batch_stride,
-       b, b_dtype == TTD_DTYPE_BFLOAT16, b_rs, b_cs, b_batch_stride, c, n, m * n, bias, 0, !trans_a && trans_b);
+       b, b_dtype == TTD_DTYPE_BFLOAT16, b_rs, b_cs, b_batch_stride, c, n, m * n, bias, relu != 0, 0,
+       !trans_a && trans_b);
 }
 
 void ttd_k_matmul_bf16(ttd_pool *pool, const uint16_t *a, const uint16_t *b, const float *bias, float *c,
@@ -576,14 +599,14 @@ void ttd_k_matmul_backward_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, 
   /* dA's two forms read rows of dC and, B stored [k,n], rows of B, both along n: the dot layout */
   if (da && !trans_a)
     gemm(pool, mode, batch, m, k, n, dc, false, n, 1, mn, b, b16, b_cs, b_rs, b_batch_stride, da, k, a_batch_stride, NULL,
-         add_a, !trans_b);
+         false, add_a, !trans_b);
   if (da && trans_a)
     gemm(pool, mode, batch, k, m, n, b, b16, b_rs, b_cs, b_batch_stride, dc, false, 1, n, mn, da, m, a_batch_stride, NULL,
-         add_a, !trans_b);
+         false, add_a, !trans_b);
   if (db && !trans_b)
     gemm(pool, mode, batch, k, n, m, a, a16, a_cs, a_rs, a_batch_stride, dc, false, n, 1, mn, db, n, b_batch_stride, NULL,
-         add_b, false);
+         false, add_b, false);
   if (db && trans_b)
     gemm(pool, mode, batch, n, k, m, dc, false, 1, n, mn, a, a16, a_rs, a_cs, a_batch_stride, db, k, b_batch_stride, NULL,
-         add_b, false);
+         false, add_b, false);
 }

@@ -95,6 +95,9 @@ typedef struct ttd_node_call {
   ttd_backend_buffer *output_grad;
   ttd_backend_buffer *input_grads[3];
   unsigned input_grads_add;
+  /* Forward only: the node's output is relu'd in place as it is written (the node's
+   * relu_next, where fuses_relu says the backend can). */
+  bool relu_epilogue;
   ttd_run_mode mode; /* the run's, the same for its forward and backward */
 } ttd_node_call;
 
@@ -164,6 +167,9 @@ typedef struct ttd_backend_vtable {
    * sums in float32). A bfloat16 operand that every node reading it takes so is read as it
    * is; any other is widened to float32 once per run. */
   bool (*takes_bf16)(ttd_backend *backend, const struct ttd_program_node *node, int input);
+  /* Optional (NULL: never): whether run_node applies a relu to the node's output as it
+   * writes it (ttd_node_call.relu_epilogue), for a node whose relu_next is set. */
+  bool (*fuses_relu)(ttd_backend *backend, const struct ttd_program_node *node);
   /* dst += src, float32 elements, same size, same device. */
   ttd_status_t (*buffer_accumulate)(ttd_backend *backend, ttd_backend_buffer *dst, ttd_backend_buffer *src);
   ttd_status_t (*optimizer_step)(ttd_backend *backend, int device, const ttd_optimizer_call *call);

@@ -74,6 +74,11 @@ static ttd_status_t make_saved(ttd_backend *backend, const ttd_run *run, const t
   return TTD_OK;
 }
 
+/* Whether node's forward writes the relu of its value, for the next node to pass on. */
+static bool relu_fused(ttd_backend *backend, const ttd_program_node *node) {
+  return node->relu_next && backend->vtable->fuses_relu && backend->vtable->fuses_relu(backend, node);
+}
+
 /* The status of a run stopped by its flag, at node i of its `pass`; OK while the flag is clear. */
 static ttd_status_t stopped(const ttd_run *run, int i, const char *pass) {
   const ttd_cancel *cancel = run->mode.cancel;
@@ -164,11 +169,20 @@ ttd_status_t ttd_run_forward_mode(ttd_backend *backend, ttd_quota *quota, ttd_pr
     const ttd_program_node *node = &program->nodes[i];
     const ttd_kshape *out_shape = &program->values[node->value].type.shape;
     if ((status = stopped(run, i, "forward"))) break;
+    if (i > 0 && relu_fused(backend, &program->nodes[i - 1])) {
+      /* This relu's input already holds its values (the linear's epilogue): passed on, the
+       * same tensor; its backward's mask reads the same signs (relu(x) > 0 iff x > 0). */
+      run->values[node->value] = ttd_tensor_retain(run->values[program->nodes[i - 1].value]);
+      continue;
+    }
     status = make_tensor(backend, run, program->values[node->value].type.dtype, out_shape, &run->values[node->value]);
     if (!status) status = make_saved(backend, run, node, out_shape, &run->saved[2 * i]);
     if (status) break;
-    ttd_node_call call = {
-        .node = node, .output = run->values[node->value]->buffer, .output_shape = out_shape, .mode = run->mode};
+    ttd_node_call call = {.node = node,
+                          .output = run->values[node->value]->buffer,
+                          .output_shape = out_shape,
+                          .relu_epilogue = relu_fused(backend, node),
+                          .mode = run->mode};
     for (int k = 0; k < node->n_inputs; k++) {
       const ttd_tensor *in = input_of(backend, run, node, k);
       call.inputs[k] = in->buffer;

@@ -353,6 +353,26 @@ static ttd_status_t compile_outputs(compile_state *c) {
   return status;
 }
 
+/* Marks each linear node whose value only the next node, a relu, reads (relu_next), where
+ * neither value is an output. */
+static ttd_status_t compile_mark_fusions(compile_state *c) {
+  ttd_program *p = c->p;
+  enum { OUTPUT = 1 << 20 }; /* above any count of node inputs (TTD_MAX_GRAPH_NODES of 3) */
+  _Static_assert(TTD_MAX_GRAPH_NODES * TTD_MAX_NODE_INPUTS < OUTPUT, "a count of readers stays below OUTPUT");
+  int *readers = calloc((size_t)p->n_values + 1, sizeof(int)); /* node inputs reading each value, + OUTPUT */
+  if (!readers) return out_of_memory();
+  for (int i = 0; i < p->n_nodes; i++)
+    for (int k = 0; k < p->nodes[i].n_inputs; k++) readers[p->nodes[i].inputs[k]]++;
+  for (int o = 0; o < p->n_outputs; o++) readers[p->outputs[o]] += OUTPUT;
+  for (int i = 0; i + 1 < p->n_nodes; i++) {
+    const ttd_program_node *node = &p->nodes[i], *next = &p->nodes[i + 1];
+    p->nodes[i].relu_next = node->op == TTD_OP_LINEAR && next->op == TTD_OP_RELU && next->n_inputs == 1 &&
+                            next->inputs[0] == node->value && readers[node->value] == 1 && readers[next->value] < OUTPUT;
+  }
+  free(readers);
+  return TTD_OK;
+}
+
 ttd_status_t ttd_program_compile(const Ttd__V1__Graph *g, ttd_program **out_program) {
   *out_program = NULL;
   if (!g) return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT, "the graph is missing");
@@ -369,6 +389,7 @@ ttd_status_t ttd_program_compile(const Ttd__V1__Graph *g, ttd_program **out_prog
   if (!status) status = compile_sort(&c);
   if (!status) status = compile_infer(&c);
   if (!status) status = compile_outputs(&c);
+  if (!status) status = compile_mark_fusions(&c);
   name_map_free(&c.names);
   free(c.order);
   if (status) {

@@ -33,6 +33,10 @@ typedef struct ttd_program_node {
   int inputs[TTD_MAX_NODE_INPUTS]; /* value indices */
   int value;                       /* the value it produces */
   ttd_op_attrs attrs;
+  /* A linear whose value only the next node, a relu, reads, neither value an output of the
+   * program: a backend that fuses_relu computes the relu in the linear's epilogue, and the
+   * relu node passes that value on (program_run.c). */
+  bool relu_next;
 } ttd_program_node;
 
 typedef struct ttd_program {

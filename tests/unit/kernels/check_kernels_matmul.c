@@ -437,6 +437,53 @@ START_TEST(test_linear_forward) {
 }
 END_TEST
 
+/* A linear with its relu in the epilogue (ttd_k_linear_act_dt) has the bits of the linear and
+ * then ttd_k_unary's relu: under every ISA and on each of its paths (dot products on AVX2,
+ * the rows path on AVX-512 at 64 rows, the packed GEMM), with and without a bias, a float32
+ * or a bfloat16 weight, NaN rows, and on 1 and 3 threads. With relu 0 it is the linear. */
+START_TEST(test_linear_relu_bits) {
+  static const int64_t sizes[][3] = {{1, 1, 1}, {7, 13, 5}, {3, 17, 513}, {64, 784, 512}, {257, 129, 33}};
+  const char *isas[] = {NULL, "avx2", "generic"};
+  ttd_pool *pool3 = ttd_pool_create(3);
+  ck_assert_ptr_nonnull(pool3);
+  uint64_t rng = 11;
+  for (size_t v = 0; v < 3; v++) {
+    if (isas[v]) setenv("TTD_KERNEL_ISA", isas[v], 1);
+    else unsetenv("TTD_KERNEL_ISA");
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
+      for (int variant = 0; variant < 8; variant++) {
+        int with_bias = variant & 1, bf16_w = (variant >> 1) & 1;
+        ttd_pool *pool = variant & 4 ? pool3 : NULL;
+        int64_t n = sizes[s][0], in = sizes[s][1], out = sizes[s][2];
+        float *x = kt_rand_buf(&rng, n * in, -1, 1), *w = kt_rand_buf(&rng, out * in, -1, 1),
+              *bias = kt_rand_buf(&rng, out, -1, 1);
+        if (n > 2) x[in + 1] = NAN; /* row 1: NaN everywhere, kept by the relu */
+        uint16_t *w16 = malloc((size_t)(out * in) * sizeof(uint16_t));
+        ck_assert_ptr_nonnull(w16);
+        ttd_bf16_from_f32_n(w16, w, (size_t)(out * in));
+        const void *wp = bf16_w ? (const void *)w16 : (const void *)w;
+        ttd_dtype wdt = bf16_w ? TTD_DTYPE_BFLOAT16 : TTD_DTYPE_FLOAT32;
+        float *want = kt_nan_buf(n * out), *got = kt_nan_buf(n * out), *plain = kt_nan_buf(n * out);
+        ttd_k_linear_dt(pool, x, TTD_DTYPE_FLOAT32, wp, wdt, with_bias ? bias : NULL, n, in, out, want);
+        ttd_k_linear_act_dt(pool, x, TTD_DTYPE_FLOAT32, wp, wdt, with_bias ? bias : NULL, 0, n, in, out, plain);
+        ck_assert_msg(memcmp(plain, want, (size_t)(n * out) * sizeof(float)) == 0, "relu 0 differs from the linear");
+        ttd_k_unary(pool, TTD_UN_RELU, want, want, n * out);
+        ttd_k_linear_act_dt(pool, x, TTD_DTYPE_FLOAT32, wp, wdt, with_bias ? bias : NULL, 1, n, in, out, got);
+        for (int64_t i = 0; i < n * out; i++) {
+          ck_assert_msg(memcmp(&got[i], &want[i], sizeof(float)) == 0,
+                        "%s, %lldx%lldx%lld, bias %d, bf16 weight %d, %d threads: element %lld is %g, want %g",
+                        isas[v] ? isas[v] : "widest", (long long)n, (long long)in, (long long)out, with_bias, bf16_w,
+                        pool ? 3 : 1, (long long)i, got[i], want[i]);
+        }
+        if (n > 2) ck_assert(isnan(got[out]));
+        free(x), free(w), free(w16), free(bias), free(want), free(got), free(plain);
+      }
+  }
+  unsetenv("TTD_KERNEL_ISA");
+  ttd_pool_destroy(pool3);
+}
+END_TEST
+
 typedef struct linear_ctx {
   const float *x, *w, *bias;
   int64_t n, in, out;
@@ -550,6 +597,7 @@ Suite *kernels_matmul_suite(void) {
 
   tc = tcase_create("linear");
   tcase_add_test(tc, test_linear_forward);
+  tcase_add_test(tc, test_linear_relu_bits);
   tcase_add_test(tc, test_linear_backward_fd);
   suite_add_tcase(s, tc);
   return s;

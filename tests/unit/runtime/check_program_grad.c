@@ -533,6 +533,97 @@ static ttd_status_t stopping_backward(ttd_backend *backend, int device, const tt
   return s;
 }
 
+/* The MLP's 20-16-5 graph, with `extra` more outputs among "z" and "h", or with z read by a
+ * node "z2" too. */
+static void mlp_graph(graph_builder *b, const char *extra_output, bool z_read_twice) {
+  mlp_hidden_layer(b);
+  gb_value(b, 1, "w2", F32, 2, 5, 16, 0, 0);
+  gb_value(b, 1, "b2", F32, 1, 5, 0, 0, 0);
+  gb_node(b, "logits", "linear", "h", "w2", "b2");
+  gb_node(b, "loss", "cross_entropy", "logits", "y", NULL);
+  if (z_read_twice) gb_node(b, "z2", "add", "z", "z", NULL);
+  b->outputs[b->graph.n_outputs++] = "loss";
+  if (extra_output) b->outputs[b->graph.n_outputs++] = (char *)extra_output;
+  if (z_read_twice) b->outputs[b->graph.n_outputs++] = "z2";
+}
+
+static bool relu_next_of(const ttd_program *p, int node) { return p->nodes[node].relu_next; }
+
+/* Forward (loss), then backward with dx: the loss and every gradient, as bytes, into out
+ * (loss, w1, b1, w2, b2, dx); the 8 x 16 buffers the forward allocated (z, and h unless
+ * fused) into *hidden_allocs. */
+static void mlp_run_bytes(harness *h, float *out, int *hidden_allocs) {
+  alloc_kinds = 1;
+  alloc_bytes_seen[0] = 8 * 16 * 4;
+  alloc_count[0] = 0;
+  ttd_run *run = NULL;
+  ck_assert_ptr_null(ttd_run_forward(h->backend, NULL, h->program, h->inputs, h->program->n_inputs, h->params,
+                                     h->program->n_params, &run));
+  *hidden_allocs = alloc_count[0];
+  h->backend->vtable->buffer_read(h->backend, run->values[h->program->outputs[0]]->buffer, 0, out, 4);
+  ttd_tensor *dloss = unit_loss_grad(h->backend), *out_grads[1] = {dloss}, *param_grads[MAXV] = {0},
+             *input_grads[MAXV] = {0};
+  ck_assert_ptr_null(ttd_run_backward(run, h->backend, out_grads, param_grads, input_grads));
+  ttd_run_free(run);
+  float *at = out + 1;
+  for (int p = 0; p < 4; p++) {
+    h->backend->vtable->buffer_read(h->backend, param_grads[p]->buffer, 0, at, param_grads[p]->spec.nbytes);
+    at += param_grads[p]->spec.numel;
+    ttd_tensor_release(param_grads[p]);
+    ttd_tensor_release(h->params[p]->grad); /* the next run starts without .grad */
+    h->params[p]->grad = NULL;
+  }
+  h->backend->vtable->buffer_read(h->backend, input_grads[0]->buffer, 0, at, input_grads[0]->spec.nbytes);
+  ttd_tensor_release(input_grads[0]);
+  ttd_tensor_release(dloss);
+}
+
+/* A linear whose value only the next node, a relu, reads is marked relu_next, and the sim
+ * backend then relus in the linear's epilogue: the relu's buffer is not made, and the loss,
+ * every parameter's gradient and dx have the bits of the unfused run (a backend without
+ * fuses_relu). Not marked: the second linear (a cross-entropy follows), nor the first when
+ * its value or the relu's is an output, or another node reads its value. */
+START_TEST(test_linear_relu_fused) {
+  graph_builder b;
+  mlp_graph(&b, NULL, false);
+  harness h;
+  harness_setup(&h, &b, 0.5f, 5);
+  const ttd_program *p = h.program;
+  ck_assert(relu_next_of(p, 0));  /* z = linear, h = relu(z) */
+  ck_assert(!relu_next_of(p, 1)); /* the relu */
+  ck_assert(!relu_next_of(p, 2)); /* logits: a cross-entropy follows */
+  const char *outputs[] = {"z", "h"};
+  for (int o = 0; o < 3; o++) {
+    graph_builder other;
+    mlp_graph(&other, o < 2 ? outputs[o] : NULL, o == 2);
+    ttd_program *q = NULL;
+    ttd_status_t s = ttd_program_compile(&other.graph, &q);
+    ck_assert_msg(s == NULL, "compile: %s", ttd_status_message(s));
+    ck_assert_msg(!relu_next_of(q, 0), "variant %d fused", o);
+    ttd_program_release(q);
+  }
+  enum { N = 1 + 16 * 20 + 16 + 5 * 16 + 5 + 8 * 20 };
+  static float fused[N], plain[N];
+  ttd_backend_vtable wrapped = *h.backend->vtable;
+  sim_vtable = h.backend->vtable;
+  wrapped.buffer_alloc = counting_alloc;
+  h.backend->vtable = &wrapped;
+  int fused_allocs, plain_allocs;
+  mlp_run_bytes(&h, fused, &fused_allocs);
+  wrapped.fuses_relu = NULL;
+  mlp_run_bytes(&h, plain, &plain_allocs);
+  h.backend->vtable = sim_vtable;
+  alloc_kinds = 0;
+  ck_assert_int_eq(fused_allocs, 1);
+  ck_assert_int_eq(plain_allocs, 2);
+  ck_assert_int_eq(memcmp(fused, plain, sizeof(fused)), 0);
+  int zero_dx = 0;
+  for (int i = N - 8 * 20; i < N; i++) zero_dx += fused[i] == 0.0f;
+  ck_assert_int_lt(zero_dx, 8 * 20); /* dx went through the relu's mask and is not all zero */
+  harness_teardown(&h);
+}
+END_TEST
+
 /* ZeroGrad on a parameter's .grad. */
 static void zero_grad(harness *h, ttd_tensor *param) {
   ck_assert_ptr_null(ttd_tensor_zero_grad(h->backend, param->grad));
@@ -706,6 +797,7 @@ Suite *program_grad_suite(void) {
   tcase_add_test(tc, test_bfloat16_storage_matches_float32);
   tcase_add_test(tc, test_bfloat16_widened_where_not_every_reader_takes_it);
   tcase_add_test(tc, test_grad_summed_in_place);
+  tcase_add_test(tc, test_linear_relu_fused);
   tcase_add_test(tc, test_cost_estimate);
   suite_add_tcase(s, tc);
   return s;

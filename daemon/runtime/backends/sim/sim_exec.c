@@ -108,6 +108,11 @@ bool ttd_sim_backward_adds(ttd_backend *backend, const ttd_program_node *node, i
   return (node->op == TTD_OP_LINEAR && input < 3) || (node->op == TTD_OP_MATMUL && input < 2);
 }
 
+bool ttd_sim_fuses_relu(ttd_backend *backend, const ttd_program_node *node) {
+  (void)backend;
+  return node->op == TTD_OP_LINEAR;
+}
+
 bool ttd_sim_takes_bf16(ttd_backend *backend, const ttd_program_node *node, int input) {
   (void)backend;
   return (node->op == TTD_OP_LINEAR || node->op == TTD_OP_MATMUL) && input < 2;
@@ -134,7 +139,8 @@ static ttd_status_t node_forward(ttd_backend *backend, const ttd_node_call *call
     }
     case TTD_OP_LINEAR: {
       int64_t in = s0->d[s0->ndim - 1], out = os->d[os->ndim - 1];
-      ttd_k_linear_dt(pool, RAW(0), DT(0), RAW(1), DT(1), call->inputs[2] ? F(2) : NULL, leading_rows(s0), in, out, OUT);
+      ttd_k_linear_act_dt(pool, RAW(0), DT(0), RAW(1), DT(1), call->inputs[2] ? F(2) : NULL, call->relu_epilogue,
+                          leading_rows(s0), in, out, OUT);
       return TTD_OK;
     }
     case TTD_OP_ADD: case TTD_OP_SUB: case TTD_OP_MUL: case TTD_OP_DIV: {
