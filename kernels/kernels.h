@@ -175,6 +175,14 @@ void ttd_k_matmul_backward_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, 
                               const float *dc, int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
                               int trans_b, int64_t a_batch_stride, int64_t b_batch_stride, float *da, float *db,
                               unsigned add);
+/* The same, then da's final values (after TTD_KGRAD_ADD_A's sum, where set) zeroed where
+ * da_mask (or NULL), laid out as da is stored, is <= 0: the backward of a relu whose output
+ * is da_mask and whose input is op(A), in the epilogue of each tile of da, the bits of
+ * ttd_k_unary_backward's (a NaN passes its gradient). */
+void ttd_k_matmul_backward_mask_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, const void *b, ttd_dtype b_dtype,
+                                   const float *dc, int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+                                   int trans_b, int64_t a_batch_stride, int64_t b_batch_stride, float *da, float *db,
+                                   unsigned add, const float *da_mask);
 
 /* ---- linear: y[n,out] = x[n,in] W[out,in]^T + bias[out] (bias may be NULL) ---- */
 void ttd_k_linear(ttd_pool *pool, const float *x, const float *w, const float *bias, int64_t n, int64_t in, int64_t out,
@@ -196,6 +204,12 @@ void ttd_k_linear_act_dt(ttd_pool *pool, const void *x, ttd_dtype x_dtype, const
 void ttd_k_linear_backward_dt(ttd_pool *pool, const void *x, ttd_dtype x_dtype, const void *w, ttd_dtype w_dtype,
                               const float *dy, int64_t n, int64_t in, int64_t out, float *dx, float *dw, float *dbias,
                               unsigned add);
+/* The same with dx masked by dx_mask [n, in] (or NULL) as ttd_k_matmul_backward_mask_dt
+ * masks da: x is the output of a relu, dx_mask that output, and dx then the gradient of the
+ * relu's input, with no pass of its own. */
+void ttd_k_linear_backward_mask_dt(ttd_pool *pool, const void *x, ttd_dtype x_dtype, const void *w, ttd_dtype w_dtype,
+                                   const float *dy, int64_t n, int64_t in, int64_t out, float *dx, float *dw,
+                                   float *dbias, unsigned add, const float *dx_mask);
 
 /* ---- convolution and pooling, NCHW ---- */
 typedef struct ttd_conv2d_params {

@@ -55,8 +55,14 @@ void ttd_k_linear_backward_add(ttd_pool *pool, const float *x, const float *w, c
 void ttd_k_linear_backward_dt(ttd_pool *pool, const void *x, ttd_dtype x_dtype, const void *w, ttd_dtype w_dtype,
                               const float *dy, int64_t n, int64_t in, int64_t out, float *dx, float *dw, float *dbias,
                               unsigned add) {
-  ttd_k_matmul_backward_dt(pool, x, x_dtype, w, w_dtype, dy, 1, n, out, in, 0, 1, 0, 0, dx, dw,
-                           add & (TTD_KGRAD_ADD_A | TTD_KGRAD_ADD_B));
+  ttd_k_linear_backward_mask_dt(pool, x, x_dtype, w, w_dtype, dy, n, in, out, dx, dw, dbias, add, NULL);
+}
+
+void ttd_k_linear_backward_mask_dt(ttd_pool *pool, const void *x, ttd_dtype x_dtype, const void *w, ttd_dtype w_dtype,
+                                   const float *dy, int64_t n, int64_t in, int64_t out, float *dx, float *dw,
+                                   float *dbias, unsigned add, const float *dx_mask) {
+  ttd_k_matmul_backward_mask_dt(pool, x, x_dtype, w, w_dtype, dy, 1, n, out, in, 0, 1, 0, 0, dx, dw,
+                                add & (TTD_KGRAD_ADD_A | TTD_KGRAD_ADD_B), dx_mask);
   if (dbias && out > 0) {
     bias_job j = {.dy = dy, .dbias = dbias, .rows = n, .cols = out, .add = (add & TTD_KGRAD_ADD_BIAS) != 0};
     ttd_pool_parallel_for(pool, (size_t)((out + BIAS_COLS - 1) / BIAS_COLS), 1, sum_columns, &j);

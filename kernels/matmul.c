@@ -87,6 +87,8 @@ typedef struct gemm_problem {
   int c_accumulate; /* C += the product instead of C = it */
   const float *col_bias; /* or NULL: C(q,i,j) += col_bias[j] once the sum is complete */
   bool col_relu;         /* then C(q,i,j) = max(C(q,i,j), 0), NaN kept (ttd_k_unary's relu) */
+  const float *c_mask;   /* or NULL: then C(q,i,j) = 0 where c_mask(q,i,j) <= 0 (C's layout): the
+                          * backward of a relu whose output c_mask is (threshold_backward) */
   int64_t kc, mc, nc, m_tiles, n_tiles, outputs; /* blocking and tiling, filled by gemm_run */
   float *a_packed; /* or NULL: A packed for all tasks, K block p0 at a_packed + depth(p0) * round_up(m, MR) */
   micro_kernel_fn kernel;
@@ -157,18 +159,30 @@ static void tile_unpacked(const gemm_problem *g, int64_t q0, int64_t q1, int64_t
     }
 }
 
-/* The relu of a finished tile's sums (col_relu), the bits of ttd_k_unary's. */
-TTD_KHOT static void relu_tile(const gemm_problem *g, float *c, int64_t i0, int64_t mc, int64_t j0, int64_t nc) {
-  if (!g->col_relu) return;
-  for (int64_t i = i0; i < i0 + mc; i++) {
-    float *restrict row = c + i * g->ldc + j0;
-    for (int64_t j = 0; j < nc; j++) row[j] = row[j] < 0.0f ? 0.0f : row[j];
+/* The elementwise end of a finished tile of C (c: C of its problem o): the relu of its sums
+ * (col_relu), the bits of ttd_k_unary's, or a relu's backward mask (c_mask), those of
+ * ttd_k_unary_backward's. */
+TTD_KHOT static void relu_tile(const gemm_problem *g, int64_t o, float *c, int64_t i0, int64_t mc, int64_t j0,
+                               int64_t nc) {
+  if (g->col_relu) {
+    for (int64_t i = i0; i < i0 + mc; i++) {
+      float *restrict row = c + i * g->ldc + j0;
+      for (int64_t j = 0; j < nc; j++) row[j] = row[j] < 0.0f ? 0.0f : row[j];
+    }
+  }
+  if (g->c_mask) {
+    for (int64_t i = i0; i < i0 + mc; i++) {
+      float *restrict row = c + i * g->ldc + j0;
+      const float *restrict mask = g->c_mask + o * g->c_bs + i * g->ldc + j0;
+      for (int64_t j = 0; j < nc; j++) row[j] = mask[j] <= 0.0f ? 0.0f : row[j];
+    }
   }
 }
 
-/* The epilogue of a finished tile, while it is still in cache: its columns' bias, if any,
- * then the relu, if asked for. */
-TTD_KHOT static void finish_tile(const gemm_problem *g, float *c, int64_t i0, int64_t mc, int64_t j0, int64_t nc) {
+/* The epilogue of a finished tile of C (c: C of its problem o), while it is still in cache:
+ * its columns' bias, if any, then relu_tile's. */
+TTD_KHOT static void finish_tile(const gemm_problem *g, int64_t o, float *c, int64_t i0, int64_t mc, int64_t j0,
+                                 int64_t nc) {
   if (g->col_bias) {
     for (int64_t i = i0; i < i0 + mc; i++) {
       float *restrict row = c + i * g->ldc + j0;
@@ -176,7 +190,7 @@ TTD_KHOT static void finish_tile(const gemm_problem *g, float *c, int64_t i0, in
       for (int64_t j = 0; j < nc; j++) row[j] += bias[j];
     }
   }
-  relu_tile(g, c, i0, mc, j0, nc);
+  relu_tile(g, o, c, i0, mc, j0, nc);
 }
 
 /* Task t of gemm_tasks or rows_tasks: output o and the C tile at (i0, j0), mc x nc, the
@@ -218,12 +232,12 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
 
     if (g->k == 0) {
       for (int64_t i = i0; !g->c_accumulate && i < i0 + mc; i++) memset(c + i * g->ldc + j0, 0, (size_t)nc * sizeof(float));
-      finish_tile(g, c, i0, mc, j0, nc);
+      finish_tile(g, o, c, i0, mc, j0, nc);
       continue;
     }
     if (!buf) {
       tile_unpacked(g, q0, q1, i0, i0 + mc, j0, j0 + nc, c);
-      finish_tile(g, c, i0, mc, j0, nc);
+      finish_tile(g, o, c, i0, mc, j0, nc);
       continue;
     }
     int first = !g->c_accumulate;
@@ -249,7 +263,7 @@ static void gemm_tasks(void *ctx, size_t begin, size_t end) {
       }
       if (keep_b) kept_q = q, kept_j0 = j0;
     }
-    finish_tile(g, c, i0, mc, j0, nc);
+    finish_tile(g, o, c, i0, mc, j0, nc);
   }
 out:
   free(buf);
@@ -278,7 +292,7 @@ static void dot_tasks(void *ctx, size_t begin, size_t end) {
               g->c_accumulate);
       }
     }
-    relu_tile(g, c, i0, i1 - i0, j0, j1 - j0); /* the dot blocks added the bias */
+    relu_tile(g, o, c, i0, i1 - i0, j0, j1 - j0); /* the dot blocks added the bias */
   }
 }
 
@@ -301,7 +315,7 @@ static void rows_tasks(void *ctx, size_t begin, size_t end) {
     float *c = g->c + o * g->c_bs + i0 * g->ldc + j0;
     if (!xp) {
       tile_unpacked(g, o, o + 1, i0, i0 + mc, j0, j0 + nc, g->c + o * g->c_bs);
-      finish_tile(g, g->c + o * g->c_bs, i0, mc, j0, nc);
+      finish_tile(g, o, g->c + o * g->c_bs, i0, mc, j0, nc);
       continue;
     }
     if (g->c_accumulate)
@@ -327,7 +341,7 @@ static void rows_tasks(void *ctx, size_t begin, size_t end) {
     for (int64_t i = 0; i < nc16; i += 16) g->interleave16(ct + i * ldt, ldt, mc, c + i, g->ldc);
     for (int64_t i = nc16; i < nc; i++)
       for (int64_t j = 0; j < mc; j++) c[j * g->ldc + i] = ct[i * ldt + j];
-    finish_tile(g, g->c + o * g->c_bs, i0, mc, j0, nc);
+    finish_tile(g, o, g->c + o * g->c_bs, i0, mc, j0, nc);
   }
 out:
   free(xp);
@@ -500,11 +514,12 @@ static gemm_mode mode_of(ttd_dtype a_dtype, ttd_dtype b_dtype) {
 static void gemm(ttd_pool *pool, gemm_mode mode, int64_t batch, int64_t m, int64_t n, int64_t k, const void *a,
                  bool a_bf16, int64_t a_rs, int64_t a_cs, int64_t a_bs, const void *b, bool b_bf16, int64_t b_rs,
                  int64_t b_cs, int64_t b_bs, float *c, int64_t ldc, int64_t c_bs, const float *col_bias, bool col_relu,
-                 int accumulate, bool dot_layout) {
+                 const float *c_mask, int accumulate, bool dot_layout) {
   gemm_problem g = {.batch = batch, .m = m, .n = n, .k = k, .mode = mode, .a_bf16 = a_bf16, .b_bf16 = b_bf16};
   g.a = a, g.a_rs = a_rs, g.a_cs = a_cs, g.a_bs = a_bs;
   g.b = b, g.b_rs = b_rs, g.b_cs = b_cs, g.b_bs = b_bs;
-  g.c = c, g.ldc = ldc, g.c_bs = c_bs, g.col_bias = col_bias, g.col_relu = col_relu, g.c_accumulate = accumulate;
+  g.c = c, g.ldc = ldc, g.c_bs = c_bs, g.col_bias = col_bias, g.col_relu = col_relu, g.c_mask = c_mask;
+  g.c_accumulate = accumulate;
   g.dot_layout = dot_layout;
   gemm_run(pool, &g);
 }
@@ -542,7 +557,7 @@ void ttd_k_matmul_act_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, const
   op_strides(trans_a, m, k, &a_rs, &a_cs);
   op_strides(trans_b, k, n, &b_rs, &b_cs);
   gemm(pool, mode_of(a_dtype, b_dtype), batch, m, n, k, a, a_dtype == TTD_DTYPE_BFLOAT16, a_rs, a_cs, a_batch_stride,
-       b, b_dtype == TTD_DTYPE_BFLOAT16, b_rs, b_cs, b_batch_stride, c, n, m * n, bias, relu != 0, 0,
+       b, b_dtype == TTD_DTYPE_BFLOAT16, b_rs, b_cs, b_batch_stride, c, n, m * n, bias, relu != 0, NULL, 0,
        !trans_a && trans_b);
 }
 
@@ -590,6 +605,14 @@ void ttd_k_matmul_backward_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, 
                               const float *dc, int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
                               int trans_b, int64_t a_batch_stride, int64_t b_batch_stride, float *da, float *db,
                               unsigned add) {
+  ttd_k_matmul_backward_mask_dt(pool, a, a_dtype, b, b_dtype, dc, batch, m, n, k, trans_a, trans_b, a_batch_stride,
+                                b_batch_stride, da, db, add, NULL);
+}
+
+void ttd_k_matmul_backward_mask_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, const void *b, ttd_dtype b_dtype,
+                                   const float *dc, int64_t batch, int64_t m, int64_t n, int64_t k, int trans_a,
+                                   int trans_b, int64_t a_batch_stride, int64_t b_batch_stride, float *da, float *db,
+                                   unsigned add, const float *da_mask) {
   int64_t a_rs, a_cs, b_rs, b_cs, mn = m * n;
   int add_a = (add & TTD_KGRAD_ADD_A) != 0, add_b = (add & TTD_KGRAD_ADD_B) != 0;
   gemm_mode mode = mode_of(a_dtype, b_dtype);
@@ -599,14 +622,14 @@ void ttd_k_matmul_backward_dt(ttd_pool *pool, const void *a, ttd_dtype a_dtype, 
   /* dA's two forms read rows of dC and, B stored [k,n], rows of B, both along n: the dot layout */
   if (da && !trans_a)
     gemm(pool, mode, batch, m, k, n, dc, false, n, 1, mn, b, b16, b_cs, b_rs, b_batch_stride, da, k, a_batch_stride, NULL,
-         false, add_a, !trans_b);
+         false, da_mask, add_a, !trans_b);
   if (da && trans_a)
     gemm(pool, mode, batch, k, m, n, b, b16, b_rs, b_cs, b_batch_stride, dc, false, 1, n, mn, da, m, a_batch_stride, NULL,
-         false, add_a, !trans_b);
+         false, da_mask, add_a, !trans_b);
   if (db && !trans_b)
     gemm(pool, mode, batch, k, n, m, a, a16, a_cs, a_rs, a_batch_stride, dc, false, n, 1, mn, db, n, b_batch_stride, NULL,
-         false, add_b, false);
+         false, NULL, add_b, false);
   if (db && trans_b)
     gemm(pool, mode, batch, n, k, m, dc, false, 1, n, mn, a, a16, a_rs, a_cs, a_batch_stride, db, k, b_batch_stride, NULL,
-         false, add_b, false);
+         false, NULL, add_b, false);
 }

@@ -98,6 +98,10 @@ typedef struct ttd_node_call {
   /* Forward only: the node's output is relu'd in place as it is written (the node's
    * relu_next, where fuses_relu says the backend can). */
   bool relu_epilogue;
+  /* Backward only: the output of the relu before this node, or NULL: input 0's gradient is
+   * zeroed where it is <= 0 as it is written, the relu's backward done here (the relu's
+   * grad_next, where masks_relu_grad says the backend can). */
+  ttd_backend_buffer *relu_grad_mask;
   ttd_run_mode mode; /* the run's, the same for its forward and backward */
 } ttd_node_call;
 
@@ -170,6 +174,10 @@ typedef struct ttd_backend_vtable {
   /* Optional (NULL: never): whether run_node applies a relu to the node's output as it
    * writes it (ttd_node_call.relu_epilogue), for a node whose relu_next is set. */
   bool (*fuses_relu)(ttd_backend *backend, const struct ttd_program_node *node);
+  /* Optional (NULL: never): whether run_node_backward applies a relu's backward to input 0's
+   * gradient as it writes it (ttd_node_call.relu_grad_mask), for a node after a relu whose
+   * grad_next is set. */
+  bool (*masks_relu_grad)(ttd_backend *backend, const struct ttd_program_node *node);
   /* dst += src, float32 elements, same size, same device. */
   ttd_status_t (*buffer_accumulate)(ttd_backend *backend, ttd_backend_buffer *dst, ttd_backend_buffer *src);
   ttd_status_t (*optimizer_step)(ttd_backend *backend, int device, const ttd_optimizer_call *call);

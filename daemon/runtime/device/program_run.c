@@ -79,6 +79,14 @@ static bool relu_fused(ttd_backend *backend, const ttd_program_node *node) {
   return node->relu_next && backend->vtable->fuses_relu && backend->vtable->fuses_relu(backend, node);
 }
 
+/* Whether the backward of relu node i is done by node i + 1's, as it writes the gradient of
+ * its x (the relu's output) masked by the relu's output. */
+static bool relu_grad_fused(ttd_backend *backend, const ttd_program *program, int i) {
+  const ttd_program_node *node = &program->nodes[i];
+  return node->grad_next && i + 1 < program->n_nodes && backend->vtable->masks_relu_grad &&
+         backend->vtable->masks_relu_grad(backend, &program->nodes[i + 1]);
+}
+
 /* The status of a run stopped by its flag, at node i of its `pass`; OK while the flag is clear. */
 static ttd_status_t stopped(const ttd_run *run, int i, const char *pass) {
   const ttd_cancel *cancel = run->mode.cancel;
@@ -275,6 +283,9 @@ static ttd_status_t node_backward(ttd_backend *backend, ttd_run *run, int i, ttd
                         .output_shape = &program->values[node->value].type.shape,
                         .output_grad = grads[node->value]->buffer,
                         .mode = run->mode};
+  if (i > 0 && relu_grad_fused(backend, program, i - 1)) {
+    call.relu_grad_mask = run->values[program->nodes[i - 1].value]->buffer; /* x's gradient, a node value's: written */
+  }
   ttd_tensor *contrib[TTD_MAX_NODE_INPUTS] = {0};
   ttd_status_t status = TTD_OK;
   for (int k = 0; k < node->n_inputs && !status; k++) {
@@ -377,9 +388,16 @@ ttd_status_t ttd_run_backward(ttd_run *run, ttd_backend *backend, ttd_tensor *co
   for (int i = program->n_nodes - 1; i >= 0 && !status; i--) {
     int v = program->nodes[i].value;
     if ((status = stopped(run, i, "backward"))) break;
-    if (grads[v] && grad_needed(&program->values[v], out_input_grads != NULL)) {
-      status = node_backward(backend, run, i, grads, out_input_grads != NULL, in_place);
+    if (!grads[v] || !grad_needed(&program->values[v], out_input_grads != NULL)) continue;
+    if (relu_grad_fused(backend, program, i)) {
+      /* The next node's backward wrote this relu's output's gradient masked: its input's. */
+      int x = program->nodes[i].inputs[0];
+      if (grad_needed(&program->values[x], out_input_grads != NULL)) {
+        status = add_grad(backend, grads, x, ttd_tensor_retain(grads[v]));
+      }
+      continue;
     }
+    status = node_backward(backend, run, i, grads, out_input_grads != NULL, in_place);
   }
   for (int i = 0; i < program->n_params && !status; i++) {
     ttd_tensor *g = grads[ttd_program_param_value(program, i)];

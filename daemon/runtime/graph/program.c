@@ -354,7 +354,8 @@ static ttd_status_t compile_outputs(compile_state *c) {
 }
 
 /* Marks each linear node whose value only the next node, a relu, reads (relu_next), where
- * neither value is an output. */
+ * neither value is an output; and each relu whose value only the next node, a linear, reads,
+ * as its x, the value no output (grad_next). */
 static ttd_status_t compile_mark_fusions(compile_state *c) {
   ttd_program *p = c->p;
   enum { OUTPUT = 1 << 20 }; /* above any count of node inputs (TTD_MAX_GRAPH_NODES of 3) */
@@ -368,6 +369,8 @@ static ttd_status_t compile_mark_fusions(compile_state *c) {
     const ttd_program_node *node = &p->nodes[i], *next = &p->nodes[i + 1];
     p->nodes[i].relu_next = node->op == TTD_OP_LINEAR && next->op == TTD_OP_RELU && next->n_inputs == 1 &&
                             next->inputs[0] == node->value && readers[node->value] == 1 && readers[next->value] < OUTPUT;
+    p->nodes[i].grad_next = node->op == TTD_OP_RELU && next->op == TTD_OP_LINEAR && next->inputs[0] == node->value &&
+                            readers[node->value] == 1;
   }
   free(readers);
   return TTD_OK;

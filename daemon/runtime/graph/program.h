@@ -37,6 +37,10 @@ typedef struct ttd_program_node {
    * program: a backend that fuses_relu computes the relu in the linear's epilogue, and the
    * relu node passes that value on (program_run.c). */
   bool relu_next;
+  /* A relu whose value only the next node, a linear, reads, as its x, the value no output: a
+   * backend that masks_relu_grad has that linear's backward apply this relu's backward to
+   * the gradient of x as it writes it, and the relu's backward passes it on. */
+  bool grad_next;
 } ttd_program_node;
 
 typedef struct ttd_program {

@@ -484,6 +484,67 @@ START_TEST(test_linear_relu_bits) {
 }
 END_TEST
 
+/* A linear's backward with dx masked by a relu's output (ttd_k_linear_backward_mask_dt) has
+ * the bits of the backward and then ttd_k_unary_backward's relu over dx: under every ISA, odd
+ * sizes and K over several blocks, a float32 or bfloat16 weight, 1 and 3 threads, a mask with
+ * +0.0, -0.0 and NaN in it, dx written or added to (the mask then applies to the sum); dw and
+ * dbias are the unmasked backward's. */
+START_TEST(test_linear_backward_mask_bits) {
+  static const int64_t sizes[][3] = {{1, 1, 1}, {7, 13, 5}, {3, 513, 17}, {64, 512, 10}, {257, 33, 129}};
+  const char *isas[] = {NULL, "avx2", "generic"};
+  ttd_pool *pool3 = ttd_pool_create(3);
+  ck_assert_ptr_nonnull(pool3);
+  uint64_t rng = 12;
+  for (size_t v = 0; v < 3; v++) {
+    if (isas[v]) setenv("TTD_KERNEL_ISA", isas[v], 1);
+    else unsetenv("TTD_KERNEL_ISA");
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
+      for (int variant = 0; variant < 8; variant++) {
+        int bf16_w = variant & 1, add = (variant >> 1) & 1;
+        ttd_pool *pool = variant & 4 ? pool3 : NULL;
+        int64_t n = sizes[s][0], in = sizes[s][1], out = sizes[s][2];
+        float *x = kt_rand_buf(&rng, n * in, -1, 1), *w = kt_rand_buf(&rng, out * in, -1, 1),
+              *dy = kt_rand_buf(&rng, n * out, -1, 1), *mask = kt_rand_buf(&rng, n * in, -1, 1),
+              *old = kt_rand_buf(&rng, n * in, -1, 1);
+        mask[0] = 0.0f;
+        if (n * in > 2) mask[1] = -0.0f, mask[2] = NAN;
+        uint16_t *w16 = malloc((size_t)(out * in) * sizeof(uint16_t));
+        ck_assert_ptr_nonnull(w16);
+        ttd_bf16_from_f32_n(w16, w, (size_t)(out * in));
+        const void *wp = bf16_w ? (const void *)w16 : (const void *)w;
+        ttd_dtype wdt = bf16_w ? TTD_DTYPE_BFLOAT16 : TTD_DTYPE_FLOAT32;
+        size_t dx_bytes = (size_t)(n * in) * sizeof(float), dw_bytes = (size_t)(out * in) * sizeof(float);
+        float *want = malloc(dx_bytes), *got = malloc(dx_bytes), *dw_want = kt_nan_buf(out * in),
+              *dw_got = kt_nan_buf(out * in), *db_want = kt_nan_buf(out), *db_got = kt_nan_buf(out);
+        ck_assert(want && got);
+        memcpy(got, old, dx_bytes);
+        unsigned flags = add ? TTD_KGRAD_ADD_A : 0;
+        float *unmasked = malloc(dx_bytes);
+        ck_assert_ptr_nonnull(unmasked);
+        memcpy(unmasked, old, dx_bytes);
+        ttd_k_linear_backward_dt(pool, x, TTD_DTYPE_FLOAT32, wp, wdt, dy, n, in, out, unmasked, dw_want, db_want, flags);
+        ttd_k_unary_backward(pool, TTD_UN_RELU, mask, NULL, unmasked, want, n * in);
+        free(unmasked);
+        ttd_k_linear_backward_mask_dt(pool, x, TTD_DTYPE_FLOAT32, wp, wdt, dy, n, in, out, got, dw_got, db_got, flags,
+                                      mask);
+        for (int64_t i = 0; i < n * in; i++) {
+          ck_assert_msg(memcmp(&got[i], &want[i], sizeof(float)) == 0,
+                        "%s, %lldx%lldx%lld, bf16 weight %d, add %d, %d threads: dx[%lld] is %g, want %g",
+                        isas[v] ? isas[v] : "widest", (long long)n, (long long)in, (long long)out, bf16_w, add,
+                        pool ? 3 : 1, (long long)i, got[i], want[i]);
+        }
+        ck_assert(memcmp(dw_got, dw_want, dw_bytes) == 0);
+        ck_assert(memcmp(db_got, db_want, (size_t)out * sizeof(float)) == 0);
+        ck_assert(got[0] == 0.0f && (n * in <= 2 || (got[1] == 0.0f && got[2] == want[2])));
+        free(x), free(w), free(w16), free(dy), free(mask), free(old), free(want), free(got);
+        free(dw_want), free(dw_got), free(db_want), free(db_got);
+      }
+  }
+  unsetenv("TTD_KERNEL_ISA");
+  ttd_pool_destroy(pool3);
+}
+END_TEST
+
 typedef struct linear_ctx {
   const float *x, *w, *bias;
   int64_t n, in, out;
@@ -598,6 +659,7 @@ Suite *kernels_matmul_suite(void) {
   tc = tcase_create("linear");
   tcase_add_test(tc, test_linear_forward);
   tcase_add_test(tc, test_linear_relu_bits);
+  tcase_add_test(tc, test_linear_backward_mask_bits);
   tcase_add_test(tc, test_linear_backward_fd);
   suite_add_tcase(s, tc);
   return s;

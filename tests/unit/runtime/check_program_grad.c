@@ -549,21 +549,32 @@ static void mlp_graph(graph_builder *b, const char *extra_output, bool z_read_tw
 
 static bool relu_next_of(const ttd_program *p, int node) { return p->nodes[node].relu_next; }
 
+/* The node that makes the value named name. */
+static const ttd_program_node *node_named(const ttd_program *p, const char *name) {
+  for (int i = 0; i < p->n_nodes; i++)
+    if (strcmp(p->values[p->nodes[i].value].name, name) == 0) return &p->nodes[i];
+  ck_abort_msg("no node makes %s", name);
+  return NULL;
+}
+
 /* Forward (loss), then backward with dx: the loss and every gradient, as bytes, into out
  * (loss, w1, b1, w2, b2, dx); the 8 x 16 buffers the forward allocated (z, and h unless
- * fused) into *hidden_allocs. */
-static void mlp_run_bytes(harness *h, float *out, int *hidden_allocs) {
+ * fused) into allocs[0], those the backward allocated (h's gradient, and z's unless fused)
+ * into allocs[1]. */
+static void mlp_run_bytes(harness *h, float *out, int allocs[2]) {
   alloc_kinds = 1;
   alloc_bytes_seen[0] = 8 * 16 * 4;
   alloc_count[0] = 0;
   ttd_run *run = NULL;
   ck_assert_ptr_null(ttd_run_forward(h->backend, NULL, h->program, h->inputs, h->program->n_inputs, h->params,
                                      h->program->n_params, &run));
-  *hidden_allocs = alloc_count[0];
+  allocs[0] = alloc_count[0];
+  alloc_count[0] = 0;
   h->backend->vtable->buffer_read(h->backend, run->values[h->program->outputs[0]]->buffer, 0, out, 4);
   ttd_tensor *dloss = unit_loss_grad(h->backend), *out_grads[1] = {dloss}, *param_grads[MAXV] = {0},
              *input_grads[MAXV] = {0};
   ck_assert_ptr_null(ttd_run_backward(run, h->backend, out_grads, param_grads, input_grads));
+  allocs[1] = alloc_count[0];
   ttd_run_free(run);
   float *at = out + 1;
   for (int p = 0; p < 4; p++) {
@@ -579,10 +590,13 @@ static void mlp_run_bytes(harness *h, float *out, int *hidden_allocs) {
 }
 
 /* A linear whose value only the next node, a relu, reads is marked relu_next, and the sim
- * backend then relus in the linear's epilogue: the relu's buffer is not made, and the loss,
- * every parameter's gradient and dx have the bits of the unfused run (a backend without
- * fuses_relu). Not marked: the second linear (a cross-entropy follows), nor the first when
- * its value or the relu's is an output, or another node reads its value. */
+ * backend then relus in the linear's epilogue: the relu's buffer is not made. A relu whose
+ * value only the next node, a linear, reads as its x is marked grad_next, and that linear's
+ * backward then writes the relu's input's gradient: the relu's gradient buffer is not made.
+ * The loss, every parameter's gradient and dx have the bits of the unfused run (a backend
+ * without fuses_relu or masks_relu_grad), with either fusion alone or both. Not marked: the
+ * second linear (a cross-entropy follows), nor the first when its value or the relu's is an
+ * output, or another node reads its value; nor the relu when its value is an output. */
 START_TEST(test_linear_relu_fused) {
   graph_builder b;
   mlp_graph(&b, NULL, false);
@@ -592,6 +606,7 @@ START_TEST(test_linear_relu_fused) {
   ck_assert(relu_next_of(p, 0));  /* z = linear, h = relu(z) */
   ck_assert(!relu_next_of(p, 1)); /* the relu */
   ck_assert(!relu_next_of(p, 2)); /* logits: a cross-entropy follows */
+  ck_assert(!p->nodes[0].grad_next && p->nodes[1].grad_next && !p->nodes[2].grad_next); /* logits = linear(h) */
   const char *outputs[] = {"z", "h"};
   for (int o = 0; o < 3; o++) {
     graph_builder other;
@@ -599,27 +614,32 @@ START_TEST(test_linear_relu_fused) {
     ttd_program *q = NULL;
     ttd_status_t s = ttd_program_compile(&other.graph, &q);
     ck_assert_msg(s == NULL, "compile: %s", ttd_status_message(s));
-    ck_assert_msg(!relu_next_of(q, 0), "variant %d fused", o);
+    ck_assert_msg(!node_named(q, "z")->relu_next, "variant %d fused", o);
+    if (o < 2) ck_assert_msg(node_named(q, "h")->grad_next == (o == 0), "variant %d: grad_next", o);
     ttd_program_release(q);
   }
   enum { N = 1 + 16 * 20 + 16 + 5 * 16 + 5 + 8 * 20 };
-  static float fused[N], plain[N];
+  static float got[4][N];
   ttd_backend_vtable wrapped = *h.backend->vtable;
   sim_vtable = h.backend->vtable;
   wrapped.buffer_alloc = counting_alloc;
   h.backend->vtable = &wrapped;
-  int fused_allocs, plain_allocs;
-  mlp_run_bytes(&h, fused, &fused_allocs);
-  wrapped.fuses_relu = NULL;
-  mlp_run_bytes(&h, plain, &plain_allocs);
+  for (int way = 0; way < 4; way++) { /* bit 0: fuses_relu, bit 1: masks_relu_grad */
+    wrapped.fuses_relu = way & 1 ? sim_vtable->fuses_relu : NULL;
+    wrapped.masks_relu_grad = way & 2 ? sim_vtable->masks_relu_grad : NULL;
+    int allocs[2];
+    mlp_run_bytes(&h, got[way], allocs);
+    ck_assert_msg(allocs[0] == (way & 1 ? 1 : 2), "way %d: %d hidden buffers in the forward", way, allocs[0]);
+    ck_assert_msg(allocs[1] == (way & 2 ? 1 : 2), "way %d: %d hidden gradients in the backward", way, allocs[1]);
+    ck_assert_msg(memcmp(got[way], got[0], sizeof(got[0])) == 0, "way %d differs from the unfused run", way);
+  }
   h.backend->vtable = sim_vtable;
   alloc_kinds = 0;
-  ck_assert_int_eq(fused_allocs, 1);
-  ck_assert_int_eq(plain_allocs, 2);
-  ck_assert_int_eq(memcmp(fused, plain, sizeof(fused)), 0);
-  int zero_dx = 0;
-  for (int i = N - 8 * 20; i < N; i++) zero_dx += fused[i] == 0.0f;
+  int zero_dx = 0, zero_w1 = 0;
+  for (int i = N - 8 * 20; i < N; i++) zero_dx += got[3][i] == 0.0f;
+  for (int i = 1; i < 1 + 16 * 20; i++) zero_w1 += got[3][i] == 0.0f;
   ck_assert_int_lt(zero_dx, 8 * 20); /* dx went through the relu's mask and is not all zero */
+  ck_assert_int_lt(zero_w1, 16 * 20);
   harness_teardown(&h);
 }
 END_TEST

@@ -263,6 +263,7 @@ static const ttd_backend_vtable sim_vtable = {
     .backward_adds = ttd_sim_backward_adds,
     .takes_bf16 = ttd_sim_takes_bf16,
     .fuses_relu = ttd_sim_fuses_relu,
+    .masks_relu_grad = ttd_sim_masks_relu_grad,
     .buffer_accumulate = ttd_sim_buffer_accumulate,
     .optimizer_step = ttd_sim_optimizer_step,
     .buffer_convert = sim_buffer_convert,

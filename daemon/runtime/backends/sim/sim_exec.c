@@ -113,6 +113,11 @@ bool ttd_sim_fuses_relu(ttd_backend *backend, const ttd_program_node *node) {
   return node->op == TTD_OP_LINEAR;
 }
 
+bool ttd_sim_masks_relu_grad(ttd_backend *backend, const ttd_program_node *node) {
+  (void)backend;
+  return node->op == TTD_OP_LINEAR;
+}
+
 bool ttd_sim_takes_bf16(ttd_backend *backend, const ttd_program_node *node, int input) {
   (void)backend;
   return (node->op == TTD_OP_LINEAR || node->op == TTD_OP_MATMUL) && input < 2;
@@ -236,8 +241,9 @@ static ttd_status_t node_backward(ttd_backend *backend, const ttd_node_call *cal
     }
     case TTD_OP_LINEAR: { /* bits 0, 1, 2: x, weight, bias as TTD_KGRAD_ADD_A, _B, _BIAS */
       int64_t in = s0->d[s0->ndim - 1], out = os->d[os->ndim - 1];
-      ttd_k_linear_backward_dt(pool, RAW(0), DT(0), RAW(1), DT(1), DY, leading_rows(s0), in, out, DIN(0), DIN(1), DIN(2),
-                               call->input_grads_add);
+      ttd_k_linear_backward_mask_dt(pool, RAW(0), DT(0), RAW(1), DT(1), DY, leading_rows(s0), in, out, DIN(0), DIN(1),
+                                    DIN(2), call->input_grads_add,
+                                    call->relu_grad_mask ? (const float *)call->relu_grad_mask->data : NULL);
       return TTD_OK;
     }
     case TTD_OP_ADD: case TTD_OP_SUB: case TTD_OP_MUL: case TTD_OP_DIV: {

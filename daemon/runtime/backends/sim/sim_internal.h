@@ -49,6 +49,8 @@ bool ttd_sim_backward_adds(ttd_backend *backend, const struct ttd_program_node *
 bool ttd_sim_takes_bf16(ttd_backend *backend, const struct ttd_program_node *node, int input);
 /* Whether it relus the output as it writes it (backend.h: fuses_relu): linear. */
 bool ttd_sim_fuses_relu(ttd_backend *backend, const struct ttd_program_node *node);
+/* Whether its backward masks x's gradient by the relu before it (backend.h: masks_relu_grad): linear. */
+bool ttd_sim_masks_relu_grad(ttd_backend *backend, const struct ttd_program_node *node);
 ttd_status_t ttd_sim_buffer_accumulate(ttd_backend *backend, ttd_backend_buffer *dst, ttd_backend_buffer *src);
 
 ttd_status_t ttd_sim_optimizer_step(ttd_backend *backend, int device, const ttd_optimizer_call *call);
