@@ -322,10 +322,12 @@ static ttd_status_t explain_stop(ttd_call *c, ttd_status_t status, int64_t ran_n
                           "session %016" PRIx64 " was closed (closed, expired or killed by an admin) after %.1f ms of "
                           "%s on the device, which was stopped (%s); open a new session",
                           c->session->id, (double)ran_ns / 1e6, c->method->path, ttd_status_message(status));
-  } else if (code == GRPC_STATUS_UNAVAILABLE) { /* ttd_server_stop: the drain timeout passed */
-    why = ttd_make_status(GRPC_STATUS_UNAVAILABLE,
+  } else if (code == GRPC_STATUS_ABORTED) { /* stop_device_work: the drain timeout passed */
+    why = ttd_make_status(GRPC_STATUS_ABORTED,
                           "ttd is shutting down: its drain timeout passed while %s ran on the device, which was "
-                          "stopped after %.1f ms, keeping nothing it made (%s); reconnect when it is back",
+                          "stopped after %.1f ms (%s); what the call carried that ran before the stop (a queued "
+                          "optimizer step, a Backward) may have taken effect, so it is not repeated for you: "
+                          "check the state (or load a checkpoint) once ttd is back",
                           c->method->path, (double)ran_ns / 1e6, ttd_status_message(status));
   } else {
     why = ttd_make_status((grpc_status_code)code, "%s was stopped after %.1f ms on the device (%s)", c->method->path,
@@ -866,12 +868,14 @@ static bool wait_shutdown_done(ttd_server *server, int64_t ms) {
   return done;
 }
 
-/* The drain timeout has passed: device work queued is refused at its turn (run_scheduled),
- * and what runs stops at its next check (explain_stop says why), in that order, so that a
- * job starting between the two is refused by the first. */
+/* The drain timeout has passed: device work queued is refused at its turn (run_scheduled:
+ * UNAVAILABLE, the call never ran, and a client resumes and sends it again), and what runs
+ * stops at its next check (explain_stop: ABORTED, since part of it may have taken effect
+ * and sending it again could apply that twice), in that order, so that a job starting
+ * between the two is refused by the first. */
 static void stop_device_work(ttd_server *server) {
   atomic_store(&server->cancelling, true);
-  ttd_scheduler_stop_running(server->core->scheduler, GRPC_STATUS_UNAVAILABLE);
+  ttd_scheduler_stop_running(server->core->scheduler, GRPC_STATUS_ABORTED);
 }
 
 void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
@@ -888,11 +892,12 @@ void ttd_server_stop(ttd_server *server, int64_t drain_ms) {
   }
   if (!wait_shutdown_done(server, drain_ms)) {
     TTD_LOG(TTD_LOG_WARN, "event=drain-timeout drain_ms=%" PRId64 " action=cancel-in-flight-calls", drain_ms);
-    /* Programs running on a device stop at their kernels' next check, and calls still
-     * waiting for the device are answered UNAVAILABLE "ttd is shutting down" when their turn
-     * comes, which is at once: plain answers, sent like any other. Only what is left after a
-     * short grace (a stalled stream, a program between checks) is cancelled, since a
-     * cancelled call's status may not leave before the connection closes. */
+    /* Programs running on a device stop at their kernels' next check (ABORTED "ttd is
+     * shutting down"), and calls still waiting for the device are answered UNAVAILABLE "ttd
+     * is shutting down" when their turn comes, which is at once: plain answers, sent like
+     * any other. Only what is left after a short grace (a stalled stream, a program between
+     * checks) is cancelled, since a cancelled call's status may not leave before the
+     * connection closes. */
     stop_device_work(server);
     if (!wait_shutdown_done(server, TTD_CANCEL_GRACE_MS)) {
       active_cancel_all(server);

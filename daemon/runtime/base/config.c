@@ -45,8 +45,8 @@ static const option options[] = {
     {"programs-at-once", OPT_INT, FIELD(programs_at_once), 0, 64, "0", "programs of different sessions a card runs at once, each on one of its threads, while at least that many sessions have work (0: as many as the card can: one per --cores thread on a single simulated card; 1: one at a time, each on all of them; a number below the card's leaves its other threads idle meanwhile)"},
     {"lease", OPT_DURATION, FIELD(lease_ms), 50, 86400000, "30", "close a session after this long without a call"},
     {"drain-timeout", OPT_DURATION, FIELD(drain_timeout_ms), 0, 3600000, "10",
-     "on SIGTERM, how long in-flight calls may run before they are answered UNAVAILABLE (a running program "
-     "stops at its next check)"},
+     "on SIGTERM, how long in-flight calls may run; then queued device calls are refused (UNAVAILABLE) and "
+     "running programs stopped (ABORTED)"},
     {"state-dir", OPT_STRING, FIELD(state_dir), 0, 0, NULL,
      "keep training state across a graceful restart: on SIGTERM or SIGINT, after draining, write every open "
      "session to DIR (0700); at start read it back, and clients resume their sessions (default: none)"},
