@@ -10,6 +10,10 @@
 - torch_layer_share_b64: the share in % of the ttd.torch step spent outside libttclient:
   every function of ttd._lib._L is wrapped (in this process only) to sum the time spent in
   the C calls; share = 1 - C time / step time, median over repetitions; reference 15 %.
+- torch_layer_us_tiny: us per step outside libttclient of the same flow with a program of a
+  few microseconds on the card (a 16-32-10 MLP at batch 8: no wait to speak of), against the
+  whole step of that MLP in plain PyTorch on the CPU in this process: the layer's floor,
+  next to what PyTorch's own Python and dispatch cost for the same step.
 - torch_op_after_pause: us of PyTorch's own F.cross_entropy forward and backward on the
   step's 64 x 10 logits right after a busy wait as long as the step's time in libttclient
   (the client's wait for the card), against the same back to back: what this machine
@@ -101,6 +105,39 @@ class TTStep:
             self.opt.step()
             self.opt.zero_grad()
         return (time.perf_counter() - t0) * 1e3 / max(steps, 1)
+
+
+class TinyStep:
+    """A 16-32-10 MLP at batch 8 through ttd.torch (ttd) or in plain PyTorch (ttd None)."""
+
+    def __init__(self, ttd):
+        torch.manual_seed(2)
+        module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+        self.tt = ttd is not None
+        if self.tt:
+            self.model = ttd.compile(module)
+            self.model.to("tt")
+            self.opt = ttd.optim.SGD(self.model.parameters(), lr=0.1)
+        else:
+            self.model = module
+            self.opt = torch.optim.SGD(module.parameters(), lr=0.1)
+        self.xs = [torch.rand(8, 16) for _ in range(4)]
+        self.ys = [torch.randint(0, 10, (8,)) for _ in range(4)]
+        self.i = 0
+
+    def run(self, steps):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            k = self.i % 4
+            self.i += 1
+            if self.tt:
+                out = self.model(self.xs[k].to("tt")).to("cpu")
+            else:
+                out = self.model(self.xs[k])
+            F.cross_entropy(out, self.ys[k]).backward()
+            self.opt.step()
+            self.opt.zero_grad()
+        return (time.perf_counter() - t0) * 1e6 / max(steps, 1)
 
 
 class Reference:
@@ -203,6 +240,26 @@ def after_pause(pause_s, blocks=8, runs=50):
     return statistics.median(times[1]) * 1e6, statistics.median(times[0]) * 1e6
 
 
+def tiny_layer_cost(ttd, lib, reps, steps=200):
+    """(us per TinyStep outside libttclient, us per TinyStep in plain PyTorch), medians over
+    reps alternating repetitions."""
+    ours, plain = TinyStep(ttd), TinyStep(None)
+    timer = LibTimer(lib)
+    timer.install()
+    outside, theirs = [], []
+    try:
+        ours.run(WARMUP)
+        plain.run(WARMUP)
+        for _ in range(reps):
+            timer.reset()
+            us = ours.run(steps)
+            outside.append(us - timer.seconds * 1e6 / steps)
+            theirs.append(plain.run(steps))
+    finally:
+        timer.uninstall()
+    return statistics.median(outside), statistics.median(theirs)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None)
@@ -260,6 +317,8 @@ def main():
     log("C time per step, last repetition: " + ", ".join(
         f"{n} {c // a.steps}x {t * 1e3 / a.steps:.3f} ms" for n, (c, t) in per[:6]))
     record("torch_layer_share_b64", share, 15.0, "%")
+    tiny_ours, tiny_torch = tiny_layer_cost(ttd, _lib, a.reps)
+    record("torch_layer_us_tiny", tiny_ours, tiny_torch, "us")
     wait_ms = statistics.median(step_ms) * (1 - share / 100)
     paused, back_to_back = after_pause(wait_ms / 1e3)
     log(f"F.cross_entropy forward and backward: {back_to_back:.1f} us back to back, {paused:.1f} us after a "
