@@ -181,7 +181,8 @@ $(BUILD)/bin/ttctl: $(TTCTL_SRC) $(wildcard client/tools/*.h) $(LIB_A)
 $(CHECK): $(TEST_OBJ) $(SERVER_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@echo "  LINK    $@"
-	@$(CC) $(LDFLAGS) $(TEST_OBJ) $(SERVER_OBJ) $(LIB_A) $(CHECK_LIBS) $(GRPC_LIBS) $(EVENT_LIBS) $(SYSTEMD_LIBS) -o $@
+	@$(CC) $(LDFLAGS) -Wl,--wrap=calloc $(TEST_OBJ) $(SERVER_OBJ) $(LIB_A) $(CHECK_LIBS) $(GRPC_LIBS) $(EVENT_LIBS) \
+	  $(SYSTEMD_LIBS) -o $@
 
 # The suites find the daemon, the generated Python code and the tests folder through these.
 TEST_ENV = TTD_BIN=$(abspath $(BUILD))/bin/ttd TTD_PY_GEN=$(abspath $(BUILD))/py TTD_TESTS_DIR=$(abspath tests)

@@ -56,6 +56,12 @@ typedef struct device_queue {
   place places[TTD_SCHEDULER_AT_ONCE_MAX];
 } device_queue;
 
+/* A job run with no queue (run_unqueued): its flag, listed while it runs. */
+typedef struct unqueued {
+  ttd_cancel flag;
+  struct unqueued *next;
+} unqueued;
+
 struct ttd_scheduler {
   int devices;
   ttd_scheduler_card card;
@@ -65,6 +71,7 @@ struct ttd_scheduler {
   pthread_mutex_t watch_lock;
   pthread_cond_t watch_wake;  /* on CLOCK_MONOTONIC */
   int64_t watch_until;        /* when the watchdog wakes by itself; INT64_MAX: not before a signal */
+  unqueued *unqueued;         /* jobs running with no queue (under watch_lock) */
   device_queue queues[];
 };
 
@@ -122,6 +129,10 @@ void ttd_scheduler_stop_running(ttd_scheduler *s, int code) {
       atomic_compare_exchange_strong(&s->queues[d].places[i].cancel.code, &clear, code);
     }
   }
+  for (unqueued *u = s->unqueued; u; u = u->next) {
+    int clear = 0;
+    atomic_compare_exchange_strong(&u->flag.code, &clear, code);
+  }
   pthread_mutex_unlock(&s->watch_lock);
 }
 
@@ -140,12 +151,22 @@ static void run_at(ttd_scheduler *s, place *p, ttd_job *job, int sharing) {
 }
 
 /* Runs job on the calling thread, with no queue (no memory left for its lane): a flag of its
- * own, clear, that nothing but its session's close sets, and no deadline watched. */
-static void run_unqueued(ttd_job *job) {
-  ttd_cancel flag = {0};
+ * own, clear, listed while it runs (on this stack, so no memory is needed) for
+ * ttd_scheduler_stop_running and its session's close to set, and no deadline watched. */
+static void run_unqueued(ttd_scheduler *s, ttd_job *job) {
+  unqueued u = {.flag = {0}};
+  pthread_mutex_lock(&s->watch_lock);
+  u.next = s->unqueued;
+  s->unqueued = &u;
+  pthread_mutex_unlock(&s->watch_lock);
   job->sharing = 1;
-  job->cancel = &flag;
+  job->cancel = &u.flag;
   job->run(job);
+  pthread_mutex_lock(&s->watch_lock);
+  unqueued **at = &s->unqueued;
+  while (*at != &u) at = &(*at)->next;
+  *at = u.next;
+  pthread_mutex_unlock(&s->watch_lock);
 }
 
 /* Puts the group and lane whose turn it is first, and returns that lane's first job (the
@@ -332,7 +353,7 @@ void ttd_scheduler_submit(ttd_scheduler *scheduler, int device, ttd_job *job) {
   bool new_group = !g;
   if (new_group && !(g = calloc(1, sizeof(*g)))) {
     pthread_mutex_unlock(&q->lock);
-    run_unqueued(job); /* out of memory: run it here rather than lose the call */
+    run_unqueued(scheduler, job); /* out of memory: run it here rather than lose the call */
     return;
   }
   lane *l = g->first;
@@ -341,7 +362,7 @@ void ttd_scheduler_submit(ttd_scheduler *scheduler, int device, ttd_job *job) {
   if (new_lane && !(l = calloc(1, sizeof(*l)))) {
     if (new_group) free(g);
     pthread_mutex_unlock(&q->lock);
-    run_unqueued(job);
+    run_unqueued(scheduler, job);
     return;
   }
   if (new_group) {

@@ -84,10 +84,10 @@ uint64_t ttd_scheduler_together(ttd_scheduler *scheduler, int device);
 
 int ttd_scheduler_devices(const ttd_scheduler *scheduler);
 
-/* Sets the flag of every job running now at a device's places, to code (unless already set),
- * so that each stops at its kernels' next check; not that of a job run with no queue (out of
- * memory for one: its flag is its own). Jobs starting later start clear: their caller
- * refuses them itself (a daemon stopping sets its own flag first, then calls this). */
+/* Sets the flag of every job running now, on every device (a job run with no queue, for
+ * want of memory for one, included), to code (unless already set), so that each stops at its
+ * kernels' next check. Jobs starting later start clear: their caller refuses them itself (a
+ * daemon stopping sets its own flag first, then calls this). */
 void ttd_scheduler_stop_running(ttd_scheduler *scheduler, int code); /* NULL ok */
 
 /* Runs every job still queued, stops the executors and frees the scheduler. NULL ok. */

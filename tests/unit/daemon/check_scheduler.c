@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "alloc_fail.h"
 #include "work/scheduler.h"
 #include "suites.h"
 
@@ -164,6 +165,40 @@ START_TEST(test_devices_are_independent) {
   open_gate_and_wait(2);
   ck_assert_str_eq(order, "Y X ");
   ttd_scheduler_destroy(s);
+}
+END_TEST
+
+/* A job with no memory for its queue runs at once on the submitting thread, and
+ * ttd_scheduler_stop_running (a stopping daemon past its drain timeout) still reaches it:
+ * its flag, clear when it starts, holds the code when the stop comes while it runs, and a
+ * job queued the usual way afterwards starts clear. */
+typedef struct stop_job {
+  ttd_job job;
+  ttd_scheduler *s;
+  int before, after; /* the flag's code when the job started, and after the stop */
+} stop_job;
+
+static void stopped_while_running(ttd_job *j) {
+  stop_job *t = (stop_job *)j;
+  t->before = atomic_load(&j->cancel->code);
+  ttd_scheduler_stop_running(t->s, 10 /* ABORTED */);
+  t->after = atomic_load(&j->cancel->code);
+}
+
+START_TEST(test_stop_reaches_unqueued_jobs) {
+  ttd_scheduler *s = NULL;
+  ck_assert_ptr_null(ttd_scheduler_create(1, NULL, &s));
+  stop_job unq = {.job = {.key = 1, .group = 1, .run = stopped_while_running}, .s = s};
+  harness_fail_callocs(1); /* the new group's calloc: no queue for it */
+  ttd_scheduler_submit(s, 0, &unq.job);
+  harness_fail_callocs(0);
+  ck_assert_int_eq(unq.before, 0);
+  ck_assert_int_eq(unq.after, 10); /* run on this thread, before submit returned */
+  stop_job queued = {.job = {.key = 2, .group = 2, .run = stopped_while_running}, .s = s};
+  ttd_scheduler_submit(s, 0, &queued.job);
+  ttd_scheduler_destroy(s); /* runs what is queued */
+  ck_assert_int_eq(queued.before, 0);
+  ck_assert_int_eq(queued.after, 10);
 }
 END_TEST
 
@@ -449,6 +484,7 @@ Suite *scheduler_suite(void) {
   tcase_add_test(tc, test_round_robin_three_keys);
   tcase_add_test(tc, test_devices_are_independent);
   tcase_add_test(tc, test_destroy_runs_queued_jobs);
+  tcase_add_test(tc, test_stop_reaches_unqueued_jobs);
   tcase_add_test(tc, test_sessions_run_together);
   tcase_add_test(tc, test_one_session_never_together);
   tcase_add_test(tc, test_free_place_takes_next);
