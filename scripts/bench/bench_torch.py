@@ -81,63 +81,46 @@ def wait_idle(pid, max_ms=2000, window_ms=10, busy=0.02):
         before = after
 
 
-class TTStep:
-    """The example's step through ttd.torch, on four fixed random batches used in turn."""
+class Step:
+    """A training step of the module make_module() returns, on four fixed random batches of
+    `batch` x `features` used in turn: through ttd.torch as the example trains (x.to("tt"),
+    the compiled module on the card, out.to("cpu"), F.cross_entropy on the CPU,
+    loss.backward(), ttd.optim.SGD's step and zero_grad on the card), or, with ttd None, in
+    plain PyTorch on the CPU."""
 
-    def __init__(self, ttd, batch):
-        torch.manual_seed(1)
-        self.model = ttd.compile(MLP())
-        self.model.to("tt")
-        self.model.train()
-        self.opt = ttd.optim.SGD(self.model.parameters(), lr=0.1)
-        self.xs = [torch.rand(batch, 784) for _ in range(4)]
+    def __init__(self, ttd, batch, make_module=MLP, features=784, seed=1):
+        torch.manual_seed(seed)
+        module = make_module()
+        self.tt = ttd is not None
+        if self.tt:
+            self.model = ttd.compile(module)
+            self.model.to("tt")
+            self.model.train()
+            self.opt = ttd.optim.SGD(self.model.parameters(), lr=0.1)
+        else:
+            self.model = module
+            self.opt = torch.optim.SGD(module.parameters(), lr=0.1)
+        self.xs = [torch.rand(batch, features) for _ in range(4)]
         self.ys = [torch.randint(0, 10, (batch,)) for _ in range(4)]
         self.i = 0
 
     def run(self, steps):
+        """ms per step."""
         t0 = time.perf_counter()
         for _ in range(steps):
             k = self.i % 4
             self.i += 1
-            out = self.model(self.xs[k].to("tt"))
-            loss = F.cross_entropy(out.to("cpu"), self.ys[k])
+            out = self.model(self.xs[k].to("tt")).to("cpu") if self.tt else self.model(self.xs[k])
+            loss = F.cross_entropy(out, self.ys[k])
             loss.backward()
             self.opt.step()
             self.opt.zero_grad()
         return (time.perf_counter() - t0) * 1e3 / max(steps, 1)
 
 
-class TinyStep:
-    """A 16-32-10 MLP at batch 8 through ttd.torch (ttd) or in plain PyTorch (ttd None)."""
-
-    def __init__(self, ttd):
-        torch.manual_seed(2)
-        module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
-        self.tt = ttd is not None
-        if self.tt:
-            self.model = ttd.compile(module)
-            self.model.to("tt")
-            self.opt = ttd.optim.SGD(self.model.parameters(), lr=0.1)
-        else:
-            self.model = module
-            self.opt = torch.optim.SGD(module.parameters(), lr=0.1)
-        self.xs = [torch.rand(8, 16) for _ in range(4)]
-        self.ys = [torch.randint(0, 10, (8,)) for _ in range(4)]
-        self.i = 0
-
-    def run(self, steps):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            k = self.i % 4
-            self.i += 1
-            if self.tt:
-                out = self.model(self.xs[k].to("tt")).to("cpu")
-            else:
-                out = self.model(self.xs[k])
-            F.cross_entropy(out, self.ys[k]).backward()
-            self.opt.step()
-            self.opt.zero_grad()
-        return (time.perf_counter() - t0) * 1e6 / max(steps, 1)
+def tiny_mlp():
+    """16-32-10: a card program of a few microseconds."""
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
 
 
 class Reference:
@@ -241,9 +224,9 @@ def after_pause(pause_s, blocks=8, runs=50):
 
 
 def tiny_layer_cost(ttd, lib, reps, steps=200):
-    """(us per TinyStep outside libttclient, us per TinyStep in plain PyTorch), medians over
-    reps alternating repetitions."""
-    ours, plain = TinyStep(ttd), TinyStep(None)
+    """(us per step of tiny_mlp at batch 8 outside libttclient, us per step of it in plain
+    PyTorch), medians over reps alternating repetitions."""
+    ours, plain = (Step(t, 8, tiny_mlp, 16, seed=2) for t in (ttd, None))
     timer = LibTimer(lib)
     timer.install()
     outside, theirs = [], []
@@ -252,9 +235,9 @@ def tiny_layer_cost(ttd, lib, reps, steps=200):
         plain.run(WARMUP)
         for _ in range(reps):
             timer.reset()
-            us = ours.run(steps)
+            us = ours.run(steps) * 1e3
             outside.append(us - timer.seconds * 1e6 / steps)
-            theirs.append(plain.run(steps))
+            theirs.append(plain.run(steps) * 1e3)
     finally:
         timer.uninstall()
     return statistics.median(outside), statistics.median(theirs)
@@ -278,7 +261,7 @@ def main():
     threads = sorted({1, os.cpu_count() or 1})
     steps = {}
     for batch in (int(b) for b in a.batches.split(",")):
-        s = steps[batch] = TTStep(ttd, batch)
+        s = steps[batch] = Step(ttd, batch)
         s.run(WARMUP)
         ours, theirs = [], {t: [] for t in threads}
         for _ in range(a.reps):
@@ -294,7 +277,7 @@ def main():
     ref.close()
 
     # The Python layer's share at batch 64: wrapped C calls against the whole step.
-    s = steps.get(64) or TTStep(ttd, 64)
+    s = steps.get(64) or Step(ttd, 64)
     timer = LibTimer(_lib)
     timer.install()
     shares, step_ms = [], []
