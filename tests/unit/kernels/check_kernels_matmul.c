@@ -437,52 +437,125 @@ START_TEST(test_linear_forward) {
 }
 END_TEST
 
+/* One case of a fused-linear test: a linear of n rows, in and out features, the weight
+ * float32 or (bf16_w) bfloat16, `flag` the test's other variant, on pool (or none); isa names
+ * TTD_KERNEL_ISA's setting for messages. */
+typedef struct linear_case {
+  const char *isa;
+  ttd_pool *pool;
+  int64_t n, in, out;
+  int bf16_w, flag;
+  uint64_t *rng;
+} linear_case;
+
+/* Runs fn on each case: under every ISA (the CPU's widest, "avx2", "generic"), each of
+ * sizes, a float32 and a bfloat16 weight, flag 0 and 1, on 1 and on 3 threads. */
+static void for_each_linear_case(const int64_t (*sizes)[3], size_t n_sizes, uint64_t seed,
+                                 void (*fn)(const linear_case *c)) {
+  const char *isas[] = {NULL, "avx2", "generic"};
+  ttd_pool *pool3 = ttd_pool_create(3);
+  ck_assert_ptr_nonnull(pool3);
+  uint64_t rng = seed;
+  for (size_t v = 0; v < 3; v++) {
+    if (isas[v]) setenv("TTD_KERNEL_ISA", isas[v], 1);
+    else unsetenv("TTD_KERNEL_ISA");
+    for (size_t s = 0; s < n_sizes; s++)
+      for (int variant = 0; variant < 8; variant++) {
+        linear_case c = {.isa = isas[v] ? isas[v] : "widest", .pool = variant & 4 ? pool3 : NULL, .n = sizes[s][0],
+                         .in = sizes[s][1], .out = sizes[s][2], .bf16_w = variant & 1, .flag = (variant >> 1) & 1,
+                         .rng = &rng};
+        fn(&c);
+      }
+  }
+  unsetenv("TTD_KERNEL_ISA");
+  ttd_pool_destroy(pool3);
+}
+
+/* The weight w [out, in] as the case hands it to the kernels: w itself, or its bfloat16 copy
+ * in *w16 (freed by the caller; NULL when none); *dtype says which. */
+static const void *case_weight(const linear_case *c, const float *w, uint16_t **w16, ttd_dtype *dtype) {
+  *w16 = NULL;
+  *dtype = c->bf16_w ? TTD_DTYPE_BFLOAT16 : TTD_DTYPE_FLOAT32;
+  if (!c->bf16_w) return w;
+  *w16 = malloc((size_t)(c->out * c->in) * sizeof(uint16_t));
+  ck_assert_ptr_nonnull(*w16);
+  ttd_bf16_from_f32_n(*w16, w, (size_t)(c->out * c->in));
+  return *w16;
+}
+
+/* Bit for bit; a difference is reported at its first element. (Compared whole first: each
+ * assertion Check passes costs a write to its parent process.) */
+static void expect_bits(const linear_case *c, const char *what, const float *got, const float *want, int64_t count) {
+  if (count <= 0 || memcmp(got, want, (size_t)count * sizeof(float)) == 0) return;
+  for (int64_t i = 0; i < count; i++) {
+    if (memcmp(&got[i], &want[i], sizeof(float)) == 0) continue;
+    ck_abort_msg(
+                  "%s, %lldx%lldx%lld, bf16 weight %d, flag %d, %d threads: %s[%lld] is %g, want %g", c->isa,
+                  (long long)c->n, (long long)c->in, (long long)c->out, c->bf16_w, c->flag, c->pool ? 3 : 1, what,
+                  (long long)i, got[i], want[i]);
+  }
+}
+
+/* flag: with a bias. Row 1 (where there is one) is NaN, which the relu keeps. */
+static void linear_relu_case(const linear_case *c) {
+  int64_t n = c->n, in = c->in, out = c->out;
+  float *x = kt_rand_buf(c->rng, n * in, -1, 1), *w = kt_rand_buf(c->rng, out * in, -1, 1),
+        *bias = kt_rand_buf(c->rng, out, -1, 1);
+  if (n > 2) x[in + 1] = NAN;
+  uint16_t *w16;
+  ttd_dtype wdt;
+  const void *wp = case_weight(c, w, &w16, &wdt);
+  const float *b = c->flag ? bias : NULL;
+  float *linear = kt_nan_buf(n * out), *want = kt_nan_buf(n * out), *got = kt_nan_buf(n * out);
+  ttd_k_linear_dt(c->pool, x, TTD_DTYPE_FLOAT32, wp, wdt, b, n, in, out, linear);
+  ttd_k_linear_act_dt(c->pool, x, TTD_DTYPE_FLOAT32, wp, wdt, b, 0, n, in, out, got);
+  expect_bits(c, "relu 0: y", got, linear, n * out);
+  ttd_k_unary(c->pool, TTD_UN_RELU, linear, want, n * out);
+  ttd_k_linear_act_dt(c->pool, x, TTD_DTYPE_FLOAT32, wp, wdt, b, 1, n, in, out, got);
+  expect_bits(c, "y", got, want, n * out);
+  if (n > 2) ck_assert(isnan(got[out]));
+  free(x), free(w), free(w16), free(bias), free(linear), free(want), free(got);
+}
+
 /* A linear with its relu in the epilogue (ttd_k_linear_act_dt) has the bits of the linear and
  * then ttd_k_unary's relu: under every ISA and on each of its paths (dot products on AVX2,
  * the rows path on AVX-512 at 64 rows, the packed GEMM), with and without a bias, a float32
  * or a bfloat16 weight, NaN rows, and on 1 and 3 threads. With relu 0 it is the linear. */
 START_TEST(test_linear_relu_bits) {
   static const int64_t sizes[][3] = {{1, 1, 1}, {7, 13, 5}, {3, 17, 513}, {64, 784, 512}, {257, 129, 33}};
-  const char *isas[] = {NULL, "avx2", "generic"};
-  ttd_pool *pool3 = ttd_pool_create(3);
-  ck_assert_ptr_nonnull(pool3);
-  uint64_t rng = 11;
-  for (size_t v = 0; v < 3; v++) {
-    if (isas[v]) setenv("TTD_KERNEL_ISA", isas[v], 1);
-    else unsetenv("TTD_KERNEL_ISA");
-    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
-      for (int variant = 0; variant < 8; variant++) {
-        int with_bias = variant & 1, bf16_w = (variant >> 1) & 1;
-        ttd_pool *pool = variant & 4 ? pool3 : NULL;
-        int64_t n = sizes[s][0], in = sizes[s][1], out = sizes[s][2];
-        float *x = kt_rand_buf(&rng, n * in, -1, 1), *w = kt_rand_buf(&rng, out * in, -1, 1),
-              *bias = kt_rand_buf(&rng, out, -1, 1);
-        if (n > 2) x[in + 1] = NAN; /* row 1: NaN everywhere, kept by the relu */
-        uint16_t *w16 = malloc((size_t)(out * in) * sizeof(uint16_t));
-        ck_assert_ptr_nonnull(w16);
-        ttd_bf16_from_f32_n(w16, w, (size_t)(out * in));
-        const void *wp = bf16_w ? (const void *)w16 : (const void *)w;
-        ttd_dtype wdt = bf16_w ? TTD_DTYPE_BFLOAT16 : TTD_DTYPE_FLOAT32;
-        float *want = kt_nan_buf(n * out), *got = kt_nan_buf(n * out), *plain = kt_nan_buf(n * out);
-        ttd_k_linear_dt(pool, x, TTD_DTYPE_FLOAT32, wp, wdt, with_bias ? bias : NULL, n, in, out, want);
-        ttd_k_linear_act_dt(pool, x, TTD_DTYPE_FLOAT32, wp, wdt, with_bias ? bias : NULL, 0, n, in, out, plain);
-        ck_assert_msg(memcmp(plain, want, (size_t)(n * out) * sizeof(float)) == 0, "relu 0 differs from the linear");
-        ttd_k_unary(pool, TTD_UN_RELU, want, want, n * out);
-        ttd_k_linear_act_dt(pool, x, TTD_DTYPE_FLOAT32, wp, wdt, with_bias ? bias : NULL, 1, n, in, out, got);
-        for (int64_t i = 0; i < n * out; i++) {
-          ck_assert_msg(memcmp(&got[i], &want[i], sizeof(float)) == 0,
-                        "%s, %lldx%lldx%lld, bias %d, bf16 weight %d, %d threads: element %lld is %g, want %g",
-                        isas[v] ? isas[v] : "widest", (long long)n, (long long)in, (long long)out, with_bias, bf16_w,
-                        pool ? 3 : 1, (long long)i, got[i], want[i]);
-        }
-        if (n > 2) ck_assert(isnan(got[out]));
-        free(x), free(w), free(w16), free(bias), free(want), free(got), free(plain);
-      }
-  }
-  unsetenv("TTD_KERNEL_ISA");
-  ttd_pool_destroy(pool3);
+  for_each_linear_case(sizes, sizeof(sizes) / sizeof(sizes[0]), 11, linear_relu_case);
 }
 END_TEST
+
+/* flag: dx added to (TTD_KGRAD_ADD_A) rather than written. The mask holds +0.0, -0.0 and
+ * NaN besides random values. */
+static void backward_mask_case(const linear_case *c) {
+  int64_t n = c->n, in = c->in, out = c->out;
+  float *x = kt_rand_buf(c->rng, n * in, -1, 1), *w = kt_rand_buf(c->rng, out * in, -1, 1),
+        *dy = kt_rand_buf(c->rng, n * out, -1, 1), *mask = kt_rand_buf(c->rng, n * in, -1, 1),
+        *unmasked = kt_rand_buf(c->rng, n * in, -1, 1); /* dx's old values, for the add */
+  mask[0] = 0.0f;
+  if (n * in > 2) mask[1] = -0.0f, mask[2] = NAN;
+  uint16_t *w16;
+  ttd_dtype wdt;
+  const void *wp = case_weight(c, w, &w16, &wdt);
+  size_t dx_bytes = (size_t)(n * in) * sizeof(float);
+  float *got = malloc(dx_bytes), *want = kt_nan_buf(n * in), *dw_want = kt_nan_buf(out * in),
+        *dw_got = kt_nan_buf(out * in), *db_want = kt_nan_buf(out), *db_got = kt_nan_buf(out);
+  ck_assert_ptr_nonnull(got);
+  memcpy(got, unmasked, dx_bytes);
+  unsigned flags = c->flag ? TTD_KGRAD_ADD_A : 0;
+  ttd_k_linear_backward_dt(c->pool, x, TTD_DTYPE_FLOAT32, wp, wdt, dy, n, in, out, unmasked, dw_want, db_want, flags);
+  ttd_k_unary_backward(c->pool, TTD_UN_RELU, mask, NULL, unmasked, want, n * in);
+  ttd_k_linear_backward_mask_dt(c->pool, x, TTD_DTYPE_FLOAT32, wp, wdt, dy, n, in, out, got, dw_got, db_got, flags,
+                                mask);
+  expect_bits(c, "dx", got, want, n * in);
+  expect_bits(c, "dw", dw_got, dw_want, out * in);
+  expect_bits(c, "dbias", db_got, db_want, out);
+  ck_assert(got[0] == 0.0f && (n * in <= 2 || (got[1] == 0.0f && got[2] == unmasked[2])));
+  free(x), free(w), free(w16), free(dy), free(mask), free(unmasked), free(got), free(want);
+  free(dw_want), free(dw_got), free(db_want), free(db_got);
+}
 
 /* A linear's backward with dx masked by a relu's output (ttd_k_linear_backward_mask_dt) has
  * the bits of the backward and then ttd_k_unary_backward's relu over dx: under every ISA, odd
@@ -491,57 +564,7 @@ END_TEST
  * dbias are the unmasked backward's. */
 START_TEST(test_linear_backward_mask_bits) {
   static const int64_t sizes[][3] = {{1, 1, 1}, {7, 13, 5}, {3, 513, 17}, {64, 512, 10}, {257, 33, 129}};
-  const char *isas[] = {NULL, "avx2", "generic"};
-  ttd_pool *pool3 = ttd_pool_create(3);
-  ck_assert_ptr_nonnull(pool3);
-  uint64_t rng = 12;
-  for (size_t v = 0; v < 3; v++) {
-    if (isas[v]) setenv("TTD_KERNEL_ISA", isas[v], 1);
-    else unsetenv("TTD_KERNEL_ISA");
-    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
-      for (int variant = 0; variant < 8; variant++) {
-        int bf16_w = variant & 1, add = (variant >> 1) & 1;
-        ttd_pool *pool = variant & 4 ? pool3 : NULL;
-        int64_t n = sizes[s][0], in = sizes[s][1], out = sizes[s][2];
-        float *x = kt_rand_buf(&rng, n * in, -1, 1), *w = kt_rand_buf(&rng, out * in, -1, 1),
-              *dy = kt_rand_buf(&rng, n * out, -1, 1), *mask = kt_rand_buf(&rng, n * in, -1, 1),
-              *old = kt_rand_buf(&rng, n * in, -1, 1);
-        mask[0] = 0.0f;
-        if (n * in > 2) mask[1] = -0.0f, mask[2] = NAN;
-        uint16_t *w16 = malloc((size_t)(out * in) * sizeof(uint16_t));
-        ck_assert_ptr_nonnull(w16);
-        ttd_bf16_from_f32_n(w16, w, (size_t)(out * in));
-        const void *wp = bf16_w ? (const void *)w16 : (const void *)w;
-        ttd_dtype wdt = bf16_w ? TTD_DTYPE_BFLOAT16 : TTD_DTYPE_FLOAT32;
-        size_t dx_bytes = (size_t)(n * in) * sizeof(float), dw_bytes = (size_t)(out * in) * sizeof(float);
-        float *want = malloc(dx_bytes), *got = malloc(dx_bytes), *dw_want = kt_nan_buf(out * in),
-              *dw_got = kt_nan_buf(out * in), *db_want = kt_nan_buf(out), *db_got = kt_nan_buf(out);
-        ck_assert(want && got);
-        memcpy(got, old, dx_bytes);
-        unsigned flags = add ? TTD_KGRAD_ADD_A : 0;
-        float *unmasked = malloc(dx_bytes);
-        ck_assert_ptr_nonnull(unmasked);
-        memcpy(unmasked, old, dx_bytes);
-        ttd_k_linear_backward_dt(pool, x, TTD_DTYPE_FLOAT32, wp, wdt, dy, n, in, out, unmasked, dw_want, db_want, flags);
-        ttd_k_unary_backward(pool, TTD_UN_RELU, mask, NULL, unmasked, want, n * in);
-        free(unmasked);
-        ttd_k_linear_backward_mask_dt(pool, x, TTD_DTYPE_FLOAT32, wp, wdt, dy, n, in, out, got, dw_got, db_got, flags,
-                                      mask);
-        for (int64_t i = 0; i < n * in; i++) {
-          ck_assert_msg(memcmp(&got[i], &want[i], sizeof(float)) == 0,
-                        "%s, %lldx%lldx%lld, bf16 weight %d, add %d, %d threads: dx[%lld] is %g, want %g",
-                        isas[v] ? isas[v] : "widest", (long long)n, (long long)in, (long long)out, bf16_w, add,
-                        pool ? 3 : 1, (long long)i, got[i], want[i]);
-        }
-        ck_assert(memcmp(dw_got, dw_want, dw_bytes) == 0);
-        ck_assert(memcmp(db_got, db_want, (size_t)out * sizeof(float)) == 0);
-        ck_assert(got[0] == 0.0f && (n * in <= 2 || (got[1] == 0.0f && got[2] == want[2])));
-        free(x), free(w), free(w16), free(dy), free(mask), free(old), free(want), free(got);
-        free(dw_want), free(dw_got), free(db_want), free(db_got);
-      }
-  }
-  unsetenv("TTD_KERNEL_ISA");
-  ttd_pool_destroy(pool3);
+  for_each_linear_case(sizes, sizeof(sizes) / sizeof(sizes[0]), 12, backward_mask_case);
 }
 END_TEST
 
