@@ -334,7 +334,9 @@ tt_module *tt_compile(tt_client *client, const tt_graph *graph);
 void tt_module_free(tt_module *module);
 
 /* Moves every parameter to device ("cpu", "tt", "tt:N"; L1 is not offered for modules).
- * The daemon compiles the program the first time the module runs on a card. */
+ * The daemon compiles the program the first time the module runs on a card. To where the
+ * module is already, nothing moves: .grad, optimizer state and pending runs stay, as with
+ * torch's module.to(). */
 tt_status tt_module_to(tt_module *module, const char *device);
 const char *tt_module_device(const tt_module *module);
 

@@ -145,17 +145,20 @@ tt_tensor *tt_module_place_param(tt_tensor *t) {
 }
 
 tt_status tt_module_to(tt_module *m, const char *device) {
+  tt_place place;
+  if (tt_place_parse(device, &place) != 0 || place.l1) {
+    return tt_client_fail(m->client, TT_INVALID_ARGUMENT, "module device '%s' is not valid; use cpu, tt or tt:N",
+                          device ? device : "(null)");
+  }
+  if (place.is_host == m->place.is_host && (place.is_host || place.device == m->place.device)) {
+    return TT_OK; /* where it is: as torch's, nothing moves and .grad and optimizer state stay */
+  }
   TT_RETURN_IF_FAILED(tt_module_flush_backward(m)); /* a waiting Backward is a pending run too */
   if (m->pending_runs > 0) {
     return tt_client_fail(m->client, TT_FAILED_PRECONDITION,
                           "the module has %d forward run(s) pending; call tt_backward on their loss or free their outputs "
                           "before moving it",
                           m->pending_runs);
-  }
-  tt_place place;
-  if (tt_place_parse(device, &place) != 0 || place.l1) {
-    return tt_client_fail(m->client, TT_INVALID_ARGUMENT, "module device '%s' is not valid; use cpu, tt or tt:N",
-                          device ? device : "(null)");
   }
   TT_RETURN_IF_FAILED(tt_module_flush(m));
   tt_tensor **moved = calloc((size_t)m->n_params + 1, sizeof(*moved));

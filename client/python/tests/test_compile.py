@@ -237,12 +237,14 @@ def test_tensor_attribute_error_names_the_attribute_and_the_forward():
      (4, 6, 8), (4, 3, 8)),
     (lambda s, x: s.l(x.view(x.size(0), -1)), (2, 2, 4), (2, 4, 2)),
     (lambda s, x: s.l(x.flatten(1, 2)), (2, 2, 4), (3, 4, 2)),
+    (lambda s, x: s.l(s.u(x).flatten(1, 2)), (2, 8), (2, 16)),
+    (lambda s, x: s.l(s.u(x.flatten(0, 1)).flatten(1, 2)), (2, 2, 8), (2, 4, 8)),
 ])
 def test_sizes_taken_from_a_shape_serve_other_batches_and_refuse_other_dims(fn, first, other):
     """Sizes taken from the input's shape past the batch (x.size(1), the -1 beside x.size(0),
     flatten) are the first call's: another batch runs as torch does, other dims are refused
     naming the shape the graph serves, never answered with the first call's sizes."""
-    m = Fn(fn, l=nn.Linear(8, 3))
+    m = Fn(fn, l=nn.Linear(8, 3), u=nn.Unflatten(1, (-1, 4)))
     c = ttd.compile(m).to("tt")
     for shape in (first, (7,) + first[1:]):
         x = torch.randn(shape)
@@ -303,3 +305,19 @@ def test_inplace_whose_input_is_read_after_fails_at_compile_time(how, what):
     refused at compile time naming the op, the node and the line, saying what to do."""
     with pytest.raises(NotImplementedError, match=what + r".*(use its result|out-of-place form|x = x \+ y)"):
         ttd.compile(_InplaceThenRead(how))
+
+
+def test_unflattening_the_batch_into_fixed_sizes_takes_that_batch_only():
+    """Unflatten(0, (2, 4)) serves batches of 8 only, as torch's (another batch is refused naming
+    the shape, never reinterpreted); Unflatten(0, (-1, 4)) follows the batch."""
+    m = Fn(lambda s, x: s.l(s.u(x).sum(1)), l=nn.Linear(3, 2), u=nn.Unflatten(0, (2, 4)))
+    c = ttd.compile(m).to("tt")
+    x = torch.randn(8, 3)
+    torch.testing.assert_close(c(x.to("tt")).cpu(), m(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match=r"input 0 has shape \(4, 3\).*takes inputs of shape \(8, 3\) only"):
+        c(torch.randn(4, 3).to("tt"))
+    m = Fn(lambda s, x: s.l(s.u(x).sum(1)), l=nn.Linear(3, 2), u=nn.Unflatten(0, (-1, 4)))
+    c = ttd.compile(m).to("tt")
+    for n in (8, 12):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(c(x.to("tt")).cpu(), m(x), rtol=1e-5, atol=1e-5)

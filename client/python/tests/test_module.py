@@ -237,3 +237,60 @@ def test_dropout_under_no_grad_in_train_mode_drops_and_keeps_no_run():
     m.eval()
     with torch.no_grad():
         assert torch.equal(m(x), x)
+
+
+def test_snapshots_are_read_by_in_place_ops_on_other_tensors():
+    """p.data and p.grad are sources of in-place ops and out= on plain tensors (an EMA, a grad
+    accumulator) and take int() as torch's; only writing them raises."""
+    ref, m = _pair()
+    x = torch.randn(8, 16)
+    F.mse_loss(m(x.to("tt")).cpu(), torch.zeros(8, 4)).backward()
+    F.mse_loss(ref(x), torch.zeros(8, 4)).backward()
+    p, q = dict(m.named_parameters())["l1.weight"], ref.l1.weight
+    ema, acc, buf = torch.zeros(p.shape), torch.zeros(p.shape), torch.empty(p.shape)
+    ema.mul_(0.9).add_(p.data, alpha=0.1)
+    acc.add_(p.grad)
+    torch.mul(p.grad, 2, out=buf)
+    torch.testing.assert_close(ema, 0.1 * q.detach(), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(acc, q.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(buf, 2 * q.grad, rtol=1e-5, atol=1e-6)
+    assert int(p.data[0, 0] > 0) == int(q[0, 0] > 0)
+    with pytest.raises(RuntimeError, match="would not reach the module"):
+        torch.mul(ema, 2, out=p.grad)
+    with pytest.raises(RuntimeError, match="would not reach the module"):
+        g = p.grad
+        g += 1
+
+
+def test_move_to_where_the_module_is_keeps_grad_and_optimizer_state():
+    """model.to("tt") on a module already there (every epoch, as torch code does) moves nothing:
+    .grad and the momentum buffers stay, and training matches torch's."""
+    ref, m = _pair()
+    opt = ttd.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(1)
+    for _ in range(3):
+        x, y = torch.randn(8, 16), torch.randn(8, 4)
+        m.to("tt")
+        m.to("tt:0")
+        F.mse_loss(m(x.to("tt")).cpu(), y).backward()
+        F.mse_loss(ref(x), y).backward()
+        m.to("tt")
+        grad = dict(m.named_parameters())["l2.bias"].grad
+        torch.testing.assert_close(grad, ref.l2.bias.grad, rtol=1e-5, atol=1e-6)
+        opt.step(), ref_opt.step()
+        opt.zero_grad(), ref_opt.zero_grad()
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(m.state_dict()[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_module_to_tt_with_a_dtype_converts_as_torchs():
+    """module.to("tt", torch.bfloat16) and module.to(device="tt", dtype=...) convert the
+    parameters as torch's does, and compile for the card."""
+    for move in (lambda mod: mod.to("tt", torch.bfloat16), lambda mod: mod.to(device="tt", dtype=torch.bfloat16)):
+        mod = torch.nn.Linear(4, 2)
+        assert move(mod) is mod
+        assert mod.weight.dtype == torch.bfloat16
+        m = ttd.compile(mod)
+        assert str(next(m.parameters()).device) == "tt:0"
+        assert m.state_dict()["weight"].dtype == torch.bfloat16

@@ -231,14 +231,26 @@ class Lowering:
             return g.op("reshape", [env[x.name]], _attrs(shape=dims))
         return emit
 
-    def _reshape_plan(self, node, x, shape_of):
-        """reshape whose shape depends on the input's (shape_of(input shape) -> new shape); a
-        leading -1 keeps the batch free, the rest are the built shapes' (fixed_shapes)."""
+    def _reshape_plan(self, node, x, shape_of, batch_free=lambda in_shape: True):
+        """reshape whose shape depends on the input's (shape_of(input shape) -> new shape, where
+        a -1 is the rest): every size is the built shapes' (fixed_shapes), a -1 resolved there,
+        but the leading one, which follows the batch (-1) where batch_free(input shape) says it
+        scales with it; else the batch is the built one too (batch_fixed)."""
         def emit(g, env):
             self.fixed_shapes = True
-            shape = list(shape_of(g.shape(env[x.name])))
-            if -1 not in shape and shape:
+            in_shape = list(g.shape(env[x.name]))
+            shape = list(shape_of(in_shape))
+            if -1 in shape:
+                known, n = 1, 1
+                for d in shape:
+                    known *= d if d != -1 else 1
+                for d in in_shape:
+                    n *= d
+                shape[shape.index(-1)] = n // known if known else 0
+            if shape and batch_free(in_shape):
                 shape[0] = -1
+            elif shape:
+                self.batch_fixed = True
             return g.op("reshape", [env[x.name]], _attrs(shape=shape))
         return emit
 
@@ -463,7 +475,10 @@ class Lowering:
     def _unflatten(self, node, x, dim, sizes):
         if not isinstance(dim, int):
             _fail(node, f"Unflatten(dim={dim!r})", "with a named dim is not supported")
-        return self._reshape_plan(node, x, lambda s: list(s[:dim % len(s)]) + list(sizes) + list(s[dim % len(s) + 1:]))
+        # Unflattening the batch dim follows another batch only where its first size is -1
+        # (Unflatten(0, (-1, 4))); Unflatten(0, (2, 4)) takes batches of 8 only, as torch's.
+        return self._reshape_plan(node, x, lambda s: list(s[:dim % len(s)]) + list(sizes) + list(s[dim % len(s) + 1:]),
+                                  batch_free=lambda s: dim % len(s) != 0 or list(sizes)[:1] == [-1])
 
     def build(self, example):
         """A libttclient graph for the dtypes and shapes of example (libttclient tensors); also
@@ -471,6 +486,7 @@ class Lowering:
         size taken from a shape, other than the batch, is a constant of the graph: then inputs
         whose dims past the first differ from example's would get its sizes)."""
         self.fixed_shapes = False
+        self.batch_fixed = False
         client = _get_client()
         graph = _lib.Graph(client, seed=0)
         env = {}

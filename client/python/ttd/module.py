@@ -20,6 +20,12 @@ _VIEWS = {"detach", "view", "view_as", "reshape", "reshape_as", "__getitem__", "
           "split", "chunk", "flip", "contiguous", "__get__"}
 
 
+# The dunders that write their left operand (x += y, x[i] = y): on a Snapshot, refused.
+_INPLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+                    "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__",
+                    "__idiv__"}
+
+
 class Snapshot(torch.Tensor):
     """A CPU copy of a compiled module's parameter or .grad (p.data, p.grad): read it as any
     CPU tensor; an in-place op on it or on a view of it raises, since the change would not
@@ -28,8 +34,10 @@ class Snapshot(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", str(func))
-        if (name.endswith("_") and not name.endswith("__")) or (name.startswith("__i") and name.endswith("__")) \
-                or name == "__setitem__" or (kwargs or {}).get("out") is not None:
+        out = (kwargs or {}).get("out")
+        writes_self = (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_DUNDERS
+        if (writes_self and args and isinstance(args[0], Snapshot)) or any(
+                isinstance(o, Snapshot) for o in (out if isinstance(out, (tuple, list)) else (out,))):
             raise RuntimeError(f"{name} on a compiled module's parameter or .grad (a CPU copy of the module's) would "
                                f"not reach the module: edit parameters with load_state_dict; clipping or editing "
                                f".grad in place is not supported")
@@ -131,7 +139,9 @@ class CompiledModule:
     def _build(self, example):
         m = _lib.Module(self._lowering.build(example))
         self._tuple_out = self._lowering.tuple_out
-        self._fixed = [t.shape[1:] for t in example] if self._lowering.fixed_shapes else None
+        # the built dims each input must keep: past the batch, or all of them (batch_fixed)
+        skip = 0 if self._lowering.batch_fixed else 1
+        self._fixed = [t.shape[skip:] for t in example] if self._lowering.fixed_shapes else None
         m.train(self.training)
         if self._device != "cpu":
             m.to(self._device)
@@ -153,7 +163,12 @@ class CompiledModule:
     def _check_fixed(self, tts):
         """Refuses inputs whose dims past the batch differ from those the graph's sizes came from."""
         for i, (t, dims) in enumerate(zip(tts, self._fixed)):
-            if t.shape[1:] != dims:
+            if self._lowering.batch_fixed and t.shape != dims:
+                raise RuntimeError(f"input {i} has shape {tuple(t.shape)}, but this compiled module's graph unflattens "
+                                   f"the batch dim into the first call's sizes, so it takes inputs of shape "
+                                   f"{tuple(dims)} only: give that shape, or unflatten with -1 first "
+                                   f"(Unflatten(0, (-1, ...)))")
+            if not self._lowering.batch_fixed and t.shape[1:] != dims:
                 raise RuntimeError(f"input {i} has shape {tuple(t.shape)}, but this compiled module's graph took its "
                                    f"view/reshape/flatten sizes from the first call's (*, {', '.join(map(str, dims))}) "
                                    f"and serves other batch sizes only: give inputs of that shape (pad them)")
@@ -337,6 +352,9 @@ _orig_module_to = torch.nn.Module.to
 def _module_to(self, *args, **kwargs):
     device = kwargs.get("device", args[0] if args else None)
     if _is_tt(device):
+        dtype = kwargs.get("dtype", args[1] if len(args) > 1 else None)
+        if dtype is not None:  # module.to("tt", torch.bfloat16): the dtype as torch's, the device at compile
+            _orig_module_to(self, dtype)
         self._ttd_device = _device_name(device)  # honoured by ttd.compile
         return self
     if device is not None and not isinstance(device, torch.dtype):

@@ -515,6 +515,7 @@ START_TEST(test_zero_grad_before_backward) {
     tt_tensor *tb = tt_tensor_from_host(client, tbh, TT_FLOAT32, tbs, 2);
     zb_step(m, o, xd, ta, tb, 1, 0); /* every .grad made, and given values */
     zb_step(m, o, xd, ta, tb, 0, 1); /* zero_grad, then a loss of output 0 alone */
+    ck_assert_int_eq(tt_module_to(m, where ? "tt:0" : "cpu"), TT_OK); /* where it is: nothing moves, .grad stays */
     float *out = got[where]; /* tt_param_grad sends the queued Backward first */
     grad_of(m, "w", out, IN * ZH);
     grad_of(m, "s", out + IN * ZH, ZH);
