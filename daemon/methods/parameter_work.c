@@ -282,8 +282,37 @@ static bool step_and_zero(ttd_call *call, const Ttd__V1__ParameterWork *work, tt
   return true;
 }
 
+/* reached with each tensor once: a later entry of a tensor listed before (one tensor bound to
+ * two of a program's parameters, a tied weight) NULL, so that it is stepped once, as
+ * OptimizerStep and torch step it. A new array for the caller to free; NULL when out of
+ * memory. */
+static ttd_tensor **distinct_in_order(ttd_tensor *const *reached, size_t n) {
+  ttd_tensor **out = calloc(n + 1, sizeof(*out));
+  if (!out) return NULL;
+  for (size_t i = 0; i < n; i++) {
+    out[i] = reached[i];
+    for (size_t k = 0; k < i && out[i]; k++) {
+      if (out[k] == reached[i]) out[i] = NULL;
+    }
+  }
+  return out;
+}
+
+static ttd_status_t work_run(ttd_call *call, const Ttd__V1__ParameterWork *work, const char *where,
+                             ttd_tensor *const *reached, size_t n_reached, ttd_zero_defer *defer);
+
 ttd_status_t ttd_parameter_work_run(ttd_call *call, const Ttd__V1__ParameterWork *work, const char *where,
                                     ttd_tensor *const *reached, size_t n_reached, ttd_zero_defer *defer) {
+  if (!work || !reached) return work_run(call, work, where, reached, n_reached, defer);
+  ttd_tensor **once = distinct_in_order(reached, n_reached);
+  if (!once) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  ttd_status_t status = work_run(call, work, where, once, n_reached, defer);
+  free(once);
+  return status;
+}
+
+static ttd_status_t work_run(ttd_call *call, const Ttd__V1__ParameterWork *work, const char *where,
+                             ttd_tensor *const *reached, size_t n_reached, ttd_zero_defer *defer) {
   if (!work) return TTD_OK;
   ttd_status_t fused_status;
   if (work->step && work->zero_grad && step_and_zero(call, work, reached, n_reached, &fused_status)) {

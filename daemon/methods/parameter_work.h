@@ -48,7 +48,8 @@ ttd_status_t ttd_parameter_work_check(const Ttd__V1__ParameterWork *work, const 
 /* Runs work (NULL: nothing): its step, then its zero_grad. where names the moment for
  * messages ("before this Execute"); a failure keeps its code and says which part failed.
  * reached (n_reached tensors, may be NULL) stands for an empty parameter list: Backward's
- * after-work applies to the parameters the backward reached. defer (NULL: none) takes the
+ * after-work applies to the parameters the backward reached, each once (a tensor bound to
+ * two of the program's parameters is listed twice). defer (NULL: none) takes the
  * zero_grad's zeros, for the Backward that follows (ttd_zero_defer). */
 ttd_status_t ttd_parameter_work_run(ttd_call *call, const Ttd__V1__ParameterWork *work, const char *where,
                                     ttd_tensor *const *reached, size_t n_reached, ttd_zero_defer *defer);

@@ -174,6 +174,32 @@ START_TEST(test_step_and_zero_fused) {
 }
 END_TEST
 
+/* A tensor the Backward reached twice (bound to two of the program's parameters: a tied
+ * weight) is stepped once by a step over the parameters reached, fused or in two passes
+ * (momentum without its buffer yet), as OptimizerStep and torch step it. */
+START_TEST(test_tied_parameter_reached_twice_stepped_once) {
+  ttd_tensor *a;
+  new_param(9, TTD_DTYPE_FLOAT32, &a);
+  for (int momentum = 0; momentum < 2; momentum++) {
+    float *a0 = values(a), *ag = values(a->grad);
+    work_msg w;
+    make_work(&w, 0.5f, momentum ? 0.9f : 0.0f, NULL, 0, NULL, 0);
+    ttd_tensor *reached[3] = {a, NULL, a};
+    zero_passes = fused_steps = plain_steps = 0;
+    ttd_status_t s = ttd_parameter_work_run(&call, &w.work, "after this Backward", reached, 3, NULL);
+    ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
+    ck_assert_int_eq(fused_steps + plain_steps, 1);
+    expect_sgd(a, a0, ag, 0.5f); /* the first momentum step: the buffer starts as the gradient */
+    expect_zeros(a->grad, "a.grad");
+    float g[9];
+    for (int i = 0; i < 9; i++) g[i] = 0.25f * (float)(i - 4);
+    backend->vtable->buffer_write(backend, a->grad->buffer, 0, g, sizeof(g));
+    atomic_store(&a->grad->grad_state, TTD_GRAD_UNKNOWN);
+    free(a0), free(ag);
+  }
+}
+END_TEST
+
 /* A .grad held by an Upload (its write mark taken) is zeroed all the same, as ZeroGrad
  * zeroes it, but not known zeros: the Upload may have written part of it. */
 START_TEST(test_fused_beside_an_upload) {
@@ -336,6 +362,7 @@ Suite *parameter_work_suite(void) {
   TCase *tc = tcase_create("parameter_work");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_step_and_zero_fused);
+  tcase_add_test(tc, test_tied_parameter_reached_twice_stepped_once);
   tcase_add_test(tc, test_fused_beside_an_upload);
   tcase_add_test(tc, test_two_passes_where_fusing_differs);
   tcase_add_test(tc, test_unknown_handle_as_two_passes);
