@@ -644,6 +644,53 @@ START_TEST(test_linear_relu_fused) {
 }
 END_TEST
 
+/* A batched matmul with no rows (x [2, 0, 3] @ w [2, 3, 4]) writes its weight's gradient all
+ * zeros: on the first Backward (its buffer made from freed memory that held other values)
+ * and into a .grad whose zeros a ZeroGrad left to the Backward (which still held the last
+ * gradient). */
+START_TEST(test_empty_batched_matmul_writes_zero_grads) {
+  graph_builder b;
+  gb_init(&b);
+  gb_value(&b, 0, "x", F32, 3, 2, 0, 3, 0);
+  gb_value(&b, 1, "w", F32, 3, 2, 3, 4, 0);
+  gb_node(&b, "y", "matmul", "x", "w", NULL);
+  b.outputs[b.graph.n_outputs++] = "y";
+  harness h;
+  harness_setup(&h, &b, 0.5f, 1);
+  ttd_tensor *w = h.params[0];
+  for (int round = 0; round < 2; round++) {
+    if (round == 0) { /* freed memory of the gradient's size, holding 7s, for the cache to hand out */
+      ttd_tensor *junk = NULL;
+      ck_assert_ptr_null(ttd_tensor_create(h.backend, NULL, &w->spec, &junk));
+      for (uint64_t i = 0; i < w->spec.numel; i++) write_at(h.backend, junk, i, 7.0f);
+      ttd_tensor_release(junk);
+    } else { /* the last gradient, its zeros left to this Backward */
+      for (uint64_t i = 0; i < w->spec.numel; i++) write_at(h.backend, w->grad, i, 1.0f);
+      atomic_store(&w->grad->grad_state, TTD_GRAD_PENDING_ZEROS);
+    }
+    ttd_run *run = NULL;
+    ck_assert_ptr_null(ttd_run_forward(h.backend, NULL, h.program, h.inputs, 1, h.params, 1, &run));
+    const ttd_program_value *y = &h.program->values[h.program->outputs[0]];
+    ttd_tensor_spec spec = {.dtype = TTD_DTYPE_FLOAT32, .ndim = 3, .device = 0, .location = TTD_MEM_DRAM};
+    memcpy(spec.shape, y->type.shape.d, sizeof(int64_t) * 3);
+    ck_assert_ptr_null(ttd_tensor_spec_finish(&spec));
+    ttd_tensor *dy = NULL, *param_grads[1] = {0};
+    ck_assert_ptr_null(ttd_tensor_create(h.backend, NULL, &spec, &dy));
+    ttd_status_t st = ttd_run_backward(run, h.backend, &dy, param_grads, NULL);
+    ck_assert_msg(st == NULL, "%s", ttd_status_message(st));
+    ck_assert_ptr_eq(param_grads[0], w->grad);
+    for (uint64_t i = 0; i < w->spec.numel; i++) {
+      ck_assert_msg(read_at(h.backend, w->grad, i) == 0.0f, "round %d: w.grad[%llu] is %g", round,
+                    (unsigned long long)i, read_at(h.backend, w->grad, i));
+    }
+    ttd_tensor_release(param_grads[0]);
+    ttd_tensor_release(dy);
+    ttd_run_free(run);
+  }
+  harness_teardown(&h);
+}
+END_TEST
+
 /* ZeroGrad on a parameter's .grad. */
 static void zero_grad(harness *h, ttd_tensor *param) {
   ck_assert_ptr_null(ttd_tensor_zero_grad(h->backend, param->grad));
@@ -819,6 +866,7 @@ Suite *program_grad_suite(void) {
   tcase_add_test(tc, test_grad_summed_in_place);
   tcase_add_test(tc, test_linear_relu_fused);
   tcase_add_test(tc, test_cost_estimate);
+  tcase_add_test(tc, test_empty_batched_matmul_writes_zero_grads);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -42,7 +42,8 @@ static matmul_dims matmul_dims_of(const ttd_node_call *call) {
   d.m = os->d[os->ndim - 2];
   d.n = os->d[os->ndim - 1];
   d.k = s0->d[s0->ndim - (call->node->attrs.transpose_a ? 2 : 1)];
-  d.batch = (d.m * d.n) != 0 ? ttd_kshape_numel(os) / (d.m * d.n) : 0;
+  d.batch = 1; /* the output's leading dims: also where m or n is 0, whose gradients are zeros to write */
+  for (int i = 0; i < os->ndim - 2; i++) d.batch *= os->d[i];
   d.a_stride = s0->ndim > 2 ? d.m * d.k : 0;
   d.b_stride = s1->ndim > 2 ? d.k * d.n : 0;
   return d;
