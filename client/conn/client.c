@@ -102,7 +102,7 @@ static tt_status open_session(tt_client *c, const tt_connect_options *options) {
   if (st != TT_OK) {
     if (st == TT_UNAVAILABLE) {
       char why[sizeof(c->errmsg)];
-      snprintf(why, sizeof(why), "%s", c->errmsg);
+      snprintf(why, sizeof(why), "%s", tt_last_error(c));
       return fail_unreachable(c, why);
     }
     return st;
@@ -169,7 +169,7 @@ static tt_status channel_credentials(tt_client *c, const tt_connect_options *opt
   char *ca_pem = ca ? read_pem(c, "CA bundle", ca) : NULL;
   char *cert_pem = cert ? read_pem(c, "client certificate", cert) : NULL;
   char *key_pem = key ? read_pem(c, "client key", key) : NULL;
-  tt_status st = (ca && !ca_pem) || (cert && !cert_pem) || (key && !key_pem) ? c->errcode : TT_OK;
+  tt_status st = (ca && !ca_pem) || (cert && !cert_pem) || (key && !key_pem) ? tt_errcode(c) : TT_OK;
   if (st == TT_OK) {
     grpc_ssl_pem_key_cert_pair pair = {.private_key = key_pem, .cert_chain = cert_pem};
     *out = grpc_ssl_credentials_create(ca_pem, cert_pem ? &pair : NULL, NULL, NULL);
@@ -202,6 +202,7 @@ tt_status tt_connect(const char *target, const tt_connect_options *options, tt_c
   *out_client = c;
   atomic_init(&c->refs, 1);
   pthread_mutex_init(&c->error_lock, NULL);
+  tt_client_error_init(c);
   pthread_mutex_init(&c->keepalive_lock, NULL);
   pthread_mutex_init(&c->shm_lock, NULL);
   pthread_mutex_init(&c->lane_lock, NULL);

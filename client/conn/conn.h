@@ -97,9 +97,11 @@ struct tt_client {
   ttd_cq_spin spin;        /* the wait for a light call's answer (disable_spin, TTD_SPIN) */
   ttd_cq_spin device_spin; /* the wait for device work's answer (the same switches) */
 
+  /* The last error of the threads that have none of their own on this client (error.c). */
   pthread_mutex_t error_lock;
   tt_status errcode;
   char errmsg[1024];
+  uint64_t error_key; /* this client among all a process makes: whose a thread's last error is */
 
   ttd_block_cache blocks;   /* large host buffers kept for reuse (without shared memory) */
   int shm_fd;               /* the side socket, or -1: no fast path */
@@ -141,6 +143,8 @@ void tt_client_release(tt_client *client);
 /* ---- errors (error.c) ---- */
 
 /* Records an error on the client and returns its code. */
+/* Gives a new client its error_key (error.c). */
+void tt_client_error_init(tt_client *client);
 tt_status tt_client_fail(tt_client *client, tt_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Records a runtime status (not OK) as the client's error, frees it and returns its code. */

@@ -122,9 +122,10 @@ void tt_disconnect(tt_client *client);
  * "unix:" prefix. Returns 0, or -1 if buf is too small. */
 int tt_default_target(char *buf, size_t len);
 
-/* The code and message of the most recent failing call on this client; TT_OK and "" when
- * none failed. The message stays valid until the next call on the client. NULL client:
- * "out of memory". */
+/* The code and message of the most recent failing call this thread made on this client, as
+ * errno is per thread (a thread that made none: the most recent of any thread's); TT_OK and
+ * "" when none failed. The message stays valid until this thread's next call on the client.
+ * NULL client: "out of memory". */
 tt_status tt_errcode(const tt_client *client);
 const char *tt_last_error(const tt_client *client);
 

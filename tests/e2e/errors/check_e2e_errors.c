@@ -2,6 +2,7 @@
  * broken stream gets a precise gRPC code and a message that says what to fix, the daemon
  * keeps serving, and no device byte is left behind. */
 #include <check.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -332,6 +333,46 @@ START_TEST(test_client_misuse) {
 }
 END_TEST
 
+/* Two threads failing on one client, each in its own way: each reads its own call's code and
+ * message (tt_last_error is per thread, as errno), never the other's. */
+typedef struct misuse_thread {
+  tt_client *c;
+  tt_tensor *h;
+  const char *device, *want;
+  int wrong;
+  char example[160];
+} misuse_thread;
+
+static void *misuse_loop(void *arg) {
+  misuse_thread *t = arg;
+  for (int i = 0; i < 2000; i++) {
+    if (tt_to(t->h, t->device) || strstr(tt_last_error(t->c), t->want)) continue;
+    if (!t->wrong++) snprintf(t->example, sizeof(t->example), "%s", tt_last_error(t->c));
+  }
+  return NULL;
+}
+
+START_TEST(test_last_error_per_thread) {
+  tt_client *c = harness_connect(&proc, 0);
+  float v[2] = {1, 2};
+  int64_t shape[1] = {2};
+  tt_tensor *h = tt_tensor_from_host(c, v, TT_FLOAT32, shape, 1);
+  misuse_thread t[2] = {{.c = c, .h = h, .device = "gpu", .want = "'gpu'"},
+                        {.c = c, .h = h, .device = "tt:7", .want = "tt:7"}};
+  pthread_t threads[2];
+  for (int i = 0; i < 2; i++) ck_assert_int_eq(pthread_create(&threads[i], NULL, misuse_loop, &t[i]), 0);
+  for (int i = 0; i < 2; i++) pthread_join(threads[i], NULL);
+  for (int i = 0; i < 2; i++) ck_assert_msg(t[i].wrong == 0, "thread %d read another's error %d times: %s", i, t[i].wrong,
+                                            t[i].example);
+  const char *latest = tt_last_error(c); /* this thread made none: the latest of any thread's */
+  ck_assert_msg(strstr(latest, "tt:7") || strstr(latest, "'gpu'"), "%s", latest);
+  ck_assert_ptr_null(tt_to(h, "tt:9"));
+  ck_assert_ptr_nonnull(strstr(tt_last_error(c), "tt:9"));
+  tt_tensor_free(h);
+  tt_disconnect(c);
+}
+END_TEST
+
 Suite *e2e_errors_suite(void) {
   Suite *s = suite_create("e2e_errors");
   TCase *tc = tcase_create("errors");
@@ -349,6 +390,7 @@ Suite *e2e_errors_suite(void) {
   tcase_add_test(tc, test_bad_upload_streams);
   tcase_add_test(tc, test_bad_downloads);
   tcase_add_test(tc, test_client_misuse);
+  tcase_add_test(tc, test_last_error_per_thread);
   suite_add_tcase(s, tc);
   return s;
 }
