@@ -1,5 +1,6 @@
 """ttd.compile on each supported torch op: run on a card and left on "cpu", compared with the
 same module in plain torch; unsupported ops and attributes fail at compile time."""
+import copy
 import pytest
 import torch
 import torch.fx
@@ -321,3 +322,52 @@ def test_unflattening_the_batch_into_fixed_sizes_takes_that_batch_only():
     for n in (8, 12):
         x = torch.randn(n, 3)
         torch.testing.assert_close(c(x.to("tt")).cpu(), m(x), rtol=1e-5, atol=1e-5)
+
+
+class _Outs(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.l, self.kind = nn.Linear(4, 2), kind
+
+    def forward(self, x):
+        h = self.l(x)
+        return {"dict": lambda: {"out": h, "relu": F.relu(h)}, "nested": lambda: (h, [h, F.relu(h)]),
+                "none": lambda: (h, None), "twice": lambda: (h, h), "int": lambda: (h, 3)}[self.kind]()
+
+
+@pytest.mark.parametrize("kind", ["dict", "nested", "none", "twice"])
+def test_outputs_keep_forwards_structure(kind):
+    """forward may return dicts, lists and tuples of tensors, nested, None among them, and a
+    tensor more than once: the compiled module returns the same structure, and a tensor
+    returned twice gets the sum of both gradients, as torch's."""
+    torch.manual_seed(0)
+    m = _Outs(kind)
+    c = ttd.compile(copy.deepcopy(m)).to("tt")
+    x = torch.randn(3, 4)
+    got, want = c(x.to("tt")), m(x)
+    flat_got, flat_want = [], []
+
+    def walk(g, w):
+        assert type(g) is type(w) or (isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor)), (g, w)
+        if isinstance(w, dict):
+            assert list(g) == list(w)
+            for k in w:
+                walk(g[k], w[k])
+        elif isinstance(w, (tuple, list)):
+            assert len(g) == len(w)
+            for a, b in zip(g, w):
+                walk(a, b)
+        elif w is not None:
+            flat_got.append(g.to("cpu"))
+            flat_want.append(w)
+    walk(got, want)
+    for a, b in zip(flat_got, flat_want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    sum(t.sum() * (i + 1) for i, t in enumerate(flat_got)).backward()
+    sum(t.sum() * (i + 1) for i, t in enumerate(flat_want)).backward()
+    torch.testing.assert_close(dict(c.named_parameters())["l.bias"].grad, m.l.bias.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_returning_a_constant_fails_at_compile_time():
+    with pytest.raises(NotImplementedError, match="returning int 3.*forward returns tensors, None"):
+        ttd.compile(_Outs("int"))

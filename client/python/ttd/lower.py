@@ -91,6 +91,19 @@ def _named(t, name, fns):
     return t == name or t in fns
 
 
+def _build(tree, outputs):
+    """tree (Lowering._out_tree) with each index i replaced by outputs[i]. A function of its
+    own: a recursive closure would hold outputs in a reference cycle, keeping the runs they
+    anchor until the garbage collector runs."""
+    if isinstance(tree, int):
+        return outputs[tree]
+    if tree is None:
+        return None
+    if isinstance(tree, dict):
+        return {k: _build(x, outputs) for k, x in tree.items()}
+    return type(tree)(_build(x, outputs) for x in tree)
+
+
 class Lowering:
     """One traced module (gm) and its parameters' names: checked at compile time, lowered at
     the first call."""
@@ -102,6 +115,37 @@ class Lowering:
         self._aliases = aliases or {}
         self.has_dropout = False  # whether forward has dropout that train()/eval() turn on and off
         self._check_ops()
+        self._out_nodes, self._out_tree = self._plan_outputs()
+
+    def _plan_outputs(self):
+        """What forward returns: a tensor, or tuples, lists and dicts of tensors and None, nested,
+        a tensor there more than once: the distinct tensors (the graph's outputs, in order) and
+        the structure with each replaced by its index. Anything else fails at compile time."""
+        node = next(n for n in self._gm.graph.nodes if n.op == "output")
+        nodes, index = [], {}
+
+        def plan(v):
+            if isinstance(v, torch.fx.Node):
+                if v.name not in index:
+                    index[v.name] = len(nodes)
+                    nodes.append(v)
+                return index[v.name]
+            if v is None:
+                return None
+            if isinstance(v, (tuple, list)):
+                return (tuple if isinstance(v, tuple) else list)(plan(x) for x in v)
+            if isinstance(v, dict):
+                return {k: plan(x) for k, x in v.items()}
+            _fail(node, f"returning {type(v).__name__} {v!r:.40}", "is not supported: forward returns tensors, None, "
+                  "and tuples, lists or dicts of them")
+        tree = plan(node.args[0])
+        if not nodes:
+            _fail(node, "a forward that returns no tensor", "is not supported: return the tensors to compute")
+        return nodes, tree
+
+    def unflatten(self, outputs):
+        """forward's result, as its structure, from the graph's outputs (one value each)."""
+        return _build(self._out_tree, outputs)
 
     def _param_name(self, name):
         return self._aliases.get(name, name)
@@ -119,10 +163,7 @@ class Lowering:
             for a in node.all_input_nodes:
                 own |= deps[a.name]
             deps[node.name] = own
-            if node.op == "output":
-                outs = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
-                return [deps[o.name] if isinstance(o, torch.fx.Node) else set() for o in outs]
-        return []
+        return [deps[o.name] for o in self._out_nodes]
 
     def _check_ops(self):
         order = {n: i for i, n in enumerate(self._gm.graph.nodes)}
@@ -482,7 +523,7 @@ class Lowering:
 
     def build(self, example):
         """A libttclient graph for the dtypes and shapes of example (libttclient tensors); also
-        sets n_outputs, tuple_out (whether forward returns a tuple) and fixed_shapes (whether a
+        sets n_outputs (the distinct tensors forward returns) and fixed_shapes (whether a
         size taken from a shape, other than the batch, is a constant of the graph: then inputs
         whose dims past the first differ from example's would get its sizes)."""
         self.fixed_shapes = False
@@ -496,10 +537,9 @@ class Lowering:
                 env[node.name] = graph.input(node.name, example[inputs].dtype, tuple(example[inputs].shape))
                 inputs += 1
             elif node.op == "output":
-                outs = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
-                for o in outs:
+                for o in self._out_nodes:
                     graph.output(env[o.name])
-                self.n_outputs, self.tuple_out = len(outs), isinstance(node.args[0], (tuple, list))
+                self.n_outputs = len(self._out_nodes)
             else:
                 try:
                     env[node.name] = self._lower(node, graph, env)

@@ -138,7 +138,6 @@ class CompiledModule:
 
     def _build(self, example):
         m = _lib.Module(self._lowering.build(example))
-        self._tuple_out = self._lowering.tuple_out
         # the built dims each input must keep: past the batch, or all of them (batch_fixed)
         skip = 0 if self._lowering.batch_fixed else 1
         self._fixed = [t.shape[skip:] for t in example] if self._lowering.fixed_shapes else None
@@ -336,7 +335,7 @@ class CompiledModule:
         res = [Tensor(o, a) for o, a in zip(outs, out_anchors)]
         if not on_tt:  # a module left on "cpu" runs in process and answers CPU tensors
             res = [r.to("cpu") for r in res]
-        return tuple(res) if self._tuple_out else res[0]
+        return self._lowering.unflatten(res)
 
 
 def compile(module):
