@@ -158,6 +158,40 @@ def test_frozen_parameters_are_not_stepped(opts, subset):
         torch.testing.assert_close(results[3][k], v, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("zero_each_step", [True, False])
+@pytest.mark.parametrize("opts", [(torch.optim.SGD, ttd.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
+                                  (torch.optim.Adam, ttd.optim.Adam, dict(lr=0.05))])
+def test_parameter_frozen_after_it_had_a_grad_keeps_torchs_grad(opts, zero_each_step):
+    """A parameter frozen once it has a .grad keeps that .grad through later backwards (zeros
+    after zero_grad), and the optimizer steps it with that .grad (momentum, weight decay and
+    Adam's moments still move it), as torch's; unfrozen, it trains on as torch's."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    tt_model = ttd.compile(copy.deepcopy(ref)).to("tt")
+    x, y = torch.randn(5, 4), torch.randn(5, 2)
+    results = []
+
+    def loop(model, cls, dev, kw):
+        opt = cls(model.parameters(), **kw)
+        w = dict(model.named_parameters())["0.weight"]
+        grads = []
+        for i in range(6):
+            if i in (2, 4):
+                w.requires_grad_(i == 4)
+            if zero_each_step or i == 2:
+                opt.zero_grad()
+            F.mse_loss(model(x.to(dev) if dev == "tt" else x).to("cpu"), y).backward()
+            grads.append(w.grad.detach().clone())
+            opt.step()
+        results.append((grads, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+    _side_by_side(ref, tt_model, opts, loop)
+    (want_grads, want), (got_grads, got) = results
+    for i, (g, wg) in enumerate(zip(got_grads, want_grads)):
+        torch.testing.assert_close(g, wg, rtol=1e-5, atol=1e-6, msg=f"step {i}")
+    for k, v in want.items():
+        torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("opts", [(torch.optim.SGD, ttd.optim.SGD, dict(lr=0.1, momentum=0.9)),
                                   (torch.optim.Adam, ttd.optim.Adam, dict(lr=0.05))])
 def test_step_skips_parameters_without_grad(opts):

@@ -1,6 +1,7 @@
 """ttd.compile's module: traced with torch.fx, lowered onto a libttclient graph at the first
 call, run on a card or in process, with torch's manners (to, train/eval, parameters)."""
 import collections
+import functools
 import os
 import tempfile
 
@@ -135,6 +136,11 @@ class CompiledModule:
         self._output_params = self._lowering.output_params()
         self._reached = {}  # outputs given a gradient (indices) -> the parameters they reach
         self._after_backward = None  # ttd.parallel's hook: called in each run's backward
+        # torch's .grad of each frozen parameter that has one (CPU copies): backward leaves it
+        # as it is in torch, so the card's, which a backward still adds to, is put back
+        self._kept = {}
+        self._put_back = ()  # the names of those the run being sent reached
+        self._state_owner = None  # weakref to the ttd.optim optimizer whose state the card holds
 
     def _build(self, example):
         m = _lib.Module(self._lowering.build(example))
@@ -218,6 +224,7 @@ class CompiledModule:
     def _grads_zeroed(self, set_to_none):
         """Every .grad on the card is 0: torch's .grad follows (None with set_to_none)."""
         self._stale.clear()
+        self._kept.clear()
         if set_to_none:
             self._with_grad.clear()
 
@@ -225,7 +232,8 @@ class CompiledModule:
         """A run's backward, before its gradients go to the card, outputs: the indices of the
         outputs that got one (a tuple). The parameters it reaches get a .grad as torch's do: a
         frozen one none (its card .grad, which still sums, is stale); one that had none starts
-        at 0."""
+        at 0. A frozen one that has a .grad keeps it: its value is kept to be put back when the
+        gradients have gone (_backward_sent)."""
         reached = self._reached.get(outputs)
         if reached is None:
             if len(self._reached) >= 256:  # subsets of many outputs: the cache stays bounded
@@ -233,15 +241,31 @@ class CompiledModule:
             reached = self._reached[outputs] = tuple(self._params[n] for n in sorted(
                 set().union(*(self._output_params[i] for i in outputs))))
         with_grad = self._with_grad
+        put_back = []
         for p in reached:
             name = p.name
-            if not p.requires_grad:
+            if not p.requires_grad and name in with_grad:
+                if name not in self._kept:
+                    self._kept[name] = _torch_from_tt(self._module.param_grad(name))
+                put_back.append(name)
+            elif not p.requires_grad:
                 self._stale.add(name)
             elif name not in with_grad:
                 if name in self._stale:
                     self._module.param_grad(name).copy_(_host_from_torch(torch.zeros(p.shape)))
                     self._stale.discard(name)
                 with_grad.add(name)
+        self._put_back = tuple(put_back)
+
+    def _backward_sent(self, hook=None):
+        """A run's backward has sent its gradients (queued on the card): the .grad of each frozen
+        parameter it reached that has one goes back to torch's value; then hook, ttd.parallel's
+        when the run's forward was made (or None)."""
+        for name in self._put_back:
+            self._module.param_grad(name).copy_(_host_from_torch(self._kept[name]))
+        self._put_back = ()
+        if hook is not None:
+            hook()
 
     def state_dict(self):
         """torch's state_dict: CPU copies of the parameters, under torch's names (a tied
@@ -328,8 +352,9 @@ class CompiledModule:
         if mode and not training and outs:
             outs[0].release_run()
         if training:
-            out_anchors = autograd.run(outs, [t for t, _ in watched], [a for _, a in watched], self._on_backward,
-                                       self._after_backward)
+            hook = self._after_backward  # ttd.parallel sets it around the forward only
+            sent = self._backward_sent if hook is None else functools.partial(self._backward_sent, hook)
+            out_anchors = autograd.run(outs, [t for t, _ in watched], [a for _, a in watched], self._on_backward, sent)
         else:
             out_anchors = [None] * len(outs)
         res = [Tensor(o, a) for o, a in zip(outs, out_anchors)]
