@@ -158,6 +158,13 @@ def test_frozen_parameters_are_not_stepped(opts, subset):
         torch.testing.assert_close(results[3][k], v, rtol=1e-5, atol=1e-6)
 
 
+def _tanh_pair():
+    """A 4-8-2 tanh MLP in torch and compiled onto the card, and a batch of 5 for it."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    return ref, ttd.compile(copy.deepcopy(ref)).to("tt"), torch.randn(5, 4), torch.randn(5, 2)
+
+
 @pytest.mark.parametrize("zero_each_step", [True, False])
 @pytest.mark.parametrize("opts", [(torch.optim.SGD, ttd.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
                                   (torch.optim.Adam, ttd.optim.Adam, dict(lr=0.05))])
@@ -165,10 +172,7 @@ def test_parameter_frozen_after_it_had_a_grad_keeps_torchs_grad(opts, zero_each_
     """A parameter frozen once it has a .grad keeps that .grad through later backwards (zeros
     after zero_grad), and the optimizer steps it with that .grad (momentum, weight decay and
     Adam's moments still move it), as torch's; unfrozen, it trains on as torch's."""
-    torch.manual_seed(0)
-    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    tt_model = ttd.compile(copy.deepcopy(ref)).to("tt")
-    x, y = torch.randn(5, 4), torch.randn(5, 2)
+    ref, tt_model, x, y = _tanh_pair()
     results = []
 
     def loop(model, cls, dev, kw):
@@ -280,3 +284,32 @@ def test_param_group_flags_checked_as_keywords(cls, flag):
     with pytest.raises(NotImplementedError, match="one parameter group"):
         params = list(m.parameters())
         cls([{"params": params[:2]}, {"params": params[2:], "lr": 0.01}], lr=0.1)
+
+
+def test_each_optimizer_has_its_own_state():
+    """A new optimizer over a module starts from no state, as torch's, whatever the old one
+    left (also of another kind); two optimizers used in turn each continue from their own."""
+    ref, tt_model, x, y = _tanh_pair()
+    results = []
+
+    def loop(model, cls, dev, kw):
+        adam = torch.optim.Adam if dev == "cpu" else ttd.optim.Adam
+        sgd = torch.optim.SGD if dev == "cpu" else ttd.optim.SGD
+        run = lambda o: (o.zero_grad(), F.mse_loss(model(x.to(dev) if dev == "tt" else x).to("cpu"), y).backward(),
+                         o.step())
+        first = sgd(model.parameters(), lr=0.05, momentum=0.9)
+        for _ in range(3):
+            run(first)
+        fresh = adam(model.parameters(), lr=0.01)  # replaces it: no moments, step 1 next
+        for _ in range(2):
+            run(fresh)
+        other = sgd(model.parameters(), lr=0.02, momentum=0.5)
+        for _ in range(3):  # in turn: each continues from its own state
+            run(fresh), run(other)
+        results.append(({k: v.detach().clone() for k, v in model.state_dict().items()},
+                        float(fresh.state_dict()["state"][0]["step"])))
+    _side_by_side(ref, tt_model, (None, None, {}), loop)
+    (want, want_step), (got, got_step) = results
+    assert got_step == want_step == 5
+    for k, v in want.items():
+        torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6)

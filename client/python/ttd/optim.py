@@ -12,6 +12,7 @@ import json
 import os
 import struct
 import tempfile
+import weakref
 
 import torch
 from torch.optim.optimizer import required
@@ -80,6 +81,7 @@ class _CardOptimizer(torch.optim.Optimizer):
         self.param_groups = [dict(params=params, **defaults)]
         self._opt = None
         self._sent = None  # the card's arguments, as _card_args gives them
+        self._parked = None  # this optimizer's state file while another's is on the card (_claim)
         if self._owner._module is not None:
             self._get()  # the card checks the arguments now
 
@@ -113,6 +115,11 @@ class _CardOptimizer(torch.optim.Optimizer):
         args = self._card_args(group)
         if self._opt is None:
             self._opt = _value_error(self._make, self._owner._built(), args)
+            self._claim()
+        elif self._owner._state_owner is None or self._owner._state_owner() is not self:
+            self._claim()
+        if self._sent is None:
+            pass
         elif args["lr"] != self._sent["lr"] and {k for k in args if args[k] != self._sent[k]} == {"lr"}:
             _value_error(self._opt.set_lr, args["lr"])
         elif args != self._sent:
@@ -121,6 +128,27 @@ class _CardOptimizer(torch.optim.Optimizer):
             self._load_state(tensors=self._fit_state(tensors, args), meta=meta)
         self._sent = args
         return self._opt
+
+    def _claim(self):
+        """Puts this optimizer's state on the card, as each of torch's optimizers has its own:
+        the card keeps one per parameter, so the state there of another optimizer of the module
+        (still in use) is parked in it as a file, and this one's comes back from its own, or
+        starts afresh (step 0, no buffers) where another's, or that of one gone, was there."""
+        module = self._owner
+        ref = module._state_owner
+        other = ref() if ref is not None else None
+        if other is not None and other._opt is not None:
+            other._parked = other._save_state()
+        if self._parked is not None:
+            self._load_state(self._parked)
+            self._parked = None
+        elif ref is not None:  # a fresh state: every parameter at step 0, with no buffers
+            args = self._card_args(self.param_groups[0])
+            meta = {"format": "ttd.optimizer", "optimizer": self._kind,
+                    **{k: repr(float(v)) for k, v in args.items()}}
+            self._load_state(tensors={f"{n}.step": torch.zeros((), dtype=torch.int32) for n in module._params},
+                             meta=meta)
+        module._state_owner = weakref.ref(self)
 
     def _save_state(self):
         """The card's optimizer state file (tt_optimizer_save), as bytes."""
@@ -221,6 +249,8 @@ class _CardOptimizer(torch.optim.Optimizer):
 class SGD(_CardOptimizer):
     """torch.optim.SGD's signature; steps on the card (tt_sgd_opts)."""
 
+    _kind = "SGD"  # the card optimizer's name in its state files
+
     def __init__(self, params, lr=required, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
                  maximize=False, foreach=None, differentiable=False):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
@@ -264,6 +294,7 @@ class Adam(_CardOptimizer):
     """torch.optim.Adam's signature; steps on the card (tt_adam_opts)."""
 
     _decoupled = False
+    _kind = "Adam"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
                  foreach=None, maximize=False, capturable=False, differentiable=False, fused=False):
@@ -304,6 +335,7 @@ class AdamW(Adam):
     """torch.optim.AdamW's signature (decoupled weight decay, 1e-2 by default); on the card."""
 
     _decoupled = True
+    _kind = "AdamW"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, **kw):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **kw)
