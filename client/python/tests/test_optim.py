@@ -97,9 +97,11 @@ def test_zero_grad_set_to_none():
     assert all(p.grad is None for p in m.parameters())
 
 
+@pytest.mark.parametrize("run_first", [True, False])
 @pytest.mark.parametrize("opt_name", ["sgd_momentum", "adam"])
-def test_optimizer_state_dict_resumes(opt_name):
-    """An optimizer's state_dict loaded into a fresh one continues as the original would."""
+def test_optimizer_state_dict_resumes(opt_name, run_first):
+    """An optimizer's state_dict loaded into a fresh one continues as the original would, also
+    loaded before the new module's first call (a restart: load both state dicts, then train)."""
     torch_cls, ttd_cls, kw = OPTIMIZERS[opt_name]
     ref, x, y = _mlp()
     a = ttd.compile(copy.deepcopy(ref)).to("tt")
@@ -109,9 +111,12 @@ def test_optimizer_state_dict_resumes(opt_name):
     assert set(sd["state"]) == set(range(4)) and float(sd["state"][0]["step"]) == 5
     b = ttd.compile(copy.deepcopy(ref)).to("tt")
     b.load_state_dict(msd)
-    b(x.to("tt"))
+    if run_first:
+        b(x.to("tt"))
     opt_b = ttd_cls(b.parameters(), **kw)
     opt_b.load_state_dict(sd)
+    if not run_first:
+        assert float(opt_b.state_dict()["state"][0]["step"]) == 5
     la = train(a, opt_a, x, y, cross_entropy, 5, "tt")
     lb = train(b, opt_b, x, y, cross_entropy, 5, "tt")
     assert la == lb

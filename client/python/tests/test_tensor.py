@@ -60,6 +60,7 @@ def test_device_tensor_metadata():
     assert d.device == "tt:0"
     r = repr(d)
     assert "tt:0" in r and "(2, 3)" in r
+    assert len(d) == 2 and d.numel() == torch.numel(d) == 6 and d.dim() == 2 and d.size(1) == 3
 
 
 def test_bfloat16_conversion_on_the_way():

@@ -82,6 +82,7 @@ class _CardOptimizer(torch.optim.Optimizer):
         self._opt = None
         self._sent = None  # the card's arguments, as _card_args gives them
         self._parked = None  # this optimizer's state file while another's is on the card (_claim)
+        self._pending = None  # a state file load_state_dict took before the module ran: loaded at _get
         if self._owner._module is not None:
             self._get()  # the card checks the arguments now
 
@@ -116,6 +117,9 @@ class _CardOptimizer(torch.optim.Optimizer):
         if self._opt is None:
             self._opt = _value_error(self._make, self._owner._built(), args)
             self._claim()
+            if self._pending is not None:
+                data, self._pending = self._pending, None
+                self._load_file(data)
         elif self._owner._state_owner is None or self._owner._state_owner() is not self:
             self._claim()
         if self._sent is None:
@@ -216,10 +220,9 @@ class _CardOptimizer(torch.optim.Optimizer):
         groups = [{k: v for k, v in self.param_groups[0].items() if k != "params"}]
         groups[0]["params"] = list(range(len(self.param_groups[0]["params"])))
         out = {"state": {}, "param_groups": groups}
-        if self._opt is None:
+        if self._opt is None and self._pending is None:
             return out
-        self._get()
-        data = self._save_state()
+        data = self._pending if self._opt is None else (self._get(), self._save_state())[1]
         tensors, _ = _read_safetensors(data)
         for i, p in enumerate(self.param_groups[0]["params"]):
             s = {k[len(p.name) + 1:]: v for k, v in tensors.items() if k.startswith(p.name + ".")}
@@ -230,7 +233,9 @@ class _CardOptimizer(torch.optim.Optimizer):
         return out
 
     def load_state_dict(self, state_dict):
-        """Replaces the arguments and, from a ttd optimizer's state_dict, the state."""
+        """Replaces the arguments and, from a ttd optimizer's state_dict, the state (at the first
+        step where the module has not run yet, as after a restart: model.load_state_dict, then
+        opt.load_state_dict, then train)."""
         group = state_dict["param_groups"][0]
         data = state_dict.get("ttd_state")
         if data is None and state_dict.get("state"):
@@ -238,12 +243,19 @@ class _CardOptimizer(torch.optim.Optimizer):
         for k, v in group.items():
             if k != "params":
                 self.param_groups[0][k] = v
-        if data is not None:
+        if data is not None and self._owner._module is None:  # not run yet: loaded at the first step
+            self._pending = data
+        elif data is not None:
             self._get()
-            self._load_state(data)
-            meta = _read_safetensors(data)[1]
-            self._sent = {k: float(meta[k]) for k in self._sent}  # the file's arguments, float32
+            self._load_file(data)
         self._check(self.param_groups[0])
+
+    def _load_file(self, data):
+        """Loads a state file of this optimizer's (its bytes) onto the card; the card's arguments
+        are then the file's, float32."""
+        self._load_state(data)
+        meta = _read_safetensors(data)[1]
+        self._sent = {k: float(meta[k]) for k in self._card_args(self.param_groups[0])}
 
 
 class SGD(_CardOptimizer):

@@ -62,7 +62,8 @@ class Tensor(torch.Tensor):
         return out if dtype is None else out.to(dtype)
 
 
-_METADATA = {torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel, torch.Tensor.element_size,
+_METADATA = {torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel, torch.numel, torch.Tensor.__len__,
+             torch.Tensor.element_size,
              torch.Tensor.is_floating_point, torch.Tensor.__format__}
 
 
