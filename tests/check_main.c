@@ -27,6 +27,7 @@ static const struct {
     {"session_table", session_table_suite},
     {"device_tensor", device_tensor_suite},
     {"parameter_work", parameter_work_suite},
+    {"train_methods", train_methods_suite},
     {"tensor_proto", tensor_proto_suite},
     {"inline_tensor", inline_tensor_suite},
     {"tokens", tokens_suite},

@@ -130,19 +130,69 @@ ttd_status_t ttd_zero_grad_handles(ttd_call *call, const Ttd__V1__ZeroGradReques
   return zero_handles(call, req, out_zeroed, NULL);
 }
 
+static size_t distinct_sorted(ttd_tensor *const *params, size_t n, ttd_tensor **out);
+
+/* Marks the distinct parameters of params (n, NULL entries skipped) written for a step, all or
+ * none (the backend's one writer of a buffer at a time): FAILED_PRECONDITION while an Upload
+ * writes one or a Download reads it. *out_marked (n + 1 entries) gets them, for
+ * step_marks_end. */
+static ttd_status_t step_marks_begin(ttd_tensor *const *params, size_t n, ttd_tensor ***out_marked, size_t *out_n) {
+  *out_n = 0;
+  ttd_tensor **marked = *out_marked = calloc(n + 1, sizeof(*marked));
+  if (!marked) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  size_t d = distinct_sorted(params, n, marked);
+  for (size_t i = 0; i < d; i++) {
+    if (ttd_tensor_write_begin(marked[i])) continue;
+    for (size_t k = 0; k < i; k++) ttd_tensor_write_end(marked[k]);
+    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                           "a parameter of this step is being written by an Upload of this session, or read by a "
+                           "Download: send the step after that call answers (no parameter was stepped)");
+  }
+  *out_n = d;
+  return TTD_OK;
+}
+
+static void step_marks_end(ttd_tensor **marked, size_t n) {
+  for (size_t i = 0; i < n; i++) ttd_tensor_write_end(marked[i]);
+  free(marked);
+}
+
+/* Steps params (n, NULL entries skipped, each tensor once), their write marks taken first. */
+static ttd_status_t step_tensors_counted(ttd_call *call, ttd_optimizer_call *oc, ttd_tensor *const *params, size_t n,
+                                        uint64_t *updated) {
+  ttd_tensor **marked = NULL;
+  size_t n_marked = 0;
+  ttd_status_t status = step_marks_begin(params, n, &marked, &n_marked);
+  for (size_t i = 0; i < n && !status; i++) {
+    if (params[i]) status = step_one(call->core, params[i], oc, updated);
+  }
+  if (marked) step_marks_end(marked, n_marked);
+  return status;
+}
+
 ttd_status_t ttd_optimizer_step_handles(ttd_call *call, const Ttd__V1__OptimizerStepRequest *req, uint64_t *out_updated) {
   *out_updated = 0;
   ttd_optimizer_call oc;
   TTD_RETURN_IF_ERROR(ttd_optimizer_options_from_proto(req, &oc));
   TTD_RETURN_IF_ERROR(ttd_handles_check_distinct(req->parameters, req->n_parameters)); /* one step each */
-  for (size_t i = 0; i < req->n_parameters; i++) {
-    ttd_tensor *param = NULL;
-    TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->parameters[i], &param));
-    ttd_status_t status = step_one(call->core, param, &oc, out_updated);
-    ttd_tensor_release(param);
-    TTD_RETURN_IF_ERROR(status);
+  ttd_tensor **params = calloc(req->n_parameters + 1, sizeof(*params));
+  if (!params) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
+  ttd_status_t status = TTD_OK;
+  for (size_t i = 0; i < req->n_parameters && !status; i++) {
+    status = ttd_session_tensor_lookup(call->session, req->parameters[i], &params[i]);
   }
-  return TTD_OK;
+  for (size_t i = 0; i < req->n_parameters && !status; i++) { /* two handles of one tensor: stepped once */
+    for (size_t k = 0; k < i && params[i]; k++) {
+      if (params[k] == params[i]) {
+        ttd_tensor_release(params[i]);
+        params[i] = NULL;
+      }
+    }
+  }
+  if (!status) status = step_tensors_counted(call, &oc, params, req->n_parameters, out_updated);
+  for (size_t i = 0; i < req->n_parameters; i++) ttd_tensor_release(params[i]);
+  free(params);
+  return status;
 }
 
 /* The same on tensors the call already holds. */
@@ -151,10 +201,7 @@ static ttd_status_t step_tensors(ttd_call *call, const Ttd__V1__OptimizerStepReq
   ttd_optimizer_call oc;
   uint64_t updated = 0;
   TTD_RETURN_IF_ERROR(ttd_optimizer_options_from_proto(req, &oc));
-  for (size_t i = 0; i < n; i++) {
-    if (params[i]) TTD_RETURN_IF_ERROR(step_one(call->core, params[i], &oc, &updated));
-  }
-  return TTD_OK;
+  return step_tensors_counted(call, &oc, params, n, &updated);
 }
 
 static ttd_status_t zero_tensors(ttd_call *call, ttd_tensor *const *params, size_t n) {
@@ -268,9 +315,13 @@ static bool step_and_zero(ttd_call *call, const Ttd__V1__ParameterWork *work, tt
   for (size_t i = 0; i < n_locked; i++) pthread_mutex_lock(&locked[i]->train_lock);
   bool fused = found && !status && fusable(params, n, &oc); /* else the two passes tell any error */
   uint64_t updated = 0;
+  ttd_tensor **marked = NULL;
+  size_t n_marked = 0;
+  if (fused) status = step_marks_begin(params, n, &marked, &n_marked);
   for (size_t i = 0; i < n && fused && !status; i++) {
     if (params[i]) status = step_locked(call->core, params[i], &oc, &updated, true);
   }
+  if (marked) step_marks_end(marked, n_marked);
   for (size_t i = n_locked; i-- > 0;) pthread_mutex_unlock(&locked[i]->train_lock);
   for (size_t i = 0; i < n; i++) ttd_tensor_release(params[i]);
   free(params);

@@ -31,7 +31,9 @@ ttd_status_t ttd_zero_defer_end(ttd_backend *backend, ttd_zero_defer *defer);
  * *out_zeroed. NOT_FOUND for an unknown handle (the ones before it are zeroed). */
 ttd_status_t ttd_zero_grad_handles(ttd_call *call, const Ttd__V1__ZeroGradRequest *req, uint64_t *out_zeroed);
 
-/* OptimizerStep of req's parameters (options checked first), counted in *out_updated.
+/* OptimizerStep of req's parameters (options checked first), counted in *out_updated:
+ * each tensor once (two handles of one tensor too), or none when a handle is unknown
+ * (NOT_FOUND) or an Upload writes one or a Download reads one (FAILED_PRECONDITION).
  * Parameters without a .grad are skipped, as torch skips them. */
 ttd_status_t ttd_optimizer_step_handles(ttd_call *call, const Ttd__V1__OptimizerStepRequest *req, uint64_t *out_updated);
 

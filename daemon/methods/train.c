@@ -149,12 +149,17 @@ static ttd_status_t backward(ttd_call *call, const ProtobufCMessage *request, Pr
   }
   if (!status) status = gather_output_grads(call, run, req, out_grads);
   int n_operands = p->n_inputs + p->n_params;
-  if (!status) status = ttd_tensors_read_begin(run->operands, n_operands, "operand"); /* no Upload under it */
+  /* No Upload rewrites an operand or an output gradient while the backward reads it. */
+  if (!status && !(status = ttd_tensors_read_begin(run->operands, n_operands, "operand"))) {
+    status = ttd_tensors_read_begin(out_grads, p->n_outputs, "output gradient");
+    if (status) ttd_tensors_read_end(run->operands, n_operands);
+  }
   if (!status) {
     run->mode.cancel = call->job.cancel; /* this call's deadline and session stop the backward */
     status = ttd_run_backward(run, call->core->backend, out_grads, param_grads, req->input_grads ? input_grads : NULL);
     run->mode.cancel = NULL;
     ttd_tensors_read_end(run->operands, n_operands);
+    ttd_tensors_read_end(out_grads, p->n_outputs);
   }
   ttd_status_t zeroed = ttd_zero_defer_end(call->core->backend, &defer); /* before any step reads them */
   if (!status) status = zeroed;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "call_fixture.h"
 #include "core/core.h"
 #include "device/tensor.h"
 #include "methods/parameter_work.h"
@@ -18,7 +19,6 @@ static ttd_backend *backend;
 static const ttd_backend_vtable *sim_vtable; /* the wrapped backend's own */
 static ttd_backend_vtable wrapped;
 static int zero_passes, fused_steps, plain_steps;
-static ttd_core core;
 static ttd_session *session;
 static ttd_call call;
 
@@ -33,31 +33,24 @@ static ttd_status_t counting_step(ttd_backend *b, int device, const ttd_optimize
   return sim_vtable->optimizer_step(b, device, oc);
 }
 
+static call_fixture fx;
+
 static void setup(void) {
-  ttd_backend_options options = {.devices = 1, .dram_bytes = 16u << 20, .l1_bytes = 1u << 20, .cores = 2};
-  ttd_status_t s = ttd_backend_create("sim", &options, &backend);
-  ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
+  cf_setup(&fx);
+  backend = fx.backend;
+  session = fx.session;
+  call = fx.call;
   sim_vtable = backend->vtable;
   wrapped = *sim_vtable;
   wrapped.buffer_zero = counting_zero;
   wrapped.optimizer_step = counting_step;
   backend->vtable = &wrapped;
-  memset(&core, 0, sizeof(core));
-  core.backend = backend;
-  session = ttd_session_create(1, &(ttd_session_params){.client_name = "t"}, 0);
-  ck_assert_ptr_nonnull(session);
-  memset(&call, 0, sizeof(call));
-  call.core = &core;
-  call.session = session;
   zero_passes = fused_steps = plain_steps = 0;
 }
 
 static void teardown(void) {
-  uint64_t tensors, bytes;
-  ttd_session_close(session, &tensors, &bytes);
-  ttd_session_release(session);
   backend->vtable = sim_vtable;
-  ttd_backend_destroy(backend);
+  cf_teardown(&fx);
 }
 
 static ttd_tensor *new_tensor(int64_t n, ttd_dtype dtype, float first) {
@@ -200,6 +193,50 @@ START_TEST(test_tied_parameter_reached_twice_stepped_once) {
 }
 END_TEST
 
+/* A step over parameters one of which an Upload is writing (or a Download reading: its
+ * mark taken) steps none of them and says to send it after that call, by handles and over
+ * the parameters reached, fused (step and zero_grad) or alone; with the mark given back it
+ * steps each once, two handles of one tensor once. */
+START_TEST(test_step_waits_for_an_upload_of_a_parameter) {
+  ttd_tensor *a, *b;
+  uint64_t h[3] = {new_param(5, TTD_DTYPE_FLOAT32, &a), new_param(7, TTD_DTYPE_FLOAT32, &b), 0};
+  ttd_tensor *reached[2] = {a, b};
+  ck_assert_ptr_null(ttd_session_tensor_add(session, a, &h[2])); /* a second handle of a */
+  float *a0 = values(a), *ag = values(a->grad), *b0 = values(b);
+  for (int way = 0; way < 4; way++) { /* handles, reached; each alone and with zero_grad */
+    bool by_reach = way & 1, with_zero = way & 2;
+    work_msg w;
+    make_work(&w, 0.5f, 0.0f, by_reach ? NULL : h, by_reach ? 0 : 2, by_reach ? NULL : h, by_reach ? 0 : 2);
+    if (!with_zero) w.work.zero_grad = NULL;
+    ck_assert(ttd_tensor_write_begin(b));
+    ttd_status_t s = ttd_parameter_work_run(&call, &w.work, "before this Execute", by_reach ? reached : NULL, 2, NULL);
+    ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_FAILED_PRECONDITION);
+    ck_assert_msg(strstr(ttd_status_message(s), "being written by an Upload") &&
+                      strstr(ttd_status_message(s), "no parameter was stepped"),
+                  "%s", ttd_status_message(s));
+    ttd_status_free(s);
+    ttd_tensor_write_end(b);
+    ck_assert_int_eq(fused_steps + plain_steps, 0);
+    float *a1 = values(a), *b1 = values(b);
+    ck_assert_mem_eq(a1, a0, a->spec.nbytes);
+    ck_assert_mem_eq(b1, b0, b->spec.nbytes);
+    free(a1), free(b1);
+  }
+  Ttd__V1__OptimizerStepRequest step = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
+  Ttd__V1__SgdOptions sgd = TTD__V1__SGD_OPTIONS__INIT;
+  sgd.lr = 0.5f;
+  step.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD;
+  step.sgd = &sgd;
+  uint64_t twice[2] = {h[0], h[2]}, updated = 0;
+  step.parameters = twice;
+  step.n_parameters = 2;
+  ck_assert_ptr_null(ttd_optimizer_step_handles(&call, &step, &updated));
+  ck_assert_int_eq(updated, 1);
+  expect_sgd(a, a0, ag, 0.5f);
+  free(a0), free(ag), free(b0);
+}
+END_TEST
+
 /* A .grad held by an Upload (its write mark taken) is zeroed all the same, as ZeroGrad
  * zeroes it, but not known zeros: the Upload may have written part of it. */
 START_TEST(test_fused_beside_an_upload) {
@@ -334,8 +371,8 @@ START_TEST(test_backend_failure_mid_list) {
 }
 END_TEST
 
-/* An unknown handle: NOT_FOUND from the step as without fusing, the parameters before it
- * stepped, and no .grad zeroed (the zero_grad never ran). */
+/* An unknown handle: NOT_FOUND from the step as without fusing, no parameter stepped (the
+ * step looks every handle up first), and no .grad zeroed (the zero_grad never ran). */
 START_TEST(test_unknown_handle_as_two_passes) {
   ttd_tensor *a;
   uint64_t h[2] = {new_param(4, TTD_DTYPE_FLOAT32, &a), 0x1234567812345678ull};
@@ -348,10 +385,11 @@ START_TEST(test_unknown_handle_as_two_passes) {
   ck_assert_msg(strncmp(ttd_status_message(s), "OptimizerStep before this Execute failed: ", 42) == 0, "%s",
                 ttd_status_message(s));
   ttd_status_free(s);
-  ck_assert_int_eq(fused_steps, 0);
+  ck_assert_int_eq(fused_steps + plain_steps, 0);
   ck_assert_int_eq(zero_passes, 0);
-  expect_sgd(a, a0, ag, 0.1f);
-  float *g = values(a->grad);
+  float *a1 = values(a), *g = values(a->grad);
+  ck_assert_mem_eq(a1, a0, a->spec.nbytes);
+  free(a1);
   ck_assert_int_eq(memcmp(g, ag, a->spec.nbytes), 0);
   free(g), free(a0), free(ag);
 }
@@ -363,6 +401,7 @@ Suite *parameter_work_suite(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_step_and_zero_fused);
   tcase_add_test(tc, test_tied_parameter_reached_twice_stepped_once);
+  tcase_add_test(tc, test_step_waits_for_an_upload_of_a_parameter);
   tcase_add_test(tc, test_fused_beside_an_upload);
   tcase_add_test(tc, test_two_passes_where_fusing_differs);
   tcase_add_test(tc, test_unknown_handle_as_two_passes);
