@@ -206,8 +206,29 @@ static ttd_status_t execute(ttd_call *call, const ProtobufCMessage *request, Pro
   return status;
 }
 
+/* execute, and when it fails after the Backward it carried ran: that Backward's answer is lost
+ * with the call's, so the input gradients it added to the session (which no one could name)
+ * are freed, and the message says the Backward took effect (its .grads summed, its work after
+ * done, its run gone), so that no client sends it again. */
+static ttd_status_t execute_answering(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage *response) {
+  Ttd__V1__ExecuteResponse *resp = (Ttd__V1__ExecuteResponse *)response;
+  ttd_status_t status = execute(call, request, response);
+  const Ttd__V1__BackwardResponse *ran = resp->backward;
+  if (!status || !ran) return status;
+  for (size_t i = 0; i < ran->n_input_grads; i++) {
+    uint64_t handle = ran->input_grads[i] ? ran->input_grads[i]->handle : 0, n, bytes;
+    if (handle) ttd_status_free(ttd_session_tensors_free(call->session, &handle, 1, &n, &bytes));
+  }
+  ttd_status_t told = ttd_make_status(ttd_status_code(status),
+                                      "%s (the Backward this Execute carried did run before: its gradients are summed "
+                                      "into the .grads and its queued work is done; its input gradients are freed)",
+                                      ttd_status_message(status));
+  ttd_status_free(status);
+  return told;
+}
+
 ttd_status_t ttd_method_execute(ttd_call *call, const ProtobufCMessage *request, ProtobufCMessage **out_response) {
   const Ttd__V1__ExecuteRequest *req = (const Ttd__V1__ExecuteRequest *)request;
-  return ttd_serve_freeing(call, request, &ttd__v1__execute_response__descriptor, execute, req->free, req->n_free,
-                           out_response);
+  return ttd_serve_freeing(call, request, &ttd__v1__execute_response__descriptor, execute_answering, req->free,
+                           req->n_free, out_response);
 }

@@ -1,5 +1,7 @@
 /* daemon/methods/train.c and execute.c through their handlers over a sim backend, in one
- * session: a Backward waits for an Upload of an output gradient it would read. */
+ * session: a Backward waits for an Upload of an output gradient it would read, and an
+ * Execute whose forward fails after the Backward it carried ran leaves none of that
+ * Backward's input gradients behind and says the Backward took effect. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,11 +102,43 @@ START_TEST(test_backward_waits_for_an_upload_of_its_gradient) {
 }
 END_TEST
 
+/* An Execute carrying a Backward that asks for input gradients, whose own forward then fails
+ * (an unknown input handle): NOT_FOUND saying the Backward ran; the session holds what it
+ * held plus w's .grad (which later Backward answers name), not the input gradient. */
+START_TEST(test_failed_execute_frees_its_backwards_input_grads) {
+  ttd_tensor *w = NULL;
+  uint64_t program = matmul_program(), x = put(3, 4, NULL), wh = put(4, 2, &w), y;
+  uint64_t run = run_forward(program, x, wh, &y);
+  uint64_t dyh = put(3, 2, NULL);
+  size_t tensors_before = fx.session->tensors.count;
+  Ttd__V1__BackwardRequest back = TTD__V1__BACKWARD_REQUEST__INIT;
+  back.run = run;
+  back.output_grads = &dyh, back.n_output_grads = 1;
+  back.input_grads = true;
+  Ttd__V1__ExecuteRequest req = TTD__V1__EXECUTE_REQUEST__INIT;
+  uint64_t unknown = 0x1234567812345678ull;
+  req.program = program;
+  req.inputs = &unknown, req.n_inputs = 1;
+  req.parameters = &wh, req.n_parameters = 1;
+  req.backward = &back;
+  ProtobufCMessage *resp = NULL;
+  ttd_status_t s = ttd_method_execute(&fx.call, &req.base, &resp);
+  ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_NOT_FOUND);
+  ck_assert_msg(strstr(ttd_status_message(s), "the Backward this Execute carried did run before") &&
+                    strstr(ttd_status_message(s), "its input gradients are freed"),
+                "%s", ttd_status_message(s));
+  ttd_status_free(s);
+  ck_assert_ptr_nonnull(w->grad);
+  ck_assert_uint_eq(fx.session->tensors.count, tensors_before + 1); /* w's .grad, by its stable handle */
+}
+END_TEST
+
 Suite *train_methods_suite(void) {
   Suite *s = suite_create("train_methods");
   TCase *tc = tcase_create("train_methods");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_backward_waits_for_an_upload_of_its_gradient);
+  tcase_add_test(tc, test_failed_execute_frees_its_backwards_input_grads);
   suite_add_tcase(s, tc);
   return s;
 }
