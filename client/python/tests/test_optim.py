@@ -318,3 +318,22 @@ def test_each_optimizer_has_its_own_state():
     assert got_step == want_step == 5
     for k, v in want.items():
         torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_momentum_set_to_zero_keeps_its_buffer_as_torchs():
+    """param_groups' momentum set to 0 for some steps, then back: the momentum buffer waits, and
+    resumes as torch's does (not restarted from the gradient)."""
+    ref, tt_model, x, y = _tanh_pair()
+    results = []
+
+    def loop(model, cls, dev, kw):
+        opt = cls(model.parameters(), lr=0.1, momentum=0.9, dampening=0.2)
+        for m in (0.9, 0.9, 0.0, 0.0, 0.9, 0.9):
+            opt.param_groups[0]["momentum"] = m
+            opt.zero_grad()
+            F.mse_loss(model(x.to(dev) if dev == "tt" else x).to("cpu"), y).backward()
+            opt.step()
+        results.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    _side_by_side(ref, tt_model, (torch.optim.SGD, ttd.optim.SGD, {}), loop)
+    for k, v in results[0].items():
+        torch.testing.assert_close(results[1][k], v, rtol=1e-5, atol=1e-6)

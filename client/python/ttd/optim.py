@@ -265,6 +265,7 @@ class SGD(_CardOptimizer):
 
     def __init__(self, params, lr=required, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
                  maximize=False, foreach=None, differentiable=False):
+        self._kept_buffers = {}  # momentum buffers while momentum is 0 (_fit_state)
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov, maximize=maximize, foreach=foreach,
                                       differentiable=differentiable))
@@ -291,12 +292,22 @@ class SGD(_CardOptimizer):
         return self.param_groups[0]["momentum"] != 0
 
     def _fit_state(self, tensors, args):
-        """A parameter with no momentum buffer (stepped with momentum 0) starts one at its
-        next step, as torch's: its step count back to 0."""
+        """As torch's: momentum set to 0 keeps each momentum buffer (aside, as the card's steps
+        with momentum 0 keep none) for momentum to resume from; a parameter with none (never
+        stepped with momentum) starts one at its next step, its step count back to 0."""
+        buffers = {k: v for k, v in tensors.items() if k.endswith(".momentum_buffer")}
         if args["momentum"] == 0:
+            self._kept_buffers.update(buffers)
             return tensors
-        return {k: torch.zeros_like(v) if k.endswith(".step") and k[:-5] + ".momentum_buffer" not in tensors else v
-                for k, v in tensors.items()}
+        out = dict(tensors)
+        for k in [k for k in tensors if k.endswith(".step")]:
+            name = k[:-5] + ".momentum_buffer"
+            if name not in buffers and name in self._kept_buffers:
+                out[name] = self._kept_buffers[name]
+            elif name not in buffers:
+                out[k] = torch.zeros_like(tensors[k])
+        self._kept_buffers.clear()
+        return out
 
     def _make(self, module, a):
         return _lib.Optimizer.sgd(module, a["lr"], a["momentum"], a["dampening"], a["weight_decay"], a["nesterov"])
