@@ -162,3 +162,11 @@ def test_device_objects_serve_as_device_names():
     with torch.no_grad():
         assert torch.equal(m.to(torch.device("cpu"))(x), m.to(pd)(x.to(pd)).cpu())
     assert torch.equal(next(m.parameters()).to(torch.device("cpu")), m.state_dict()["weight"])
+
+
+def test_sparse_tensor_says_to_make_it_dense():
+    """A sparse tensor's .to("tt") raises naming its layout and .to_dense()."""
+    sparse = torch.eye(3).to_sparse()
+    with pytest.raises(TypeError, match=r"torch.sparse_coo tensor cannot go to a tt device.*\.to_dense\(\)"):
+        sparse.to("tt")
+    assert torch.equal(sparse.to_dense().to("tt").to("cpu"), torch.eye(3))

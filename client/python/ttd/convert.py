@@ -107,6 +107,9 @@ def _host_source(t):
     if dtype is not None and type(t) is torch.Tensor and not t.requires_grad and t.is_cpu and t.layout is torch.strided \
             and t.is_contiguous() and not t.is_neg():
         return t, dtype  # the common case, checked once
+    if t.layout is not torch.strided:
+        raise TypeError(f"a {t.layout} tensor cannot go to a tt device, which holds dense tensors: convert it with "
+                        f".to_dense() first")
     if t.dtype == torch.int64:
         if t.numel() and (t.min() < -2**31 or t.max() >= 2**31):
             raise ValueError("an int64 tensor with values outside int32's range cannot go to a tt device, "
