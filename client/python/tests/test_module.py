@@ -132,6 +132,19 @@ def test_connect_with_options(ttd_daemon):
     ttd.connect()  # back to $TTD_ADDRESS, the defaults
 
 
+def test_input_of_another_connection_is_refused_naming_it(ttd_daemon):
+    """After ttd.connect again, a module built on the first connection refuses inputs moved
+    through the new one, saying to compile it again; one compiled anew runs on the new one."""
+    ref, m = _pair()
+    x = torch.randn(4, 16)
+    m(x.to("tt"))
+    ttd.connect()
+    with pytest.raises(RuntimeError, match="input 0 went to the card through another connection.*compile the module"):
+        m(x.to("tt"))
+    m2 = ttd.compile(copy.deepcopy(ref)).to("tt")
+    torch.testing.assert_close(m2(x.to("tt")).cpu(), ref(x), rtol=1e-5, atol=1e-6)
+
+
 def test_connect_to_nothing_says_how_to_start_ttd():
     """When no ttd answers, TTError names the address and how to start ttd there."""
     with tempfile.TemporaryDirectory() as tmp:

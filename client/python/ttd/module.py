@@ -178,6 +178,16 @@ class CompiledModule:
                                    f"view/reshape/flatten sizes from the first call's (*, {', '.join(map(str, dims))}) "
                                    f"and serves other batch sizes only: give inputs of that shape (pad them)")
 
+    def _check_client(self, tts):
+        """Refuses device inputs of another connection than the module's (ttd.connect called again
+        since the module was built): that session cannot name them."""
+        client = self._module.client
+        for i, t in enumerate(tts):
+            if t.client is not client:
+                raise RuntimeError(f"input {i} went to the card through another connection than this compiled "
+                                   f"module's (ttd.connect was called again since its first call): compile the "
+                                   f"module again (ttd.compile) to use the new connection, or keep the first one")
+
     def _built(self):
         if self._module is None:
             raise RuntimeError("this compiled module has not run yet: its graph is built at the first call, from "
@@ -330,6 +340,8 @@ class CompiledModule:
         tts = [x._tt if on_tt else _host_from_torch(x) for x in inputs]
         if self._module is None:
             self._build(tts)
+        elif on_tt:
+            self._check_client(tts)
         if self._fixed is not None:
             self._check_fixed(tts)
         training = torch.is_grad_enabled() and (self.training or self._eval_run(inputs, on_tt))
