@@ -16,8 +16,9 @@
  * tensor) and tt_last_error(client) says what went wrong and what to fix. The codes are
  * gRPC's canonical codes, so a daemon's status arrives unchanged.
  *
- * Threads: a client may be used from several threads; each call is independent. The last
- * error is per client and belongs to the most recent failing call on any thread.
+ * Threads: a client may be used from several threads; each call is independent (a module,
+ * with what it queues, is one thread's at a time). The last error is per thread
+ * (tt_last_error).
  * Ownership: every tt_tensor returned is owned by the caller and released with
  * tt_tensor_free; free functions accept NULL. Tensors may outlive tt_disconnect: host data
  * stays readable, and anything that needs the daemon fails with TT_FAILED_PRECONDITION. */
@@ -395,8 +396,9 @@ tt_tensor *tt_mean(tt_tensor *a);
 /* When the loss reaches one run of one module on a card, the device part is asynchronous,
  * as CUDA's is: the Backward (gradient inline) rides on that module's next Execute, so a
  * training step is one round trip, and an error in it comes back from that tt_forward
- * ("the Backward carried by this Execute failed ..."). Reading a parameter or a .grad,
- * tt_param_grad, tt_module_to, tt_module_load/save and a CPU optimizer step send it first;
+ * ("the Backward carried by this Execute failed ..."). Reading a parameter or a .grad of the
+ * module (also as another module's forward input), tt_param_grad, tt_module_to,
+ * tt_module_load/save and a CPU optimizer step send it first (that module's, no other's);
  * tt_module_free drops it. A second tt_backward through the same run fails at once.
  * TTD_INLINE=0 makes every Backward its own call, answered before tt_backward returns. */
 tt_status tt_backward(tt_tensor *loss);

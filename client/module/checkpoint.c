@@ -67,7 +67,7 @@ tt_status tt_module_load(tt_module *m, const char *path) {
       st = tt_client_fail(m->client, TT_INVALID_ARGUMENT, "checkpoint %s: parameter '%s' has another dtype or shape than the module's",
                           path, name);
     } else {
-      loaded[i] = tt_module_place_param(tt_to(host, m->device_name));
+      loaded[i] = tt_module_place_param(m, tt_to(host, m->device_name));
       if (!loaded[i]) st = tt_errcode(m->client);
     }
     tt_tensor_free(host);

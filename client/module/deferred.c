@@ -64,6 +64,13 @@ tt_status tt_module_defer_work(tt_module *m, tt_param_op op, tt_optim_kind optim
 tt_status tt_module_flush_pending(const tt_tensor *t) {
   tt_client *c = t->client;
   if ((!t->param && !t->borrowed) || atomic_load(&c->deferred_modules) == 0) return TT_OK;
+  if (t->owner) { /* its own module only: another's work (maybe another thread's, sent in its own order) leaves it be */
+    tt_module *own = tt_module_find_queued(c, t->owner);
+    if (!own) return TT_OK;
+    tt_status st = tt_module_flush(own);
+    tt_module_unref(own);
+    return st;
+  }
   tt_module *mods[64];
   int n = 0;
   tt_status st = TT_OK;

@@ -65,6 +65,7 @@ static tt_status execute_inputs(execute_call *x, tt_tensor *const *inputs, int n
   }
   for (int i = 0; i < n; i++) {
     tt_tensor *t = inputs[i];
+    TT_RETURN_IF_FAILED(tt_to_flush_pending(t)); /* a module's parameter or .grad: its queued work first */
     if (!t->handle && inline_bytes > TTD_INLINE_MAX_BYTES) TT_RETURN_IF_FAILED(tt_tensor_materialize(t));
     x->in[i] = t->handle;
     if (x->in[i]) continue;

@@ -73,6 +73,8 @@ tt_module *tt_compile(tt_client *client, const tt_graph *graph) {
     return NULL;
   }
   atomic_init(&m->refs, 1);
+  static atomic_uint_fast64_t next_key = 1;
+  m->key = atomic_fetch_add(&next_key, 1);
   m->client = client;
   m->place.is_host = true;
   m->training = true;
@@ -110,6 +112,7 @@ tt_module *tt_compile(tt_client *client, const tt_graph *graph) {
       return NULL;
     }
     m->params[p - 1]->param = true;
+    m->params[p - 1]->owner = m->key;
   }
   tt_to_set_pending_flush(tt_module_flush_pending); /* reading a parameter sends queued work first */
   return m;
@@ -131,7 +134,7 @@ ttd_run_mode tt_module_next_mode(tt_module *m) {
   return mode;
 }
 
-tt_tensor *tt_module_place_param(tt_tensor *t) {
+tt_tensor *tt_module_place_param(const tt_module *m, tt_tensor *t) {
   if (!t) return NULL;
   if (!t->place.is_host && tt_tensor_materialize(t) != TT_OK) {
     tt_tensor_free(t);
@@ -141,6 +144,7 @@ tt_tensor *tt_module_place_param(tt_tensor *t) {
     tt_tensor_host_copy_free(t);
   }
   t->param = true;
+  t->owner = m->key;
   return t;
 }
 
@@ -164,7 +168,7 @@ tt_status tt_module_to(tt_module *m, const char *device) {
   tt_tensor **moved = calloc((size_t)m->n_params + 1, sizeof(*moved));
   if (!moved) return tt_client_fail(m->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
   for (int i = 0; i < m->n_params; i++) {
-    moved[i] = tt_module_place_param(tt_to(m->params[i], device));
+    moved[i] = tt_module_place_param(m, tt_to(m->params[i], device));
     if (!moved[i]) {
       for (int k = 0; k < i; k++) tt_tensor_free(moved[k]);
       free(moved);
@@ -219,6 +223,7 @@ tt_tensor *tt_param_grad(tt_module *m, const char *name) {
     strcpy(t->device_name, m->device_name);
     t->handle = m->grad_handles[i];
     t->borrowed = true; /* the daemon keeps .grad with the parameter: freeing this does not free it */
+    t->owner = m->key;
     return t;
   }
   tt_client_fail(m->client, TT_NOT_FOUND, "the module has no parameter '%s'", name ? name : "(null)");

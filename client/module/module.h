@@ -66,6 +66,7 @@ typedef struct tt_module_program {
 
 struct tt_module {
   atomic_int refs;       /* the user's, plus one per pending run's outputs */
+  uint64_t key;          /* this module among the process's: its parameters' and .grads' owner */
   tt_client *client;
   Ttd__V1__Graph *graph; /* owned copy (protobuf-c allocated) */
   ttd_program *local;    /* the graph compiled in process: names, counts, declared shapes */
@@ -145,6 +146,8 @@ tt_run_ref *tt_module_take_waiting_backward(tt_module *m, tt_queued_work *before
 /* Up to max modules of client holding queued things, one reference each (tt_module_unref);
  * a module whose last reference is going is left out. */
 int tt_module_list_queued(tt_client *client, tt_module **out_modules, int max);
+/* The module of client with that key if it holds queued things, one reference; else NULL. */
+tt_module *tt_module_find_queued(tt_client *client, uint64_t key);
 
 /* Takes m out of that list: queued work dies with the parameters. */
 void tt_module_unlist(tt_module *m);
@@ -304,6 +307,6 @@ ttd_run_mode tt_module_next_mode(tt_module *m);
 /* A tensor becoming one of m's parameters: on a card it needs its handle now (a deferred
  * tt_to is uploaded) and no host copy (optimizers write parameters in place). Takes t;
  * NULL (recorded) on failure. */
-tt_tensor *tt_module_place_param(tt_tensor *t);
+tt_tensor *tt_module_place_param(const tt_module *m, tt_tensor *t);
 
 #endif

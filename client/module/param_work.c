@@ -45,6 +45,19 @@ void tt_module_unlist(tt_module *m) {
   pthread_mutex_unlock(&queue_lock);
 }
 
+tt_module *tt_module_find_queued(tt_client *c, uint64_t key) {
+  tt_module *found = NULL;
+  pthread_mutex_lock(&queue_lock);
+  for (tt_module *m = queue_list; m && !found; m = m->next_listed) {
+    int refs = atomic_load(&m->refs); /* one whose last reference is going is skipped */
+    while (m->client == c && m->key == key && refs > 0 && !atomic_compare_exchange_weak(&m->refs, &refs, refs + 1)) {
+    }
+    if (m->client == c && m->key == key && refs > 0) found = m;
+  }
+  pthread_mutex_unlock(&queue_lock);
+  return found;
+}
+
 int tt_module_list_queued(tt_client *c, tt_module **out_modules, int max) {
   int n = 0;
   pthread_mutex_lock(&queue_lock);

@@ -50,6 +50,7 @@ struct tt_tensor {
   int output_index;
   bool borrowed;          /* a view of a daemon-owned tensor (.grad): free does not Free it */
   bool param;             /* a module's parameter: reading it sends queued parameter work first */
+  uint64_t owner;         /* a parameter's or borrowed .grad's module (its tt_module.key), or 0 */
   void *host_copy;        /* device tensors: their bytes on the host (move/inline.c). With handle 0
                            * the tensor is deferred: it travels inline or is uploaded when needed */
   uint64_t host_copy_segment; /* host_copy lies in this shared-memory segment (offset 0), or 0 */

@@ -4,6 +4,8 @@
  * following the module's mode and its count of training forwards, on the card and on "cpu". */
 #include <check.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -535,6 +537,123 @@ START_TEST(test_zero_grad_before_backward) {
 }
 END_TEST
 
+/* One SGD step of module a (on device) from an MSE loss against zeros at input x. */
+static void queued_step(tt_module *a, tt_optimizer *o, tt_tensor *x) {
+  tt_tensor *y = NULL;
+  ck_assert_int_eq(tt_forward(a, &x, 1, &y), TT_OK);
+  tt_tensor *yh = tt_to(y, "cpu"), *zero = tt_tensor_from_host(client, NULL, TT_FLOAT32, tt_tensor_shape(yh), 2);
+  tt_tensor *loss = tt_mse_loss(yh, zero);
+  ck_assert_int_eq(tt_backward(loss), TT_OK);
+  ck_assert_int_eq(tt_step(o), TT_OK); /* queued on a card, for a's next call */
+  tt_tensor *done[] = {y, yh, zero, loss};
+  for (size_t i = 0; i < 4; i++) tt_tensor_free(done[i]);
+}
+
+/* Module b takes module a's weight as its input, right after a's step was queued: b reads the
+ * stepped weight on the card as on "cpu" (the step is sent first), bit for bit. */
+START_TEST(test_parameter_of_another_module_as_input) {
+  float got[2][H * 2];
+  for (int where = 0; where < 2; where++) {
+    const char *dev = where ? "tt" : "cpu";
+    tt_graph *g = mlp();
+    tt_module *a = tt_compile(client, g);
+    tt_graph_free(g);
+    tt_graph *gb = tt_graph_create(client, 5);
+    int64_t ws[2] = {H, IN};
+    tt_value w = tt_graph_input(gb, "w", TT_FLOAT32, ws, 2);
+    ck_assert_int_eq(tt_graph_output(gb, tt_nn_linear(gb, w, 2, 1)), 0);
+    tt_module *b = tt_compile(client, gb);
+    tt_graph_free(gb);
+    ck_assert_int_eq(tt_module_to(a, dev), TT_OK);
+    ck_assert_int_eq(tt_module_to(b, dev), TT_OK);
+    tt_module_train(b, 0);
+    tt_optimizer *o = tt_sgd(a, 0.5f, 0, 0, 0);
+    float xh[N * IN];
+    for (int i = 0; i < N * IN; i++) xh[i] = sinf((float)i * 0.7f);
+    int64_t xs[2] = {N, IN};
+    tt_tensor *xt = tt_tensor_from_host(client, xh, TT_FLOAT32, xs, 2), *x = tt_to(xt, dev);
+    queued_step(a, o, x);
+    tt_tensor *wa = tt_module_param(a, "linear1.weight"), *y = NULL;
+    ck_assert_int_eq(tt_forward(b, &wa, 1, &y), TT_OK);
+    tt_tensor *yh = tt_to(y, "cpu");
+    memcpy(got[where], tt_tensor_data(yh), sizeof(got[where]));
+    tt_tensor *done[] = {xt, x, wa, y, yh};
+    for (size_t i = 0; i < 5; i++) tt_tensor_free(done[i]);
+    tt_optimizer_free(o);
+    tt_module_free(b);
+    tt_module_free(a);
+  }
+  ck_assert_mem_eq(got[0], got[1], sizeof(got[0]));
+}
+END_TEST
+
+/* Module b trained on one thread while another thread reads module a's parameters over and
+ * over: b ends exactly as trained alone (reading a sends a's queued work only, never b's out
+ * of its order). */
+typedef struct reader {
+  tt_module *a;
+  atomic_bool stop;
+  int reads;
+} reader;
+
+static void *read_params(void *arg) {
+  reader *r = arg;
+  while (!atomic_load(&r->stop)) {
+    tt_tensor *w = tt_module_param(r->a, "linear1.weight"), *h = w ? tt_to(w, "cpu") : NULL;
+    ck_assert_ptr_nonnull(h);
+    tt_tensor_free(h);
+    tt_tensor_free(w);
+    r->reads++;
+  }
+  return NULL;
+}
+
+static void train_b(float *out, tt_module *a) {
+  tt_graph *g = mlp();
+  tt_module *b = tt_compile(client, g);
+  tt_graph_free(g);
+  ck_assert_int_eq(tt_module_to(b, "tt"), TT_OK);
+  tt_optimizer *o = tt_sgd(b, 0.1f, 0.9f, 0, 0);
+  reader r = {.a = a};
+  pthread_t thread;
+  if (a) ck_assert_int_eq(pthread_create(&thread, NULL, read_params, &r), 0);
+  for (int step = 0; step < 200; step++) { /* each step its own batch */
+    float xh[N * IN];
+    for (int i = 0; i < N * IN; i++) xh[i] = cosf((float)i * 0.3f) * (1.0f + 0.01f * (float)step);
+    int64_t xs[2] = {N, IN};
+    tt_tensor *xt = tt_tensor_from_host(client, xh, TT_FLOAT32, xs, 2), *x = tt_to(xt, "tt");
+    ck_assert_int_eq(tt_zero_grad(o), TT_OK);
+    queued_step(b, o, x);
+    tt_tensor_free(x);
+    tt_tensor_free(xt);
+  }
+  if (a) {
+    atomic_store(&r.stop, true);
+    pthread_join(thread, NULL);
+    ck_assert_int_gt(r.reads, 0);
+  }
+  grad_of(b, "linear1.weight", out, IN * H); /* sends what is queued */
+  tt_tensor *w = tt_module_param(b, "linear1.weight"), *h = tt_to(w, "cpu");
+  memcpy(out + IN * H, tt_tensor_data(h), sizeof(float) * IN * H);
+  tt_tensor_free(w);
+  tt_tensor_free(h);
+  tt_optimizer_free(o);
+  tt_module_free(b);
+}
+
+START_TEST(test_reading_one_module_beside_training_another) {
+  tt_graph *g = mlp();
+  tt_module *a = tt_compile(client, g);
+  tt_graph_free(g);
+  ck_assert_int_eq(tt_module_to(a, "tt"), TT_OK);
+  static float alone[2 * IN * H], beside[2 * IN * H];
+  train_b(alone, NULL);
+  train_b(beside, a);
+  ck_assert_mem_eq(alone, beside, sizeof(alone));
+  tt_module_free(a);
+}
+END_TEST
+
 /* Tensors of a disconnected client: host data stays readable, device calls fail with
  * FAILED_PRECONDITION saying the client was disconnected, the daemon freed the memory, and
  * freeing the tensors afterwards is safe. */
@@ -743,6 +862,8 @@ Suite *e2e_modules_suite(void) {
   tcase_add_test(tc, test_output_used_twice_and_two_modules);
   tcase_add_test(tc, test_zero_grad_before_backward);
   tcase_add_test(tc, test_tensor_of_closed_client);
+  tcase_add_test(tc, test_parameter_of_another_module_as_input);
+  tcase_add_test(tc, test_reading_one_module_beside_training_another);
   suite_add_tcase(s, tc);
   TCase *dropout = tcase_create("dropout");
   tcase_add_checked_fixture(dropout, setup, teardown);
