@@ -399,7 +399,8 @@ tt_tensor *tt_mean(tt_tensor *a);
  * ("the Backward carried by this Execute failed ..."). Reading a parameter or a .grad of the
  * module (also as another module's forward input), tt_param_grad, tt_module_to,
  * tt_module_load/save and a CPU optimizer step send it first (that module's, no other's);
- * tt_module_free drops it. A second tt_backward through the same run fails at once.
+ * tt_module_free sends it, with the steps and zeroings queued after it (on "cpu" they ran).
+ * A second tt_backward through the same run fails at once.
  * TTD_INLINE=0 makes every Backward its own call, answered before tt_backward returns. */
 tt_status tt_backward(tt_tensor *loss);
 /* torch.autograd.backward(tensors, grad_tensors, retain_graph): backward from n (<= 64)

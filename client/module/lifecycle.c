@@ -118,11 +118,15 @@ tt_module *tt_compile(tt_client *client, const tt_graph *graph) {
   return m;
 }
 
-/* The user lets the module go: a Backward waiting for its next Execute will never be sent,
- * so its run is released (its reference on the module with it). */
+/* The user lets the module go: the Backward waiting for its next Execute and the work queued
+ * after it are sent now, as on "cpu" they ran when called (the parameters may outlive the
+ * module). Should that fail, the Backward's run is released and the work dropped. */
 void tt_module_free(tt_module *m) {
   if (!m) return;
-  tt_module_cancel_backward(m);
+  if (tt_module_flush(m) != TT_OK) {
+    tt_module_cancel_backward(m);
+    tt_module_drop_work(m);
+  }
   tt_module_unref(m);
 }
 

@@ -129,6 +129,8 @@ void tt_param_work_clear(tt_param_work *work);
 
 /* Moves the work queued on m into work (as tt_param_work_build). */
 tt_status tt_module_take_work(tt_module *m, tt_param_work *work, Ttd__V1__ParameterWork **out_work);
+/* Forgets the work queued on m since its waiting Backward (tt_module_free). */
+void tt_module_drop_work(tt_module *m);
 
 /* Queues op (a step with its optimizer's options) on m; false when it cannot follow what is
  * queued (a second step, a step after a zeroing): send that first. */

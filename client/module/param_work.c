@@ -124,6 +124,13 @@ tt_status tt_module_take_work(tt_module *m, tt_param_work *w, Ttd__V1__Parameter
   return tt_param_work_build(m, d, w, out_work);
 }
 
+void tt_module_drop_work(tt_module *m) {
+  pthread_mutex_lock(&queue_lock);
+  memset(&m->queued, 0, sizeof(m->queued));
+  relist_locked(m);
+  pthread_mutex_unlock(&queue_lock);
+}
+
 bool tt_module_try_queue_work(tt_module *m, tt_param_op op, tt_optim_kind optim, const Ttd__V1__SgdOptions *sgd,
                               const Ttd__V1__AdamOptions *adam) {
   pthread_mutex_lock(&queue_lock);

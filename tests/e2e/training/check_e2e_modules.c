@@ -587,6 +587,35 @@ START_TEST(test_parameter_of_another_module_as_input) {
 }
 END_TEST
 
+/* A module freed with a Backward waiting and a step queued after it, its weight still held:
+ * the weight read afterwards is the stepped one, on the card as on "cpu" (bit for bit). */
+START_TEST(test_free_sends_queued_work) {
+  float got[2][H * IN];
+  for (int where = 0; where < 2; where++) {
+    const char *dev = where ? "tt" : "cpu";
+    tt_graph *g = mlp();
+    tt_module *a = tt_compile(client, g);
+    tt_graph_free(g);
+    ck_assert_int_eq(tt_module_to(a, dev), TT_OK);
+    tt_optimizer *o = tt_sgd(a, 0.5f, 0, 0, 0);
+    float xh[N * IN];
+    for (int i = 0; i < N * IN; i++) xh[i] = sinf((float)i * 0.7f);
+    int64_t xs[2] = {N, IN};
+    tt_tensor *xt = tt_tensor_from_host(client, xh, TT_FLOAT32, xs, 2), *x = tt_to(xt, dev);
+    tt_tensor *w = tt_module_param(a, "linear1.weight");
+    queued_step(a, o, x);
+    tt_optimizer_free(o);
+    tt_module_free(a);
+    tt_tensor *h = tt_to(w, "cpu");
+    ck_assert_msg(h != NULL, "%s", tt_last_error(client));
+    memcpy(got[where], tt_tensor_data(h), sizeof(got[where]));
+    tt_tensor *done[] = {xt, x, w, h};
+    for (size_t i = 0; i < 4; i++) tt_tensor_free(done[i]);
+  }
+  ck_assert_mem_eq(got[0], got[1], sizeof(got[0]));
+}
+END_TEST
+
 /* Module b trained on one thread while another thread reads module a's parameters over and
  * over: b ends exactly as trained alone (reading a sends a's queued work only, never b's out
  * of its order). */
@@ -863,6 +892,7 @@ Suite *e2e_modules_suite(void) {
   tcase_add_test(tc, test_zero_grad_before_backward);
   tcase_add_test(tc, test_tensor_of_closed_client);
   tcase_add_test(tc, test_parameter_of_another_module_as_input);
+  tcase_add_test(tc, test_free_sends_queued_work);
   tcase_add_test(tc, test_reading_one_module_beside_training_another);
   suite_add_tcase(s, tc);
   TCase *dropout = tcase_create("dropout");
