@@ -375,9 +375,10 @@ void tt_module_train(tt_module *module, int training);
 /* Saves the module's parameters (wherever they are) as a safetensors file named by
  * parameter ("linear1.weight", ...), the format the ecosystem reads. */
 tt_status tt_module_save(tt_module *module, const char *path);
-/* Loads parameters by name from a safetensors file into the module, where it is. Every
+/* Loads parameters by name from a safetensors file into the module, where it is, as torch's
+ * load_state_dict copies them into the parameters: .grad and optimizer state stay. Every
  * parameter must be present with its dtype and shape (INVALID_ARGUMENT naming the first that
- * is not); extra entries are ignored. On error the module is unchanged. */
+ * is not, the module then unchanged); extra entries are ignored. */
 tt_status tt_module_load(tt_module *module, const char *path);
 
 /* ---- autograd across the host/device boundary ----

@@ -549,29 +549,46 @@ static void queued_step(tt_module *a, tt_optimizer *o, tt_tensor *x) {
   for (size_t i = 0; i < 4; i++) tt_tensor_free(done[i]);
 }
 
+/* The MLP compiled onto dev, an SGD (lr 0.5) over it, and a batch there (*xt its host copy). */
+static tt_module *mlp_on(const char *dev, tt_optimizer **o, tt_tensor **xt, tt_tensor **x) {
+  tt_graph *g = mlp();
+  tt_module *a = tt_compile(client, g);
+  tt_graph_free(g);
+  ck_assert_int_eq(tt_module_to(a, dev), TT_OK);
+  *o = tt_sgd(a, 0.5f, 0, 0, 0);
+  float xh[N * IN];
+  for (int i = 0; i < N * IN; i++) xh[i] = sinf((float)i * 0.7f);
+  int64_t xs[2] = {N, IN};
+  *xt = tt_tensor_from_host(client, xh, TT_FLOAT32, xs, 2);
+  *x = tt_to(*xt, dev);
+  return a;
+}
+
+/* The H x IN values of w (a parameter, wherever it is) into out. */
+static void read_weight(tt_tensor *w, float *out) {
+  tt_tensor *h = tt_to(w, "cpu");
+  ck_assert_msg(h != NULL, "%s", tt_last_error(client));
+  memcpy(out, tt_tensor_data(h), sizeof(float) * H * IN);
+  tt_tensor_free(h);
+}
+
 /* Module b takes module a's weight as its input, right after a's step was queued: b reads the
  * stepped weight on the card as on "cpu" (the step is sent first), bit for bit. */
 START_TEST(test_parameter_of_another_module_as_input) {
   float got[2][H * 2];
   for (int where = 0; where < 2; where++) {
     const char *dev = where ? "tt" : "cpu";
-    tt_graph *g = mlp();
-    tt_module *a = tt_compile(client, g);
-    tt_graph_free(g);
+    tt_optimizer *o;
+    tt_tensor *xt, *x;
+    tt_module *a = mlp_on(dev, &o, &xt, &x);
     tt_graph *gb = tt_graph_create(client, 5);
     int64_t ws[2] = {H, IN};
     tt_value w = tt_graph_input(gb, "w", TT_FLOAT32, ws, 2);
     ck_assert_int_eq(tt_graph_output(gb, tt_nn_linear(gb, w, 2, 1)), 0);
     tt_module *b = tt_compile(client, gb);
     tt_graph_free(gb);
-    ck_assert_int_eq(tt_module_to(a, dev), TT_OK);
     ck_assert_int_eq(tt_module_to(b, dev), TT_OK);
     tt_module_train(b, 0);
-    tt_optimizer *o = tt_sgd(a, 0.5f, 0, 0, 0);
-    float xh[N * IN];
-    for (int i = 0; i < N * IN; i++) xh[i] = sinf((float)i * 0.7f);
-    int64_t xs[2] = {N, IN};
-    tt_tensor *xt = tt_tensor_from_host(client, xh, TT_FLOAT32, xs, 2), *x = tt_to(xt, dev);
     queued_step(a, o, x);
     tt_tensor *wa = tt_module_param(a, "linear1.weight"), *y = NULL;
     ck_assert_int_eq(tt_forward(b, &wa, 1, &y), TT_OK);
@@ -592,26 +609,52 @@ END_TEST
 START_TEST(test_free_sends_queued_work) {
   float got[2][H * IN];
   for (int where = 0; where < 2; where++) {
-    const char *dev = where ? "tt" : "cpu";
-    tt_graph *g = mlp();
-    tt_module *a = tt_compile(client, g);
-    tt_graph_free(g);
-    ck_assert_int_eq(tt_module_to(a, dev), TT_OK);
-    tt_optimizer *o = tt_sgd(a, 0.5f, 0, 0, 0);
-    float xh[N * IN];
-    for (int i = 0; i < N * IN; i++) xh[i] = sinf((float)i * 0.7f);
-    int64_t xs[2] = {N, IN};
-    tt_tensor *xt = tt_tensor_from_host(client, xh, TT_FLOAT32, xs, 2), *x = tt_to(xt, dev);
+    tt_optimizer *o;
+    tt_tensor *xt, *x;
+    tt_module *a = mlp_on(where ? "tt" : "cpu", &o, &xt, &x);
     tt_tensor *w = tt_module_param(a, "linear1.weight");
     queued_step(a, o, x);
     tt_optimizer_free(o);
     tt_module_free(a);
-    tt_tensor *h = tt_to(w, "cpu");
-    ck_assert_msg(h != NULL, "%s", tt_last_error(client));
-    memcpy(got[where], tt_tensor_data(h), sizeof(got[where]));
-    tt_tensor *done[] = {xt, x, w, h};
-    for (size_t i = 0; i < 4; i++) tt_tensor_free(done[i]);
+    read_weight(w, got[where]);
+    tt_tensor *done[] = {xt, x, w};
+    for (size_t i = 0; i < 3; i++) tt_tensor_free(done[i]);
   }
+  ck_assert_mem_eq(got[0], got[1], sizeof(got[0]));
+}
+END_TEST
+
+/* tt_module_load between a backward and its step, on the card as on "cpu": .grad stays (the
+ * values are copied into the parameters), and the step moves the loaded values by it, bit
+ * for bit alike. */
+START_TEST(test_load_keeps_grad) {
+  float got[2][H * IN];
+  char path[] = "/tmp/ttd-load-XXXXXX.safetensors";
+  int fd = mkstemps(path, 12);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  for (int where = 0; where < 2; where++) {
+    tt_optimizer *o;
+    tt_tensor *xt, *x;
+    tt_module *a = mlp_on(where ? "tt" : "cpu", &o, &xt, &x);
+    if (where == 0) ck_assert_int_eq(tt_module_save(a, path), TT_OK); /* the initial values */
+    queued_step(a, o, x); /* values moved away from the file's */
+    tt_tensor *y = NULL;
+    ck_assert_int_eq(tt_forward(a, &x, 1, &y), TT_OK);
+    tt_tensor *yh = tt_to(y, "cpu"), *loss = tt_sum(yh);
+    ck_assert_int_eq(tt_backward(loss), TT_OK);
+    ck_assert_int_eq(tt_module_load(a, path), TT_OK);
+    tt_tensor *grad = tt_param_grad(a, "linear1.weight");
+    ck_assert_msg(grad != NULL, "%s", tt_last_error(client));
+    ck_assert_int_eq(tt_step(o), TT_OK);
+    tt_tensor *w = tt_module_param(a, "linear1.weight");
+    read_weight(w, got[where]); /* sends the step first */
+    tt_tensor *done[] = {xt, x, y, yh, loss, grad, w};
+    for (size_t i = 0; i < 7; i++) tt_tensor_free(done[i]);
+    tt_optimizer_free(o);
+    tt_module_free(a);
+  }
+  unlink(path);
   ck_assert_mem_eq(got[0], got[1], sizeof(got[0]));
 }
 END_TEST
@@ -893,6 +936,7 @@ Suite *e2e_modules_suite(void) {
   tcase_add_test(tc, test_tensor_of_closed_client);
   tcase_add_test(tc, test_parameter_of_another_module_as_input);
   tcase_add_test(tc, test_free_sends_queued_work);
+  tcase_add_test(tc, test_load_keeps_grad);
   tcase_add_test(tc, test_reading_one_module_beside_training_another);
   suite_add_tcase(s, tc);
   TCase *dropout = tcase_create("dropout");
