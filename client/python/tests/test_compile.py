@@ -102,6 +102,10 @@ CASES = {
     "sum-mean": (lambda: Fn(lambda s, x: x.sum(dim=1, keepdim=True) + x.mean(1, True) + torch.sum(x, (1,), True) +
                             x.mean(dim=-1, keepdim=True) + x.sum()), _vec),
     "mean-all": (lambda: Fn(lambda s, x: torch.mean(x.sum(dim=(2, 3)), dim=0)), _img),
+    "sum-mean-numpy-names": (lambda: Fn(lambda s, x: x - x.mean(axis=-1, keepdims=True) + x.sum(axis=1, keepdims=True) +
+                                        torch.sum(x, axis=0)), _vec),
+    "input-keyword": (lambda: Fn(lambda s, x: torch.add(input=torch.matmul(input=x, other=s.w), other=1.5),
+                                 w=nn.Parameter(torch.randn(6, 3))), _vec),
 }
 
 
@@ -371,3 +375,32 @@ def test_outputs_keep_forwards_structure(kind):
 def test_returning_a_constant_fails_at_compile_time():
     with pytest.raises(NotImplementedError, match="returning int 3.*forward returns tensors, None"):
         ttd.compile(_Outs("int"))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda s, x: (lambda h: h.reshape(h.size(0), -1))(x.transpose(0, 1)),
+    lambda s, x: x.transpose(0, 1).unflatten(1, (2, -1)),
+    lambda s, x: x.transpose(0, 1).flatten(1, 2),
+    lambda s, x: x.view(s.w.size(0), -1),
+])
+def test_reshapes_not_following_the_batch_take_that_batch_only(fn):
+    """A reshape whose sizes depend on the batch other than through its leading dim (sizes of
+    a dim that is not the batch, a -1 over the batch, a parameter's size) gives torch's
+    answer at the first call's shapes and refuses another batch naming the shape it serves,
+    never answering it with the first call's sizes."""
+    m = Fn(fn, w=nn.Parameter(torch.randn(3, 2)))
+    c = ttd.compile(m).to("tt")
+    x = torch.randn(2, 6, 4)
+    torch.testing.assert_close(c(x.to("tt")).cpu(), m(x))
+    with pytest.raises(RuntimeError, match=r"input 0 has shape \(4, 6, 4\).*takes inputs of shape \(2, 6, 4\) only"):
+        c(torch.randn(4, 6, 4).to("tt"))
+
+
+def test_out_and_a_layer_norm_of_another_size_are_refused():
+    """out= fails at compile time naming it (ttd's ops make new tensors); a layer_norm whose
+    normalized_shape is not the input's last dim fails at the first call, as torch's does."""
+    with pytest.raises(NotImplementedError, match=r"exp\(out=...\).*write y = op\(x\)"):
+        ttd.compile(Fn(lambda s, x: torch.exp(x, out=x) * 2))
+    c = ttd.compile(Fn(lambda s, x: F.layer_norm(x, (4,)))).to("tt")
+    with pytest.raises(ttd.TTError, match=r"normalized_shape is \(4,\) but the input's last dim is 6"):
+        c(torch.randn(2, 6).to("tt"))

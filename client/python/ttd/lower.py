@@ -36,6 +36,9 @@ def _where(node):
     return f", at {m.group(1)}:{m.group(2)} in {m.group(3)}" + (f": {src}" if src else "")
 
 
+_INVALID_ARGUMENT = 3
+
+
 def _fail(node, what, why):
     raise NotImplementedError(f"ttd.compile: {what} (node {node.name}{_where(node)}) {why}")
 
@@ -269,6 +272,7 @@ class Lowering:
                 dims[dims.index(-1)] = n // known if known else 0
             if batch is not None:
                 dims[batch] = -1
+            self._reshapes.append(tuple(dims))
             return g.op("reshape", [env[x.name]], _attrs(shape=dims))
         return emit
 
@@ -292,6 +296,7 @@ class Lowering:
                 shape[0] = -1
             elif shape:
                 self.batch_fixed = True
+            self._reshapes.append(tuple(shape))
             return g.op("reshape", [env[x.name]], _attrs(shape=shape))
         return emit
 
@@ -338,6 +343,8 @@ class Lowering:
     def _plan_function(self, node, t):
         x = _arg(node, 0, "input")
         what = t if isinstance(t, str) else getattr(t, "__name__", str(t))
+        if node.kwargs.get("out") is not None:
+            _fail(node, f"{what}(out=...)", "is not supported: ttd's ops make new tensors; write y = op(x)")
         for op, fns in _UNARY.items():
             if _named(t, op, fns):
                 return self._op(node, op, [x])
@@ -352,12 +359,12 @@ class Lowering:
             if _named(t, op, fns):
                 if node.kwargs.get("alpha", 1) != 1 or node.kwargs.get("rounding_mode") is not None:
                     _fail(node, what, f"with {dict(node.kwargs)} is not supported")
-                a, b = node.args[0], _arg(node, 1, "other")
+                a, b = x, _arg(node, 1, "other")
                 if isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node):
                     return self._op(node, op, [a, b])
                 return self._scalar_op(node, op, a, b)
         if _named(t, "matmul", (operator.matmul, torch.matmul)):
-            return self._op(node, "matmul", [node.args[0], _arg(node, 1, "other")])
+            return self._op(node, "matmul", [x, _arg(node, 1, "other")])
         if t is F.linear:
             return self._op(node, "linear", [a for a in (x, _arg(node, 1, "weight"), _arg(node, 2, "bias"))
                                               if a is not None])
@@ -420,7 +427,8 @@ class Lowering:
             return self._op(node, "permute", [x], _attrs(perm=list(perm)))
         for op, fn in (("sum", torch.sum), ("mean", torch.mean)):
             if _named(t, op, (fn,)):
-                dim, keep = _arg(node, 1, "dim"), _arg(node, 2, "keepdim", False)
+                dim = _arg(node, 1, "dim", node.kwargs.get("axis"))  # numpy's names too, as torch takes them
+                keep = _arg(node, 2, "keepdim", node.kwargs.get("keepdims", False))
                 if node.kwargs.get("dtype") is not None:
                     _fail(node, what, "with dtype= is not supported")
                 axes = None if dim is None else ([dim] if isinstance(dim, int) else list(dim))
@@ -478,7 +486,15 @@ class Lowering:
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         if len(shape) != 1:
             _fail(node, f"layer_norm(normalized_shape={shape})", "is not supported: ttd normalises the last dim only")
-        return self._op(node, "layer_norm", [x] + wb, _attrs(eps=repr(float(eps))))
+        emit = self._op(node, "layer_norm", [x] + wb, _attrs(eps=repr(float(eps))))
+
+        def checked(g, env):
+            last = g.shape(env[x.name])[-1] if g.shape(env[x.name]) else None
+            if last != shape[0]:
+                raise _lib.TTError(_INVALID_ARGUMENT, f"layer_norm's normalized_shape is ({shape[0]},) but the "
+                                                      f"input's last dim is {last}: give the input's last dim")
+            return emit(g, env)
+        return checked
 
     def _embedding(self, node, x, w, padding_idx, max_norm, scale_grad_by_freq, sparse):
         if padding_idx is not None or max_norm is not None or scale_grad_by_freq or sparse:
@@ -523,18 +539,47 @@ class Lowering:
 
     def build(self, example):
         """A libttclient graph for the dtypes and shapes of example (libttclient tensors); also
-        sets n_outputs (the distinct tensors forward returns) and fixed_shapes (whether a
-        size taken from a shape, other than the batch, is a constant of the graph: then inputs
-        whose dims past the first differ from example's would get its sizes)."""
+        sets n_outputs (the distinct tensors forward returns), fixed_shapes (whether a size
+        taken from a shape, other than the batch, is a constant of the graph: then inputs whose
+        dims past the first differ from example's would get its sizes) and batch_fixed (whether
+        the batch itself is one: then only example's shapes are served)."""
         self.fixed_shapes = False
         self.batch_fixed = False
+        shapes = [tuple(t.shape) for t in example]
+        graph, reshapes = self._build_graph([t.dtype for t in example], shapes)
+        if reshapes and not self.batch_fixed:
+            self._check_batch_follows([t.dtype for t in example], shapes, reshapes)
+        return graph
+
+    def _check_batch_follows(self, dtypes, shapes, reshapes):
+        """Builds the graph again at twice the batch (shapes only, in libttclient) and compares
+        the sizes each reshape was given: a reshape serves other batch sizes only where its sizes
+        are the same at both (the batch one left free, -1). Where one differs (a size taken from
+        a dim that is not the batch, a -1 resolved over it, the batch moved off dim 0 before),
+        or the graph cannot be built at twice the batch, the batch is fixed too (batch_fixed),
+        so that another batch is refused naming the shape, never given wrong sizes."""
+        if any(not s for s in shapes):
+            self.batch_fixed = True
+            return
+        fixed_shapes = self.fixed_shapes
+        try:
+            _, probed = self._build_graph(dtypes, [(2 * s[0],) + tuple(s[1:]) for s in shapes])
+        except (_lib.TTError, NotImplementedError):
+            probed = None
+        self.fixed_shapes = fixed_shapes
+        if probed != reshapes:
+            self.batch_fixed = True
+
+    def _build_graph(self, dtypes, shapes):
+        """The graph at these input dtypes and shapes, and the sizes given to its reshapes."""
+        self._reshapes = []
         client = _get_client()
         graph = _lib.Graph(client, seed=0)
         env = {}
         inputs = 0
         for node in self._gm.graph.nodes:
             if node.op == "placeholder":
-                env[node.name] = graph.input(node.name, example[inputs].dtype, tuple(example[inputs].shape))
+                env[node.name] = graph.input(node.name, dtypes[inputs], shapes[inputs])
                 inputs += 1
             elif node.op == "output":
                 for o in self._out_nodes:
@@ -545,5 +590,5 @@ class Lowering:
                     env[node.name] = self._lower(node, graph, env)
                 except _lib.TTError as e:  # refused at these shapes: say where in forward
                     raise _lib.TTError(e.code, f"ttd.compile: node {node.name}{_where(node)}: {e.message}, at input "
-                                               f"shape(s) {[tuple(t.shape) for t in example]}") from None
-        return graph
+                                               f"shape(s) {shapes}") from None
+        return graph, self._reshapes

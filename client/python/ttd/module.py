@@ -146,7 +146,8 @@ class CompiledModule:
         m = _lib.Module(self._lowering.build(example))
         # the built dims each input must keep: past the batch, or all of them (batch_fixed)
         skip = 0 if self._lowering.batch_fixed else 1
-        self._fixed = [t.shape[skip:] for t in example] if self._lowering.fixed_shapes else None
+        fixed = self._lowering.fixed_shapes or self._lowering.batch_fixed
+        self._fixed = [t.shape[skip:] for t in example] if fixed else None
         m.train(self.training)
         if self._device != "cpu":
             m.to(self._device)
@@ -169,10 +170,11 @@ class CompiledModule:
         """Refuses inputs whose dims past the batch differ from those the graph's sizes came from."""
         for i, (t, dims) in enumerate(zip(tts, self._fixed)):
             if self._lowering.batch_fixed and t.shape != dims:
-                raise RuntimeError(f"input {i} has shape {tuple(t.shape)}, but this compiled module's graph unflattens "
-                                   f"the batch dim into the first call's sizes, so it takes inputs of shape "
-                                   f"{tuple(dims)} only: give that shape, or unflatten with -1 first "
-                                   f"(Unflatten(0, (-1, ...)))")
+                raise RuntimeError(f"input {i} has shape {tuple(t.shape)}, but this compiled module's graph reshapes "
+                                   f"with sizes that depend on the batch (a view or reshape of a dim other than the "
+                                   f"batch, or Unflatten of the batch dim), fixed at the first call's, so it takes "
+                                   f"inputs of shape {tuple(dims)} only: give that shape, or compile the module "
+                                   f"again for another")
             if not self._lowering.batch_fixed and t.shape[1:] != dims:
                 raise RuntimeError(f"input {i} has shape {tuple(t.shape)}, but this compiled module's graph took its "
                                    f"view/reshape/flatten sizes from the first call's (*, {', '.join(map(str, dims))}) "
