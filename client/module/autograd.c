@@ -234,6 +234,14 @@ static tt_status flush_run(tt_run_ref *ref) {
   return tt_backward_call_send(ref, &bc, st);
 }
 
+/* Drops the output gradients a backward summed into ref and did not send. */
+static void forget_output_grads(tt_run_ref *ref) {
+  for (int i = 0; i < ref->n_outputs; i++) {
+    free(ref->output_grads[i]);
+    ref->output_grads[i] = NULL;
+  }
+}
+
 /* Adds t's gradient into the run of output (a module output: device, or host on "cpu"),
  * remembering the run for the flush. A run kept by an earlier backward (retain_graph) whose
  * Backward still waits sends that one first. */
@@ -345,6 +353,10 @@ tt_status tt_backward_grads(tt_tensor *const *tensors, tt_tensor *const *grads, 
     else ttd_k_cross_entropy_backward(NULL, a->data, b->data, a->shape[0], a->shape[1], g, ga);
     if (add_grad(a, ga, a->numel) != 0) st = tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");
     free(ga);
+  }
+  if (st != TT_OK) { /* a backward that failed before any run's Backward: it added nothing */
+    for (int r = 0; r < n_runs; r++) forget_output_grads(runs[r]);
+    n_runs = 0;
   }
   for (int r = 0; r < n_runs; r++) runs[r]->keep = retain_graph != 0;
   /* One run on a card: its Backward rides on the module's next Execute (one round trip a

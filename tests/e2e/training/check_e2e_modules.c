@@ -659,6 +659,47 @@ START_TEST(test_load_keeps_grad) {
 }
 END_TEST
 
+/* A loss of two runs, one already backpropagated: that backward fails FAILED_PRECONDITION
+ * and adds nothing, so a later backward of the other run alone gives the .grad of a clean
+ * pair of backwards, on the card and on "cpu" alike. */
+START_TEST(test_failed_backward_adds_nothing) {
+  float got[2][2][H * IN];
+  for (int where = 0; where < 2; where++) {
+    for (int clean = 0; clean < 2; clean++) {
+      tt_optimizer *o;
+      tt_tensor *xt, *x;
+      tt_module *a = mlp_on(where ? "tt" : "cpu", &o, &xt, &x);
+      tt_tensor *y[2], *yh[2], *loss[2];
+      for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(tt_forward(a, &x, 1, &y[k]), TT_OK);
+        yh[k] = tt_to(y[k], "cpu");
+        loss[k] = tt_sum(yh[k]);
+        if (k == 0) ck_assert_int_eq(tt_backward(loss[0]), TT_OK);
+      }
+      if (!clean) {
+        tt_tensor *both = tt_add(loss[0], loss[1]);
+        ck_assert_int_eq(tt_backward(both), TT_FAILED_PRECONDITION);
+        ck_assert_ptr_nonnull(strstr(tt_last_error(client), "already backpropagated"));
+        tt_tensor_free(both);
+      }
+      ck_assert_int_eq(tt_backward(loss[1]), TT_OK);
+      grad_of(a, "linear1.weight", got[where][clean], H * IN);
+      for (int k = 0; k < 2; k++) {
+        tt_tensor_free(y[k]);
+        tt_tensor_free(yh[k]);
+        tt_tensor_free(loss[k]);
+      }
+      tt_tensor_free(xt);
+      tt_tensor_free(x);
+      tt_optimizer_free(o);
+      tt_module_free(a);
+    }
+    ck_assert_mem_eq(got[where][0], got[where][1], sizeof(got[where][0]));
+  }
+  ck_assert_mem_eq(got[0][0], got[1][0], sizeof(got[0][0]));
+}
+END_TEST
+
 /* Module b trained on one thread while another thread reads module a's parameters over and
  * over: b ends exactly as trained alone (reading a sends a's queued work only, never b's out
  * of its order). */
@@ -937,6 +978,7 @@ Suite *e2e_modules_suite(void) {
   tcase_add_test(tc, test_parameter_of_another_module_as_input);
   tcase_add_test(tc, test_free_sends_queued_work);
   tcase_add_test(tc, test_load_keeps_grad);
+  tcase_add_test(tc, test_failed_backward_adds_nothing);
   tcase_add_test(tc, test_reading_one_module_beside_training_another);
   suite_add_tcase(s, tc);
   TCase *dropout = tcase_create("dropout");
