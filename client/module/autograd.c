@@ -255,6 +255,12 @@ static tt_status accumulate_output(tt_client *c, const tt_tensor *output, const 
                           "frees a graph after backward); run forward again, or keep the run for another backward "
                           "with retain_graph");
   }
+  if (ref->param_version != ref->module->param_version) {
+    return tt_client_fail(c, TT_FAILED_PRECONDITION,
+                          "this backward reaches a module run whose parameters were changed after its forward (a "
+                          "tt_step or tt_module_load since), as torch refuses (\"modified by an inplace operation\"); "
+                          "run the forward again after the step");
+  }
   float **acc = &ref->output_grads[output->output_index];
   if (!*acc) *acc = calloc(t->numel ? t->numel : 1, sizeof(float));
   if (!*acc) return tt_client_fail(c, TT_RESOURCE_EXHAUSTED, "out of host memory");

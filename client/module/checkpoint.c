@@ -43,6 +43,7 @@ tt_status tt_module_load(tt_module *m, const char *path) {
   /* Into the parameters' own tensors, as torch's load_state_dict copies: .grad and the
    * optimizer state kept beside each on a card stay with it. */
   for (int i = 0; st == TT_OK && i < m->n_params; i++) st = tt_copy_(m->params[i], host[i]);
+  m->param_version++; /* even if a copy failed: some may have been written */
   for (int i = 0; host && i < m->n_params; i++) tt_tensor_free(host[i]);
   free(host);
   return st;

@@ -80,6 +80,8 @@ struct tt_module {
   tt_tensor **params;    /* where the module is */
   uint64_t param_generation; /* bumped each time tt_module_to replaces params: optimizer state
                               * on a card stays with the tensors it was made beside */
+  uint64_t param_version; /* bumped by each tt_step and tt_module_load: a run whose forward came
+                           * before one is not backpropagated, as torch refuses it */
   tt_place place;
   char device_name[24];
   bool training;         /* forward keeps activations for backward (torch's train()) */
@@ -181,6 +183,7 @@ struct tt_run_ref {
   uint64_t run;        /* the daemon's run; 0 once backpropagated or released */
   ttd_run *local_run;  /* a module on "cpu": the in-process run; NULL once used */
   int n_outputs;
+  uint64_t param_version; /* the module's when the forward ran */
   float **output_grads; /* host accumulators during tt_backward, then until its Backward is sent */
   bool backward_waiting; /* tt_backward left its Backward for the module's next Execute */
   bool keep;             /* retain_graph: the next Backward keeps the run for another */

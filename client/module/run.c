@@ -51,6 +51,7 @@ tt_run_ref *tt_run_ref_create(tt_module *m, ttd_program *program, int n_outputs,
   ref->run = run;
   ref->local_run = local_run;
   ref->n_outputs = n_outputs;
+  ref->param_version = m->param_version;
   m->pending_runs++;
   return ref;
 }

@@ -259,6 +259,7 @@ tt_status tt_step(tt_optimizer *o) {
   TT_RETURN_IF_FAILED(check_state_home(o));
   tt_status st = param_rpc(o, TT_PARAM_STEP);
   if (st == TT_OK) tt_optimizer_note_state(o);
+  if (st == TT_OK) o->module->param_version++;
   return st;
 }
 tt_status tt_zero_grad(tt_optimizer *o) { return param_rpc(o, TT_PARAM_ZERO_GRAD); }

@@ -314,3 +314,18 @@ def test_eval_module_passes_gradients_to_its_inputs():
     with torch.no_grad():
         d(gen(x).to("tt"))
     assert not c(x.new_ones(3, 6).to("tt")).cpu().requires_grad  # no input takes a gradient: no run
+
+
+def test_backward_of_a_forward_older_than_a_step_raises():
+    """A forward, then a step (after another run's backward), then the first forward's backward
+    raises as torch's does ("modified by an inplace operation"), on the card and on the CPU."""
+    for device in ("tt", "cpu"):
+        _, cm = _pair(3)
+        cm.to(device)
+        opt = ttd.optim.SGD(cm.parameters(), lr=0.1)
+        x = torch.randn(2, 784)
+        first = cm(x.to(device) if device == "tt" else x).to("cpu").sum()
+        cm(x.to(device) if device == "tt" else x).to("cpu").sum().backward()
+        opt.step()
+        with pytest.raises(RuntimeError, match="parameters were changed after its forward"):
+            first.backward()

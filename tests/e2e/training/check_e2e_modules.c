@@ -572,6 +572,23 @@ static void read_weight(tt_tensor *w, float *out) {
   tt_tensor_free(h);
 }
 
+/* Frees what mlp_on made. */
+static void free_mlp(tt_module *a, tt_optimizer *o, tt_tensor *xt, tt_tensor *x) {
+  tt_tensor_free(xt);
+  tt_tensor_free(x);
+  tt_optimizer_free(o);
+  tt_module_free(a);
+}
+
+/* Frees n forwards' outputs, their downloads and their losses. */
+static void free_losses(tt_tensor **y, tt_tensor **yh, tt_tensor **loss, int n) {
+  for (int k = 0; k < n; k++) {
+    tt_tensor_free(y[k]);
+    tt_tensor_free(yh[k]);
+    tt_tensor_free(loss[k]);
+  }
+}
+
 /* Module b takes module a's weight as its input, right after a's step was queued: b reads the
  * stepped weight on the card as on "cpu" (the step is sent first), bit for bit. */
 START_TEST(test_parameter_of_another_module_as_input) {
@@ -684,19 +701,38 @@ START_TEST(test_failed_backward_adds_nothing) {
       }
       ck_assert_int_eq(tt_backward(loss[1]), TT_OK);
       grad_of(a, "linear1.weight", got[where][clean], H * IN);
-      for (int k = 0; k < 2; k++) {
-        tt_tensor_free(y[k]);
-        tt_tensor_free(yh[k]);
-        tt_tensor_free(loss[k]);
-      }
-      tt_tensor_free(xt);
-      tt_tensor_free(x);
-      tt_optimizer_free(o);
-      tt_module_free(a);
+      free_losses(y, yh, loss, 2);
+      free_mlp(a, o, xt, x);
     }
     ck_assert_mem_eq(got[where][0], got[where][1], sizeof(got[where][0]));
   }
   ck_assert_mem_eq(got[0][0], got[1][0], sizeof(got[0][0]));
+}
+END_TEST
+
+/* Two forwards, the first backpropagated and stepped, then the second's backward: refused
+ * FAILED_PRECONDITION on the card and on "cpu" alike (its forward saw the parameters before
+ * the step), as torch refuses it; a forward after the step backpropagates. */
+START_TEST(test_backward_of_a_run_older_than_a_step_refused) {
+  for (int where = 0; where < 2; where++) {
+    tt_optimizer *o;
+    tt_tensor *xt, *x;
+    tt_module *a = mlp_on(where ? "tt" : "cpu", &o, &xt, &x);
+    tt_tensor *y[3], *yh[3], *loss[3];
+    for (int k = 0; k < 3; k++) {
+      if (k == 2) ck_assert_int_eq(tt_step(o), TT_OK); /* after the first run's backward */
+      ck_assert_int_eq(tt_forward(a, &x, 1, &y[k]), TT_OK);
+      yh[k] = tt_to(y[k], "cpu");
+      loss[k] = tt_sum(yh[k]);
+      if (k == 1) ck_assert_int_eq(tt_backward(loss[0]), TT_OK);
+    }
+    ck_assert_int_eq(tt_backward(loss[1]), TT_FAILED_PRECONDITION);
+    ck_assert_msg(strstr(tt_last_error(client), "parameters were changed after its forward"), "%s",
+                  tt_last_error(client));
+    ck_assert_int_eq(tt_backward(loss[2]), TT_OK);
+    free_losses(y, yh, loss, 3);
+    free_mlp(a, o, xt, x);
+  }
 }
 END_TEST
 
@@ -979,6 +1015,7 @@ Suite *e2e_modules_suite(void) {
   tcase_add_test(tc, test_free_sends_queued_work);
   tcase_add_test(tc, test_load_keeps_grad);
   tcase_add_test(tc, test_failed_backward_adds_nothing);
+  tcase_add_test(tc, test_backward_of_a_run_older_than_a_step_refused);
   tcase_add_test(tc, test_reading_one_module_beside_training_another);
   suite_add_tcase(s, tc);
   TCase *dropout = tcase_create("dropout");
