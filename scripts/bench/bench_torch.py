@@ -17,7 +17,7 @@
 - torch_op_after_pause: us of PyTorch's own F.cross_entropy forward and backward on the
   step's 64 x 10 logits right after a busy wait as long as the step's time in libttclient
   (the client's wait for the card), against the same back to back: what this machine
-  charges any code for having waited, which the share above pays at every step.
+  charges code that did not just run, which the share above pays at every step.
 
 Prints JSON lines {name, ours, reference, unit, ratio, better} for scripts/bench/bench.
 
