@@ -47,6 +47,7 @@ tt_status tt_optimizer_set_lr(tt_optimizer *o, float lr) {
 /* One parameter's update on the host, torch's rules (the same kernels the card runs). */
 static tt_status host_update(tt_optimizer *o, const ttd_optimizer_call *oc, int i, float *param, float *grad,
                              int64_t n) {
+  bool fresh = tt_optimizer_buffer_count(o) > 0 && !o->state[0][i]; /* SGD's buffer starts as the gradient */
   for (int k = 0; k < tt_optimizer_buffer_count(o); k++) {
     if (!o->state[k][i] && !(o->state[k][i] = calloc((size_t)(n ? n : 1), sizeof(float)))) {
       return tt_client_fail(o->module->client, TT_RESOURCE_EXHAUSTED, "out of host memory");
@@ -56,7 +57,7 @@ static tt_status host_update(tt_optimizer *o, const ttd_optimizer_call *oc, int 
   if (o->kind == TT_OPTIM_ADAM) {
     ttd_k_adam_step(NULL, &oc->adam_params, step, param, grad, o->state[0][i], o->state[1][i], n, false);
   } else {
-    ttd_k_sgd_step(NULL, &oc->sgd, step, param, grad, o->state[0][i], n, false);
+    ttd_k_sgd_step(NULL, &oc->sgd, fresh ? 1 : step, param, grad, o->state[0][i], n, false);
   }
   return TT_OK;
 }

@@ -84,6 +84,7 @@ static ttd_status_t step_locked(ttd_core *core, ttd_tensor *param, ttd_optimizer
   ttd_backend *backend = core->backend;
   ttd_status_t status = TTD_OK;
   if (param->grad) {
+    oc->fresh_state = state_buffers(oc) > 0 && !param->opt_state[0];
     for (int k = 0; k < state_buffers(oc) && !status; k++) status = zeroed_like(backend, param, &param->opt_state[k]);
     if (!status) {
       oc->step = ++param->opt_step;

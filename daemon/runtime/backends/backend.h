@@ -119,6 +119,8 @@ typedef struct ttd_optimizer_call {
   int64_t n;                /* elements of each */
   bool zero_grad;           /* grad is also set to zeros, in the pass that reads it (a step that
                              * fails may leave it zeroed or not) */
+  bool fresh_state;         /* state was made for this step: SGD's momentum buffer starts as the
+                             * gradient, as torch's does when it has none (whatever step counts) */
 } ttd_optimizer_call;
 
 typedef struct ttd_backend_vtable {

@@ -237,6 +237,27 @@ START_TEST(test_step_waits_for_an_upload_of_a_parameter) {
 }
 END_TEST
 
+/* Momentum turned on after steps without it (dampening 0.5): the buffer, made now, starts as
+ * the gradient as torch's does when it has none, not as (1 - dampening) g. */
+START_TEST(test_momentum_buffer_made_late_starts_as_the_gradient) {
+  ttd_tensor *a;
+  uint64_t h = new_param(6, TTD_DTYPE_FLOAT32, &a);
+  work_msg w;
+  for (int i = 0; i < 2; i++) {
+    make_work(&w, 0.5f, 0.0f, &h, 1, NULL, 0);
+    w.work.zero_grad = NULL;
+    ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0, NULL));
+  }
+  float *a0 = values(a), *ag = values(a->grad);
+  make_work(&w, 0.5f, 0.9f, &h, 1, NULL, 0);
+  w.work.zero_grad = NULL;
+  w.sgd.dampening = 0.5f;
+  ck_assert_ptr_null(ttd_parameter_work_run(&call, &w.work, "before this Execute", NULL, 0, NULL));
+  expect_sgd(a, a0, ag, 0.5f);
+  free(a0), free(ag);
+}
+END_TEST
+
 /* A .grad held by an Upload (its write mark taken) is zeroed all the same, as ZeroGrad
  * zeroes it, but not known zeros: the Upload may have written part of it. */
 START_TEST(test_fused_beside_an_upload) {
@@ -402,6 +423,7 @@ Suite *parameter_work_suite(void) {
   tcase_add_test(tc, test_step_and_zero_fused);
   tcase_add_test(tc, test_tied_parameter_reached_twice_stepped_once);
   tcase_add_test(tc, test_step_waits_for_an_upload_of_a_parameter);
+  tcase_add_test(tc, test_momentum_buffer_made_late_starts_as_the_gradient);
   tcase_add_test(tc, test_fused_beside_an_upload);
   tcase_add_test(tc, test_two_passes_where_fusing_differs);
   tcase_add_test(tc, test_unknown_handle_as_two_passes);

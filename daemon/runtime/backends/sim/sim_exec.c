@@ -342,7 +342,7 @@ ttd_status_t ttd_sim_optimizer_step(ttd_backend *backend, int device, const ttd_
     ttd_k_adam_step_dt(pool, &call->adam_params, call->step, param, dtype, grad, (float *)call->state[0]->data,
                        (float *)call->state[1]->data, call->n, call->zero_grad);
   } else {
-    ttd_k_sgd_step_dt(pool, &call->sgd, call->step, param, dtype, grad,
+    ttd_k_sgd_step_dt(pool, &call->sgd, call->fresh_state ? 1 : call->step, param, dtype, grad,
                       call->state[0] ? (float *)call->state[0]->data : NULL, call->n, call->zero_grad);
   }
   return TTD_OK;
