@@ -2,12 +2,18 @@
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TTD_ADDRESS in the environment; DP_DEVICE the card,
 "tt" by default), and what both sides share: the model and the global batches.
 
-    dp_worker.py SCENARIO OUT   (SCENARIO: train, train_built, exit; "{}" in OUT: the rank)
+    dp_worker.py SCENARIO OUT   (SCENARIO: train, train_built, exit, heads, recover, subgroup;
+                                 "{}" in OUT: the rank)
 
 train: SGD and Adam, 20 steps each on this rank's half of every global batch, after a
 no_sync accumulation check; OUT gets torch.save of the results. train_built: SGD only, the
 module run once before wrapping (the broadcast then writes into the card). exit: rank 1
-leaves after one step; rank 0's next backward must raise ttd.parallel.RankError."""
+leaves after one step; rank 0's next backward must raise ttd.parallel.RankError. heads: rank 0's
+loss reaches one head of a two-headed model, rank 1's both: each rank's backward must raise,
+naming the other head. recover: a backward that raises (a run older than a step) on both
+ranks after another run's backward queued the averaging, then two steps, which must still be
+averaged. subgroup: rank 1 alone in a process
+group without rank 0 wraps and trains."""
 import datetime
 import os
 import sys
@@ -33,6 +39,16 @@ class MLP(nn.Module):
 
     def forward(self, x):
         return self.l2(self.relu(self.l1(x)))
+
+
+class Heads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.a, self.b = nn.Linear(32, 16), nn.Linear(16, 10), nn.Linear(16, 10)
+
+    def forward(self, x):
+        h = F.relu(self.body(x))
+        return self.a(h), self.b(h)
 
 
 def model(seed=0):
@@ -111,6 +127,40 @@ def main(scenario, out):
         result["device"] = str(next(ddp.parameters()).device)
         train(ddp, device, "sgd", data, rank, world)
         result["sgd"] = ddp.module.state_dict()
+    elif scenario == "heads":
+        torch.manual_seed(0)
+        ddp = ttd.parallel.DistributedDataParallel(ttd.compile(Heads()).to(device))
+        x, y = data[0]
+        a, b = ddp(shard(x, rank, world).to(device))
+        loss = F.cross_entropy(a.to("cpu"), shard(y, rank, world))
+        if rank == 1:
+            loss = loss + F.cross_entropy(b.to("cpu"), shard(y, rank, world))
+        try:
+            loss.backward()
+            result["error"] = None
+        except RuntimeError as e:
+            result["error"] = str(e)
+    elif scenario == "recover":
+        ddp = ttd.parallel.DistributedDataParallel(ttd.compile(model()).to(device))
+        opt = ttd.optim.SGD(ddp.parameters(), lr=0.05)
+        x, y = (shard(t, rank, world) for t in data[0])
+        old = F.cross_entropy(ddp(x.to(device)).to("cpu"), y)
+        F.cross_entropy(ddp(x.to(device)).to("cpu"), y).backward()
+        opt.step()
+        new = F.cross_entropy(ddp(x.to(device)).to("cpu"), y)
+        try:
+            (new + old).backward()  # new's run queues the averaging; old's forward came before the step
+            result["error"] = None
+        except RuntimeError as e:
+            result["error"] = str(e)
+        train(ddp, device, "sgd", data[1:3], rank, world)
+        result["sgd"] = ddp.module.state_dict()
+    elif scenario == "subgroup":
+        group = dist.new_group([1])  # every rank makes it; rank 1 alone is in it
+        if rank == 1:
+            ddp = ttd.parallel.DistributedDataParallel(ttd.compile(model(seed=1)).to(device), process_group=group)
+            train(ddp, device, "sgd", data[:2], 0, 1)
+            result["sgd"] = ddp.module.state_dict()
     elif scenario == "exit":
         ddp = ttd.parallel.DistributedDataParallel(ttd.compile(model()).to(device))
         train(ddp, device, "sgd", data[:1], rank, world)

@@ -108,6 +108,36 @@ def test_a_rank_that_exits_is_named(two_daemons):
     assert res[0]["seconds"] < 10
 
 
+def test_a_parameter_reached_on_some_ranks_only_raises_on_all(two_daemons):
+    """Rank 0's loss reaches one head, rank 1's both: every rank's backward raises naming the
+    other head, rather than the ranks' parameters drifting apart."""
+    res = _spawn("heads", two_daemons)
+    for rank, r in enumerate(res):
+        assert r["error"] is not None, f"rank {rank} trained on"
+        msg = r["error"] or ""
+        assert "got a gradient on some ranks and not on others" in msg and "b.weight" in msg and "b.bias" in msg, msg
+        assert "a.weight" not in msg and "body" not in msg, msg
+
+
+def test_gradients_averaged_after_a_backward_that_raised(two_daemons):
+    """A backward that raises on every rank (a run older than a step) does not stop the next
+    backwards from averaging: the ranks end with the same parameters."""
+    res = _spawn("recover", two_daemons)
+    for r in res:
+        assert "parameters were changed after its forward" in r["error"], r["error"]
+    _assert_same(res[1]["sgd"], res[0]["sgd"], "rank 1 against rank 0")
+
+
+def test_a_process_group_without_rank_0(two_daemons):
+    """A process group of rank 1 alone: the wrap broadcasts from the group's first rank (global
+    rank 1), and rank 1 trains as one process on its own does."""
+    res = _spawn("subgroup", two_daemons)
+    assert res[0] == {}  # rank 0 is in no group it wrapped with
+    m = ttd.compile(dp_worker.model(seed=1)).to("tt")
+    dp_worker.train(m, "tt", "sgd", dp_worker.batches(dp_worker.STEPS)[:2])
+    _assert_same(res[1]["sgd"], m.state_dict(), "rank 1")
+
+
 def test_wrapping_needs_a_process_group_and_a_compiled_module():
     m = ttd.compile(dp_worker.model())
     with pytest.raises(RuntimeError, match="init_process_group"):

@@ -81,6 +81,7 @@ class DistributedDataParallel:
     def forward(self, *inputs, **kwargs):
         """The wrapped module's forward; its backward averages the .grads unless no_sync()."""
         hook = self._on_backward if self.require_backward_grad_sync else None
+        self._queued = False  # a backward that raised left its averaging unqueued, never run
         self.module._after_backward = hook
         try:
             return self.module(*inputs, **kwargs)
@@ -179,15 +180,17 @@ class DistributedDataParallel:
             raise self._fail(what, e) from e
 
     def _broadcast_parameters(self):
-        """Rank 0's parameters onto every rank: before the first call, into the traced module's
-        values; after, in place on the card (tt_copy_ into each parameter)."""
+        """The group's rank 0's parameters onto every rank (its global rank the broadcast's
+        source): before the first call, into the traced module's values; after, in place on the
+        card (tt_copy_ into each parameter)."""
         self._collectives += 1
         m = self.module
+        src = 0 if self.process_group is None else dist.distributed_c10d._get_global_rank(self.process_group, 0)
         if m._module is None:
             for bucket in self._buckets:
                 params = [m._gm.get_parameter(name) for name, _, _ in bucket]
                 flat = torch.cat([p.detach().reshape(-1).float() for p in params])
-                self._wait(dist.broadcast(flat, 0, group=self.process_group, async_op=True),
+                self._wait(dist.broadcast(flat, src, group=self.process_group, async_op=True),
                            "broadcasting the parameters from rank 0")
                 with torch.no_grad():
                     off = 0
@@ -198,7 +201,7 @@ class DistributedDataParallel:
         for bucket in self._buckets:
             tensors = [m._module.param(name) for name, _, _ in bucket]
             flat = self._download(tensors, bucket) if self.rank == 0 else torch.empty(sum(n for *_, n in bucket))
-            self._wait(dist.broadcast(flat, 0, group=self.process_group, async_op=True),
+            self._wait(dist.broadcast(flat, src, group=self.process_group, async_op=True),
                        "broadcasting the parameters from rank 0")
             if self.rank != 0:
                 self._upload(flat, tensors, bucket)
@@ -239,7 +242,8 @@ class DistributedDataParallel:
         pending = None
         for bucket in self._buckets:
             grads = [m.param_grad(name) for name, _, _ in bucket]
-            flat = self._download(grads, bucket)
+            # each parameter's gradient, then whether this rank has one: summed, the count of ranks
+            flat = torch.cat([self._download(grads, bucket), torch.tensor([float(g is not None) for g in grads])])
             work = dist.all_reduce(flat, group=self.process_group, async_op=True)
             if pending is not None:
                 self._finish(*pending)
@@ -249,6 +253,13 @@ class DistributedDataParallel:
 
     def _finish(self, work, flat, grads, bucket):
         self._wait(work, "averaging the gradients")
+        ranks = flat[len(flat) - len(grads):]
+        partial = [name for (name, _, _), r in zip(bucket, ranks.tolist()) if 0 < r < self.world_size]
+        if partial:  # the same sums on every rank: all raise alike
+            raise RuntimeError(f"parameter(s) {', '.join(partial)} got a gradient on some ranks and not on others: "
+                               f"ttd.parallel averages the .grads every rank's backward reached, so each rank's loss "
+                               f"must reach the same parameters (find_unused_parameters is not supported); use them "
+                               f"on every rank (a zero-weighted term will do)")
         flat.div_(self.world_size)
         self._upload(flat, grads, bucket)
 
