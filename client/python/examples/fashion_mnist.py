@@ -40,15 +40,19 @@ DATA = "/usr/share/datasets/fashion-mnist"
 
 
 def read_idx(path):
-    """An IDX file (gzipped or not) as a numpy array of its shape."""
+    """An IDX file (gzipped or not) as a numpy array of its shape; ValueError naming the file
+    when it is not one (truncated, corrupt)."""
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
-    zero, dtype, ndim = struct.unpack(">HBB", data[:4])
-    if zero != 0 or dtype != 0x08:
-        raise ValueError(f"{path}: not an IDX file of unsigned bytes")
-    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+        zero, dtype, ndim = struct.unpack(">HBB", data[:4])
+        dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+        if zero != 0 or dtype != 0x08:
+            raise ValueError("its header is not an IDX file's of unsigned bytes")
+        return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    except (OSError, EOFError, struct.error, ValueError) as e:
+        raise ValueError(f"{path} is not a whole IDX file ({e}): fetch it again") from None
 
 
 def load(data_dir, split, limit=None, shape=(784,)):
@@ -166,6 +170,6 @@ def main(prog, make_model, shape, lr, momentum, doc):
     """train(), with ttd down or the data missing told in one line rather than a traceback."""
     try:
         return train(make_model, shape, lr, momentum, doc)
-    except (ttd.TTError, ttd.parallel.RankError, FileNotFoundError) as e:
+    except (ttd.TTError, ttd.parallel.RankError, FileNotFoundError, ValueError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1

@@ -68,3 +68,30 @@ def test_compiled_modules_go_with_their_function():
     del fn
     gc.collect()
     assert cm_ref() is None  # the backend's list does not keep it (or its card memory)
+
+
+def test_backend_returns_forwards_structure():
+    """A graph returning a list or a dict (of tensors and None) gives the same structure back,
+    its tensors on the CPU."""
+    class Outs(torch.nn.Module):
+        def __init__(self, kind):
+            super().__init__()
+            self.l, self.kind = torch.nn.Linear(4, 3), kind
+
+        def forward(self, x):
+            h = self.l(x)
+            return [h, torch.relu(h)] if self.kind == "list" else {"h": h, "none": None}
+
+    x = torch.randn(2, 4)
+    for kind in ("list", "dict"):
+        ref = Outs(kind)
+        fn = dynamo.backend(torch.fx.symbolic_trace(copy.deepcopy(ref)), [x])
+        got, want = fn(x), ref(x)
+        assert type(got) is type(want)
+        pairs = zip(got, want) if kind == "list" else ((got[k], want[k]) for k in want)
+        for g, w in pairs:
+            if w is None:
+                assert g is None
+            else:
+                assert g.device.type == "cpu"
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)

@@ -56,3 +56,18 @@ def test_mlp_example_data_parallel(ttd_daemon):
     assert "test accuracy" not in outs[1], outs[1]
     m = re.search(r"^test accuracy: (0\.\d{4})$", outs[0], re.M)
     assert m and float(m.group(1)) > 0.6, outs[0]
+
+
+@needs_data
+def test_example_says_which_data_file_is_broken(ttd_daemon, tmp_path):
+    """A truncated data file gives one line naming it and saying to fetch it again, exit 1."""
+    for name in os.listdir(DATA):
+        with open(os.path.join(DATA, name), "rb") as src, open(tmp_path / name, "wb") as dst:
+            data = src.read()
+            dst.write(data[:len(data) // 2] if name.startswith("train-images") else data)
+    env = dict(os.environ, TTD_ADDRESS=ttd_daemon)
+    proc = subprocess.run([sys.executable, os.path.join(EXAMPLES, "mlp.py"), "--data", str(tmp_path), "--epochs", "1"],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout
+    assert re.fullmatch(r"mlp\.py: \S*train-images-idx3-ubyte\S* is not a whole IDX file \(.*\): fetch it again\n",
+                        proc.stdout), proc.stdout

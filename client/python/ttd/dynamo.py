@@ -30,13 +30,19 @@ def backend(gm, example_inputs, device="tt"):
 
     def run(*args):
         moved = [a if isinstance(a, Tensor) or not isinstance(a, torch.Tensor) else a.to(device) for a in args]
-        out = cm(*moved)
-        if isinstance(out, tuple):
-            return tuple(o.to("cpu") for o in out)
-        return out.to("cpu")
+        return _to_cpu(cm(*moved))
 
     run.ttd_module = cm
     return run
+
+
+def _to_cpu(out):
+    """out, forward's structure (tensors, tuples, lists, dicts, None), with its tensors on the CPU."""
+    if isinstance(out, dict):
+        return {k: _to_cpu(v) for k, v in out.items()}
+    if isinstance(out, (tuple, list)):
+        return type(out)(_to_cpu(v) for v in out)
+    return None if out is None else out.to("cpu")
 
 
 def dynamo_modules():
