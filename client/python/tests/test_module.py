@@ -307,3 +307,16 @@ def test_module_to_tt_with_a_dtype_converts_as_torchs():
         m = ttd.compile(mod)
         assert str(next(m.parameters()).device) == "tt:0"
         assert m.state_dict()["weight"].dtype == torch.bfloat16
+
+
+def test_dropout_of_one_drops_everything_as_torchs():
+    """nn.Dropout(1.0) in training zeroes its output and the gradient through it, as torch's."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Dropout(1.0))
+    m = ttd.compile(copy.deepcopy(ref)).to("tt")
+    x = torch.randn(5, 4)
+    out = m(x.to("tt")).cpu()
+    assert torch.equal(out, torch.zeros(5, 3))
+    out.sum().backward()
+    ref(x).sum().backward()
+    assert torch.equal(dict(m.named_parameters())["0.weight"].grad * 1, ref[0].weight.grad)

@@ -214,7 +214,7 @@ static ttd_status_t infer_dropout(const Ttd__V1__Node *node, const ttd_value_typ
   int64_t seed;
   TTD_RETURN_IF_ERROR(attr_int(node, "seed", 0, &seed));
   a->seed = (uint64_t)seed;
-  if (!(a->p >= 0.0f && a->p < 1.0f)) return bad(node, "p must be in [0, 1), got %g", (double)a->p);
+  if (!(a->p >= 0.0f && a->p <= 1.0f)) return bad(node, "p must be in [0, 1], got %g", (double)a->p); /* 1: all dropped */
   return infer_same(node, in, n, a, out);
 }
 
