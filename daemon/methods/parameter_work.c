@@ -164,9 +164,7 @@ static ttd_status_t step_tensors_counted(ttd_call *call, ttd_optimizer_call *oc,
   ttd_tensor **marked = NULL;
   size_t n_marked = 0;
   ttd_status_t status = step_marks_begin(params, n, &marked, &n_marked);
-  for (size_t i = 0; i < n && !status; i++) {
-    if (params[i]) status = step_one(call->core, params[i], oc, updated);
-  }
+  for (size_t i = 0; i < n_marked && !status; i++) status = step_one(call->core, marked[i], oc, updated); /* each once */
   if (marked) step_marks_end(marked, n_marked);
   return status;
 }
@@ -181,14 +179,6 @@ ttd_status_t ttd_optimizer_step_handles(ttd_call *call, const Ttd__V1__Optimizer
   ttd_status_t status = TTD_OK;
   for (size_t i = 0; i < req->n_parameters && !status; i++) {
     status = ttd_session_tensor_lookup(call->session, req->parameters[i], &params[i]);
-  }
-  for (size_t i = 0; i < req->n_parameters && !status; i++) { /* two handles of one tensor: stepped once */
-    for (size_t k = 0; k < i && params[i]; k++) {
-      if (params[k] == params[i]) {
-        ttd_tensor_release(params[i]);
-        params[i] = NULL;
-      }
-    }
   }
   if (!status) status = step_tensors_counted(call, &oc, params, req->n_parameters, out_updated);
   for (size_t i = 0; i < req->n_parameters; i++) ttd_tensor_release(params[i]);
@@ -334,31 +324,17 @@ static bool step_and_zero(ttd_call *call, const Ttd__V1__ParameterWork *work, tt
   return true;
 }
 
-/* reached with each tensor once: a later entry of a tensor listed before (one tensor bound to
- * two of a program's parameters, a tied weight) NULL, so that it is stepped once, as
- * OptimizerStep and torch step it. A new array for the caller to free; NULL when out of
- * memory. */
-static ttd_tensor **distinct_in_order(ttd_tensor *const *reached, size_t n) {
-  ttd_tensor **out = calloc(n + 1, sizeof(*out));
-  if (!out) return NULL;
-  for (size_t i = 0; i < n; i++) {
-    out[i] = reached[i];
-    for (size_t k = 0; k < i && out[i]; k++) {
-      if (out[k] == reached[i]) out[i] = NULL;
-    }
-  }
-  return out;
-}
-
 static ttd_status_t work_run(ttd_call *call, const Ttd__V1__ParameterWork *work, const char *where,
                              ttd_tensor *const *reached, size_t n_reached, ttd_zero_defer *defer);
 
 ttd_status_t ttd_parameter_work_run(ttd_call *call, const Ttd__V1__ParameterWork *work, const char *where,
                                     ttd_tensor *const *reached, size_t n_reached, ttd_zero_defer *defer) {
   if (!work || !reached) return work_run(call, work, where, reached, n_reached, defer);
-  ttd_tensor **once = distinct_in_order(reached, n_reached);
+  /* Each tensor once: one bound to two of the program's parameters (a tied weight) is listed
+   * twice, and is stepped once, as OptimizerStep and torch step it. */
+  ttd_tensor **once = calloc(n_reached + 1, sizeof(*once));
   if (!once) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
-  ttd_status_t status = work_run(call, work, where, once, n_reached, defer);
+  ttd_status_t status = work_run(call, work, where, once, distinct_sorted(reached, n_reached, once), defer);
   free(once);
   return status;
 }
