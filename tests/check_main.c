@@ -62,6 +62,7 @@ static const struct {
     {"e2e_interop", e2e_interop_suite},
     {"e2e_programs", e2e_programs_suite},
     {"e2e_modules", e2e_modules_suite},
+    {"e2e_queued_work", e2e_queued_work_suite},
     {"e2e_input_grads", e2e_input_grads_suite},
     {"e2e_restart", e2e_restart_suite},
     {"e2e_copy", e2e_copy_suite},

@@ -57,6 +57,7 @@ Suite *e2e_sessions_suite(void);
 Suite *e2e_interop_suite(void);
 Suite *e2e_programs_suite(void);
 Suite *e2e_modules_suite(void);
+Suite *e2e_queued_work_suite(void);
 Suite *e2e_input_grads_suite(void);
 Suite *e2e_restart_suite(void);
 Suite *e2e_copy_suite(void);

@@ -248,6 +248,20 @@ tt_client *harness_connect(const ttd_proc *proc, int keepalive) {
   return c;
 }
 
+ttd_proc harness_proc;
+tt_client *harness_client;
+
+void harness_client_setup(void) {
+  ttd_proc_start(&harness_proc, NULL);
+  harness_client = harness_connect(&harness_proc, 1);
+}
+
+void harness_client_teardown(void) {
+  tt_disconnect(harness_client);
+  harness_client = NULL;
+  ck_assert_int_eq(ttd_proc_stop(&harness_proc), 0);
+}
+
 void harness_tiny_net_make(tt_client *c, harness_tiny_net *net) {
   tt_graph *g = tt_graph_create(c, 7);
   int64_t xs[2] = {4, 3}, ys[2] = {4, 2};

@@ -62,6 +62,14 @@ int ttd_proc_pause(ttd_proc *proc);
 /* A connected client with keep-alive as asked; fails the test if it cannot connect. */
 tt_client *harness_connect(const ttd_proc *proc, int keepalive);
 
+/* A ttd started with no extra arguments and a client of it (keepalive on), made by
+ * harness_client_setup and gone after harness_client_teardown (which asserts the ttd stopped
+ * cleanly): the checked fixture of a suite that needs no other. */
+extern ttd_proc harness_proc;
+extern tt_client *harness_client;
+void harness_client_setup(void);
+void harness_client_teardown(void);
+
 /* A small training problem: m = relu(linear(x)), x [4,3] -> [4,2] (graph seed 7), on "tt";
  * h its input on the host (fixed values), in the same on the card, target ones [4,2] on
  * the host (an L1 loss's). */
