@@ -404,3 +404,20 @@ def test_out_and_a_layer_norm_of_another_size_are_refused():
     c = ttd.compile(Fn(lambda s, x: F.layer_norm(x, (4,)))).to("tt")
     with pytest.raises(ttd.TTError, match=r"normalized_shape is \(4,\) but the input's last dim is 6"):
         c(torch.randn(2, 6).to("tt"))
+
+
+def test_an_input_not_led_by_the_batch_keeps_other_batches_served():
+    """An input whose leading size is not the batch (a mask [3, 4]) beside reshapes that follow
+    the batch: the graph serves other batch sizes as torch does (the check at twice the batch
+    leaves that input as it is)."""
+    class Masked(nn.Module):
+        def forward(self, x, mask):
+            h = x.view(x.size(0), 3, 4) + mask
+            return h.reshape(h.size(0), -1).softmax(-1)
+
+    m = Masked()
+    c = ttd.compile(m).to("tt")
+    mask = torch.randn(3, 4)
+    for batch in (2, 5):
+        x = torch.randn(batch, 12)
+        torch.testing.assert_close(c(x.to("tt"), mask.to("tt")).cpu(), m(x, mask))

@@ -552,18 +552,20 @@ class Lowering:
         return graph
 
     def _check_batch_follows(self, dtypes, shapes, reshapes):
-        """Builds the graph again at twice the batch (shapes only, in libttclient) and compares
-        the sizes each reshape was given: a reshape serves other batch sizes only where its sizes
-        are the same at both (the batch one left free, -1). Where one differs (a size taken from
+        """Builds the graph again at twice the batch (shapes only, in libttclient: the inputs
+        led by the first input's size doubled, others, a mask [T, T] or a scalar, as they are)
+        and compares the sizes each reshape was given: a reshape serves other batch sizes only
+        where its sizes are the same at both (the batch one left free, -1). Where one differs (a size taken from
         a dim that is not the batch, a -1 resolved over it, the batch moved off dim 0 before),
         or the graph cannot be built at twice the batch, the batch is fixed too (batch_fixed),
         so that another batch is refused naming the shape, never given wrong sizes."""
-        if any(not s for s in shapes):
+        if not shapes[0]:
             self.batch_fixed = True
             return
         fixed_shapes = self.fixed_shapes
+        batch = shapes[0][0]  # inputs led by another size (a mask [T, T]) keep it
         try:
-            _, probed = self._build_graph(dtypes, [(2 * s[0],) + tuple(s[1:]) for s in shapes])
+            _, probed = self._build_graph(dtypes, [(2 * s[0],) + tuple(s[1:]) if s and s[0] == batch else s for s in shapes])
         except (_lib.TTError, NotImplementedError):
             probed = None
         self.fixed_shapes = fixed_shapes
