@@ -7,13 +7,22 @@
   zero_grad on the card), random data, against the same step in plain PyTorch on the CPU
   (scripts/bench/torch_step.py --serve in a child process, the faster of 1 thread and all
   cores), repetitions alternating, each preceded by untimed steps, medians.
-- torch_layer_share_b64: the share in % of the ttd.torch step spent outside libttclient:
-  every function of ttd._lib._L is wrapped (in this process only) to sum the time spent in
-  the C calls; share = 1 - C time / step time, median over repetitions; reference 15 %.
-- torch_layer_us_tiny: us per step outside libttclient of the same flow with a program of a
-  few microseconds on the card (a 16-32-10 MLP at batch 8: no wait to speak of), against the
-  whole step of that MLP in plain PyTorch on the CPU in this process: the layer's floor,
-  next to what PyTorch's own Python and dispatch cost for the same step.
+- torch_layer_share_b64: the share in % of the ttd.torch step that the Python layer itself
+  costs: the time spent inside the ttd package's functions the step calls (a tensor's .to,
+  the compiled module's call, a run's backward, the optimizer's step and zero_grad, the
+  device tensor's __torch_function__, the frees torch's graph and the garbage collector
+  make), less the time of the libttclient calls made inside them (every function of
+  ttd._lib._L wrapped, in this process only), over the step's time; median over
+  repetitions; reference 15 %.
+- torch_outside_share_b64: the share in % of the same step spent outside libttclient at
+  all: the layer above plus the user's loss (F.cross_entropy and its backward), torch's
+  autograd engine and the loop; 1 - C time / step time. No goal: the part of it that is not
+  the layer is what the same loss costs a plain PyTorch step too.
+- torch_layer_us_tiny: us per step in the Python layer (as torch_layer_share_b64 counts it)
+  of the same flow with a program of a few microseconds on the card (a 16-32-10 MLP at batch
+  8: no wait to speak of), against the whole step of that MLP in plain PyTorch on the CPU in
+  this process: the layer's floor, next to what PyTorch's own Python and dispatch cost for
+  the same step.
 - torch_op_after_pause: us of PyTorch's own F.cross_entropy forward and backward on the
   step's 64 x 10 logits right after a busy wait as long as the step's time in libttclient
   (the client's wait for the card), against the same back to back: what this machine
@@ -24,6 +33,7 @@ Prints JSON lines {name, ours, reference, unit, ratio, better} for scripts/bench
   PYTHONPATH=client/python TTD_LIB=build/lib/libttclient.so \\
     bench_torch.py --target unix:SOCK [--daemon-pid PID] [--reps 15 --steps 50]"""
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -177,6 +187,52 @@ class LibTimer:
         self.seconds, self.calls, self.per = 0.0, 0, {}
 
 
+class LayerTimer:
+    """Wraps the ttd package's entry points a training step goes through to sum the seconds
+    spent inside them less the libttclient calls they make (lib_timer's seconds, which must be
+    installed too). A call inside another is counted once, in the outer one."""
+
+    def __init__(self, lib_timer):
+        self.lib_timer, self.seconds, self.depth, self.orig = lib_timer, 0.0, 0, []
+
+    def entry_points(self):
+        from ttd import _lib, autograd, module, optim, tensor
+        return [(torch.Tensor, "to"), (tensor.Tensor, "to"), (tensor.Tensor, "cpu"),
+                (tensor.Tensor, "__torch_function__"), (module.CompiledModule, "__call__"),
+                (autograd._Run, "backward"), (autograd._Upload, "backward"), (autograd._Release, "__del__"),
+                (optim.SGD, "step"), (optim.SGD, "zero_grad"), (_lib.Tensor, "__del__")]
+
+    def install(self):
+        pc = time.perf_counter
+
+        def wrap(f):
+            def timed(*a, **k):
+                if self.depth:
+                    return f(*a, **k)
+                self.depth = 1
+                c0, t0 = self.lib_timer.seconds, pc()
+                try:
+                    return f(*a, **k)
+                finally:
+                    self.seconds += (pc() - t0) - (self.lib_timer.seconds - c0)
+                    self.depth = 0
+            return timed
+        for owner, name in self.entry_points():
+            # as the class finds it (torch.optim wraps a subclass's step in its own __dict__)
+            raw = inspect.getattr_static(owner, name)
+            self.orig.append((owner, name, owner.__dict__.get(name)))
+            kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+            setattr(owner, name, kind(wrap(raw.__func__)) if kind else wrap(raw))
+
+    def uninstall(self):
+        for owner, name, raw in reversed(self.orig):
+            if raw is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, raw)
+        self.orig = []
+
+
 def wrapper_cost():
     """Seconds one wrapped call adds over an unwrapped one: logged only, not subtracted, so the
     Python share stays an upper bound."""
@@ -224,23 +280,26 @@ def after_pause(pause_s, blocks=8, runs=50):
 
 
 def tiny_layer_cost(ttd, lib, reps, steps=200):
-    """(us per step of tiny_mlp at batch 8 outside libttclient, us per step of it in plain
-    PyTorch), medians over reps alternating repetitions."""
+    """(us per step of tiny_mlp at batch 8 in the Python layer (LayerTimer), us per step of it
+    in plain PyTorch), medians over reps alternating repetitions."""
     ours, plain = (Step(t, 8, tiny_mlp, 16, seed=2) for t in (ttd, None))
     timer = LibTimer(lib)
+    layer = LayerTimer(timer)
     timer.install()
-    outside, theirs = [], []
+    layer.install()
+    own, theirs = [], []
     try:
         ours.run(WARMUP)
         plain.run(WARMUP)
         for _ in range(reps):
-            timer.reset()
-            us = ours.run(steps) * 1e3
-            outside.append(us - timer.seconds * 1e6 / steps)
+            layer.seconds = 0.0
+            ours.run(steps)
+            own.append(layer.seconds * 1e6 / steps)
             theirs.append(plain.run(steps) * 1e3)
     finally:
+        layer.uninstall()
         timer.uninstall()
-    return statistics.median(outside), statistics.median(theirs)
+    return statistics.median(own), statistics.median(theirs)
 
 
 def main():
@@ -276,33 +335,42 @@ def main():
         record(f"torch_mlp_step_b{batch}", statistics.median(ours), min(med.values()), "ms")
     ref.close()
 
-    # The Python layer's share at batch 64: wrapped C calls against the whole step.
+    # The Python layer's share at batch 64: the layer's own time, and all time outside the C
+    # calls, against the whole step.
     s = steps.get(64) or Step(ttd, 64)
     timer = LibTimer(_lib)
+    layer = LayerTimer(timer)
     timer.install()
-    shares, step_ms = [], []
+    layer.install()
+    shares, outside, step_ms = [], [], []
     try:
         s.run(WARMUP)
         for _ in range(a.reps):
             wait_idle(a.daemon_pid)
             s.run(WARMUP)
             timer.reset()
+            layer.seconds = 0.0
             ms = s.run(a.steps)
             c_ms = timer.seconds * 1e3 / a.steps
             step_ms.append(ms)
-            shares.append(100.0 * (1 - c_ms / ms))
+            shares.append(100.0 * layer.seconds * 1e3 / a.steps / ms)
+            outside.append(100.0 * (1 - c_ms / ms))
         per = sorted(timer.per.items(), key=lambda kv: -kv[1][1])
     finally:
+        layer.uninstall()
         timer.uninstall()
-    share = statistics.median(shares)
-    log(f"batch 64 with wrapped calls: {statistics.median(step_ms):.3f} ms/step, {timer.calls / a.steps:.0f} "
-        f"libttclient calls/step (wrapper adds ~{wrapper_cost() * 1e6:.2f} us each, counted as Python)")
+    share, outside_share = statistics.median(shares), statistics.median(outside)
+    ms = statistics.median(step_ms)
+    log(f"batch 64 with wrapped calls: {ms:.3f} ms/step, {timer.calls / a.steps:.0f} libttclient calls/step "
+        f"(wrapper adds ~{wrapper_cost() * 1e6:.2f} us each, counted as Python); the layer "
+        f"{ms * share * 10:.0f} us/step, outside libttclient {ms * outside_share * 10:.0f} us/step")
     log("C time per step, last repetition: " + ", ".join(
         f"{n} {c // a.steps}x {t * 1e3 / a.steps:.3f} ms" for n, (c, t) in per[:6]))
     record("torch_layer_share_b64", share, 15.0, "%")
+    record("torch_outside_share_b64", outside_share, 15.0, "%")
     tiny_ours, tiny_torch = tiny_layer_cost(ttd, _lib, a.reps)
     record("torch_layer_us_tiny", tiny_ours, tiny_torch, "us")
-    wait_ms = statistics.median(step_ms) * (1 - share / 100)
+    wait_ms = ms * (1 - outside_share / 100)
     paused, back_to_back = after_pause(wait_ms / 1e3)
     log(f"F.cross_entropy forward and backward: {back_to_back:.1f} us back to back, {paused:.1f} us after a "
         f"{wait_ms:.2f} ms busy wait")
