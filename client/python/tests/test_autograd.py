@@ -270,6 +270,26 @@ def test_runs_live_as_long_as_torchs_graph():
     cm.to("cpu")
 
 
+@pytest.mark.parametrize("batch", [2, 40])  # an output of 1024 elements, and of 20480 (past _SMALL_OUTPUT)
+def test_output_anchors_small_and_large_train_as_torch(batch):
+    """A run's small output has an anchor of its own memory, a large one -0.0 expanded: both
+    download the card's values, twice independently, and pass torch's gradient back."""
+    torch.manual_seed(3)
+    ref = torch.nn.Linear(8, 512)
+    cm = ttd.compile(copy.deepcopy(ref).to("tt"))
+    x = torch.randn(batch, 8)
+    out = cm(x.to("tt"))
+    a = out.to("cpu")
+    with torch.no_grad():
+        b = out.to("cpu").mul_(0)  # an in-place change to one download only
+    torch.testing.assert_close(a, ref(x), rtol=1e-5, atol=1e-5)
+    assert not torch.equal(a, b)
+    (a * a).sum().backward()
+    r = ref(x)
+    (r * r).sum().backward()
+    _grads_match(ref, cm)
+
+
 def test_download_in_the_graph_keeps_every_bit():
     """A download that joins torch's graph carries the card's values bit for bit (-0.0, inf,
     NaN, denormals included) and passes the gradient back."""

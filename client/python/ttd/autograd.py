@@ -1,7 +1,8 @@
 """The boundary of torch's autograd and the card's.
 
 Device tensors stay out of torch's graph. One that gradients must reach has an anchor: a CPU
-tensor of its shape and dtype in torch's graph, -0.0 expanded (no memory). A tensor uploaded
+tensor of its shape and dtype in torch's graph, whose values nothing reads: -0.0 expanded (no
+memory), or for a run's small output a tensor of its own. A tensor uploaded
 from a CPU tensor that requires grad is anchored to it (_Upload passes the gradient through);
 the outputs of a training run are anchored to the run (_Run), whose inputs are the anchors of
 the run's inputs; a download (.to("cpu")) is a copy of the anchor with the values written
@@ -35,6 +36,19 @@ def _anchor(shape, dtype=torch.float32):
     if base is None:
         base = _NEG_ZERO[dtype] = torch.full((), -0.0, dtype=dtype)
     return base.expand(shape)
+
+
+_SMALL_OUTPUT = 16384  # elements: a run's output up to this size has an anchor of its own memory
+
+
+def _output_anchor(shape, dtype):
+    """A run's output's anchor: for a small output, a tensor of its own memory, never read (a
+    download's copy of a contiguous tensor costs half that of an expanded one, and the values
+    are written over the copy); for a larger one, -0.0 expanded (no memory)."""
+    n = 1
+    for d in shape:
+        n *= d
+    return torch.empty(shape, dtype=dtype) if n <= _SMALL_OUTPUT else _anchor(shape, dtype)
 
 
 class _Upload(torch.autograd.Function):
@@ -89,10 +103,10 @@ class _Run(torch.autograd.Function):
     def forward(ctx, state, leaf, *input_anchors):
         ctx.state = state  # on ctx: saved-tensor hooks (save_on_cpu) hand backward other objects
         ctx.set_materialize_grads(False)  # outputs no loss used get None, and send nothing
-        holder = torch.empty(0)  # saved: the graph's saved tensors own the run's release
+        holder = torch.Tensor()  # saved: the graph's saved tensors own the run's release
         holder._ttd_release = _Release(state.outputs[0])
         ctx.save_for_backward(holder)
-        return tuple(_anchor(o.shape, _TORCH_DTYPES[o.dtype]) for o in state.outputs)
+        return tuple([_output_anchor(o.shape, _TORCH_DTYPES[o.dtype]) for o in state.outputs])
 
     @staticmethod
     def backward(ctx, *grads):

@@ -6,12 +6,15 @@ from .autograd import download, upload_anchor
 from .convert import _TORCH_DTYPES, Device, _device_from_torch, _device_name, _dtype_of, _is_tt
 
 
+_META = torch.device("meta")  # a device object: a string would be parsed at every wrap
+
+
 class Tensor(torch.Tensor):
     """A tensor on a tt device: shape, dtype, device, repr and .to() work; any other op raises."""
 
     @staticmethod
     def __new__(cls, tt, anchor=None):
-        r = torch.Tensor._make_wrapper_subclass(cls, tt.shape, dtype=_TORCH_DTYPES[tt.dtype], device="meta")
+        r = torch.Tensor._make_wrapper_subclass(cls, tt.shape, dtype=_TORCH_DTYPES[tt.dtype], device=_META)
         r._tt = tt
         r._anchor = anchor  # its place in torch's graph when gradients reach it (autograd.py), else None
         return r
