@@ -86,18 +86,38 @@ def test_unsupported_dtype_and_non_tensor_input():
             m(3)
 
 
-class _SoftmaxOverChannels(torch.nn.Module):
+class _MatmulOverBatches(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(2, 4, 5))
+
     def forward(self, x):
-        return torch.softmax(x, dim=1)  # the line the error names
+        return torch.matmul(x, self.w)  # the line the error names
 
 
 def test_op_refused_at_the_input_shape_names_the_node_and_line():
-    """An op ttd refuses only once the shapes are known (softmax over a middle axis) names the
-    node and the line of forward at the first call."""
-    m = ttd.compile(_SoftmaxOverChannels()).to("tt")
-    with pytest.raises(ttd.TTError, match=r"node softmax, at .*test_misuse.py:\d+ in forward: return torch.softmax"
-                                          r".*only the last axis is supported.*\(2, 3, 4\)"):
-        m(torch.randn(2, 3, 4).to("tt"))
+    """An op ttd refuses only once the shapes are known (a batched matmul whose batch dims
+    broadcast) names the node and the line of forward at the first call."""
+    m = ttd.compile(_MatmulOverBatches()).to("tt")
+    with pytest.raises(ttd.TTError, match=r"node matmul, at .*test_misuse.py:\d+ in forward: return torch.matmul"
+                                          r".*batch dims of .* differ.*\(3, 2, 3, 4\)"):
+        m(torch.randn(3, 2, 3, 4).to("tt"))
+
+
+class _VectorDot(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.v = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return (x.sum(0) @ self.v).reshape(1, 1)
+
+
+def test_dot_of_two_vectors_names_the_node():
+    """A matmul of two 1-D tensors (a 0-dim result, which ttd has none of) says what to write."""
+    m = ttd.compile(_VectorDot()).to("tt")
+    with pytest.raises(NotImplementedError, match=r"matmul of inputs of 1 and 1 dims \(node matmul.*\(a \* b\).sum"):
+        m(torch.randn(3, 4).to("tt"))
 
 
 def test_daemon_gone_says_how_to_start_it():

@@ -364,7 +364,7 @@ class Lowering:
                     return self._op(node, op, [a, b])
                 return self._scalar_op(node, op, a, b)
         if _named(t, "matmul", (operator.matmul, torch.matmul)):
-            return self._op(node, "matmul", [x, _arg(node, 1, "other")])
+            return self._matmul(node, x, _arg(node, 1, "other"))
         if t is F.linear:
             return self._op(node, "linear", [a for a in (x, _arg(node, 1, "weight"), _arg(node, 2, "bias"))
                                               if a is not None])
@@ -445,13 +445,54 @@ class Lowering:
 
     # ---- shared by the module and functional forms ----
     def _softmax(self, node, op, x, dim, dtype):
+        """ttd's softmax is over the last dim: over another, the dim is swapped with the last
+        one before and after it (two transposes, which the backward goes through as well)."""
         if dim is None or dtype is not None or not isinstance(dim, int):
-            _fail(node, f"{op}(dim={dim}, dtype={dtype})", "is not supported: give dim (the last one, -1), no dtype")
-        if dim >= 0:  # ttd checks at build time that it is the last dim
-            return self._op(node, op, [x], _attrs(axis=dim))
-        if dim != -1:
-            _fail(node, f"{op}(dim={dim})", "is not supported: ttd's softmax is over the last dim only (dim=-1)")
-        return self._op(node, op, [x])
+            _fail(node, f"{op}(dim={dim}, dtype={dtype})", "is not supported: give dim, no dtype")
+        self._op(node, op, [x])  # checks x is a tensor
+
+        def emit(g, env):
+            v = env[x.name]
+            nd = len(g.shape(v))
+            d = dim + nd if dim < 0 else dim
+            if not 0 <= d < nd:
+                _fail(node, f"{op}(dim={dim})", f"is out of range for an input of {nd} dims")
+            if d == nd - 1:
+                return g.op(op, [v])
+            swap = _attrs(dim0=d, dim1=nd - 1)
+            return g.op("transpose", [g.op(op, [g.op("transpose", [v], swap)])], swap)
+        return emit
+
+    def _matmul(self, node, a, b):
+        """torch.matmul / @: ttd's matmul where both sides have 2 dims or more. A 1-D side is
+        taken as torch takes it: on the left a row, on the right a column, reshaped to one and
+        dropped from the product after (the product's other sizes are the built shapes', its
+        leading one follows the batch, as _reshape_plan's)."""
+        self._op(node, "matmul", [a, b])  # checks both are tensors
+
+        def emit(g, env):
+            va, vb = [env[v.name] if isinstance(v, torch.fx.Node) else _param_value(g, env, *v) for v in (a, b)]
+            sa, sb = g.shape(va), g.shape(vb)
+            if len(sa) >= 2 and len(sb) >= 2:
+                return g.op("matmul", [va, vb])
+            if len(sa) < 2 and len(sb) < 2:
+                _fail(node, f"matmul of inputs of {len(sa)} and {len(sb)} dims", "is not supported: ttd has no 0-dim "
+                      "tensors; write (a * b).sum(-1, keepdim=True) for a dot product")
+            if len(sb) == 1:
+                product = g.op("matmul", [va, g.op("reshape", [vb], _attrs(shape=[sb[0], 1]))])
+                shape = list(sa[:-1])
+            elif len(sa) == 1:
+                product = g.op("matmul", [g.op("reshape", [va], _attrs(shape=[1, sa[0]])), vb])
+                shape = list(sb[:-2]) + [sb[-1]]
+            else:
+                _fail(node, f"matmul of inputs of {len(sa)} and {len(sb)} dims", "is not supported: ttd has no "
+                      "0-dim tensors")
+            if len(shape) > 1:
+                self.fixed_shapes = True
+            shape[0] = -1
+            self._reshapes.append(tuple(shape))
+            return g.op("reshape", [product], _attrs(shape=shape))
+        return emit
 
     def _scalar_op(self, node, op, a, b):
         """op of a tensor and a Python number: ttd's op with one input and the attribute scalar
