@@ -36,6 +36,20 @@ char *ttd_call_strdup(ttd_call *call, const char *s) {
   return copy;
 }
 
+size_t ttd_call_held_bytes(const ttd_call *call) {
+  size_t bytes = call->received ? grpc_byte_buffer_length(call->received) : 0;
+  for (const ttd_arena_block *b = call->arena; b; b = b->next) bytes += b->used;
+  return bytes;
+}
+
+void ttd_call_arena_free(ttd_call *call) {
+  while (call->arena) {
+    ttd_arena_block *next = call->arena->next;
+    free(call->arena);
+    call->arena = next;
+  }
+}
+
 static void *arena_pb_alloc(void *data, size_t size) { return ttd_call_alloc(data, size); }
 static void arena_pb_free(void *data, void *p) {
   (void)data;
@@ -73,9 +87,5 @@ void ttd_call_deinit(ttd_call *call) {
   grpc_metadata_array_destroy(&call->request_metadata);
   ttd_session_release(call->session);
   call->session = NULL;
-  while (call->arena) {
-    ttd_arena_block *next = call->arena->next;
-    free(call->arena);
-    call->arena = next;
-  }
+  ttd_call_arena_free(call);
 }

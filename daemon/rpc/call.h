@@ -87,6 +87,13 @@ void ttd_call_init(ttd_call *call, ttd_core *core, const ttd_method *method);
  * (every request and response unpacked or built in it). */
 void ttd_call_deinit(ttd_call *call);
 
+/* The bytes taken from the call's arena (the unpacked request and what its handlers made), with
+ * the received message while the call keeps it: what a call waiting for the card costs. */
+size_t ttd_call_held_bytes(const ttd_call *call);
+
+/* Frees the arena's blocks (ttd_call_deinit does as well): every ttd_call_alloc pointer goes. */
+void ttd_call_arena_free(ttd_call *call);
+
 /* Zeroed memory that lives until the call ends; NULL if out of memory. */
 void *ttd_call_alloc(ttd_call *call, size_t bytes);
 

@@ -209,8 +209,10 @@ static void run_unary(ttd_call *c, const ProtobufCMessage *request) {
 }
 
 /* Device work waiting for the card holds its request in host memory: at most
- * TTD_SESSION_MAX_QUEUED calls a session, their sizes charged to its quota until their
- * turn (so queued inline inputs count as the tensors they become). */
+ * TTD_SESSION_MAX_QUEUED calls a session, the bytes each holds charged to its quota until
+ * their turn (so queued inline inputs count as the tensors they become). That is the
+ * unpacked request, not its size on the wire: protobuf-c makes a struct of every element of
+ * a repeated field, and a message of empty elements unpacks to 40 times its size. */
 static ttd_status_t queue_admit(ttd_call *c, const ProtobufCMessage *request) {
   ttd_session *s = c->session;
   if (!s) return TTD_OK;
@@ -222,6 +224,8 @@ static ttd_status_t queue_admit(ttd_call *c, const ProtobufCMessage *request) {
                            s->id, TTD_SESSION_MAX_QUEUED);
   }
   uint64_t bytes = protobuf_c_message_get_packed_size(request);
+  size_t held = ttd_call_held_bytes(c);
+  if (held > bytes) bytes = held;
   ttd_status_t status = ttd_quota_charge(s->quota, bytes);
   if (status) {
     atomic_fetch_sub(&s->queued_calls, 1);

@@ -135,6 +135,40 @@ START_TEST(test_queued_bytes_count_against_the_quota) {
 }
 END_TEST
 
+/* The same quota against a request small on the wire that unpacks large: 256 KiB of empty
+ * inline tensors (2 bytes each) become 128k structs in the daemon's memory, about 40 times the
+ * wire's bytes. The unpacked size is what waits, and what is charged: the call is refused
+ * naming more bytes than it was sent, before any check of the program looks at it. */
+START_TEST(test_queued_bytes_are_the_unpacked_request) {
+  tt_client *c = connect_with_quota(1 << 20);
+  char session[17];
+  session_hex(c, session);
+  enum { N = 1 << 17 };
+  Ttd__V1__InlineTensor empty = TTD__V1__INLINE_TENSOR__INIT;
+  Ttd__V1__InlineTensor **ins = malloc(sizeof(*ins) * N);
+  for (int i = 0; i < N; i++) ins[i] = &empty;
+  Ttd__V1__ExecuteRequest req = TTD__V1__EXECUTE_REQUEST__INIT;
+  req.program = gb_compile_relu(proc.target, session, 1, 4, 0);
+  req.n_inline_inputs = N;
+  req.inline_inputs = ins;
+  size_t len = ttd__v1__execute_request__get_packed_size(&req);
+  ck_assert_uint_lt(len, 1 << 19); /* well under the quota on the wire */
+  unsigned char *buf = malloc(len);
+  ttd__v1__execute_request__pack(&req, buf);
+  raw_result r;
+  raw_call(proc.target, "/ttd.v1.Device/Execute", (raw_md){.session = session}, buf, len, &r);
+  ck_assert_msg(r.code == 8 && strstr(r.details, "bytes wait for the card with the session's other calls"), "%d %s",
+                r.code, r.details);
+  unsigned long long charged = strtoull(strstr(r.details, "this call's ") + strlen("this call's "), NULL, 10);
+  ck_assert_msg(charged > (unsigned long long)len * 8, "charged %llu for %zu bytes on the wire", charged, len);
+  raw_result_free(&r);
+  free(buf);
+  free(ins);
+  ck_assert_uint_ne(raw_allocate(proc.target, session, 7 << 15), 0); /* 896 KiB: nothing stays charged */
+  tt_disconnect(c);
+}
+END_TEST
+
 /* Compiles a chain of n relus on a float32 [4] input in session with a raw call; returns
  * the code, the message in msg. */
 static int compile_chain(const char *session, int n, char *msg, size_t msg_len) {
@@ -216,6 +250,7 @@ Suite *e2e_queue_bounds_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_queued_calls_bounded_per_session);
   tcase_add_test(tc, test_queued_bytes_count_against_the_quota);
+  tcase_add_test(tc, test_queued_bytes_are_the_unpacked_request);
   tcase_add_test(tc, test_programs_count_against_the_quota);
   suite_add_tcase(s, tc);
   return s;
