@@ -1,7 +1,10 @@
 /* Download: a server stream of chunks device -> host. The first message carries the
  * tensor info and the total byte count. The tensor is referenced for the whole stream,
  * so a concurrent Free cannot pull the memory from under it, until the session closes:
- * then the stream lets it go at once (its sends pin host memory only, ttd_host_pin). */
+ * then the stream lets it go at once (its sends pin host memory only, ttd_host_pin). It
+ * holds the tensor's read mark as long, so that no Upload or optimizer step writes the
+ * bytes it sends: the client gets one version of the tensor, never a torn one. */
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -15,6 +18,7 @@
 typedef struct download_state {
   pthread_mutex_t lock; /* tensor against a cancel from the closing session's thread */
   ttd_tensor *tensor;   /* one reference; NULL once cancelled */
+  bool reading;         /* the tensor's read mark is held (ttd_tensor_read_begin) */
   ttd_dtype target;
   size_t out_size, in_size;
   uint64_t total;       /* target bytes */
@@ -65,6 +69,11 @@ ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request)
   pthread_mutex_init(&st->lock, NULL);
   call->stream = st;
   TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->handle, &st->tensor));
+  if (!(st->reading = ttd_tensor_read_begin(st->tensor))) {
+    return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
+                           "tensor %016" PRIx64 " is being written by an Upload, a ZeroGrad or an optimizer step of "
+                           "this session: download it after that call answers", req->handle);
+  }
   ttd_dtype source = st->tensor->spec.dtype;
   if (req->target_dtype && ttd_dtype_size((ttd_dtype)req->target_dtype) == 0) {
     return ttd_make_status(GRPC_STATUS_INVALID_ARGUMENT,
@@ -154,6 +163,7 @@ ttd_status_t ttd_download_next(ttd_call *call, grpc_byte_buffer **out_message, b
 void ttd_download_done(ttd_call *call) {
   download_state *st = call->stream;
   if (!st) return;
+  if (st->reading) ttd_tensor_read_end(st->tensor);
   ttd_tensor_release(st->tensor);
   pthread_mutex_destroy(&st->lock);
   free(st->raw);
@@ -165,7 +175,10 @@ void ttd_download_cancel(ttd_call *call) {
   download_state *st = call->stream;
   pthread_mutex_lock(&st->lock);
   ttd_tensor *tensor = st->tensor;
+  bool reading = st->reading;
   st->tensor = NULL;
+  st->reading = false;
   pthread_mutex_unlock(&st->lock);
+  if (reading) ttd_tensor_read_end(tensor);
   ttd_tensor_release(tensor);
 }

@@ -11,6 +11,7 @@
 #include "call_fixture.h"
 #include "core/core.h"
 #include "device/tensor.h"
+#include "methods/methods.h"
 #include "methods/parameter_work.h"
 #include "session/session.h"
 #include "suites.h"
@@ -237,6 +238,58 @@ START_TEST(test_step_waits_for_an_upload_of_a_parameter) {
 }
 END_TEST
 
+/* A Download holds its tensor's read mark for its whole stream: an optimizer step of that
+ * parameter meanwhile steps nothing (FAILED_PRECONDITION), nor can an Upload take the write
+ * mark; with the stream done the step goes through. A Download of a tensor being written is
+ * refused the same way and leaves the mark as it was. */
+START_TEST(test_download_holds_the_read_mark) {
+  ttd_tensor *a;
+  uint64_t h = new_param(5, TTD_DTYPE_FLOAT32, &a);
+  float *a0 = values(a), *ag = values(a->grad);
+  Ttd__V1__DownloadRequest dl = TTD__V1__DOWNLOAD_REQUEST__INIT;
+  dl.handle = h;
+  ttd_call stream = call; /* a second call of the session */
+  stream.stream = NULL;
+  stream.arena = NULL;
+  ck_assert_ptr_null(ttd_download_begin(&stream, &dl.base));
+  ck_assert(!ttd_tensor_write_begin(a));
+  Ttd__V1__OptimizerStepRequest step = TTD__V1__OPTIMIZER_STEP_REQUEST__INIT;
+  Ttd__V1__SgdOptions sgd = TTD__V1__SGD_OPTIONS__INIT;
+  sgd.lr = 0.5f;
+  step.optimizer_case = TTD__V1__OPTIMIZER_STEP_REQUEST__OPTIMIZER_SGD;
+  step.sgd = &sgd;
+  step.parameters = &h;
+  step.n_parameters = 1;
+  uint64_t updated = 0;
+  ttd_status_t s = ttd_optimizer_step_handles(&call, &step, &updated);
+  ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_FAILED_PRECONDITION);
+  ck_assert_msg(strstr(ttd_status_message(s), "read by a Download") && strstr(ttd_status_message(s), "no parameter"),
+                "%s", ttd_status_message(s));
+  ttd_status_free(s);
+  float *a1 = values(a);
+  ck_assert_mem_eq(a1, a0, a->spec.nbytes);
+  free(a1);
+  ttd_download_done(&stream);
+  ck_assert_ptr_null(ttd_optimizer_step_handles(&call, &step, &updated));
+  ck_assert_int_eq(updated, 1);
+  expect_sgd(a, a0, ag, 0.5f);
+
+  ck_assert(ttd_tensor_write_begin(a)); /* an Upload writing it */
+  stream.stream = NULL;
+  s = ttd_download_begin(&stream, &dl.base);
+  ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_FAILED_PRECONDITION);
+  ck_assert_msg(strstr(ttd_status_message(s), "being written by an Upload"), "%s", ttd_status_message(s));
+  ttd_status_free(s);
+  ttd_download_done(&stream);
+  ck_assert(!ttd_tensor_read_begin(a)); /* still the Upload's */
+  ttd_tensor_write_end(a);
+  ck_assert(ttd_tensor_read_begin(a));
+  ttd_tensor_read_end(a);
+  ttd_call_arena_free(&stream);
+  free(a0), free(ag);
+}
+END_TEST
+
 /* Momentum turned on after steps without it (dampening 0.5): the buffer, made now, starts as
  * the gradient as torch's does when it has none, not as (1 - dampening) g. */
 START_TEST(test_momentum_buffer_made_late_starts_as_the_gradient) {
@@ -423,6 +476,7 @@ Suite *parameter_work_suite(void) {
   tcase_add_test(tc, test_step_and_zero_fused);
   tcase_add_test(tc, test_tied_parameter_reached_twice_stepped_once);
   tcase_add_test(tc, test_step_waits_for_an_upload_of_a_parameter);
+  tcase_add_test(tc, test_download_holds_the_read_mark);
   tcase_add_test(tc, test_momentum_buffer_made_late_starts_as_the_gradient);
   tcase_add_test(tc, test_fused_beside_an_upload);
   tcase_add_test(tc, test_two_passes_where_fusing_differs);
