@@ -28,6 +28,7 @@ static const struct {
     {"device_tensor", device_tensor_suite},
     {"parameter_work", parameter_work_suite},
     {"train_methods", train_methods_suite},
+    {"download", download_suite},
     {"tensor_proto", tensor_proto_suite},
     {"inline_tensor", inline_tensor_suite},
     {"tokens", tokens_suite},

@@ -3,7 +3,9 @@
  * so a concurrent Free cannot pull the memory from under it, until the session closes:
  * then the stream lets it go at once (its sends pin host memory only, ttd_host_pin). It
  * holds the tensor's read mark as long, so that no Upload or optimizer step writes the
- * bytes it sends: the client gets one version of the tensor, never a torn one. */
+ * bytes it sends: the client gets one version of the tensor, never a torn one. A session
+ * has at most TTD_SESSION_MAX_DOWNLOADS open, and the buffers a stream copies through (a
+ * conversion, or a backend without host views) are charged to its quota while it lasts. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -19,6 +21,8 @@ typedef struct download_state {
   pthread_mutex_t lock; /* tensor against a cancel from the closing session's thread */
   ttd_tensor *tensor;   /* one reference; NULL once cancelled */
   bool reading;         /* the tensor's read mark is held (ttd_tensor_read_begin) */
+  ttd_session *session; /* counted in its downloads (the call's session, which outlives the stream) */
+  uint64_t charged;     /* copy buffers' bytes charged to the session's quota */
   ttd_dtype target;
   size_t out_size, in_size;
   uint64_t total;       /* target bytes */
@@ -68,6 +72,14 @@ ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request)
   if (!st) return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   pthread_mutex_init(&st->lock, NULL);
   call->stream = st;
+  if (atomic_fetch_add(&call->session->downloads, 1) >= TTD_SESSION_MAX_DOWNLOADS) {
+    atomic_fetch_sub(&call->session->downloads, 1);
+    return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "session %016" PRIx64 " has %d Downloads open already: read them to their end (or cancel "
+                           "them) before starting more",
+                           call->session->id, TTD_SESSION_MAX_DOWNLOADS);
+  }
+  st->session = call->session;
   TTD_RETURN_IF_ERROR(ttd_session_tensor_lookup(call->session, req->handle, &st->tensor));
   if (!(st->reading = ttd_tensor_read_begin(st->tensor))) {
     return ttd_make_status(GRPC_STATUS_FAILED_PRECONDITION,
@@ -93,7 +105,20 @@ ttd_status_t ttd_download_begin(ttd_call *call, const ProtobufCMessage *request)
   chunk -= chunk % st->out_size;
   st->chunk = chunk ? chunk : st->out_size;
   size_t first = st->total < st->chunk ? (size_t)st->total : st->chunk;
-  if (source != st->target && !(st->raw = malloc(first / st->out_size * st->in_size + 1))) {
+  size_t raw_bytes = source != st->target ? first / st->out_size * st->in_size + 1 : 0;
+  bool copies = source != st->target || !st->tensor->backend->vtable->buffer_host_view;
+  uint64_t charge = raw_bytes + (copies && !req->shm ? first : 0); /* a message in flight at a time */
+  ttd_status_t status = charge ? ttd_quota_charge(call->session->quota, charge) : TTD_OK;
+  if (status) {
+    ttd_status_t named = ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED,
+                                         "this Download copies through %" PRIu64 " bytes of buffers, which with the "
+                                         "session's other memory pass its quota (ask for smaller chunk_bytes, or "
+                                         "free tensors): %s", charge, ttd_status_message(status));
+    ttd_status_free(status);
+    return named;
+  }
+  st->charged = charge;
+  if (raw_bytes && !(st->raw = malloc(raw_bytes))) {
     return ttd_make_status(GRPC_STATUS_RESOURCE_EXHAUSTED, "daemon is out of host memory");
   }
   ttd__v1__download_response__init(&st->message);
@@ -165,6 +190,10 @@ void ttd_download_done(ttd_call *call) {
   if (!st) return;
   if (st->reading) ttd_tensor_read_end(st->tensor);
   ttd_tensor_release(st->tensor);
+  if (st->session) {
+    ttd_quota_refund(st->session->quota, st->charged);
+    atomic_fetch_sub(&st->session->downloads, 1);
+  }
   pthread_mutex_destroy(&st->lock);
   free(st->raw);
   free(st);

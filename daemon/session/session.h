@@ -49,6 +49,7 @@ typedef struct ttd_session {
   _Atomic int64_t last_seen_ms; /* monotonic ms of the latest call */
   atomic_int queued_calls;      /* device calls waiting for their turn (TTD_SESSION_MAX_QUEUED) */
   atomic_int device_calls;      /* device calls admitted and not yet answered: the lease waits for them */
+  atomic_int downloads;         /* Download streams begun and not yet done (TTD_SESSION_MAX_DOWNLOADS) */
   pthread_mutex_t lock;         /* guards everything below */
   bool closed;
   ttd_handle_map tensors;       /* handle -> ttd_tensor* (one reference each) */
@@ -142,6 +143,9 @@ ttd_status_t ttd_session_tensors_free(ttd_session *session, const uint64_t *hand
 #define TTD_SESSION_MAX_PROGRAMS 256
 /* Device calls (Execute, Backward, OptimizerStep) a session may have waiting for the card. */
 #define TTD_SESSION_MAX_QUEUED 64
+/* Download streams a session may have open at once: each holds its tensor, and a converting
+ * one its copy buffers, as long as its client takes to read it. */
+#define TTD_SESSION_MAX_DOWNLOADS 64
 
 /* The session's handle of program: the one it already has for a program of the same graph
  * (compiling a graph again is idempotent), else a new random one (the session takes its own reference),

@@ -21,6 +21,7 @@ Suite *session_table_suite(void);
 Suite *device_tensor_suite(void);
 Suite *parameter_work_suite(void);
 Suite *train_methods_suite(void);
+Suite *download_suite(void);
 Suite *tensor_proto_suite(void);
 Suite *inline_tensor_suite(void);
 Suite *tokens_suite(void);

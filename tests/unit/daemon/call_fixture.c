@@ -21,3 +21,15 @@ void cf_teardown(call_fixture *f) {
   ttd_session_release(f->session);
   ttd_backend_destroy(f->backend);
 }
+
+call_fixture cf;
+
+static void cf_setup_global(void) { cf_setup(&cf); }
+
+static void cf_teardown_global(void) { cf_teardown(&cf); }
+
+TCase *cf_tcase(const char *name) {
+  TCase *tc = tcase_create(name);
+  tcase_add_checked_fixture(tc, cf_setup_global, cf_teardown_global);
+  return tc;
+}

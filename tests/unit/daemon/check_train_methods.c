@@ -16,11 +16,7 @@
 
 #define F32 TTD__V1__DTYPE__DTYPE_FLOAT32
 
-static call_fixture fx;
-
-static void setup(void) { cf_setup(&fx); }
-
-static void teardown(void) { cf_teardown(&fx); }
+#define fx cf
 
 /* A float32 tensor of shape d0 x d1 holding 0.25 * (i % 7) - 0.5, in the session; its handle. */
 static uint64_t put(int64_t d0, int64_t d1, ttd_tensor **out) {
@@ -135,8 +131,7 @@ END_TEST
 
 Suite *train_methods_suite(void) {
   Suite *s = suite_create("train_methods");
-  TCase *tc = tcase_create("train_methods");
-  tcase_add_checked_fixture(tc, setup, teardown);
+  TCase *tc = cf_tcase("train_methods");
   tcase_add_test(tc, test_backward_waits_for_an_upload_of_its_gradient);
   tcase_add_test(tc, test_failed_execute_frees_its_backwards_input_grads);
   suite_add_tcase(s, tc);
