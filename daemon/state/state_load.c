@@ -114,11 +114,29 @@ static ttd_status_t load_tensor(ttd_core *core, ttd_session *session, data_file 
 /* The tensor of a saved index + 1 (0: none), or -1 when out of range. */
 static int ref(uint32_t index, size_t count) { return index <= count ? (int)index - 1 : -2; }
 
+/* Whether t is a tensor of want's dtype and shape on device: what a program's kernels take it
+ * to be, which they read without a check of their own. */
+static bool fits(const ttd_tensor *t, const ttd_value_type *want, int device) {
+  if (t->spec.dtype != want->dtype || t->spec.ndim != want->shape.ndim || t->spec.device != device) return false;
+  for (int d = 0; d < want->shape.ndim; d++) {
+    if (t->spec.shape[d] != want->shape.d[d]) return false;
+  }
+  return true;
+}
+
+/* Whether t may be the .grad or an optimizer state of param: float32, its shape, its device. */
+static bool fits_param(const ttd_tensor *t, const ttd_tensor *param) {
+  ttd_value_type want = {.dtype = TTD_DTYPE_FLOAT32, .shape.ndim = param->spec.ndim};
+  memcpy(want.shape.d, param->spec.shape, sizeof(want.shape.d));
+  return fits(t, &want, param->spec.device);
+}
+
 static ttd_status_t load_run(ttd_core *core, ttd_session *session, const Ttd__V1__SavedRun *m, ttd_tensor **tensors,
                              size_t count, const char *file) {
   ttd_program *p = ttd_handle_map_get(&session->programs, m->program);
   if (!p || m->n_values != (size_t)p->n_values || m->n_operands != (size_t)(p->n_inputs + p->n_params) ||
-      m->n_saved != 2 * (size_t)p->n_nodes || (int)m->device >= core->backend->vtable->device_count(core->backend)) {
+      m->n_saved != 2 * (size_t)p->n_nodes ||
+      m->device >= (uint32_t)core->backend->vtable->device_count(core->backend)) {
     return damaged(file, "a kept run does not fit its program");
   }
   ttd_run *run = calloc(1, sizeof(*run));
@@ -139,12 +157,21 @@ static ttd_status_t load_run(ttd_core *core, ttd_session *session, const Ttd__V1
   bool ok = true;
   struct { const uint32_t *from; ttd_tensor **to; size_t n; } slots[] = {
       {m->values, run->values, m->n_values}, {m->operands, run->operands, m->n_operands}, {m->saved, run->saved, m->n_saved}};
+  bool fit = true;
   for (size_t k = 0; k < 3; k++) {
     for (size_t i = 0; i < slots[k].n; i++) {
       int at = ref(slots[k].from[i], count);
       ok = ok && at >= -1;
-      if (at >= 0) slots[k].to[i] = ttd_tensor_retain(tensors[at]);
+      if (at < 0) continue;
+      /* values and operands (inputs, then parameters) are the program's values of their
+       * index; a saved tensor is on the run's device */
+      fit = fit && (k == 2 ? tensors[at]->spec.device == run->device : fits(tensors[at], &p->values[i].type, run->device));
+      slots[k].to[i] = ttd_tensor_retain(tensors[at]);
     }
+  }
+  if (!fit) {
+    ttd_run_free(run);
+    return damaged(file, "a kept run's tensor is not of its program's dtype, shape or device");
   }
   if (!ok || ttd_handle_map_put(&session->runs, m->handle, run) != 0) {
     ttd_run_free(run);
@@ -217,6 +244,11 @@ static ttd_status_t load_session(ttd_state *state, int dir_fd, const Ttd__V1__Sa
     int o1 = st->n_optimizer_state == 2 ? ref(st->optimizer_state[1], m->n_tensors) : -2;
     if (grad < -1 || o0 < -1 || o1 < -1) {
       status = damaged(e->meta->name, "a tensor links to one that is not in the file");
+      break;
+    }
+    if ((grad >= 0 && !fits_param(tensors[grad], t)) || (o0 >= 0 && !fits_param(tensors[o0], t)) ||
+        (o1 >= 0 && !fits_param(tensors[o1], t))) {
+      status = damaged(e->meta->name, "a tensor's .grad or optimizer state is not float32 of its shape on its device");
       break;
     }
     t->grad = grad >= 0 ? ttd_tensor_retain(tensors[grad]) : NULL;

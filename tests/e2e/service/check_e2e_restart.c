@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "raw_rpc.h"
 #include "suites.h"
@@ -343,11 +344,69 @@ START_TEST(test_crash_resumes_nothing) {
 END_TEST
 
 /* Truncates, or rewrites, one file of the saved state before the restart. */
-typedef enum damage { TRUNCATE_DATA, OTHER_FORMAT, LOOSE_MODE } damage;
+typedef enum damage { TRUNCATE_DATA, OTHER_FORMAT, LOOSE_MODE, GRAD_OF_ANOTHER_SHAPE } damage;
+
+static uint8_t *read_whole(const char *path, size_t *out_len) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  fseek(f, 0, SEEK_END);
+  *out_len = (size_t)ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *buf = malloc(*out_len + 1);
+  ck_assert_uint_eq(fread(buf, 1, *out_len, f), *out_len);
+  fclose(f);
+  return buf;
+}
+
+static void write_whole(const char *path, const uint8_t *buf, size_t len) {
+  FILE *f = fopen(path, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(buf, 1, len, f), len);
+  fclose(f);
+}
+
+/* The session file's first tensor gets the second (of another shape) as its .grad, with the
+ * manifest's size and checksum made to match: a file that reads back whole, whose link a
+ * step would follow past the end of the smaller tensor. */
+static void link_grad_of_another_shape(void) {
+  char path[256];
+  size_t len;
+  snprintf(path, sizeof(path), "%s/state/MANIFEST", state_dir);
+  uint8_t *buf = read_whole(path, &len);
+  Ttd__V1__SavedState *m = ttd__v1__saved_state__unpack(NULL, len, buf);
+  free(buf);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_uint_eq(m->n_sessions, 1);
+  Ttd__V1__SavedFile *meta = m->sessions[0]->meta;
+  char session_path[256];
+  snprintf(session_path, sizeof(session_path), "%s/state/%s", state_dir, meta->name);
+  buf = read_whole(session_path, &len);
+  Ttd__V1__SavedSession *s = ttd__v1__saved_session__unpack(NULL, len, buf);
+  free(buf);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_uint_eq(s->n_tensors, 2);
+  s->tensors[0]->grad = 2;
+  len = ttd__v1__saved_session__get_packed_size(s);
+  buf = malloc(len);
+  ttd__v1__saved_session__pack(s, buf);
+  write_whole(session_path, buf, len);
+  meta->bytes = len;
+  meta->crc32 = (uint32_t)crc32_z(crc32_z(0, NULL, 0), buf, (z_size_t)len);
+  free(buf);
+  len = ttd__v1__saved_state__get_packed_size(m);
+  buf = malloc(len);
+  ttd__v1__saved_state__pack(m, buf);
+  write_whole(path, buf, len);
+  free(buf);
+  ttd__v1__saved_session__free_unpacked(s, NULL);
+  ttd__v1__saved_state__free_unpacked(m, NULL);
+}
 
 static void damage_state(damage how, uint64_t id) {
   char path[256];
-  if (how == TRUNCATE_DATA) {
+  if (how == GRAD_OF_ANOTHER_SHAPE) {
+    link_grad_of_another_shape();
+  } else if (how == TRUNCATE_DATA) {
     snprintf(path, sizeof(path), "%s/state/%016llx.safetensors", state_dir, (unsigned long long)id);
     struct stat st;
     ck_assert_int_eq(stat(path, &st), 0);
@@ -372,11 +431,14 @@ static void damage_state(damage how, uint64_t id) {
 /* Damaged state is refused whole, set aside with a log line that says why; the daemon
  * serves, and the client learns its session is gone. */
 START_TEST(test_damaged_state_is_refused) {
-  static const char *const why[] = {"torn or truncated", "state format 2", "private to it"};
+  static const char *const why[] = {"torn or truncated", "state format 2", "private to it",
+                                    ".grad or optimizer state is not float32 of its shape"};
   start();
   tt_client *c = harness_connect(&proc, 0);
   tt_tensor *d = tt_tensor_empty(c, TT_FLOAT32, (int64_t[]){1024}, 1, "tt");
   ck_assert_ptr_nonnull(d);
+  tt_tensor *small = tt_tensor_empty(c, TT_FLOAT32, (int64_t[]){4}, 1, "tt");
+  ck_assert_ptr_nonnull(small);
   ck_assert_int_eq(ttd_proc_kill(&proc, SIGTERM), 0);
   damage_state((damage)_i, tt_session_id(c));
   ttd_proc_respawn(&proc, args);
@@ -391,6 +453,7 @@ START_TEST(test_damaged_state_is_refused) {
   ck_assert_msg(strstr(tt_last_error(c), "could not resume"), "%s", tt_last_error(c));
   ck_assert_uint_eq(harness_used_bytes(&proc, 0, 0), 0);
   tt_tensor_free(d);
+  tt_tensor_free(small);
   tt_disconnect(c);
   finish();
 }
@@ -477,7 +540,7 @@ Suite *e2e_restart_suite(void) {
   tcase_add_test(tc, test_resume_needs_the_secret);
   tcase_add_test(tc, test_resumed_session_saves_over_its_data_file);
   tcase_add_test(tc, test_crash_resumes_nothing);
-  tcase_add_loop_test(tc, test_damaged_state_is_refused, TRUNCATE_DATA, LOOSE_MODE + 1);
+  tcase_add_loop_test(tc, test_damaged_state_is_refused, TRUNCATE_DATA, GRAD_OF_ANOTHER_SHAPE + 1);
   tcase_add_test(tc, test_unsafe_state_dir_stops_the_start);
   tcase_add_test(tc, test_unresumed_session_expires);
   tcase_add_test(tc, test_one_ttd_per_state_dir);
