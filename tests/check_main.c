@@ -29,6 +29,7 @@ static const struct {
     {"parameter_work", parameter_work_suite},
     {"train_methods", train_methods_suite},
     {"download", download_suite},
+    {"fd_passing", fd_passing_suite},
     {"tensor_proto", tensor_proto_suite},
     {"inline_tensor", inline_tensor_suite},
     {"tokens", tokens_suite},

@@ -33,7 +33,14 @@ int tt_shm_request(tt_client *c, const ttd_shm_request *req, int fd, ttd_shm_rep
     if (ok && out_fds) out_fds[i] = got[i];
     else close(got[i]);
   }
-  if (n != (ssize_t)sizeof(*reply)) return -1;
+  if (n != (ssize_t)sizeof(*reply)) {
+    /* Sent, but no whole reply read: one may still come, and the next request would take it
+     * for its own (a segment id of another memfd). The side socket goes; later transfers
+     * take gRPC. */
+    close(c->shm_fd);
+    c->shm_fd = -1;
+    return -1;
+  }
   return ok ? 0 : -1;
 }
 

@@ -22,6 +22,7 @@ Suite *device_tensor_suite(void);
 Suite *parameter_work_suite(void);
 Suite *train_methods_suite(void);
 Suite *download_suite(void);
+Suite *fd_passing_suite(void);
 Suite *tensor_proto_suite(void);
 Suite *inline_tensor_suite(void);
 Suite *tokens_suite(void);
