@@ -1,10 +1,12 @@
 #include "wire/address.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -30,11 +32,32 @@ int ttd_default_client_addresses(char out[][TTD_ADDRESS_MAX], int max) {
   return n;
 }
 
-/* 0 when a Unix socket accepts a connection at address, else the errno of the attempt. */
+/* A candidate's folder that another user could have made, or could put a socket in (a
+ * /tmp/ttd-UID made first by someone else, listening to catch the token the client sends):
+ * not a folder of this user's or root's, or writable by others. The system address's folder
+ * is the service's, under root's /run. */
+#define UNTRUSTED_FOLDER (-1000)
+
+static bool folder_trusted(const char *path) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) return true;
+  char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  size_t n = slash == path ? 1 : (size_t)(slash - path);
+  if (n >= sizeof(dir)) return false;
+  memcpy(dir, path, n);
+  dir[n] = '\0';
+  struct stat st;
+  if (lstat(dir, &st) != 0) return true; /* nothing there: the connect says so */
+  return S_ISDIR(st.st_mode) && (st.st_uid == geteuid() || st.st_uid == 0) && !(st.st_mode & (S_IWGRP | S_IWOTH));
+}
+
+/* 0 when a Unix socket accepts a connection at address, else the errno of the attempt (or
+ * UNTRUSTED_FOLDER, not tried). */
 static int probe(const char *address) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   const char *path = address + 5;
   if (strlen(path) >= sizeof(sa.sun_path)) return ENAMETOOLONG;
+  if (strcmp(address, SYSTEM_ADDRESS) != 0 && !folder_trusted(path)) return UNTRUSTED_FOLDER;
   memcpy(sa.sun_path, path, strlen(path) + 1);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return errno;
@@ -49,6 +72,7 @@ static const char *probe_text(int err) {
     case EACCES:
     case EPERM: return "permission denied: add your user to the socket's group (ttd for the service)";
     case ECONNREFUSED: return "refused: a stale socket, its ttd is gone";
+    case UNTRUSTED_FOLDER: return "not tried: its folder is another user's, or others may write to it";
     default: return strerror(err);
   }
 }

@@ -1,6 +1,7 @@
 /* wire/address: the default addresses of daemon and client, and the search for a running
  * ttd among them, with an error that names every address tried and what it answered. */
 #include <check.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,12 +88,31 @@ START_TEST(test_find_none_says_why) {
 }
 END_TEST
 
+/* A socket in a folder others may write to (or another user's) is not tried, though it
+ * answers: a client would send its token to whoever made it. The reason says so. */
+START_TEST(test_untrusted_folder_not_tried) {
+  char loose[200], c[1][TTD_ADDRESS_MAX], out[TTD_ADDRESS_MAX] = "", why[1024];
+  snprintf(loose, sizeof(loose), "%s/loose", dir);
+  ck_assert_int_eq(mkdir(loose, 0700), 0);
+  snprintf(c[0], TTD_ADDRESS_MAX, "unix:%s/live.sock", loose);
+  int live = bound_socket(c[0] + 5, 1);
+  ck_assert_int_eq(ttd_find_daemon_among((const char(*)[TTD_ADDRESS_MAX])c, 1, out, sizeof(out), why, sizeof(why)), 0);
+  ck_assert_int_eq(chmod(loose, 0777), 0);
+  ck_assert_int_eq(ttd_find_daemon_among((const char(*)[TTD_ADDRESS_MAX])c, 1, out, sizeof(out), why, sizeof(why)), -1);
+  ck_assert_msg(strstr(why, "its folder is another user's, or others may write to it"), "%s", why);
+  close(live);
+  unlink(c[0] + 5);
+  rmdir(loose);
+}
+END_TEST
+
 Suite *address_suite(void) {
   Suite *s = suite_create("address");
   TCase *tc = tcase_create("address");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_client_addresses);
   tcase_add_test(tc, test_find_first_live);
+  tcase_add_test(tc, test_untrusted_folder_not_tried);
   tcase_add_test(tc, test_find_none_says_why);
   suite_add_tcase(s, tc);
   return s;
