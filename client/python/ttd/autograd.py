@@ -17,6 +17,8 @@ run (retain_graph, in libttclient), and when torch frees the graph (after a back
 without retain_graph, or when the graph is dropped) the release that the tensor the run's
 node saves owns goes with the saved tensors and releases it; a Backward
 still waiting for the module's next Execute then frees it there, with no call of its own."""
+import math
+
 import torch
 
 from . import _lib
@@ -45,10 +47,7 @@ def _output_anchor(shape, dtype):
     """A run's output's anchor: for a small output, a tensor of its own memory, never read (a
     download's copy of a contiguous tensor costs half that of an expanded one, and the values
     are written over the copy); for a larger one, -0.0 expanded (no memory)."""
-    n = 1
-    for d in shape:
-        n *= d
-    return torch.empty(shape, dtype=dtype) if n <= _SMALL_OUTPUT else _anchor(shape, dtype)
+    return torch.empty(shape, dtype=dtype) if math.prod(shape) <= _SMALL_OUTPUT else _anchor(shape, dtype)
 
 
 class _Upload(torch.autograd.Function):

@@ -43,6 +43,13 @@ def _fail(node, what, why):
     raise NotImplementedError(f"ttd.compile: {what} (node {node.name}{_where(node)}) {why}")
 
 
+def _tensors_only(node, op, ins):
+    """Refuses a constant among op's inputs ins (each an fx node, or a (name, tensor) parameter)."""
+    for a in ins:
+        if not isinstance(a, (torch.fx.Node, tuple)):
+            _fail(node, op, f"with a constant argument {a!r} is not supported: ttd's {op} takes tensors only")
+
+
 def _arg(node, i, name, default=None):
     if name in node.kwargs:
         return node.kwargs[name]
@@ -236,9 +243,7 @@ class Lowering:
     @staticmethod
     def _op(node, op, ins, attrs=None):
         """A plan of one ttd op on ins (fx nodes, or (name, tensor) parameters)."""
-        for a in ins:
-            if not isinstance(a, (torch.fx.Node, tuple)):
-                _fail(node, op, f"with a constant argument {a!r} is not supported: ttd's {op} takes tensors only")
+        _tensors_only(node, op, ins)
 
         def emit(g, env):
             vals = [env[a.name] if isinstance(a, torch.fx.Node) else _param_value(g, env, *a) for a in ins]
@@ -449,7 +454,7 @@ class Lowering:
         one before and after it (two transposes, which the backward goes through as well)."""
         if dim is None or dtype is not None or not isinstance(dim, int):
             _fail(node, f"{op}(dim={dim}, dtype={dtype})", "is not supported: give dim, no dtype")
-        self._op(node, op, [x])  # checks x is a tensor
+        _tensors_only(node, op, [x])
 
         def emit(g, env):
             v = env[x.name]
@@ -468,7 +473,7 @@ class Lowering:
         taken as torch takes it: on the left a row, on the right a column, reshaped to one and
         dropped from the product after (the product's other sizes are the built shapes', its
         leading one follows the batch, as _reshape_plan's)."""
-        self._op(node, "matmul", [a, b])  # checks both are tensors
+        _tensors_only(node, "matmul", [a, b])
 
         def emit(g, env):
             va, vb = [env[v.name] if isinstance(v, torch.fx.Node) else _param_value(g, env, *v) for v in (a, b)]
@@ -485,8 +490,8 @@ class Lowering:
                 product = g.op("matmul", [g.op("reshape", [va], _attrs(shape=[1, sa[0]])), vb])
                 shape = list(sb[:-2]) + [sb[-1]]
             else:
-                _fail(node, f"matmul of inputs of {len(sa)} and {len(sb)} dims", "is not supported: ttd has no "
-                      "0-dim tensors")
+                _fail(node, f"matmul of inputs of {len(sa)} and {len(sb)} dims", "is not supported: as torch's, "
+                      "each input needs 1 dim at least")
             if len(shape) > 1:
                 self.fixed_shapes = True
             shape[0] = -1
