@@ -346,58 +346,51 @@ END_TEST
 /* Truncates, or rewrites, one file of the saved state before the restart. */
 typedef enum damage { TRUNCATE_DATA, OTHER_FORMAT, LOOSE_MODE, GRAD_OF_ANOTHER_SHAPE } damage;
 
-static uint8_t *read_whole(const char *path, size_t *out_len) {
+/* The message of descriptor's type in the file at path, unpacked. */
+static ProtobufCMessage *read_message(const char *path, const ProtobufCMessageDescriptor *descriptor) {
   FILE *f = fopen(path, "rb");
   ck_assert_ptr_nonnull(f);
   fseek(f, 0, SEEK_END);
-  *out_len = (size_t)ftell(f);
+  size_t len = (size_t)ftell(f);
   fseek(f, 0, SEEK_SET);
-  uint8_t *buf = malloc(*out_len + 1);
-  ck_assert_uint_eq(fread(buf, 1, *out_len, f), *out_len);
+  uint8_t *buf = malloc(len + 1);
+  ck_assert_uint_eq(fread(buf, 1, len, f), len);
   fclose(f);
-  return buf;
+  ProtobufCMessage *msg = protobuf_c_message_unpack(descriptor, NULL, len, buf);
+  ck_assert_ptr_nonnull(msg);
+  free(buf);
+  return msg;
 }
 
-static void write_whole(const char *path, const uint8_t *buf, size_t len) {
+/* Packs msg over the file at path: its size, its crc32 in *out_crc (NULL: not wanted). */
+static size_t write_message(const char *path, const ProtobufCMessage *msg, uint32_t *out_crc) {
+  size_t len = protobuf_c_message_get_packed_size(msg);
+  uint8_t *buf = malloc(len + 1);
+  protobuf_c_message_pack(msg, buf);
   FILE *f = fopen(path, "wb");
   ck_assert_ptr_nonnull(f);
   ck_assert_uint_eq(fwrite(buf, 1, len, f), len);
   fclose(f);
+  if (out_crc) *out_crc = (uint32_t)crc32_z(crc32_z(0, NULL, 0), buf, (z_size_t)len);
+  free(buf);
+  return len;
 }
 
 /* The session file's first tensor gets the second (of another shape) as its .grad, with the
  * manifest's size and checksum made to match: a file that reads back whole, whose link a
  * step would follow past the end of the smaller tensor. */
 static void link_grad_of_another_shape(void) {
-  char path[256];
-  size_t len;
+  char path[256], session_path[256];
   snprintf(path, sizeof(path), "%s/state/MANIFEST", state_dir);
-  uint8_t *buf = read_whole(path, &len);
-  Ttd__V1__SavedState *m = ttd__v1__saved_state__unpack(NULL, len, buf);
-  free(buf);
-  ck_assert_ptr_nonnull(m);
+  Ttd__V1__SavedState *m = (Ttd__V1__SavedState *)read_message(path, &ttd__v1__saved_state__descriptor);
   ck_assert_uint_eq(m->n_sessions, 1);
   Ttd__V1__SavedFile *meta = m->sessions[0]->meta;
-  char session_path[256];
   snprintf(session_path, sizeof(session_path), "%s/state/%s", state_dir, meta->name);
-  buf = read_whole(session_path, &len);
-  Ttd__V1__SavedSession *s = ttd__v1__saved_session__unpack(NULL, len, buf);
-  free(buf);
-  ck_assert_ptr_nonnull(s);
+  Ttd__V1__SavedSession *s = (Ttd__V1__SavedSession *)read_message(session_path, &ttd__v1__saved_session__descriptor);
   ck_assert_uint_eq(s->n_tensors, 2);
   s->tensors[0]->grad = 2;
-  len = ttd__v1__saved_session__get_packed_size(s);
-  buf = malloc(len);
-  ttd__v1__saved_session__pack(s, buf);
-  write_whole(session_path, buf, len);
-  meta->bytes = len;
-  meta->crc32 = (uint32_t)crc32_z(crc32_z(0, NULL, 0), buf, (z_size_t)len);
-  free(buf);
-  len = ttd__v1__saved_state__get_packed_size(m);
-  buf = malloc(len);
-  ttd__v1__saved_state__pack(m, buf);
-  write_whole(path, buf, len);
-  free(buf);
+  meta->bytes = write_message(session_path, &s->base, &meta->crc32);
+  write_message(path, &m->base, NULL);
   ttd__v1__saved_session__free_unpacked(s, NULL);
   ttd__v1__saved_state__free_unpacked(m, NULL);
 }
@@ -416,12 +409,7 @@ static void damage_state(damage how, uint64_t id) {
     Ttd__V1__SavedState m = TTD__V1__SAVED_STATE__INIT;
     m.format = 2;
     m.daemon_version = "9.0.0";
-    uint8_t buf[64];
-    size_t len = ttd__v1__saved_state__pack(&m, buf);
-    int fd = open(path, O_WRONLY | O_TRUNC);
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(write(fd, buf, len), (ssize_t)len);
-    close(fd);
+    write_message(path, &m.base, NULL);
   } else {
     snprintf(path, sizeof(path), "%s/state", state_dir);
     ck_assert_int_eq(chmod(path, 0755), 0);

@@ -16,21 +16,19 @@
 
 #define F32 TTD__V1__DTYPE__DTYPE_FLOAT32
 
-#define fx cf
-
 /* A float32 tensor of shape d0 x d1 holding 0.25 * (i % 7) - 0.5, in the session; its handle. */
 static uint64_t put(int64_t d0, int64_t d1, ttd_tensor **out) {
   ttd_tensor_spec spec = {.dtype = TTD_DTYPE_FLOAT32, .ndim = 2, .shape = {d0, d1}, .device = 0,
                           .location = TTD_MEM_DRAM};
   ck_assert_ptr_null(ttd_tensor_spec_finish(&spec));
   ttd_tensor *t = NULL;
-  ck_assert_ptr_null(ttd_tensor_create(fx.backend, fx.session->quota, &spec, &t));
+  ck_assert_ptr_null(ttd_tensor_create(cf.backend, cf.session->quota, &spec, &t));
   float *v = malloc(spec.nbytes);
   for (uint64_t i = 0; i < spec.numel; i++) v[i] = 0.25f * (float)(i % 7) - 0.5f;
-  ck_assert_ptr_null(fx.backend->vtable->buffer_write(fx.backend, t->buffer, 0, v, spec.nbytes));
+  ck_assert_ptr_null(cf.backend->vtable->buffer_write(cf.backend, t->buffer, 0, v, spec.nbytes));
   free(v);
   uint64_t h = 0;
-  ck_assert_ptr_null(ttd_session_tensor_add(fx.session, t, &h));
+  ck_assert_ptr_null(ttd_session_tensor_add(cf.session, t, &h));
   if (out) *out = t;
   ttd_tensor_release(t);
   return h;
@@ -48,7 +46,7 @@ static uint64_t matmul_program(void) {
   ttd_status_t s = ttd_program_compile(&b.graph, &p);
   ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
   uint64_t h = 0;
-  ck_assert_ptr_null(ttd_session_program_add(fx.session, p, &h));
+  ck_assert_ptr_null(ttd_session_program_add(cf.session, p, &h));
   ttd_program_release(p);
   return h;
 }
@@ -62,7 +60,7 @@ static uint64_t run_forward(uint64_t program, uint64_t x, uint64_t w, uint64_t *
   req.parameters = &w, req.n_parameters = 1;
   req.keep_for_backward = true;
   ProtobufCMessage *resp = NULL;
-  ttd_status_t s = ttd_method_execute(&fx.call, &req.base, &resp);
+  ttd_status_t s = ttd_method_execute(&cf.call, &req.base, &resp);
   ck_assert_msg(s == NULL, "%s", ttd_status_message(s));
   Ttd__V1__ExecuteResponse *r = (Ttd__V1__ExecuteResponse *)resp;
   *out_y = r->outputs[0]->handle;
@@ -82,7 +80,7 @@ START_TEST(test_backward_waits_for_an_upload_of_its_gradient) {
     req.output_grads = &dyh, req.n_output_grads = 1;
     if (upload) ck_assert(ttd_tensor_write_begin(dy));
     ProtobufCMessage *resp = NULL;
-    ttd_status_t s = ttd_method_backward(&fx.call, &req.base, &resp);
+    ttd_status_t s = ttd_method_backward(&cf.call, &req.base, &resp);
     if (upload) {
       ttd_tensor_write_end(dy);
       ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_FAILED_PRECONDITION);
@@ -106,7 +104,7 @@ START_TEST(test_failed_execute_frees_its_backwards_input_grads) {
   uint64_t program = matmul_program(), x = put(3, 4, NULL), wh = put(4, 2, &w), y;
   uint64_t run = run_forward(program, x, wh, &y);
   uint64_t dyh = put(3, 2, NULL);
-  size_t tensors_before = fx.session->tensors.count;
+  size_t tensors_before = cf.session->tensors.count;
   Ttd__V1__BackwardRequest back = TTD__V1__BACKWARD_REQUEST__INIT;
   back.run = run;
   back.output_grads = &dyh, back.n_output_grads = 1;
@@ -118,14 +116,14 @@ START_TEST(test_failed_execute_frees_its_backwards_input_grads) {
   req.parameters = &wh, req.n_parameters = 1;
   req.backward = &back;
   ProtobufCMessage *resp = NULL;
-  ttd_status_t s = ttd_method_execute(&fx.call, &req.base, &resp);
+  ttd_status_t s = ttd_method_execute(&cf.call, &req.base, &resp);
   ck_assert_int_eq(ttd_status_code(s), GRPC_STATUS_NOT_FOUND);
   ck_assert_msg(strstr(ttd_status_message(s), "the Backward this Execute carried did run before") &&
                     strstr(ttd_status_message(s), "its input gradients are freed"),
                 "%s", ttd_status_message(s));
   ttd_status_free(s);
   ck_assert_ptr_nonnull(w->grad);
-  ck_assert_uint_eq(fx.session->tensors.count, tensors_before + 1); /* w's .grad, by its stable handle */
+  ck_assert_uint_eq(cf.session->tensors.count, tensors_before + 1); /* w's .grad, by its stable handle */
 }
 END_TEST
 
